@@ -1,0 +1,384 @@
+//! Configuration: the ledger's classes, factor, reap interval and lanes, and
+//! the server's file format.
+//!
+//! Invalid settings cannot be constructed: every error names the key at
+//! fault, and nothing falls back to a silent default.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::domain::bounds::{ClassBounds, ReapPolicy, DEFAULT_FACTOR};
+use crate::domain::labels::Label;
+use crate::domain::record::LaneKey;
+
+/// The default interval between background reaper passes.
+pub const DEFAULT_REAP_INTERVAL: Duration = Duration::from_secs(10);
+/// The default retention of settled and reaped records.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// A setting that is not valid, and the key it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key at fault, as written in the file (`classes.chat.deadline`).
+    pub key: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            f.write_str(&self.problem)
+        } else {
+            write!(f, "{}: {}", self.key, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What a ledger runs under: its reaping rules, reap interval and lanes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerConfig {
+    policy: ReapPolicy,
+    reap_interval: Duration,
+    retention: Duration,
+    caps: BTreeMap<LaneKey, Option<u32>>,
+}
+
+impl Default for LedgerConfig {
+    /// Classes `embedding` (deadline 5 min) and `chat` (deadline 10 min),
+    /// factor 4, reap interval 10 s, no lanes declared.
+    fn default() -> Self {
+        let classes = BTreeMap::from([
+            (
+                "embedding".to_owned(),
+                ClassBounds::new(Duration::from_secs(5 * 60), None).expect("non-zero"),
+            ),
+            (
+                "chat".to_owned(),
+                ClassBounds::new(Duration::from_secs(10 * 60), None).expect("non-zero"),
+            ),
+        ]);
+        Self::new(ReapPolicy::new(classes, DEFAULT_FACTOR).expect("valid built-in policy"))
+    }
+}
+
+impl LedgerConfig {
+    /// A configuration with `policy` and the default interval and retention.
+    pub fn new(policy: ReapPolicy) -> Self {
+        Self {
+            policy,
+            reap_interval: DEFAULT_REAP_INTERVAL,
+            retention: DEFAULT_RETENTION,
+            caps: BTreeMap::new(),
+        }
+    }
+
+    /// Runs the background reaper every `interval`.
+    ///
+    /// # Errors
+    /// A zero interval.
+    pub fn with_reap_interval(mut self, interval: Duration) -> Result<Self, ConfigError> {
+        if interval.is_zero() {
+            return Err(ConfigError::new("reap.interval", "must be at least 1ms"));
+        }
+        self.reap_interval = interval;
+        Ok(self)
+    }
+
+    /// Declares the lane `"service::provider"` with `cap` executing records.
+    ///
+    /// # Errors
+    /// A malformed lane key or a zero cap.
+    pub fn with_lane_cap(mut self, lane: &str, cap: u32) -> Result<Self, ConfigError> {
+        let key =
+            LaneKey::parse(lane).map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem))?;
+        if cap == 0 {
+            return Err(ConfigError::new(
+                format!("lanes.{lane:?}.cap"),
+                "must be at least 1",
+            ));
+        }
+        self.caps.insert(key, Some(cap));
+        Ok(self)
+    }
+
+    /// The reaping rules.
+    pub fn policy(&self) -> &ReapPolicy {
+        &self.policy
+    }
+
+    /// The interval between background reaper passes.
+    pub fn reap_interval(&self) -> Duration {
+        self.reap_interval
+    }
+
+    /// How long settled and reaped records are kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// Declared lanes and their caps.
+    pub fn caps(&self) -> &BTreeMap<LaneKey, Option<u32>> {
+        &self.caps
+    }
+
+    /// The cap of `lane`, if one is declared.
+    pub fn cap(&self, lane: &LaneKey) -> Option<u32> {
+        self.caps.get(lane).copied().flatten()
+    }
+}
+
+/// Everything a configuration file can say.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Settings {
+    /// `listen`: the address to serve on.
+    pub listen: Option<String>,
+    /// `store`: the store URL.
+    pub store: Option<String>,
+    /// `token`: the bearer token the API requires.
+    pub token: Option<String>,
+    /// The ledger's own settings.
+    pub ledger: LedgerConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    listen: Option<String>,
+    store: Option<String>,
+    token: Option<String>,
+    reap: Option<RawReap>,
+    retention: Option<RawRetention>,
+    classes: Option<BTreeMap<String, RawClass>>,
+    lanes: Option<BTreeMap<String, RawLane>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReap {
+    factor: Option<f64>,
+    interval: Option<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetention {
+    keep: Option<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    deadline: Option<toml::Value>,
+    max_queue_wait: Option<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLane {
+    cap: Option<i64>,
+}
+
+/// Reads a duration written as a humantime string (`"300ms"`, `"5m"`) or
+/// integer milliseconds.
+///
+/// # Errors
+/// Names `key` and says what is wrong.
+pub fn parse_duration(key: &str, value: &toml::Value) -> Result<Duration, ConfigError> {
+    match value {
+        toml::Value::Integer(ms) if *ms >= 0 => Ok(Duration::from_millis(*ms as u64)),
+        toml::Value::Integer(ms) => Err(ConfigError::new(key, format!("must not be negative, got {ms}"))),
+        toml::Value::String(text) => humantime::parse_duration(text.trim()).map_err(|err| {
+            ConfigError::new(
+                key,
+                format!("{text:?} is not a duration ({err}); write e.g. \"300ms\", \"5m\", \"1h\" or integer milliseconds"),
+            )
+        }),
+        other => Err(ConfigError::new(
+            key,
+            format!(
+                "expected a duration string such as \"5m\" or integer milliseconds, got a {}",
+                other.type_str()
+            ),
+        )),
+    }
+}
+
+impl Settings {
+    /// Parses a configuration file's text.
+    ///
+    /// A file that configures classes replaces the built-in ones.
+    ///
+    /// # Errors
+    /// Malformed TOML, an unknown key, a factor below 1, a zero deadline, a
+    /// malformed lane key or a bad duration, naming the key.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawFile = toml::from_str(text).map_err(|err| {
+            let message = err.message().to_owned();
+            let key = unknown_key_from(&message).unwrap_or_default();
+            let location = err
+                .span()
+                .map(|span| {
+                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    format!(" (line {line})")
+                })
+                .unwrap_or_default();
+            ConfigError::new(key, format!("{message}{location}"))
+        })?;
+
+        let defaults = LedgerConfig::default();
+        let factor = raw.reap.as_ref().and_then(|r| r.factor).unwrap_or(DEFAULT_FACTOR);
+        if !factor.is_finite() || factor < 1.0 {
+            return Err(ConfigError::new(
+                "reap.factor",
+                format!("must be at least 1, got {factor}"),
+            ));
+        }
+        let classes = match raw.classes {
+            None => defaults.policy.classes().clone(),
+            Some(raw_classes) => {
+                let mut classes = BTreeMap::new();
+                for (name, class) in raw_classes {
+                    let key = format!("classes.{name}");
+                    Label::new("class", &name).map_err(|err| ConfigError::new(&key, err.problem))?;
+                    let deadline = class
+                        .deadline
+                        .as_ref()
+                        .ok_or_else(|| ConfigError::new(format!("{key}.deadline"), "is required"))
+                        .and_then(|v| parse_duration(&format!("{key}.deadline"), v))?;
+                    let max_queue_wait = class
+                        .max_queue_wait
+                        .as_ref()
+                        .map(|v| parse_duration(&format!("{key}.max_queue_wait"), v))
+                        .transpose()?;
+                    let bounds = ClassBounds::new(deadline, max_queue_wait)
+                        .map_err(|err| ConfigError::new(format!("{key}.{}", err.field), err.problem))?;
+                    classes.insert(name, bounds);
+                }
+                classes
+            }
+        };
+        let policy = ReapPolicy::new(classes, factor).map_err(|err| {
+            let key = if err.field == "factor" {
+                "reap.factor"
+            } else {
+                err.field
+            };
+            ConfigError::new(key, err.problem)
+        })?;
+        let mut ledger = LedgerConfig::new(policy);
+        if let Some(interval) = raw.reap.as_ref().and_then(|r| r.interval.as_ref()) {
+            ledger = ledger.with_reap_interval(parse_duration("reap.interval", interval)?)?;
+        }
+        if let Some(keep) = raw.retention.as_ref().and_then(|r| r.keep.as_ref()) {
+            let keep = parse_duration("retention.keep", keep)?;
+            if keep.is_zero() {
+                return Err(ConfigError::new("retention.keep", "must be at least 1ms"));
+            }
+            ledger.retention = keep;
+        }
+        for (lane, settings) in raw.lanes.unwrap_or_default() {
+            let key = LaneKey::parse(&lane)
+                .map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem))?;
+            let cap = match settings.cap {
+                None => None,
+                Some(cap) if (1..=i64::from(u32::MAX)).contains(&cap) => Some(cap as u32),
+                Some(cap) => {
+                    return Err(ConfigError::new(
+                        format!("lanes.{lane:?}.cap"),
+                        format!("must be a whole number of at least 1, got {cap}"),
+                    ))
+                }
+            };
+            ledger.caps.insert(key, cap);
+        }
+        Ok(Self {
+            listen: raw.listen,
+            store: raw.store,
+            token: raw.token,
+            ledger,
+        })
+    }
+}
+
+fn unknown_key_from(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    Some(rest.split('`').next()?.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+listen = "127.0.0.1:7878"
+store = "sqlite://inflight.db"
+[reap]
+factor = 4
+interval = "10s"
+[classes.embedding]
+deadline = "5m"
+[classes.chat]
+deadline = "10m"
+max_queue_wait = "2m"
+[lanes."knowledge-base::ollama"]
+cap = 4
+"#;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let settings = Settings::from_toml(EXAMPLE).unwrap();
+        assert_eq!(settings.listen.as_deref(), Some("127.0.0.1:7878"));
+        let policy = settings.ledger.policy();
+        assert_eq!(policy.classes()["chat"].max_queue_wait_ms(), 120_000);
+        assert_eq!(policy.classes()["embedding"].max_queue_wait_ms(), 300_000);
+        let lane = LaneKey::parse("knowledge-base::ollama").unwrap();
+        assert_eq!(settings.ledger.cap(&lane), Some(4));
+        assert_eq!(settings.ledger.reap_interval(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn durations_accept_integer_milliseconds() {
+        let settings = Settings::from_toml("[classes.x]\ndeadline = 300\n").unwrap();
+        assert_eq!(settings.ledger.policy().classes()["x"].deadline_ms(), 300);
+        assert_eq!(
+            settings.ledger.policy().classes().len(),
+            1,
+            "file classes replace built-ins"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("bogus = 1", "bogus"),
+            ("[reap]\nfactor = 0.5", "reap.factor"),
+            ("[classes.chat]\ndeadline = 0", "classes.chat.deadline"),
+            ("[classes.chat]\ndeadline = \"soon\"", "classes.chat.deadline"),
+            ("[classes.chat]\n", "classes.chat.deadline"),
+            ("[classes]\n", "classes"),
+            ("[lanes.\"no-separator\"]\ncap = 1", "lanes.\"no-separator\""),
+            ("[lanes.\"a::b\"]\ncap = 0", "lanes.\"a::b\".cap"),
+            ("[reap]\ninterval = \"0s\"", "reap.interval"),
+            ("[classes.chat]\ndedline = \"1m\"", "dedline"),
+        ];
+        for (text, key) in cases {
+            let err = Settings::from_toml(text).unwrap_err();
+            assert_eq!(err.key, key, "{text:?}: {err}");
+        }
+    }
+}

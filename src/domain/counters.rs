@@ -1,0 +1,267 @@
+//! Counters maintained as records change, never recomputed from history.
+//!
+//! What operators count (calls, outcomes, reaps by disposition and reason,
+//! late settles, resurrections) lives in per-aggregate counters, so that
+//! pruning old records can never lower a count and a snapshot never scans
+//! history.
+
+use serde::Serialize;
+
+use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
+use super::timestamp::{self, Millis};
+use super::transition::Effect;
+
+/// The grain of the counters: one row per combination of these labels.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AggregateKey {
+    /// The calling service.
+    pub service: String,
+    /// The caller's stage.
+    pub operation_stage: String,
+    /// The deadline class.
+    pub class: String,
+    /// The provider.
+    pub provider: String,
+    /// The model (sanitized).
+    pub model: String,
+    /// The priority.
+    pub priority: Priority,
+    /// Queued or direct.
+    pub admission: Admission,
+}
+
+impl AggregateKey {
+    /// The aggregate `record` counts in.
+    pub fn of(record: &ActivityRecord) -> Self {
+        Self {
+            service: record.service.as_str().to_owned(),
+            operation_stage: record.operation_stage.as_str().to_owned(),
+            class: record.class.as_str().to_owned(),
+            provider: record.provider.as_str().to_owned(),
+            model: record.model.clone(),
+            priority: record.priority,
+            admission: record.admission,
+        }
+    }
+}
+
+/// Running totals of one aggregate. Also used as a change to add.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Records begun.
+    pub calls: i64,
+    /// Settled with success.
+    pub succeeded: i64,
+    /// Settled with failure.
+    pub failed: i64,
+    /// Cancelled by the caller.
+    pub cancelled: i64,
+    /// Ended reaped as abandoned (a resurrection takes one back out).
+    pub reaped_abandoned: i64,
+    /// Ended reaped as unsettled.
+    pub reaped_unsettled: i64,
+    /// Reaps (of either disposition) because the owner's lease expired.
+    pub reaped_owner_lost: i64,
+    /// Records that received a settle or cancel after being reaped.
+    pub late_settles: i64,
+    /// Abandoned records started after all.
+    pub resurrections: i64,
+    /// Records currently in flight.
+    pub in_flight: i64,
+    /// Number of queue-wait samples.
+    pub queue_wait_count: i64,
+    /// Sum of queue waits, ms.
+    pub queue_wait_sum_ms: i64,
+    /// Longest queue wait, ms.
+    pub queue_wait_max_ms: i64,
+    /// Number of execution-time samples.
+    pub execution_count: i64,
+    /// Sum of execution times, ms.
+    pub execution_sum_ms: i64,
+    /// Longest execution time, ms.
+    pub execution_max_ms: i64,
+    /// Last caller-observed event; reaps never move it.
+    pub last_seen_at: Option<Millis>,
+}
+
+impl Totals {
+    /// The change that `effects` make to the totals.
+    pub fn from_effects(effects: &[Effect]) -> Self {
+        let mut delta = Self::default();
+        for effect in effects {
+            match *effect {
+                Effect::Begun { at } => {
+                    delta.calls += 1;
+                    delta.in_flight += 1;
+                    delta.seen(at);
+                }
+                Effect::Started { at, queue_wait_ms } => {
+                    delta.queue_wait_count += 1;
+                    delta.queue_wait_sum_ms += queue_wait_ms;
+                    delta.queue_wait_max_ms = delta.queue_wait_max_ms.max(queue_wait_ms);
+                    delta.seen(at);
+                }
+                Effect::Settled {
+                    at,
+                    state,
+                    execution_ms,
+                } => {
+                    delta.in_flight -= 1;
+                    match state {
+                        State::Succeeded => delta.succeeded += 1,
+                        State::Failed => delta.failed += 1,
+                        _ => delta.cancelled += 1,
+                    }
+                    if let Some(ms) = execution_ms {
+                        delta.execution_count += 1;
+                        delta.execution_sum_ms += ms;
+                        delta.execution_max_ms = delta.execution_max_ms.max(ms);
+                    }
+                    delta.seen(at);
+                }
+                Effect::Reaped { disposition, reason } => {
+                    delta.in_flight -= 1;
+                    match disposition {
+                        Disposition::Abandoned => delta.reaped_abandoned += 1,
+                        Disposition::Unsettled => delta.reaped_unsettled += 1,
+                    }
+                    if reason == ReapReason::OwnerLost {
+                        delta.reaped_owner_lost += 1;
+                    }
+                }
+                Effect::Resurrected => {
+                    delta.in_flight += 1;
+                    delta.reaped_abandoned -= 1;
+                    delta.resurrections += 1;
+                }
+                Effect::LateSettle { at } => {
+                    delta.late_settles += 1;
+                    delta.seen(at);
+                }
+            }
+        }
+        delta
+    }
+
+    fn seen(&mut self, at: Millis) {
+        self.last_seen_at = Some(self.last_seen_at.map_or(at, |seen| seen.max(at)));
+    }
+
+    /// Adds `delta` to these totals (maxima take the larger value).
+    pub fn add(&mut self, delta: &Self) {
+        self.calls += delta.calls;
+        self.succeeded += delta.succeeded;
+        self.failed += delta.failed;
+        self.cancelled += delta.cancelled;
+        self.reaped_abandoned += delta.reaped_abandoned;
+        self.reaped_unsettled += delta.reaped_unsettled;
+        self.reaped_owner_lost += delta.reaped_owner_lost;
+        self.late_settles += delta.late_settles;
+        self.resurrections += delta.resurrections;
+        self.in_flight += delta.in_flight;
+        self.queue_wait_count += delta.queue_wait_count;
+        self.queue_wait_sum_ms += delta.queue_wait_sum_ms;
+        self.queue_wait_max_ms = self.queue_wait_max_ms.max(delta.queue_wait_max_ms);
+        self.execution_count += delta.execution_count;
+        self.execution_sum_ms += delta.execution_sum_ms;
+        self.execution_max_ms = self.execution_max_ms.max(delta.execution_max_ms);
+        if let Some(at) = delta.last_seen_at {
+            self.seen(at);
+        }
+    }
+
+    /// Whether adding this changes nothing.
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Reaps of either disposition.
+    pub fn reaped(&self) -> i64 {
+        self.reaped_abandoned + self.reaped_unsettled
+    }
+}
+
+/// One aggregate as the snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AggregateView {
+    /// Its labels.
+    #[serde(flatten)]
+    pub key: AggregateKey,
+    /// Records begun.
+    pub calls: i64,
+    /// Settled with success.
+    pub successes: i64,
+    /// Settled with failure.
+    pub failures: i64,
+    /// Cancelled by the caller.
+    pub cancelled: i64,
+    /// Reaped, by disposition.
+    pub reaped: ReapedCounts,
+    /// Late settles absorbed.
+    pub late_settles: i64,
+    /// In flight now.
+    pub in_flight: i64,
+    /// Average queue wait, ms.
+    pub avg_queue_wait_ms: Option<i64>,
+    /// Longest queue wait, ms.
+    pub max_queue_wait_ms: Option<i64>,
+    /// Average execution time, ms.
+    pub avg_execution_ms: Option<i64>,
+    /// Longest execution time, ms.
+    pub max_execution_ms: Option<i64>,
+    /// Last caller-observed event.
+    #[serde(serialize_with = "timestamp::serialize_opt")]
+    pub last_seen_at: Option<Millis>,
+}
+
+impl AggregateView {
+    /// The view of `totals` under `key`.
+    pub fn new(key: AggregateKey, totals: &Totals) -> Self {
+        let avg = |sum: i64, count: i64| (count > 0).then(|| sum / count);
+        let max = |max: i64, count: i64| (count > 0).then_some(max);
+        Self {
+            key,
+            calls: totals.calls,
+            successes: totals.succeeded,
+            failures: totals.failed,
+            cancelled: totals.cancelled,
+            reaped: ReapedCounts {
+                abandoned: totals.reaped_abandoned,
+                unsettled: totals.reaped_unsettled,
+            },
+            late_settles: totals.late_settles,
+            in_flight: totals.in_flight,
+            avg_queue_wait_ms: avg(totals.queue_wait_sum_ms, totals.queue_wait_count),
+            max_queue_wait_ms: max(totals.queue_wait_max_ms, totals.queue_wait_count),
+            avg_execution_ms: avg(totals.execution_sum_ms, totals.execution_count),
+            max_execution_ms: max(totals.execution_max_ms, totals.execution_count),
+            last_seen_at: totals.last_seen_at,
+        }
+    }
+}
+
+/// Counts of reaped records by disposition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReapedCounts {
+    /// Never started.
+    pub abandoned: i64,
+    /// Started, never settled.
+    pub unsettled: i64,
+}
+
+impl ReapedCounts {
+    /// Counts one reap.
+    pub fn count(&mut self, disposition: Disposition) {
+        match disposition {
+            Disposition::Abandoned => self.abandoned += 1,
+            Disposition::Unsettled => self.unsettled += 1,
+        }
+    }
+
+    /// Both dispositions together.
+    pub fn total(&self) -> i64 {
+        self.abandoned + self.unsettled
+    }
+}

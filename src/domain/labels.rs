@@ -1,0 +1,275 @@
+//! Bounded labels and model redaction.
+//!
+//! Labels become map keys, metric labels and table columns, so their
+//! alphabet and length are bounded: an unbounded label is how `unknown` junk
+//! and secrets end up in an operator's dashboard.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The label used when an optional label is missing.
+pub const UNKNOWN: &str = "unknown";
+/// What a model name that does not look like a model identifier is stored as.
+pub const REDACTED: &str = "redacted";
+
+const MAX_LABEL_LEN: usize = 64;
+const MAX_MODEL_LEN: usize = 160;
+const CREDENTIAL_PREFIXES: [&str; 5] = ["sk-", "ghp_", "github_pat_", "glpat-", "AIza"];
+
+/// A validated label: 1 to 64 characters of `[A-Za-z0-9._-]`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Label(String);
+
+/// Why a label was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelError {
+    /// The field that carried the label (`service`, `provider`, ...).
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl fmt::Display for LabelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid {}: {}", self.field, self.problem)
+    }
+}
+
+impl std::error::Error for LabelError {}
+
+impl Label {
+    /// Validates `value` as the label of `field`.
+    ///
+    /// # Errors
+    /// Returns a [`LabelError`] naming `field` when `value` is empty, longer
+    /// than 64 characters, or holds a character outside `[A-Za-z0-9._-]`.
+    pub fn new(field: &'static str, value: &str) -> Result<Self, LabelError> {
+        if value.is_empty() {
+            return Err(LabelError {
+                field,
+                problem: "must not be empty".into(),
+            });
+        }
+        if value.len() > MAX_LABEL_LEN {
+            return Err(LabelError {
+                field,
+                problem: format!("must be at most {MAX_LABEL_LEN} characters"),
+            });
+        }
+        if let Some(bad) = value
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(LabelError {
+                field,
+                problem: format!("character {bad:?} is not allowed (use A-Z, a-z, 0-9, '.', '_', '-')"),
+            });
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    /// Validates an optional label; a missing one is `unknown`.
+    ///
+    /// # Errors
+    /// As [`Label::new`] when a value is present.
+    pub fn or_unknown(field: &'static str, value: Option<&str>) -> Result<Self, LabelError> {
+        match value {
+            None => Ok(Self::unknown()),
+            Some(value) => Self::new(field, value),
+        }
+    }
+
+    /// The `unknown` label.
+    pub fn unknown() -> Self {
+        Self(UNKNOWN.to_owned())
+    }
+
+    /// The label as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Wraps a value read back from a store, which validated it on the way in.
+    pub(crate) fn trusted(value: String) -> Self {
+        Self(value)
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for Label {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Keeps a model name only when it looks like a model identifier.
+///
+/// A missing or empty name is `unknown`. Credentials, URLs and endpoints,
+/// paths and overlong names become `redacted`, because callers have been
+/// seen passing their base URL or API key where the model belongs.
+///
+/// ```
+/// use inflight::domain::labels::sanitize_model;
+/// assert_eq!(sanitize_model(Some("llama3.1:8b")), "llama3.1:8b");
+/// assert_eq!(sanitize_model(Some("BAAI/bge-m3")), "BAAI/bge-m3");
+/// assert_eq!(sanitize_model(Some("localhost:11434")), "redacted");
+/// assert_eq!(sanitize_model(Some("sk-live-abc")), "redacted");
+/// assert_eq!(sanitize_model(None), "unknown");
+/// ```
+pub fn sanitize_model(raw: Option<&str>) -> String {
+    let Some(raw) = raw.map(str::trim).filter(|raw| !raw.is_empty()) else {
+        return UNKNOWN.to_owned();
+    };
+    if looks_like_model(raw) {
+        raw.to_owned()
+    } else {
+        REDACTED.to_owned()
+    }
+}
+
+/// Keeps a free-text diagnostic (such as a cancel reason) only when it carries
+/// no credential, endpoint or path, for the same reasons as model names.
+pub fn sanitize_note(raw: Option<&str>) -> Option<String> {
+    let raw = raw.map(str::trim).filter(|raw| !raw.is_empty())?;
+    let leaks = raw.len() > MAX_MODEL_LEN
+        || raw.chars().any(char::is_control)
+        || raw.split_whitespace().any(|word| {
+            looks_like_secret_or_location(
+                word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '/' && c != '.' && c != '~'),
+            )
+        });
+    Some(if leaks {
+        REDACTED.to_owned()
+    } else {
+        raw.to_owned()
+    })
+}
+
+fn looks_like_model(raw: &str) -> bool {
+    if raw.len() > MAX_MODEL_LEN {
+        return false;
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/' | '+');
+    raw.chars().all(allowed) && !looks_like_secret_or_location(raw)
+}
+
+fn looks_like_secret_or_location(raw: &str) -> bool {
+    CREDENTIAL_PREFIXES.iter().any(|prefix| raw.starts_with(prefix))
+        || raw.contains("://")
+        || raw.contains('@')
+        || raw.contains('\\')
+        || raw.contains("..")
+        || raw.starts_with(['/', '.', '~'])
+        || raw.matches('/').count() > 1
+        || looks_like_host_port(raw)
+}
+
+/// `localhost:11434`, `10.1.2.3:11434`, `ollama.internal:443`, `gpu-box:8080`
+/// are endpoints; `mistral:7` and `llama3.1:8b` are models with a tag.
+fn looks_like_host_port(raw: &str) -> bool {
+    let Some((host, port)) = raw.rsplit_once(':') else {
+        return false;
+    };
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let port: u32 = port.parse().unwrap_or(0);
+    let host = host.rsplit('/').next().unwrap_or(host);
+    let is_ipv4 = host.split('.').count() == 4
+        && host
+            .split('.')
+            .all(|octet| !octet.is_empty() && octet.len() <= 3 && octet.bytes().all(|b| b.is_ascii_digit()));
+    let is_domain = host
+        .rsplit_once('.')
+        .is_some_and(|(_, tld)| tld.len() >= 2 && tld.bytes().all(|b| b.is_ascii_alphabetic()));
+    host.eq_ignore_ascii_case("localhost") || is_ipv4 || is_domain || port >= 1024
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_accept_the_bounded_alphabet() {
+        assert!(Label::new("service", "knowledge-base").is_ok());
+        assert!(Label::new("service", "a.b_c-D9").is_ok());
+        assert!(Label::new("service", &"x".repeat(64)).is_ok());
+    }
+
+    #[test]
+    fn labels_refuse_empty_long_and_foreign_characters() {
+        for bad in ["", &"x".repeat(65), "kb tenant", "a/b", "a::b", "é", "x\n"] {
+            let err = Label::new("service", bad).unwrap_err();
+            assert_eq!(err.field, "service", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn real_model_names_are_kept() {
+        for model in [
+            "nomic-embed-text",
+            "llama3.1:8b",
+            "mistral:7",
+            "BAAI/bge-m3",
+            "models/gemini-1.5-pro",
+            "text-embedding-3-small",
+            "qwen2.5:32b",
+        ] {
+            assert_eq!(sanitize_model(Some(model)), model);
+        }
+    }
+
+    #[test]
+    fn credentials_endpoints_and_paths_are_redacted() {
+        for bad in [
+            "sk-proj-123",
+            "ghp_abc",
+            "github_pat_11",
+            "glpat-xyz",
+            "AIzaSyA",
+            "http://localhost:11434",
+            "user@host",
+            "localhost:11434",
+            "10.1.2.3:11434",
+            "ollama.internal:443",
+            "gpu-box:8080",
+            "/models/llama",
+            "./model",
+            "~/model",
+            "C:\\models\\x",
+            "a/../b",
+            "a/b/c",
+            &"m".repeat(161),
+            "two words",
+        ] {
+            assert_eq!(sanitize_model(Some(bad)), REDACTED, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn missing_model_is_unknown() {
+        assert_eq!(sanitize_model(None), UNKNOWN);
+        assert_eq!(sanitize_model(Some("  ")), UNKNOWN);
+    }
+
+    #[test]
+    fn notes_keep_prose_but_not_secrets() {
+        assert_eq!(
+            sanitize_note(Some("client went away")).as_deref(),
+            Some("client went away")
+        );
+        assert_eq!(
+            sanitize_note(Some("key sk-abc leaked")).as_deref(),
+            Some(REDACTED)
+        );
+        assert_eq!(sanitize_note(Some("see http://x")).as_deref(), Some(REDACTED));
+        assert_eq!(sanitize_note(None), None);
+    }
+}

@@ -1,0 +1,22 @@
+//! The domain: records, states, bounds and reaping rules.
+//!
+//! Pure and synchronous: no I/O and no clock of its own. Every rule of
+//! `docs/semantics.md` lives here, in exactly one place; stores persist what
+//! these functions decide.
+
+pub mod bounds;
+pub mod counters;
+pub mod labels;
+pub mod record;
+pub mod snapshot;
+pub mod timestamp;
+pub mod transition;
+
+pub use bounds::{ClassBounds, ReapPolicy};
+pub use counters::{AggregateKey, ReapedCounts, Totals};
+pub use labels::Label;
+pub use record::{
+    ActivityId, ActivityRecord, Admission, Disposition, FailureStage, LaneKey, Priority, ReapReason, State,
+};
+pub use snapshot::{Since, Snapshot, SnapshotOptions};
+pub use timestamp::Millis;

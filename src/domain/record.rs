@@ -1,0 +1,277 @@
+//! Activity records and their states.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::labels::Label;
+use super::timestamp::{self, Millis};
+
+/// The opaque identity of one activity (one provider call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ActivityId(Uuid);
+
+impl ActivityId {
+    /// A fresh random identity.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// The smallest identity, for range bounds.
+    pub(crate) fn nil_min() -> Self {
+        Self(Uuid::nil())
+    }
+}
+
+impl Default for ActivityId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for ActivityId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for ActivityId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(Self)
+    }
+}
+
+/// Generates the small string enums that records are made of, with their
+/// wire names in one place.
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $wire:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $wire)] $variant),+
+        }
+
+        impl $name {
+            /// The name used on the wire and in stores.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $wire),+ }
+            }
+
+            /// Every accepted wire name, for error messages.
+            pub const NAMES: &'static [&'static str] = &[$($wire),+];
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($wire => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "{other:?} is not one of {}",
+                        Self::NAMES.join(", ")
+                    )),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+wire_enum! {
+    /// Where a record is in its life.
+    State {
+        /// Enqueued, not started.
+        Waiting => "waiting",
+        /// Started, not settled.
+        Executing => "executing",
+        /// Settled with success.
+        Succeeded => "succeeded",
+        /// Settled with failure.
+        Failed => "failed",
+        /// An abort the ledger observed: settled, not leaked.
+        Cancelled => "cancelled",
+        /// Its bound passed with no settle: a leak, kept as evidence.
+        Reaped => "reaped",
+    }
+}
+
+impl State {
+    /// Waiting or executing: counted as live demand.
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, Self::Waiting | Self::Executing)
+    }
+
+    /// Succeeded, failed or cancelled: the caller told us how it ended.
+    pub fn is_settled(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+wire_enum! {
+    /// How a reaped record had leaked.
+    Disposition {
+        /// Never started: nothing could ever settle it.
+        Abandoned => "abandoned",
+        /// Started, never settled.
+        Unsettled => "unsettled",
+    }
+}
+
+wire_enum! {
+    /// Why a record was reaped.
+    ReapReason {
+        /// It outlived the bound derived from its deadline class.
+        Deadline => "deadline",
+        /// The process that owned it stopped renewing its lease.
+        OwnerLost => "owner-lost",
+    }
+}
+
+wire_enum! {
+    /// The caller's priority for the call.
+    Priority {
+        /// A user is waiting on it.
+        Interactive => "interactive",
+        /// Background or bulk work.
+        Batch => "batch",
+        /// Not said.
+        Unknown => "unknown",
+    }
+}
+
+wire_enum! {
+    /// Whether a record passes through native admission.
+    Admission {
+        /// Passes through native admission and counts in `nativeAdmission`.
+        Queued => "queued",
+        /// Observed only, no queue.
+        Direct => "direct",
+    }
+}
+
+wire_enum! {
+    /// Where a failed call failed.
+    FailureStage {
+        /// The provider answered with an error or timed out.
+        Provider => "provider",
+        /// The call failed before it reached the provider.
+        Queue => "queue",
+        /// Not said.
+        Unknown => "unknown",
+    }
+}
+
+/// One activity: a provider call as the ledger knows it. No payload (prompt,
+/// text, vectors) is ever part of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivityRecord {
+    /// Opaque identity.
+    pub activity_id: ActivityId,
+    /// The calling service.
+    pub service: Label,
+    /// The provider called (`ollama`, `openai`, ...).
+    pub provider: Label,
+    /// The deadline class, which its bounds derive from.
+    pub class: Label,
+    /// The caller's stage (`kb-tenant-ingestion-embedding`, ...).
+    pub operation_stage: Label,
+    /// The model, or `unknown` / `redacted`.
+    pub model: String,
+    /// The caller's priority.
+    pub priority: Priority,
+    /// Whether it counts in native admission.
+    pub admission: Admission,
+    /// Its state.
+    pub state: State,
+    /// How it leaked, when reaped.
+    pub disposition: Option<Disposition>,
+    /// Why it was reaped, when reaped.
+    pub reap_reason: Option<ReapReason>,
+    /// The owner (process lease) it belongs to, if any.
+    pub owner_id: Option<String>,
+    /// When it was enqueued.
+    #[serde(serialize_with = "timestamp::serialize")]
+    pub enqueued_at: Millis,
+    /// When it started executing.
+    #[serde(serialize_with = "timestamp::serialize_opt")]
+    pub started_at: Option<Millis>,
+    /// When it settled.
+    #[serde(serialize_with = "timestamp::serialize_opt")]
+    pub completed_at: Option<Millis>,
+    /// When it was reaped.
+    #[serde(serialize_with = "timestamp::serialize_opt")]
+    pub reaped_at: Option<Millis>,
+    /// The deadline it declared itself, if any.
+    #[serde(skip)]
+    pub declared_deadline_ms: Option<i64>,
+    /// The effective execution deadline: its own, else its class's.
+    pub deadline_ms: i64,
+    /// While in flight: the instant past which it is reaped.
+    #[serde(serialize_with = "timestamp::serialize_opt")]
+    pub reapable_at: Option<Millis>,
+    /// `startedAt - enqueuedAt`, once started.
+    pub queue_wait_ms: Option<i64>,
+    /// `completedAt - startedAt`, once settled after a start.
+    pub execution_ms: Option<i64>,
+    /// The settled outcome; `null` while in flight, when cancelled or reaped.
+    pub success: Option<bool>,
+    /// Where a failure happened.
+    pub failure_stage: Option<FailureStage>,
+    /// A settle or cancel arrived after it was reaped.
+    pub late_settle: bool,
+    /// Why the caller cancelled, when it said so (redacted like model names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+}
+
+impl ActivityRecord {
+    /// The `service::provider` lane it belongs to.
+    pub fn lane(&self) -> LaneKey {
+        LaneKey {
+            service: self.service.clone(),
+            provider: self.provider.clone(),
+        }
+    }
+}
+
+/// A `service::provider` lane.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LaneKey {
+    /// The calling service.
+    pub service: Label,
+    /// The provider.
+    pub provider: Label,
+}
+
+impl LaneKey {
+    /// Parses `"service::provider"`.
+    ///
+    /// # Errors
+    /// Says what is wrong when the separator is missing or either side is
+    /// not a valid label.
+    pub fn parse(key: &str) -> Result<Self, String> {
+        let (service, provider) = key
+            .split_once("::")
+            .ok_or_else(|| format!("{key:?} is not of the form \"service::provider\""))?;
+        Ok(Self {
+            service: Label::new("service", service).map_err(|e| e.to_string())?,
+            provider: Label::new("provider", provider).map_err(|e| e.to_string())?,
+        })
+    }
+}
+
+impl fmt::Display for LaneKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}::{}", self.service, self.provider)
+    }
+}

@@ -1,0 +1,382 @@
+//! The state machine: begin, start, settle, cancel and reap, as pure
+//! functions of a record, a request and the time.
+//!
+//! Stores load a record, call these functions, and persist what they return
+//! together with the counter changes their [`Effect`]s imply. No rule of the
+//! state machine lives anywhere else.
+
+use super::bounds::ReapPolicy;
+use super::labels::{sanitize_note, Label};
+use super::record::{
+    ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
+};
+use super::timestamp::{format_rfc3339, Millis};
+
+/// How far in the future a caller's timestamp may be (clock skew), in ms.
+pub const MAX_FUTURE_SKEW_MS: i64 = 5 * 60 * 1000;
+
+/// Why a request was refused. A refused request changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request itself is malformed (a bad timestamp, say).
+    Invalid(String),
+    /// The request contradicts what the record already says.
+    Conflict(String),
+}
+
+/// Something a transition did, which the aggregate counters follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// A record was created (at its `enqueuedAt`).
+    Begun { at: Millis },
+    /// A record started executing after waiting `queue_wait_ms`.
+    Started { at: Millis, queue_wait_ms: i64 },
+    /// A record settled (`Succeeded`, `Failed` or `Cancelled`).
+    Settled {
+        at: Millis,
+        state: State,
+        execution_ms: Option<i64>,
+    },
+    /// A record was reaped.
+    Reaped {
+        disposition: Disposition,
+        reason: ReapReason,
+    },
+    /// An abandoned record was started after all: it is live again.
+    Resurrected,
+    /// The first settle or cancel to arrive for a reaped record.
+    LateSettle { at: Millis },
+}
+
+/// The result of a transition that was accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The record after the transition.
+    pub record: ActivityRecord,
+    /// What changed, for the counters. Empty for a harmless retry.
+    pub effects: Vec<Effect>,
+}
+
+impl Applied {
+    /// Whether the record must be written back.
+    pub fn changed(&self) -> bool {
+        !self.effects.is_empty()
+    }
+}
+
+/// A validated request to create a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewActivity {
+    /// The identity to create it under.
+    pub activity_id: ActivityId,
+    /// The calling service.
+    pub service: Label,
+    /// The provider.
+    pub provider: Label,
+    /// The deadline class.
+    pub class: Label,
+    /// The caller's stage.
+    pub operation_stage: Label,
+    /// The sanitized model.
+    pub model: String,
+    /// The priority.
+    pub priority: Priority,
+    /// Queued or direct.
+    pub admission: Admission,
+    /// When it was enqueued; `now` when not given.
+    pub enqueued_at: Option<Millis>,
+    /// When it started, for a record begun already started.
+    pub started_at: Option<Millis>,
+    /// Its own execution deadline, if it has one.
+    pub deadline_ms: Option<i64>,
+    /// The owner (process lease) it belongs to.
+    pub owner_id: Option<String>,
+}
+
+/// What a caller asks of an existing record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// It started executing at `at`.
+    Start { at: Option<Millis> },
+    /// It settled with an outcome.
+    Settle {
+        success: bool,
+        failure_stage: Option<FailureStage>,
+        at: Option<Millis>,
+    },
+    /// The caller aborted it.
+    Cancel {
+        reason: Option<String>,
+        at: Option<Millis>,
+    },
+}
+
+fn check_not_future(field: &str, at: Millis, now: Millis) -> Result<Millis, Refusal> {
+    if at > now.saturating_add(MAX_FUTURE_SKEW_MS) {
+        return Err(Refusal::Invalid(format!(
+            "{field} {} is more than 5 minutes in the future (now is {})",
+            format_rfc3339(at),
+            format_rfc3339(now)
+        )));
+    }
+    Ok(at)
+}
+
+fn check_not_before(field: &str, at: Millis, other_field: &str, other: Millis) -> Result<(), Refusal> {
+    if at < other {
+        return Err(Refusal::Invalid(format!(
+            "{field} {} is before {other_field} {}",
+            format_rfc3339(at),
+            format_rfc3339(other)
+        )));
+    }
+    Ok(())
+}
+
+/// Creates a record. A record begun with a `startedAt` is executing.
+///
+/// # Errors
+/// A timestamp more than 5 minutes in the future, a `startedAt` before the
+/// `enqueuedAt`, or a non-positive `deadlineMs`.
+pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Applied, Refusal> {
+    let enqueued_at = check_not_future("enqueuedAt", new.enqueued_at.unwrap_or(now), now)?;
+    if let Some(started) = new.started_at {
+        check_not_future("startedAt", started, now)?;
+        check_not_before("startedAt", started, "enqueuedAt", enqueued_at)?;
+    }
+    if let Some(deadline) = new.deadline_ms {
+        if deadline <= 0 {
+            return Err(Refusal::Invalid(format!(
+                "deadlineMs must be a positive number of milliseconds, got {deadline}"
+            )));
+        }
+    }
+    let mut record = ActivityRecord {
+        activity_id: new.activity_id,
+        deadline_ms: policy.effective_deadline_ms(new.class.as_str(), new.deadline_ms),
+        service: new.service,
+        provider: new.provider,
+        class: new.class,
+        operation_stage: new.operation_stage,
+        model: new.model,
+        priority: new.priority,
+        admission: new.admission,
+        state: if new.started_at.is_some() {
+            State::Executing
+        } else {
+            State::Waiting
+        },
+        disposition: None,
+        reap_reason: None,
+        owner_id: new.owner_id,
+        enqueued_at,
+        started_at: new.started_at,
+        completed_at: None,
+        reaped_at: None,
+        declared_deadline_ms: new.deadline_ms,
+        reapable_at: None,
+        queue_wait_ms: new.started_at.map(|s| s - enqueued_at),
+        execution_ms: None,
+        success: None,
+        failure_stage: None,
+        late_settle: false,
+        cancel_reason: None,
+    };
+    record.reapable_at = policy.reapable_at(&record);
+    let mut effects = vec![Effect::Begun { at: enqueued_at }];
+    if let (Some(at), Some(queue_wait_ms)) = (record.started_at, record.queue_wait_ms) {
+        effects.push(Effect::Started { at, queue_wait_ms });
+    }
+    Ok(Applied { record, effects })
+}
+
+/// Whether `record` is past its bound at `now` and so must be seen reaped.
+pub fn is_due(record: &ActivityRecord, now: Millis) -> bool {
+    record.state.is_in_flight() && record.reapable_at.is_some_and(|at| now > at)
+}
+
+/// Reaps `record` when it is past its bound at `now`. Reaping is a function
+/// of time: every operation calls this first, so whether a reaper pass has
+/// run yet never changes the answer.
+pub fn reap_if_due(record: &mut ActivityRecord, now: Millis) -> Option<Effect> {
+    if !is_due(record, now) {
+        return None;
+    }
+    Some(mark_reaped(record, now, ReapReason::Deadline))
+}
+
+/// Reaps an in-flight `record` because its owner's lease expired.
+pub fn reap_for_owner_loss(record: &mut ActivityRecord, now: Millis) -> Option<Effect> {
+    if !record.state.is_in_flight() {
+        return None;
+    }
+    Some(mark_reaped(record, now, ReapReason::OwnerLost))
+}
+
+fn mark_reaped(record: &mut ActivityRecord, now: Millis, reason: ReapReason) -> Effect {
+    let disposition = if record.state == State::Waiting {
+        Disposition::Abandoned
+    } else {
+        Disposition::Unsettled
+    };
+    record.state = State::Reaped;
+    record.disposition = Some(disposition);
+    record.reap_reason = Some(reason);
+    record.reaped_at = Some(now);
+    record.reapable_at = None;
+    Effect::Reaped { disposition, reason }
+}
+
+/// Applies `transition` to `record` at `now`, reaping it first if it is past
+/// its bound.
+///
+/// # Errors
+/// [`Refusal::Invalid`] for a bad timestamp; [`Refusal::Conflict`] for a
+/// start on a settled or unsettled record, or a settle whose outcome differs
+/// from the one that already landed.
+pub fn apply(
+    mut record: ActivityRecord,
+    transition: Transition,
+    now: Millis,
+    policy: &ReapPolicy,
+) -> Result<Applied, Refusal> {
+    let mut effects: Vec<Effect> = reap_if_due(&mut record, now).into_iter().collect();
+    match transition {
+        Transition::Start { at } => start(&mut record, at.unwrap_or(now), now, policy, &mut effects)?,
+        Transition::Settle {
+            success,
+            failure_stage,
+            at,
+        } => {
+            let outcome = if success { State::Succeeded } else { State::Failed };
+            let stage = (!success).then(|| failure_stage.unwrap_or(FailureStage::Unknown));
+            settle(
+                &mut record,
+                outcome,
+                stage,
+                None,
+                at.unwrap_or(now),
+                now,
+                &mut effects,
+            )?;
+        }
+        Transition::Cancel { reason, at } => {
+            let reason = sanitize_note(reason.as_deref());
+            settle(
+                &mut record,
+                State::Cancelled,
+                None,
+                reason,
+                at.unwrap_or(now),
+                now,
+                &mut effects,
+            )?;
+        }
+    }
+    Ok(Applied { record, effects })
+}
+
+fn start(
+    record: &mut ActivityRecord,
+    at: Millis,
+    now: Millis,
+    policy: &ReapPolicy,
+    effects: &mut Vec<Effect>,
+) -> Result<(), Refusal> {
+    match (record.state, record.disposition) {
+        (State::Executing, _) => return Ok(()),
+        (State::Waiting, _) => {}
+        (State::Reaped, Some(Disposition::Abandoned)) => {
+            // Start is proof of life: whoever starts it is still there.
+            effects.push(Effect::Resurrected);
+            record.disposition = None;
+            record.reap_reason = None;
+            record.reaped_at = None;
+        }
+        (State::Reaped, _) => {
+            return Err(Refusal::Conflict(format!(
+                "activity {} was reaped as unsettled and cannot start again",
+                record.activity_id
+            )))
+        }
+        (settled, _) => {
+            return Err(Refusal::Conflict(format!(
+                "activity {} is already {settled} and cannot start",
+                record.activity_id
+            )))
+        }
+    }
+    check_not_future("startedAt", at, now)?;
+    check_not_before("startedAt", at, "enqueuedAt", record.enqueued_at)?;
+    record.state = State::Executing;
+    record.started_at = Some(at);
+    record.queue_wait_ms = Some(at - record.enqueued_at);
+    record.reapable_at = policy.reapable_at(record);
+    effects.push(Effect::Started {
+        at,
+        queue_wait_ms: at - record.enqueued_at,
+    });
+    Ok(())
+}
+
+fn settle(
+    record: &mut ActivityRecord,
+    outcome: State,
+    failure_stage: Option<FailureStage>,
+    reason: Option<String>,
+    at: Millis,
+    now: Millis,
+    effects: &mut Vec<Effect>,
+) -> Result<(), Refusal> {
+    match record.state {
+        State::Reaped => {
+            // Neither success nor failure: absorbed, and counted once.
+            if !record.late_settle {
+                record.late_settle = true;
+                effects.push(Effect::LateSettle {
+                    at: now.min(at.max(record.enqueued_at)),
+                });
+            }
+            return Ok(());
+        }
+        settled if settled.is_settled() => {
+            if settled == outcome {
+                return Ok(());
+            }
+            return Err(Refusal::Conflict(format!(
+                "activity {} already settled as {settled}; refusing {outcome}",
+                record.activity_id
+            )));
+        }
+        _ => {}
+    }
+    check_not_future("completedAt", at, now)?;
+    let since = record.started_at.unwrap_or(record.enqueued_at);
+    check_not_before(
+        "completedAt",
+        at,
+        if record.started_at.is_some() {
+            "startedAt"
+        } else {
+            "enqueuedAt"
+        },
+        since,
+    )?;
+    record.state = outcome;
+    record.completed_at = Some(at);
+    record.reapable_at = None;
+    record.execution_ms = record.started_at.map(|started| at - started);
+    record.success = match outcome {
+        State::Succeeded => Some(true),
+        State::Failed => Some(false),
+        _ => None,
+    };
+    record.failure_stage = failure_stage;
+    record.cancel_reason = reason;
+    effects.push(Effect::Settled {
+        at,
+        state: outcome,
+        execution_ms: record.execution_ms,
+    });
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! The library's error type: a kind that says why, a message for people, and
+//! the underlying cause for logs.
+
+use std::fmt;
+
+use crate::domain::labels::LabelError;
+use crate::domain::transition::Refusal;
+
+/// Why a ledger operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The input was malformed: a bad label, timestamp or setting. Nothing
+    /// changed.
+    InvalidInput,
+    /// No record (or owner) with that identity.
+    NotFound,
+    /// The request contradicts what the record already says. Nothing changed.
+    Conflict,
+    /// The lane is at its cap; try again later.
+    LaneFull,
+    /// The ledger was shut down.
+    Closed,
+    /// The store failed (disk, database). The details are in the source.
+    Storage,
+}
+
+impl ErrorKind {
+    /// A stable snake_case name for the kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidInput => "invalid_input",
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+            Self::LaneFull => "lane_full",
+            Self::Closed => "closed",
+            Self::Storage => "storage",
+        }
+    }
+}
+
+/// An error from the ledger.
+#[derive(Debug)]
+pub struct LedgerError {
+    kind: ErrorKind,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl LedgerError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A storage failure caused by `source`.
+    pub fn storage(context: &str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            kind: ErrorKind::Storage,
+            message: format!("{context}: {source}"),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// Why it failed.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message, for people.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidInput, message)
+    }
+
+    pub(crate) fn closed() -> Self {
+        Self::new(ErrorKind::Closed, "the ledger is shut down")
+    }
+}
+
+impl fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for LedgerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<LabelError> for LedgerError {
+    fn from(err: LabelError) -> Self {
+        Self::invalid(err.to_string())
+    }
+}
+
+impl From<Refusal> for LedgerError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Invalid(message) => Self::new(ErrorKind::InvalidInput, message),
+            Refusal::Conflict(message) => Self::new(ErrorKind::Conflict, message),
+        }
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = LedgerError> = std::result::Result<T, E>;

@@ -1,0 +1,543 @@
+//! The public face of the library: [`Ledger`], [`ActivitySpec`] and the
+//! [`ActivityHandle`] that settles a record or cancels it when dropped.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::LedgerConfig;
+use crate::domain::counters::ReapedCounts;
+use crate::domain::labels::{sanitize_model, Label};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
+use crate::domain::snapshot::{Snapshot, SnapshotOptions};
+use crate::domain::timestamp::Millis;
+use crate::domain::transition::{NewActivity, Transition};
+use crate::error::LedgerError;
+use crate::store::{self, Command, Store};
+
+/// The ledger of in-flight provider calls.
+///
+/// Cheap to clone (an `Arc` inside), `Send` and `Sync`.
+///
+/// ```
+/// # tokio_test_main(async {
+/// use inflight::{ActivitySpec, Ledger, LedgerConfig, Outcome};
+///
+/// let ledger = Ledger::builder(LedgerConfig::default()).store_url("memory:").build()?;
+/// let mut call = ledger
+///     .begin(ActivitySpec::new("knowledge-base", "ollama").class("embedding"))
+///     .await?;
+/// call.start().await?;
+/// let record = call.settle(Outcome::Success).await?;
+/// assert_eq!(record.state.as_str(), "succeeded");
+/// # Ok::<(), inflight::LedgerError>(())
+/// # });
+/// # fn tokio_test_main<F: std::future::Future<Output = Result<(), inflight::LedgerError>>>(f: F) {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f).unwrap();
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Ledger {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    config: Arc<LedgerConfig>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("store", &self.inner.store)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Ledger`]: its configuration, store and clock.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LedgerBuilder {
+    config: LedgerConfig,
+    store_url: String,
+    clock: Arc<dyn Clock>,
+}
+
+impl LedgerBuilder {
+    /// Keeps records in the store at `url` (`memory:`, `sqlite://PATH`).
+    /// The default is `memory:`.
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.store_url = url.into();
+        self
+    }
+
+    /// Reads time from `clock` instead of the system clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Opens the store and returns the ledger.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an
+    /// unsupported store URL, [`ErrorKind::Storage`](crate::ErrorKind::Storage)
+    /// when the store cannot be opened or migrated.
+    pub fn build(self) -> Result<Ledger, LedgerError> {
+        let config = Arc::new(self.config);
+        let store = store::open(&self.store_url, Arc::clone(&config))?;
+        Ok(Ledger {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                clock: self.clock,
+            }),
+        })
+    }
+}
+
+/// What a caller says about a call when it begins it.
+///
+/// Labels are validated by [`Ledger::begin`]; a missing optional label is
+/// `unknown`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ActivitySpec {
+    /// The calling service (required).
+    pub service: String,
+    /// The provider called (required).
+    pub provider: String,
+    /// The deadline class.
+    pub class: Option<String>,
+    /// The caller's stage.
+    pub operation_stage: Option<String>,
+    /// The model; redacted unless it looks like a model identifier.
+    pub model: Option<String>,
+    /// The caller's priority.
+    pub priority: Option<Priority>,
+    /// Queued (the default) or direct.
+    pub admission: Option<Admission>,
+    /// When it was enqueued; now when absent.
+    pub enqueued_at: Option<Millis>,
+    /// When it started, for a record begun already started.
+    pub started_at: Option<Millis>,
+    /// Its own execution deadline, in milliseconds.
+    pub deadline_ms: Option<i64>,
+    /// The owner (process lease) it belongs to.
+    pub owner_id: Option<String>,
+}
+
+impl ActivitySpec {
+    /// A call from `service` to `provider`.
+    pub fn new(service: impl Into<String>, provider: impl Into<String>) -> Self {
+        Self {
+            service: service.into(),
+            provider: provider.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the deadline class.
+    pub fn class(mut self, class: impl Into<String>) -> Self {
+        self.class = Some(class.into());
+        self
+    }
+
+    /// Sets the caller's stage.
+    pub fn operation_stage(mut self, stage: impl Into<String>) -> Self {
+        self.operation_stage = Some(stage.into());
+        self
+    }
+
+    /// Sets the model.
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Sets the priority.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Sets queued or direct admission.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// Declares the call's own execution deadline.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline_ms = Some(i64::try_from(deadline.as_millis()).unwrap_or(i64::MAX));
+        self
+    }
+
+    /// Sets when it was enqueued (epoch milliseconds).
+    pub fn enqueued_at(mut self, at: Millis) -> Self {
+        self.enqueued_at = Some(at);
+        self
+    }
+
+    /// Begins it already started at `at` (epoch milliseconds).
+    pub fn started_at(mut self, at: Millis) -> Self {
+        self.started_at = Some(at);
+        self
+    }
+
+    fn validate(self) -> Result<NewActivity, LedgerError> {
+        Ok(NewActivity {
+            activity_id: ActivityId::new(),
+            service: Label::new("service", &self.service)?,
+            provider: Label::new("provider", &self.provider)?,
+            class: Label::or_unknown("class", self.class.as_deref())?,
+            operation_stage: Label::or_unknown("operationStage", self.operation_stage.as_deref())?,
+            model: sanitize_model(self.model.as_deref()),
+            priority: self.priority.unwrap_or(Priority::Unknown),
+            admission: self.admission.unwrap_or(Admission::Queued),
+            enqueued_at: self.enqueued_at,
+            started_at: self.started_at,
+            deadline_ms: self.deadline_ms,
+            owner_id: self.owner_id,
+        })
+    }
+}
+
+/// How a call ended, as its caller reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The provider answered.
+    Success,
+    /// It failed, at this stage.
+    Failure(FailureStage),
+}
+
+/// A settle as the HTTP API and other by-id callers express it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// Whether it succeeded.
+    pub success: bool,
+    /// Where it failed.
+    pub failure_stage: Option<FailureStage>,
+    /// When it completed; now when absent.
+    pub completed_at: Option<Millis>,
+}
+
+impl From<Outcome> for Settlement {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Success => Self {
+                success: true,
+                failure_stage: None,
+                completed_at: None,
+            },
+            Outcome::Failure(stage) => Self {
+                success: false,
+                failure_stage: Some(stage),
+                completed_at: None,
+            },
+        }
+    }
+}
+
+impl Ledger {
+    /// Starts building a ledger under `config`, on `memory:` and the system
+    /// clock unless told otherwise.
+    pub fn builder(config: LedgerConfig) -> LedgerBuilder {
+        LedgerBuilder {
+            config,
+            store_url: "memory:".to_owned(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The configuration it runs under.
+    pub fn config(&self) -> &LedgerConfig {
+        &self.inner.config
+    }
+
+    /// The ledger's current time.
+    pub fn now(&self) -> Millis {
+        self.inner.clock.now()
+    }
+
+    async fn run(&self, command: Command) -> Result<store::Reply, LedgerError> {
+        self.inner.store.execute(command).await
+    }
+
+    /// Records a new activity and returns a handle that settles it, or
+    /// cancels it when dropped.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a bad
+    /// label, a timestamp more than 5 minutes ahead, or a `startedAt` before
+    /// the `enqueuedAt`; [`ErrorKind::Storage`](crate::ErrorKind::Storage).
+    ///
+    /// # Cancel safety
+    /// Once first polled, the record is submitted: if the future is dropped
+    /// before it resolves, the record still lands, with no handle to settle it, and
+    /// its bound reaps it as `abandoned` or `unsettled`.
+    pub async fn begin(&self, spec: ActivitySpec) -> Result<ActivityHandle, LedgerError> {
+        let record = self.begin_record(spec).await?;
+        Ok(ActivityHandle {
+            ledger: self.clone(),
+            id: record.activity_id,
+            record: Some(record),
+            armed: true,
+        })
+    }
+
+    /// Records a new activity and returns the record, with no handle: for
+    /// callers (such as the HTTP API) that settle it by id later.
+    ///
+    /// # Errors
+    /// As [`Ledger::begin`].
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::begin`].
+    pub async fn begin_record(&self, spec: ActivitySpec) -> Result<ActivityRecord, LedgerError> {
+        let new = spec.validate()?;
+        let now = self.now();
+        self.run(Command::Begin { new, now }).await?.into_record()
+    }
+
+    /// Marks the record `id` executing (at `at`, or now).
+    ///
+    /// Starting an executing record changes nothing; starting an `abandoned`
+    /// record resurrects it.
+    ///
+    /// # Errors
+    /// `NotFound`; `Conflict` for a settled or `unsettled` record;
+    /// `InvalidInput` for a bad timestamp.
+    ///
+    /// # Cancel safety
+    /// The start is submitted when the future is first polled; dropping
+    /// the future after that does not withdraw it.
+    pub async fn start(&self, id: ActivityId, at: Option<Millis>) -> Result<ActivityRecord, LedgerError> {
+        self.transition(id, Transition::Start { at }).await
+    }
+
+    /// Settles the record `id`. A settle for a reaped record is absorbed as
+    /// a late settle: the record stays reaped, with `late_settle` set.
+    ///
+    /// # Errors
+    /// `NotFound`; `Conflict` when a different outcome already landed;
+    /// `InvalidInput` for a bad timestamp.
+    ///
+    /// # Cancel safety
+    /// The settle is submitted when the future is first polled; dropping
+    /// the future after that does not withdraw it.
+    pub async fn settle(
+        &self,
+        id: ActivityId,
+        settlement: Settlement,
+    ) -> Result<ActivityRecord, LedgerError> {
+        self.transition(
+            id,
+            Transition::Settle {
+                success: settlement.success,
+                failure_stage: settlement.failure_stage,
+                at: settlement.completed_at,
+            },
+        )
+        .await
+    }
+
+    /// Cancels the record `id`: an abort the ledger observed, settled and not
+    /// leaked.
+    ///
+    /// # Errors
+    /// `NotFound`; `Conflict` when it already succeeded or failed.
+    ///
+    /// # Cancel safety
+    /// The cancel is submitted when the future is first polled; dropping
+    /// the future after that does not withdraw it.
+    pub async fn cancel(
+        &self,
+        id: ActivityId,
+        reason: Option<String>,
+    ) -> Result<ActivityRecord, LedgerError> {
+        self.transition(id, Transition::Cancel { reason, at: None }).await
+    }
+
+    async fn transition(
+        &self,
+        id: ActivityId,
+        transition: Transition,
+    ) -> Result<ActivityRecord, LedgerError> {
+        let now = self.now();
+        self.run(Command::Transition { id, transition, now })
+            .await?
+            .into_record()
+    }
+
+    /// The record `id`, reaped first if it is past its bound.
+    ///
+    /// # Errors
+    /// `NotFound`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses only the answer.
+    pub async fn get(&self, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
+        let now = self.now();
+        self.run(Command::Get { id, now }).await?.into_record()
+    }
+
+    /// Reaps every record past its bound and reports what it reaped.
+    ///
+    /// # Errors
+    /// `Storage`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the pass runs to completion; only the answer is lost.
+    pub async fn reap(&self) -> Result<ReapedCounts, LedgerError> {
+        let now = self.now();
+        self.run(Command::Reap { now }).await?.into_reaped()
+    }
+
+    /// Reaps, then reports the ledger as operators read it.
+    ///
+    /// # Errors
+    /// `Storage`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the reap runs to completion; only the answer is lost.
+    pub async fn snapshot(&self, options: SnapshotOptions) -> Result<Snapshot, LedgerError> {
+        let now = self.now();
+        self.run(Command::Snapshot { options, now })
+            .await?
+            .into_snapshot()
+    }
+
+    /// Runs a reaper pass every configured interval until the returned guard
+    /// is dropped, so records expire with no reader at all. Must be called
+    /// within a Tokio runtime.
+    pub fn spawn_reaper(&self) -> ReaperGuard {
+        let ledger = self.clone();
+        let interval = self.inner.config.reap_interval();
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                match ledger.reap().await {
+                    Ok(counts) if counts.total() > 0 => tracing::info!(
+                        abandoned = counts.abandoned,
+                        unsettled = counts.unsettled,
+                        "reaper pass reaped leaked records"
+                    ),
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(error = %err, "reaper pass failed; will retry next interval"),
+                }
+            }
+        });
+        ReaperGuard { task }
+    }
+
+    fn cancel_detached(&self, id: ActivityId) {
+        let now = self.now();
+        // Submitted synchronously; the store applies it whether or not anyone
+        // awaits the answer.
+        drop(self.inner.store.execute(Command::Transition {
+            id,
+            transition: Transition::Cancel {
+                reason: Some("handle dropped".to_owned()),
+                at: None,
+            },
+            now,
+        }));
+    }
+}
+
+/// Stops the background reaper when dropped.
+#[must_use = "the reaper stops when this guard is dropped"]
+#[derive(Debug)]
+pub struct ReaperGuard {
+    task: JoinHandle<()>,
+}
+
+impl Drop for ReaperGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A record this process began. Settle it, or it is recorded `cancelled`
+/// when dropped: never a silent leak inside the process.
+#[must_use = "dropping the handle cancels the activity"]
+pub struct ActivityHandle {
+    ledger: Ledger,
+    id: ActivityId,
+    record: Option<ActivityRecord>,
+    /// Whether dropping the handle must still cancel the record.
+    armed: bool,
+}
+
+impl fmt::Debug for ActivityHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActivityHandle").field("id", &self.id).finish()
+    }
+}
+
+impl ActivityHandle {
+    /// The record's identity.
+    pub fn id(&self) -> ActivityId {
+        self.id
+    }
+
+    /// The record as of the handle's last operation.
+    pub fn record(&self) -> Option<&ActivityRecord> {
+        self.record.as_ref()
+    }
+
+    /// Marks it executing now.
+    ///
+    /// # Errors
+    /// As [`Ledger::start`].
+    ///
+    /// # Cancel safety
+    /// The start is submitted when first polled; the handle still cancels
+    /// the record when dropped.
+    pub async fn start(&mut self) -> Result<&ActivityRecord, LedgerError> {
+        let record = self.ledger.start(self.id, None).await?;
+        Ok(self.record.insert(record))
+    }
+
+    /// Settles it with `outcome`, consuming the handle.
+    ///
+    /// # Errors
+    /// As [`Ledger::settle`].
+    ///
+    /// # Cancel safety
+    /// Once first polled, the settle is submitted: if the future is dropped
+    /// after that, the settle still lands and no cancel follows. A future
+    /// dropped before its first poll cancels the record, like the handle.
+    pub async fn settle(mut self, outcome: Outcome) -> Result<ActivityRecord, LedgerError> {
+        self.armed = false;
+        self.ledger.settle(self.id, outcome.into()).await
+    }
+
+    /// Cancels it, consuming the handle.
+    ///
+    /// # Errors
+    /// As [`Ledger::cancel`].
+    ///
+    /// # Cancel safety
+    /// As [`ActivityHandle::settle`].
+    pub async fn cancel(mut self, reason: Option<String>) -> Result<ActivityRecord, LedgerError> {
+        self.armed = false;
+        self.ledger.cancel(self.id, reason).await
+    }
+}
+
+impl Drop for ActivityHandle {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ledger.cancel_detached(self.id);
+        }
+    }
+}

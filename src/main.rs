@@ -1,0 +1,3 @@
+fn main() {
+    println!("inflight: the server arrives with `inflight serve`");
+}

@@ -1,0 +1,168 @@
+//! The in-memory store: one process, nothing persisted. For tests, the demo,
+//! and embedded use where the ledger need not survive a restart.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::config::LedgerConfig;
+use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
+use crate::domain::snapshot::{LaneLoad, SnapshotParts};
+use crate::domain::timestamp::Millis;
+use crate::error::{ErrorKind, LedgerError};
+
+use super::engine::{self, Txn};
+use super::{Command, Store, StoreFuture};
+
+/// Records and counters in this process's memory, with the same indexes a
+/// database would keep.
+pub struct MemoryStore {
+    config: Arc<LedgerConfig>,
+    state: Mutex<MemoryState>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store under `config`.
+    pub fn new(config: Arc<LedgerConfig>) -> Self {
+        Self {
+            config,
+            state: Mutex::new(MemoryState::default()),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn execute(&self, command: Command) -> StoreFuture {
+        // Runs at once, so the command lands even if the future is dropped.
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = engine::execute(&mut *state, &self.config, command);
+        Box::pin(std::future::ready(result))
+    }
+}
+
+#[derive(Default)]
+struct MemoryState {
+    records: HashMap<ActivityId, ActivityRecord>,
+    /// In-flight records by the instant they become reapable.
+    due: BTreeSet<(Millis, ActivityId)>,
+    /// In-flight records by `enqueuedAt`.
+    in_flight: BTreeSet<(Millis, ActivityId)>,
+    /// Settled records by `completedAt`.
+    completed: BTreeSet<(Millis, ActivityId)>,
+    /// Reaped records by `reapedAt`.
+    reaped: BTreeSet<(Millis, ActivityId)>,
+    totals: BTreeMap<AggregateKey, Totals>,
+}
+
+impl MemoryState {
+    fn index(&mut self, record: &ActivityRecord, present: bool) {
+        let id = record.activity_id;
+        let mut entries: Vec<(&mut BTreeSet<(Millis, ActivityId)>, Millis)> = Vec::new();
+        if let Some(at) = record.reapable_at.filter(|_| record.state.is_in_flight()) {
+            entries.push((&mut self.due, at));
+        }
+        if record.state.is_in_flight() {
+            entries.push((&mut self.in_flight, record.enqueued_at));
+        }
+        if let Some(at) = record.completed_at.filter(|_| record.state.is_settled()) {
+            entries.push((&mut self.completed, at));
+        }
+        if let Some(at) = record.reaped_at.filter(|_| record.state == State::Reaped) {
+            entries.push((&mut self.reaped, at));
+        }
+        for (set, at) in entries {
+            if present {
+                set.insert((at, id));
+            } else {
+                set.remove(&(at, id));
+            }
+        }
+    }
+
+    fn records_of<'a>(&'a self, keys: impl Iterator<Item = &'a (Millis, ActivityId)>) -> Vec<ActivityRecord> {
+        keys.filter_map(|(_, id)| self.records.get(id)).cloned().collect()
+    }
+}
+
+impl Txn for MemoryState {
+    fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError> {
+        Ok(self.records.get(&id).cloned())
+    }
+
+    fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        if self.records.contains_key(&record.activity_id) {
+            return Err(LedgerError::new(
+                ErrorKind::Conflict,
+                format!("activity {} already exists", record.activity_id),
+            ));
+        }
+        self.index(record, true);
+        self.records.insert(record.activity_id, record.clone());
+        Ok(())
+    }
+
+    fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        if let Some(old) = self.records.remove(&record.activity_id) {
+            self.index(&old, false);
+        }
+        self.index(record, true);
+        self.records.insert(record.activity_id, record.clone());
+        Ok(())
+    }
+
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let keys = self.due.iter().take_while(|(at, _)| *at < now).take(limit);
+        Ok(self.records_of(keys))
+    }
+
+    fn add_totals(&mut self, key: &AggregateKey, delta: &Totals) -> Result<(), LedgerError> {
+        self.totals.entry(key.clone()).or_default().add(delta);
+        Ok(())
+    }
+
+    fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
+        let mut loads: BTreeMap<LaneKey, LaneLoad> = BTreeMap::new();
+        for (_, id) in &self.in_flight {
+            let Some(record) = self.records.get(id) else {
+                continue;
+            };
+            if record.admission != Admission::Queued {
+                continue;
+            }
+            let lane = record.lane();
+            let load = loads.entry(lane.clone()).or_insert(LaneLoad {
+                lane,
+                executing: 0,
+                waiting: 0,
+                oldest_waiting_since: None,
+            });
+            if record.state == State::Executing {
+                load.executing += 1;
+            } else {
+                load.waiting += 1;
+                // `in_flight` is ordered by enqueuedAt, so the first is oldest.
+                load.oldest_waiting_since.get_or_insert(record.enqueued_at);
+            }
+        }
+        let window = (since, ActivityId::nil_min())..;
+        let in_flight = self.records_of(self.in_flight.iter().take(limit + 1));
+        let recent = self.records_of(self.completed.range(window.clone()).rev().take(limit + 1));
+        let reaped = self.records_of(self.reaped.range(window.clone()).rev().take(limit + 1));
+        Ok(SnapshotParts {
+            lane_loads: loads.into_values().collect(),
+            aggregates: self.totals.iter().map(|(k, t)| (k.clone(), *t)).collect(),
+            in_flight,
+            in_flight_total: self.in_flight.len() as i64,
+            recent_completions: recent,
+            recent_completions_total: self.completed.range(window).count() as i64,
+            reaped,
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! Stores: where records and counters live.
+//!
+//! [`Store`] is the seam. Every store runs the same [`engine`] (which applies
+//! the domain's rules) inside its own transactions, so the memory, SQLite and
+//! later PostgreSQL stores cannot disagree about a rule: they differ only in
+//! how they persist and index.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::config::LedgerConfig;
+use crate::domain::counters::ReapedCounts;
+use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::snapshot::{Snapshot, SnapshotOptions};
+use crate::domain::timestamp::Millis;
+use crate::domain::transition::{NewActivity, Transition};
+use crate::error::{ErrorKind, LedgerError};
+
+pub(crate) mod engine;
+pub mod memory;
+pub mod sqlite;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+/// A request to a store. Each runs atomically, at the time `now` it carries.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Command {
+    /// Create a record.
+    Begin {
+        /// The validated request.
+        new: NewActivity,
+        /// The ledger's time.
+        now: Millis,
+    },
+    /// Start, settle or cancel a record.
+    Transition {
+        /// The record.
+        id: ActivityId,
+        /// What to do.
+        transition: Transition,
+        /// The ledger's time.
+        now: Millis,
+    },
+    /// Read one record (reaping it if it is past its bound).
+    Get {
+        /// The record.
+        id: ActivityId,
+        /// The ledger's time.
+        now: Millis,
+    },
+    /// Reap every record past its bound.
+    Reap {
+        /// The ledger's time.
+        now: Millis,
+    },
+    /// Reap, then report.
+    Snapshot {
+        /// What to report.
+        options: SnapshotOptions,
+        /// The ledger's time.
+        now: Millis,
+    },
+}
+
+/// A store's answer to a [`Command`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Reply {
+    /// The record after a begin, transition or get.
+    Record(Box<ActivityRecord>),
+    /// What a reap pass reaped.
+    Reaped(ReapedCounts),
+    /// A snapshot.
+    Snapshot(Box<Snapshot>),
+}
+
+impl Reply {
+    pub(crate) fn into_record(self) -> Result<ActivityRecord, LedgerError> {
+        match self {
+            Self::Record(record) => Ok(*record),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn into_reaped(self) -> Result<ReapedCounts, LedgerError> {
+        match self {
+            Self::Reaped(counts) => Ok(counts),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn into_snapshot(self) -> Result<Snapshot, LedgerError> {
+        match self {
+            Self::Snapshot(snapshot) => Ok(*snapshot),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(reply: &Reply) -> LedgerError {
+    LedgerError::new(
+        ErrorKind::Storage,
+        format!("store answered with an unexpected reply: {reply:?}"),
+    )
+}
+
+/// The future a store returns for a command.
+pub type StoreFuture = Pin<Box<dyn Future<Output = Result<Reply, LedgerError>> + Send + 'static>>;
+
+/// Where a ledger keeps its records.
+///
+/// # Contract
+/// - A command is submitted when `execute` is called, not when the future is
+///   first polled, and dropping the future does not withdraw it. This is what
+///   lets a dropped handle record its cancel from `Drop`.
+/// - The future resolves only once the command's effects are durable (for a
+///   persistent store).
+/// - Each command runs atomically, even against other processes sharing the
+///   same database.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Submits `command`; the future resolves with its reply.
+    fn execute(&self, command: Command) -> StoreFuture;
+}
+
+/// Opens the store named by `url` under `config`.
+///
+/// - `memory:` keeps everything in this process.
+/// - `sqlite://PATH` (relative to the working directory) or
+///   `sqlite:///ABSOLUTE/PATH` is the embedded default; the file is created
+///   when missing.
+///
+/// # Errors
+/// An unknown scheme is [`ErrorKind::InvalidInput`]; a database that cannot
+/// be opened or migrated is [`ErrorKind::Storage`].
+pub fn open(url: &str, config: Arc<LedgerConfig>) -> Result<Arc<dyn Store>, LedgerError> {
+    if url == "memory:" || url == "memory://" {
+        return Ok(Arc::new(MemoryStore::new(config)));
+    }
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(LedgerError::invalid(
+                "sqlite:// needs a file path, e.g. sqlite://inflight.db",
+            ));
+        }
+        return Ok(Arc::new(SqliteStore::open(path, config)?));
+    }
+    Err(LedgerError::invalid(format!(
+        "unsupported store URL {url:?}: use \"memory:\" or \"sqlite://PATH\""
+    )))
+}

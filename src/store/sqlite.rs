@@ -1,0 +1,634 @@
+//! The embedded default: SQLite through rusqlite (bundled), in WAL mode.
+//!
+//! One writer thread per process owns the connection. Commands that arrive
+//! while a transaction is being written are grouped into the next one (group
+//! commit), and each is acknowledged only once that transaction committed.
+//! Every transaction is `BEGIN IMMEDIATE`, so several processes sharing one
+//! file serialize their writes through SQLite's own lock: a reap pass or an
+//! admission decision sees every other process's committed work.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use tokio::sync::oneshot;
+
+use crate::config::LedgerConfig;
+use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::labels::Label;
+use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
+use crate::domain::snapshot::{LaneLoad, SnapshotParts};
+use crate::domain::timestamp::Millis;
+use crate::error::{ErrorKind, LedgerError};
+
+use super::engine::{self, Txn};
+use super::{Command, Reply, Store, StoreFuture};
+
+/// How long a writer waits for another process's transaction to finish.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most commands grouped into one transaction.
+const MAX_GROUP: usize = 256;
+
+/// Versioned migrations; `PRAGMA user_version` records how many have run.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE activities (
+    activity_id          TEXT PRIMARY KEY NOT NULL,
+    service              TEXT NOT NULL,
+    provider             TEXT NOT NULL,
+    class                TEXT NOT NULL,
+    operation_stage      TEXT NOT NULL,
+    model                TEXT NOT NULL,
+    priority             TEXT NOT NULL,
+    admission            TEXT NOT NULL,
+    state                TEXT NOT NULL,
+    disposition          TEXT,
+    reap_reason          TEXT,
+    owner_id             TEXT,
+    enqueued_at          INTEGER NOT NULL,
+    started_at           INTEGER,
+    completed_at         INTEGER,
+    reaped_at            INTEGER,
+    declared_deadline_ms INTEGER,
+    deadline_ms          INTEGER NOT NULL,
+    reapable_at          INTEGER,
+    success              INTEGER,
+    failure_stage        TEXT,
+    late_settle          INTEGER NOT NULL DEFAULT 0,
+    cancel_reason        TEXT
+) WITHOUT ROWID;
+-- The expiry index: a reap pass reads only what is due.
+CREATE INDEX activities_due ON activities (reapable_at) WHERE reapable_at IS NOT NULL;
+CREATE INDEX activities_in_flight ON activities (enqueued_at) WHERE state IN ('waiting', 'executing');
+CREATE INDEX activities_completed ON activities (completed_at) WHERE completed_at IS NOT NULL;
+CREATE INDEX activities_reaped ON activities (reaped_at) WHERE reaped_at IS NOT NULL;
+
+-- Counters maintained as records change; pruning records never lowers them.
+CREATE TABLE aggregates (
+    service            TEXT NOT NULL,
+    operation_stage    TEXT NOT NULL,
+    class              TEXT NOT NULL,
+    provider           TEXT NOT NULL,
+    model              TEXT NOT NULL,
+    priority           TEXT NOT NULL,
+    admission          TEXT NOT NULL,
+    calls              INTEGER NOT NULL DEFAULT 0,
+    succeeded          INTEGER NOT NULL DEFAULT 0,
+    failed             INTEGER NOT NULL DEFAULT 0,
+    cancelled          INTEGER NOT NULL DEFAULT 0,
+    reaped_abandoned   INTEGER NOT NULL DEFAULT 0,
+    reaped_unsettled   INTEGER NOT NULL DEFAULT 0,
+    reaped_owner_lost  INTEGER NOT NULL DEFAULT 0,
+    late_settles       INTEGER NOT NULL DEFAULT 0,
+    resurrections      INTEGER NOT NULL DEFAULT 0,
+    in_flight          INTEGER NOT NULL DEFAULT 0,
+    queue_wait_count   INTEGER NOT NULL DEFAULT 0,
+    queue_wait_sum_ms  INTEGER NOT NULL DEFAULT 0,
+    queue_wait_max_ms  INTEGER NOT NULL DEFAULT 0,
+    execution_count    INTEGER NOT NULL DEFAULT 0,
+    execution_sum_ms   INTEGER NOT NULL DEFAULT 0,
+    execution_max_ms   INTEGER NOT NULL DEFAULT 0,
+    last_seen_at       INTEGER,
+    PRIMARY KEY (service, operation_stage, class, provider, model, priority, admission)
+) WITHOUT ROWID;
+"#];
+
+const RECORD_COLUMNS: &str = "activity_id, service, provider, class, operation_stage, model, priority, \
+     admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
+     reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
+     cancel_reason";
+
+type Job = (Command, oneshot::Sender<Result<Reply, LedgerError>>);
+
+/// A ledger store in one SQLite file, safe to share between processes on one
+/// host.
+pub struct SqliteStore {
+    path: PathBuf,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, migrates it, and
+    /// recomputes the bounds of in-flight records under `config`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Storage`] when the file cannot be opened or migrated.
+    pub fn open(path: impl AsRef<Path>, config: Arc<LedgerConfig>) -> Result<Self, LedgerError> {
+        let path = path.as_ref().to_path_buf();
+        let mut conn = connect(&path)?;
+        migrate(&mut conn)?;
+        rebound_in_flight(&mut conn, &config)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        thread::Builder::new()
+            .name("inflight-sqlite".into())
+            .spawn(move || write_loop(conn, &config, &queue))
+            .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
+        Ok(Self { path, jobs })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Store for SqliteStore {
+    fn execute(&self, command: Command) -> StoreFuture {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.jobs.send((command, reply));
+        Box::pin(async move {
+            sent.map_err(|_| LedgerError::closed())?;
+            answer.await.map_err(|_| LedgerError::closed())?
+        })
+    }
+}
+
+fn sql_error(context: &str) -> impl FnOnce(rusqlite::Error) -> LedgerError + '_ {
+    move |err| LedgerError::storage(context, err)
+}
+
+fn connect(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(sql_error("cannot set busy_timeout"))?;
+    // WAL lets readers in other processes proceed during a write; NORMAL
+    // keeps every commit across a process crash (kill -9), losing at most the
+    // last commits on an operating-system crash or power loss.
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql_error("cannot enable WAL"))?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sql_error("cannot set synchronous"))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error("cannot begin the migration"))?;
+    let version: usize = tx
+        .query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))
+        .map_err(sql_error("cannot read the schema version"))? as usize;
+    if version > MIGRATIONS.len() {
+        return Err(LedgerError::new(
+            ErrorKind::Storage,
+            format!(
+                "the store's schema version {version} is newer than this build knows ({}); upgrade inflight",
+                MIGRATIONS.len()
+            ),
+        ));
+    }
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(version) {
+        tx.execute_batch(migration)
+            .map_err(sql_error("cannot apply a migration"))?;
+        tx.pragma_update(None, "user_version", (index + 1) as i64)
+            .map_err(sql_error("cannot record the schema version"))?;
+    }
+    tx.commit().map_err(sql_error("cannot commit the migration"))
+}
+
+/// Recomputes the bounds of in-flight records, so that a configuration change
+/// (a longer deadline, a new factor) applies to work already in flight.
+fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(), LedgerError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error("cannot begin"))?;
+    {
+        let mut select = tx
+            .prepare(&format!(
+                "SELECT {RECORD_COLUMNS} FROM activities WHERE state IN ('waiting', 'executing')"
+            ))
+            .map_err(sql_error("cannot read in-flight records"))?;
+        let records = select
+            .query_map([], record_from_row)
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(sql_error("cannot read in-flight records"))?;
+        let policy = config.policy();
+        for mut record in records {
+            let deadline_ms =
+                policy.effective_deadline_ms(record.class.as_str(), record.declared_deadline_ms);
+            let reapable_at = policy.reapable_at(&ActivityRecord {
+                deadline_ms,
+                ..record.clone()
+            });
+            if (deadline_ms, reapable_at) != (record.deadline_ms, record.reapable_at) {
+                record.deadline_ms = deadline_ms;
+                record.reapable_at = reapable_at;
+                SqliteTxn { conn: &tx }.update(&record)?;
+            }
+        }
+    }
+    tx.commit().map_err(sql_error("cannot commit"))
+}
+
+fn write_loop(mut conn: Connection, config: &LedgerConfig, queue: &mpsc::Receiver<Job>) {
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        let (commands, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+        let results = run_group(&mut conn, config, commands);
+        for (reply, result) in replies.into_iter().zip(results) {
+            // A caller that went away still had its command committed.
+            let _ = reply.send(result);
+        }
+    }
+}
+
+/// Runs `commands` in one transaction, each inside its own savepoint so that
+/// a storage failure in one leaves the others intact.
+fn run_group(
+    conn: &mut Connection,
+    config: &LedgerConfig,
+    commands: Vec<Command>,
+) -> Vec<Result<Reply, LedgerError>> {
+    let count = commands.len();
+    let failed_all = |err: LedgerError| -> Vec<Result<Reply, LedgerError>> {
+        tracing::error!(error = %err, "SQLite transaction failed");
+        (0..count)
+            .map(|_| Err(LedgerError::new(ErrorKind::Storage, err.message().to_owned())))
+            .collect()
+    };
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(err) => return failed_all(LedgerError::storage("cannot begin a transaction", err)),
+    };
+    let mut results = Vec::with_capacity(count);
+    for command in commands {
+        let mut savepoint = match tx.savepoint() {
+            Ok(savepoint) => savepoint,
+            Err(err) => {
+                results.push(Err(LedgerError::storage("cannot open a savepoint", err)));
+                continue;
+            }
+        };
+        let result = engine::execute(&mut SqliteTxn { conn: &savepoint }, config, command);
+        let kept = match &result {
+            Err(err) if err.kind() == ErrorKind::Storage => savepoint.rollback(),
+            _ => savepoint.commit(),
+        };
+        results.push(match kept {
+            Ok(()) => result,
+            Err(err) => Err(LedgerError::storage("cannot release a savepoint", err)),
+        });
+    }
+    match tx.commit() {
+        Ok(()) => results,
+        Err(err) => failed_all(LedgerError::storage("cannot commit", err)),
+    }
+}
+
+struct SqliteTxn<'c> {
+    conn: &'c Connection,
+}
+
+fn parse_column<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(index)?;
+    text.parse().map_err(|err: String| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, err.into())
+    })
+}
+
+fn parse_optional<T: std::str::FromStr<Err = String>>(
+    row: &Row<'_>,
+    index: usize,
+) -> rusqlite::Result<Option<T>> {
+    match row.get::<_, Option<String>>(index)? {
+        None => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(|err: String| {
+            rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, err.into())
+        }),
+    }
+}
+
+fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
+    let id: String = row.get(0)?;
+    let activity_id = id.parse().map_err(|err: uuid::Error| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
+    })?;
+    let enqueued_at: Millis = row.get(12)?;
+    let started_at: Option<Millis> = row.get(13)?;
+    let completed_at: Option<Millis> = row.get(14)?;
+    Ok(ActivityRecord {
+        activity_id,
+        service: Label::trusted(row.get(1)?),
+        provider: Label::trusted(row.get(2)?),
+        class: Label::trusted(row.get(3)?),
+        operation_stage: Label::trusted(row.get(4)?),
+        model: row.get(5)?,
+        priority: parse_column(row, 6)?,
+        admission: parse_column(row, 7)?,
+        state: parse_column(row, 8)?,
+        disposition: parse_optional(row, 9)?,
+        reap_reason: parse_optional(row, 10)?,
+        owner_id: row.get(11)?,
+        enqueued_at,
+        started_at,
+        completed_at,
+        reaped_at: row.get(15)?,
+        declared_deadline_ms: row.get(16)?,
+        deadline_ms: row.get(17)?,
+        reapable_at: row.get(18)?,
+        queue_wait_ms: started_at.map(|started| started - enqueued_at),
+        execution_ms: started_at.zip(completed_at).map(|(started, done)| done - started),
+        success: row.get(19)?,
+        failure_stage: parse_optional(row, 20)?,
+        late_settle: row.get(21)?,
+        cancel_reason: row.get(22)?,
+    })
+}
+
+fn query_records(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<ActivityRecord>, LedgerError> {
+    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
+    let rows = statement
+        .query_map(params, record_from_row)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(sql_error("cannot read records"))?;
+    Ok(rows)
+}
+
+impl SqliteTxn<'_> {
+    fn write(&self, sql: &str, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                record.activity_id.to_string(),
+                record.service.as_str(),
+                record.provider.as_str(),
+                record.class.as_str(),
+                record.operation_stage.as_str(),
+                record.model,
+                record.priority.as_str(),
+                record.admission.as_str(),
+                record.state.as_str(),
+                record.disposition.map(|d| d.as_str()),
+                record.reap_reason.map(|r| r.as_str()),
+                record.owner_id,
+                record.enqueued_at,
+                record.started_at,
+                record.completed_at,
+                record.reaped_at,
+                record.declared_deadline_ms,
+                record.deadline_ms,
+                record.reapable_at,
+                record.success,
+                record.failure_stage.map(|s| s.as_str()),
+                record.late_settle,
+                record.cancel_reason,
+            ])
+            .map_err(sql_error("cannot write a record"))?;
+        Ok(())
+    }
+}
+
+impl Txn for SqliteTxn<'_> {
+    fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM activities WHERE activity_id = ?1"
+            ))
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .query_row([id.to_string()], record_from_row)
+            .optional()
+            .map_err(sql_error("cannot read a record"))
+    }
+
+    fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        self.write(
+            &format!(
+                "INSERT INTO activities ({RECORD_COLUMNS}) VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"
+            ),
+            record,
+        )
+    }
+
+    fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        self.write(
+            "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
+             priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
+             enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
+             declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
+             failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1",
+            record,
+        )
+    }
+
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        query_records(
+            self.conn,
+            &format!(
+                "SELECT {RECORD_COLUMNS} FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < ?1 \
+                 ORDER BY reapable_at LIMIT ?2"
+            ),
+            params![now, limit as i64],
+        )
+    }
+
+    fn add_totals(&mut self, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
+                 calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+                 late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
+                 execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+                 ?20, ?21, ?22, ?23, ?24) \
+                 ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
+                 calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
+                 failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
+                 reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
+                 reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
+                 reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
+                 late_settles = late_settles + excluded.late_settles, \
+                 resurrections = resurrections + excluded.resurrections, \
+                 in_flight = in_flight + excluded.in_flight, \
+                 queue_wait_count = queue_wait_count + excluded.queue_wait_count, \
+                 queue_wait_sum_ms = queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
+                 queue_wait_max_ms = MAX(queue_wait_max_ms, excluded.queue_wait_max_ms), \
+                 execution_count = execution_count + excluded.execution_count, \
+                 execution_sum_ms = execution_sum_ms + excluded.execution_sum_ms, \
+                 execution_max_ms = MAX(execution_max_ms, excluded.execution_max_ms), \
+                 last_seen_at = MAX(COALESCE(last_seen_at, excluded.last_seen_at), \
+                                    COALESCE(excluded.last_seen_at, last_seen_at))",
+            )
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                key.service,
+                key.operation_stage,
+                key.class,
+                key.provider,
+                key.model,
+                key.priority.as_str(),
+                key.admission.as_str(),
+                d.calls,
+                d.succeeded,
+                d.failed,
+                d.cancelled,
+                d.reaped_abandoned,
+                d.reaped_unsettled,
+                d.reaped_owner_lost,
+                d.late_settles,
+                d.resurrections,
+                d.in_flight,
+                d.queue_wait_count,
+                d.queue_wait_sum_ms,
+                d.queue_wait_max_ms,
+                d.execution_count,
+                d.execution_sum_ms,
+                d.execution_max_ms,
+                d.last_seen_at,
+            ])
+            .map_err(sql_error("cannot update counters"))?;
+        Ok(())
+    }
+
+    fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
+        let fetch = (limit + 1) as i64;
+        let lane_loads = {
+            let mut statement = self
+                .conn
+                .prepare_cached(
+                    "SELECT service, provider, SUM(state = 'executing'), SUM(state = 'waiting'), \
+                     MIN(CASE WHEN state = 'waiting' THEN enqueued_at END) \
+                     FROM activities WHERE state IN ('waiting', 'executing') AND admission = 'queued' \
+                     GROUP BY service, provider",
+                )
+                .map_err(sql_error("cannot prepare"))?;
+            let rows = statement
+                .query_map([], |row| {
+                    Ok(LaneLoad {
+                        lane: LaneKey {
+                            service: Label::trusted(row.get(0)?),
+                            provider: Label::trusted(row.get(1)?),
+                        },
+                        executing: row.get(2)?,
+                        waiting: row.get(3)?,
+                        oldest_waiting_since: row.get(4)?,
+                    })
+                })
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(sql_error("cannot read lane loads"))?;
+            rows
+        };
+        let aggregates = {
+            let mut statement = self
+                .conn
+                .prepare_cached(
+                    "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
+                     succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+                     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
+                     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at \
+                     FROM aggregates",
+                )
+                .map_err(sql_error("cannot prepare"))?;
+            let rows = statement
+                .query_map([], |row| {
+                    Ok((
+                        AggregateKey {
+                            service: row.get(0)?,
+                            operation_stage: row.get(1)?,
+                            class: row.get(2)?,
+                            provider: row.get(3)?,
+                            model: row.get(4)?,
+                            priority: parse_column(row, 5)?,
+                            admission: parse_column(row, 6)?,
+                        },
+                        Totals {
+                            calls: row.get(7)?,
+                            succeeded: row.get(8)?,
+                            failed: row.get(9)?,
+                            cancelled: row.get(10)?,
+                            reaped_abandoned: row.get(11)?,
+                            reaped_unsettled: row.get(12)?,
+                            reaped_owner_lost: row.get(13)?,
+                            late_settles: row.get(14)?,
+                            resurrections: row.get(15)?,
+                            in_flight: row.get(16)?,
+                            queue_wait_count: row.get(17)?,
+                            queue_wait_sum_ms: row.get(18)?,
+                            queue_wait_max_ms: row.get(19)?,
+                            execution_count: row.get(20)?,
+                            execution_sum_ms: row.get(21)?,
+                            execution_max_ms: row.get(22)?,
+                            last_seen_at: row.get(23)?,
+                        },
+                    ))
+                })
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(sql_error("cannot read aggregates"))?;
+            rows
+        };
+        let count = |sql: &str, since: Option<Millis>| -> Result<i64, LedgerError> {
+            let mut statement = self
+                .conn
+                .prepare_cached(sql)
+                .map_err(sql_error("cannot prepare"))?;
+            match since {
+                Some(since) => statement.query_row([since], |row| row.get(0)),
+                None => statement.query_row([], |row| row.get(0)),
+            }
+            .map_err(sql_error("cannot count"))
+        };
+        Ok(SnapshotParts {
+            lane_loads,
+            aggregates,
+            in_flight: query_records(
+                self.conn,
+                &format!(
+                    "SELECT {RECORD_COLUMNS} FROM activities WHERE state IN ('waiting', 'executing') \
+                     ORDER BY enqueued_at LIMIT ?1"
+                ),
+                [fetch],
+            )?,
+            in_flight_total: count(
+                "SELECT COUNT(*) FROM activities WHERE state IN ('waiting', 'executing')",
+                None,
+            )?,
+            recent_completions: query_records(
+                self.conn,
+                &format!(
+                    "SELECT {RECORD_COLUMNS} FROM activities WHERE completed_at >= ?1 \
+                     ORDER BY completed_at DESC LIMIT ?2"
+                ),
+                params![since, fetch],
+            )?,
+            recent_completions_total: count(
+                "SELECT COUNT(*) FROM activities WHERE completed_at >= ?1",
+                Some(since),
+            )?,
+            reaped: query_records(
+                self.conn,
+                &format!(
+                    "SELECT {RECORD_COLUMNS} FROM activities WHERE reaped_at >= ?1 \
+                     ORDER BY reaped_at DESC LIMIT ?2"
+                ),
+                params![since, fetch],
+            )?,
+        })
+    }
+}
