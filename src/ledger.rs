@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
@@ -418,6 +419,7 @@ impl Ledger {
     pub fn spawn_reaper(&self) -> ReaperGuard {
         let ledger = self.clone();
         let interval = self.inner.config.reap_interval();
+        let (passes_tx, passes) = watch::channel(0_u64);
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -433,9 +435,10 @@ impl Ledger {
                     Ok(_) => {}
                     Err(err) => tracing::warn!(error = %err, "reaper pass failed; will retry next interval"),
                 }
+                passes_tx.send_modify(|passes| *passes += 1);
             }
         });
-        ReaperGuard { task }
+        ReaperGuard { task, passes }
     }
 
     fn cancel_detached(&self, id: ActivityId) {
@@ -458,6 +461,23 @@ impl Ledger {
 #[derive(Debug)]
 pub struct ReaperGuard {
     task: JoinHandle<()>,
+    passes: watch::Receiver<u64>,
+}
+
+impl ReaperGuard {
+    /// How many passes the reaper has completed.
+    pub fn passes(&self) -> u64 {
+        *self.passes.borrow()
+    }
+
+    /// Waits until the reaper has completed at least `count` passes.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait_for_passes(&mut self, count: u64) {
+        // The sender lives as long as the task; if it ended, stop waiting.
+        let _ = self.passes.wait_for(|passes| *passes >= count).await;
+    }
 }
 
 impl Drop for ReaperGuard {

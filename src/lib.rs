@@ -21,6 +21,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod demo;
 pub mod domain;
 pub mod error;
 mod ledger;

@@ -1,0 +1,309 @@
+//! The incident that motivated inflight, replayed with a fake clock.
+//!
+//! On 2026-08-13 a plane stopped using Ollama for embeddings at 07:21:55Z.
+//! At 19:59Z its ledger still reported thirteen embeddings executing on
+//! `knowledge-base::ollama` and one executing plus four waiting on
+//! `unknown::ollama`, some of them 35 hours old. [`replay_into`] feeds that
+//! history into a ledger event by event, next to live work on the provider
+//! the role moved to, and leaves the clock at 19:59Z.
+
+use std::collections::BTreeMap;
+
+use crate::clock::FakeClock;
+use crate::config::LedgerConfig;
+use crate::domain::bounds::ReapPolicy;
+use crate::domain::record::{ActivityId, Disposition, FailureStage, Priority};
+use crate::domain::snapshot::{Snapshot, SnapshotOptions};
+use crate::domain::timestamp::{parse_rfc3339, Millis};
+use crate::error::LedgerError;
+use crate::ledger::{ActivitySpec, Ledger, Settlement};
+
+/// When the incident's snapshot was taken.
+pub const SNAPSHOT_AT: &str = "2026-08-13T19:59:00.000Z";
+/// The last Ollama embedding traffic: the role moved to another provider.
+pub const LAST_OLLAMA_TRAFFIC: &str = "2026-08-13T07:21:55.000Z";
+/// The lane the role moved to, where live work continues.
+pub const LIVE_LANE: &str = "knowledge-base::openai";
+/// The lanes whose records leaked.
+pub const LEAKED_LANES: [&str; 3] = ["memory-core::ollama", "knowledge-base::ollama", "unknown::ollama"];
+
+/// What [`replay_into`] fed the ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Replayed {
+    /// Leaked records, with the disposition each must be reaped with.
+    pub leaked: Vec<(ActivityId, Disposition)>,
+    /// Records live on [`LIVE_LANE`] at the snapshot: executing and waiting.
+    pub live_executing: Vec<ActivityId>,
+    /// Records waiting on [`LIVE_LANE`] at the snapshot.
+    pub live_waiting: Vec<ActivityId>,
+}
+
+fn at(text: &str) -> Millis {
+    parse_rfc3339(text).expect("valid built-in timestamp")
+}
+
+/// One event of the incident's history.
+enum Event {
+    Begin {
+        key: usize,
+        spec: Box<ActivitySpec>,
+        started: bool,
+        leaked: Option<Disposition>,
+    },
+    Settle {
+        key: usize,
+    },
+}
+
+fn spec(service: &str, stage: &str, provider: &str, class: &str, model: &str) -> ActivitySpec {
+    let mut spec = ActivitySpec::new(service, provider)
+        .operation_stage(stage)
+        .model(model)
+        .priority(Priority::Batch);
+    if class != "unknown" {
+        spec = spec.class(class);
+    }
+    spec
+}
+
+fn history() -> Vec<(Millis, Event)> {
+    let mut events = Vec::new();
+    let mut key = 0;
+    let mut begin =
+        |events: &mut Vec<(Millis, Event)>, t: Millis, spec: ActivitySpec, started: bool, leaked| {
+            key += 1;
+            events.push((
+                t,
+                Event::Begin {
+                    key,
+                    spec: Box::new(spec),
+                    started,
+                    leaked,
+                },
+            ));
+            key
+        };
+    // The three oldest entries, as given in the incident report.
+    begin(
+        &mut events,
+        at("2026-08-12T08:20:48.562Z"),
+        spec(
+            "memory-core",
+            "embedding-canary",
+            "ollama",
+            "embedding",
+            "nomic-embed-text",
+        ),
+        true,
+        Some(Disposition::Unsettled),
+    );
+    begin(
+        &mut events,
+        at("2026-08-12T09:30:04.928Z"),
+        spec(
+            "knowledge-base",
+            "kb-tenant-ingestion-embedding",
+            "ollama",
+            "embedding",
+            "nomic-embed-text",
+        ),
+        true,
+        Some(Disposition::Unsettled),
+    );
+    begin(
+        &mut events,
+        at("2026-08-12T20:01:44.263Z"),
+        spec("unknown", "unknown", "ollama", "unknown", ""),
+        false,
+        Some(Disposition::Abandoned),
+    );
+    // Twelve more stranded ingestion embeddings, up to the last traffic.
+    let first = at("2026-08-12T10:00:00.000Z");
+    let last = at(LAST_OLLAMA_TRAFFIC);
+    for i in 0..12 {
+        let t = first + (last - first) * i / 11;
+        begin(
+            &mut events,
+            t,
+            spec(
+                "knowledge-base",
+                "kb-tenant-ingestion-embedding",
+                "ollama",
+                "embedding",
+                "nomic-embed-text",
+            ),
+            true,
+            Some(Disposition::Unsettled),
+        );
+    }
+    // The rest of the `unknown` junk: one executing, three more waiting.
+    begin(
+        &mut events,
+        at("2026-08-13T01:12:09.000Z"),
+        spec("unknown", "unknown", "ollama", "unknown", ""),
+        true,
+        Some(Disposition::Unsettled),
+    );
+    for t in [
+        "2026-08-13T02:40:00.000Z",
+        "2026-08-13T05:05:05.000Z",
+        "2026-08-13T07:20:00.000Z",
+    ] {
+        begin(
+            &mut events,
+            at(t),
+            spec("unknown", "unknown", "ollama", "unknown", ""),
+            false,
+            Some(Disposition::Abandoned),
+        );
+    }
+    // Healthy Ollama traffic that settled, before the switch.
+    for i in 0..5 {
+        let t = at("2026-08-13T06:00:00.000Z") + i * 60_000;
+        let key = begin(
+            &mut events,
+            t,
+            spec(
+                "knowledge-base",
+                "kb-tenant-ingestion-embedding",
+                "ollama",
+                "embedding",
+                "nomic-embed-text",
+            ),
+            true,
+            None,
+        );
+        events.push((t + 1_500, Event::Settle { key }));
+    }
+    // After the switch: steady traffic on OpenAI that settles...
+    for i in 0..20 {
+        let t = last + 60_000 + i * 30 * 60_000;
+        let key = begin(
+            &mut events,
+            t,
+            spec(
+                "knowledge-base",
+                "kb-tenant-ingestion-embedding",
+                "openai",
+                "embedding",
+                "text-embedding-3-small",
+            ),
+            true,
+            None,
+        );
+        events.push((t + 800, Event::Settle { key }));
+    }
+    // ...and live work at the snapshot: three executing, one waiting.
+    let snapshot = at(SNAPSHOT_AT);
+    for offset in [90_000, 60_000, 30_000] {
+        begin(
+            &mut events,
+            snapshot - offset,
+            spec(
+                "knowledge-base",
+                "kb-tenant-ingestion-embedding",
+                "openai",
+                "embedding",
+                "text-embedding-3-small",
+            ),
+            true,
+            None,
+        );
+    }
+    begin(
+        &mut events,
+        snapshot - 5_000,
+        spec(
+            "knowledge-base",
+            "kb-tenant-ingestion-embedding",
+            "openai",
+            "embedding",
+            "text-embedding-3-small",
+        ),
+        false,
+        None,
+    );
+    events.sort_by_key(|(t, _)| *t);
+    events
+}
+
+/// Feeds the incident's history into `ledger`, moving `clock` to each event
+/// as it happens, and leaves the clock at [`SNAPSHOT_AT`]. Nothing is read
+/// along the way, so nothing is reaped on read before the snapshot.
+///
+/// # Errors
+/// Whatever the ledger returns.
+pub async fn replay_into(ledger: &Ledger, clock: &FakeClock) -> Result<Replayed, LedgerError> {
+    let mut replayed = Replayed::default();
+    let mut ids: BTreeMap<usize, ActivityId> = BTreeMap::new();
+    for (t, event) in history() {
+        clock.set(t);
+        match event {
+            Event::Begin {
+                key,
+                spec,
+                started,
+                leaked,
+            } => {
+                let spec = if started { spec.started_at(t) } else { *spec };
+                let record = ledger.begin_record(spec.enqueued_at(t)).await?;
+                let id = record.activity_id;
+                ids.insert(key, id);
+                match leaked {
+                    Some(disposition) => replayed.leaked.push((id, disposition)),
+                    None if record.provider.as_str() == "openai" && started => {
+                        replayed.live_executing.push(id)
+                    }
+                    None if record.provider.as_str() == "openai" => replayed.live_waiting.push(id),
+                    None => {}
+                }
+            }
+            Event::Settle { key } => {
+                let settlement = Settlement {
+                    success: key % 7 != 0,
+                    failure_stage: (key % 7 == 0).then_some(FailureStage::Provider),
+                    completed_at: None,
+                };
+                let id = ids[&key];
+                ledger.settle(id, settlement).await?;
+                replayed.live_executing.retain(|live| *live != id);
+            }
+        }
+    }
+    clock.set(at(SNAPSHOT_AT));
+    Ok(replayed)
+}
+
+/// The incident twice: once on a ledger that never expires anything (the
+/// system inflight replaces), once on inflight with its default classes.
+#[derive(Debug, Clone)]
+pub struct IncidentReplay {
+    /// What a ledger without expiry reports at the incident's snapshot.
+    pub before: Snapshot,
+    /// What inflight reports at the same instant.
+    pub after: Snapshot,
+}
+
+/// Replays the incident on two in-memory ledgers with fake clocks.
+///
+/// # Errors
+/// Whatever the ledger returns (nothing, on the in-memory store).
+pub async fn replay_seed_incident() -> Result<IncidentReplay, LedgerError> {
+    let defaults = LedgerConfig::default();
+    // The replaced system: records never expire (a factor no clock reaches).
+    let never = ReapPolicy::new(defaults.policy().classes().clone(), 1e9)
+        .map_err(|err| LedgerError::invalid(err.to_string()))?;
+    let mut snapshots = Vec::new();
+    for config in [LedgerConfig::new(never), defaults] {
+        let clock = FakeClock::at(0);
+        let ledger = Ledger::builder(config)
+            .store_url("memory:")
+            .clock(clock.clone())
+            .build()?;
+        replay_into(&ledger, &clock).await?;
+        snapshots.push(ledger.snapshot(SnapshotOptions::default()).await?);
+    }
+    let after = snapshots.pop().expect("two snapshots");
+    let before = snapshots.pop().expect("two snapshots");
+    Ok(IncidentReplay { before, after })
+}
