@@ -19,12 +19,15 @@
 //! I/O), [`store`] persists what they decide (memory, SQLite), and
 //! [`Ledger`] is the API on top. `docs/semantics.md` explains each rule.
 
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod domain;
 pub mod error;
+pub mod http;
 mod ledger;
+pub mod server;
 pub mod store;
 
 pub use clock::{Clock, FakeClock, SystemClock};

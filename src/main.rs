@@ -1,3 +1,9 @@
-fn main() {
-    println!("inflight: the server arrives with `inflight serve`");
+//! The `inflight` binary: a thin shell over [`inflight::cli`].
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    inflight::cli::run(inflight::cli::Cli::parse())
 }

@@ -1,0 +1,310 @@
+//! The `inflight` command line: `serve`, `snapshot`, `reap`, `check-config`
+//! and `demo`.
+//!
+//! `main` parses a [`Cli`] and hands it to [`run`], which answers with the
+//! process's exit code: 0 on success, 2 for a configuration error, 1 for
+//! anything else.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::server::{self, Overrides, ServerSettings};
+
+pub mod client;
+pub mod demo;
+pub mod table;
+
+/// The default server the client commands talk to.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7878";
+
+/// A ledger of in-flight AI provider calls that cannot drift.
+#[derive(Debug, Parser)]
+#[command(name = "inflight", version, about, long_about = None)]
+pub struct Cli {
+    /// How to write logs (to stderr).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line, for machines.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the ledger as an HTTP server.
+    Serve(ServeArgs),
+    /// Show a running server's snapshot: lanes, in-flight and reaped records.
+    Snapshot(SnapshotArgs),
+    /// Ask a running server to reap every record past its bound now.
+    Reap(ClientArgs),
+    /// Validate a configuration file (exit 0 when valid, 2 otherwise).
+    CheckConfig(CheckConfigArgs),
+    /// Replay the incident that motivated inflight, before and after.
+    Demo,
+}
+
+/// `inflight serve`'s options. Flags win over the environment, the
+/// environment over the file, the file over the defaults.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML).
+    #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:7878].
+    #[arg(long, env = "INFLIGHT_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Store URL: `sqlite://PATH` or `memory:` [default: sqlite://inflight.db].
+    #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// Bearer token required on /v1 routes and /metrics [default: none].
+    #[arg(long, env = "INFLIGHT_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Where a client command finds the server.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The server's base URL.
+    #[arg(long, value_name = "URL", default_value = DEFAULT_SERVER)]
+    pub server: String,
+    /// Bearer token, when the server requires one.
+    #[arg(long, env = "INFLIGHT_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// `inflight snapshot`'s options.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Print the raw snapshot JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Records listed per section (1 to 10000).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// History window: a duration (`24h`) or an RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+}
+
+/// `inflight check-config`'s argument.
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// The configuration file to validate.
+    pub file: PathBuf,
+}
+
+/// Why a command failed, and so its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A configuration error: exit code 2.
+    #[error("{0}")]
+    Config(String),
+    /// Anything else: exit code 1.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    /// The process exit code for it.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Config(_) => ExitCode::from(2),
+            Self::Failed(_) => ExitCode::from(1),
+        }
+    }
+}
+
+impl From<server::ServeError> for CliError {
+    fn from(err: server::ServeError) -> Self {
+        if err.is_config() {
+            Self::Config(err.to_string())
+        } else {
+            Self::Failed(err.to_string())
+        }
+    }
+}
+
+/// Runs `cli` and returns the exit code, printing any error as one line on
+/// stderr.
+pub fn run(cli: Cli) -> ExitCode {
+    match execute(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("inflight: {err}");
+            err.exit_code()
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| CliError::Failed(format!("cannot start the async runtime: {err}")))
+}
+
+fn execute(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(cli.log_format, "info");
+            let overrides = Overrides {
+                config: args.config,
+                listen: args.listen,
+                store: args.store,
+                token: args.token,
+            };
+            let settings = ServerSettings::resolve(&overrides)?;
+            runtime()?.block_on(server::serve(settings))?;
+            Ok(())
+        }
+        Command::Snapshot(args) => {
+            init_logging(cli.log_format, "warn");
+            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let mut query = Vec::new();
+            if let Some(limit) = args.limit {
+                query.push(("limit", limit.to_string()));
+            }
+            if let Some(since) = args.since {
+                query.push(("since", since));
+            }
+            let snapshot = runtime()?.block_on(client.snapshot(&query))?;
+            if args.json {
+                let text = serde_json::to_string_pretty(&snapshot)
+                    .map_err(|err| CliError::Failed(format!("cannot print the snapshot: {err}")))?;
+                println!("{text}");
+            } else {
+                print!("{}", table::render_snapshot(&snapshot));
+            }
+            Ok(())
+        }
+        Command::Reap(args) => {
+            init_logging(cli.log_format, "warn");
+            let client = client::Client::new(&args.server, args.token)?;
+            let counts = runtime()?.block_on(client.reap())?;
+            let count = |key: &str| counts.get(key).and_then(serde_json::Value::as_i64).unwrap_or(0);
+            println!(
+                "reaped {} abandoned (never started) and {} unsettled (started, never settled)",
+                count("abandoned"),
+                count("unsettled")
+            );
+            Ok(())
+        }
+        Command::CheckConfig(args) => {
+            let settings = server::load_file(&args.file)?;
+            let overrides = Overrides::default();
+            let merged = ServerSettings::merge(&overrides, settings)?;
+            println!("{}: valid", args.file.display());
+            println!("{}", describe_settings(&merged));
+            Ok(())
+        }
+        Command::Demo => {
+            init_logging(cli.log_format, "warn");
+            let replay = runtime()?
+                .block_on(crate::demo::replay_seed_incident())
+                .map_err(|err| CliError::Failed(format!("the demo failed: {err}")))?;
+            print!("{}", demo::render(&replay)?);
+            Ok(())
+        }
+    }
+}
+
+/// A short summary of what a configuration means, for `check-config`.
+pub fn describe_settings(settings: &ServerSettings) -> String {
+    let ledger = &settings.ledger;
+    let policy = ledger.policy();
+    let mut lines = vec![
+        format!("listen {}", settings.listen),
+        format!("store {}", settings.store),
+        format!(
+            "token {}",
+            if settings.token.is_some() {
+                "required"
+            } else {
+                "not required"
+            }
+        ),
+        format!(
+            "reap factor {}, interval {}",
+            policy.factor(),
+            table::human_duration(i64::try_from(ledger.reap_interval().as_millis()).unwrap_or(i64::MAX))
+        ),
+    ];
+    for (name, bounds) in policy.classes() {
+        lines.push(format!(
+            "class {name}: deadline {}, max queue wait {}",
+            table::human_duration(bounds.deadline_ms()),
+            table::human_duration(bounds.max_queue_wait_ms())
+        ));
+    }
+    for (lane, cap) in ledger.caps() {
+        let cap = cap.map_or_else(|| "no cap".to_owned(), |cap| format!("cap {cap}"));
+        lines.push(format!("lane {lane}: {cap}"));
+    }
+    lines.join("\n")
+}
+
+/// Logs to stderr at `default_level` unless `RUST_LOG` says otherwise.
+fn init_logging(format: LogFormat, default_level: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
+    };
+    // A subscriber already set (by an embedding program) is fine.
+    drop(result);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "inflight",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory:",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(cli.log_format, LogFormat::Json);
+        match cli.command {
+            Command::Serve(args) => {
+                assert_eq!(args.listen.as_deref(), Some("127.0.0.1:0"));
+                assert_eq!(args.store.as_deref(), Some("memory:"));
+            }
+            other => panic!("parsed {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The route handlers: parse the request, call the ledger, answer JSON.
+
+use std::collections::HashMap;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::body::{parse_timestamp, JsonObject};
+use super::error::ApiError;
+use super::AppState;
+use crate::domain::counters::ReapedCounts;
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
+use crate::domain::snapshot::{Since, Snapshot, SnapshotOptions};
+use crate::ledger::{ActivitySpec, Settlement};
+
+type Answer<T> = Result<T, ApiError>;
+
+/// `GET /healthz`.
+pub(super) async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// The activity id in the path.
+fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> {
+    let Path(raw) = path.map_err(|rejection| ApiError::invalid(format!("bad path: {rejection}")))?;
+    raw.parse()
+        .map_err(|_| ApiError::invalid(format!("{raw:?} is not an activity id (a UUID)")))
+}
+
+/// `POST /v1/activities`.
+pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> Answer<impl IntoResponse> {
+    let body = body.require_body()?;
+    let spec = ActivitySpec {
+        service: body.required_string("service")?,
+        provider: body.required_string("provider")?,
+        class: body.string("class")?,
+        operation_stage: body.string("operationStage")?,
+        model: body.string("model")?,
+        priority: body.wire::<Priority>("priority")?,
+        admission: body.wire::<Admission>("admission")?,
+        enqueued_at: body.timestamp("enqueuedAt")?,
+        started_at: body.timestamp("startedAt")?,
+        deadline_ms: body.integer("deadlineMs")?,
+        ..ActivitySpec::default()
+    };
+    let record = state.ledger().begin_record(spec).await?;
+    let location = format!("/v1/activities/{}", record.activity_id);
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(record)))
+}
+
+/// `GET /v1/activities/{id}`.
+pub(super) async fn get(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Answer<Json<ActivityRecord>> {
+    let id = activity_id(path)?;
+    Ok(Json(state.ledger().get(id).await?))
+}
+
+/// `POST /v1/activities/{id}/start`.
+pub(super) async fn start(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    body: JsonObject,
+) -> Answer<Json<ActivityRecord>> {
+    let id = activity_id(path)?;
+    let started_at = body.timestamp("startedAt")?;
+    Ok(Json(state.ledger().start(id, started_at).await?))
+}
+
+/// `POST /v1/activities/{id}/settle`.
+pub(super) async fn settle(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    body: JsonObject,
+) -> Answer<Json<ActivityRecord>> {
+    let id = activity_id(path)?;
+    let body = body.require_body()?;
+    let settlement = Settlement {
+        success: body.required_bool("success")?,
+        failure_stage: body.wire::<FailureStage>("failureStage")?,
+        completed_at: body.timestamp("completedAt")?,
+    };
+    Ok(Json(state.ledger().settle(id, settlement).await?))
+}
+
+/// `POST /v1/activities/{id}/cancel`.
+pub(super) async fn cancel(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    body: JsonObject,
+) -> Answer<Json<ActivityRecord>> {
+    let id = activity_id(path)?;
+    let reason = body.string("reason")?;
+    Ok(Json(state.ledger().cancel(id, reason).await?))
+}
+
+/// Reads `limit` and `since` from the query string.
+fn snapshot_options(query: &HashMap<String, String>) -> Answer<SnapshotOptions> {
+    let mut options = SnapshotOptions::default();
+    if let Some(limit) = query.get("limit") {
+        let limit: usize = limit.trim().parse().map_err(|_| {
+            ApiError::invalid(format!(
+                "`limit` must be a whole number from 1 to 10000, got {limit:?}"
+            ))
+        })?;
+        options = options.with_limit(limit).map_err(ApiError::invalid)?;
+    }
+    if let Some(since) = query.get("since") {
+        options = options.with_since(parse_since(since)?);
+    }
+    Ok(options)
+}
+
+/// `since`: a duration before now (`24h`, `90m`) or an RFC 3339 time.
+fn parse_since(text: &str) -> Answer<Since> {
+    if let Ok(ago) = humantime::parse_duration(text.trim()) {
+        return Ok(Since::Ago(ago));
+    }
+    parse_timestamp("since", &Value::String(text.to_owned()))
+        .map(Since::At)
+        .map_err(|_| {
+            ApiError::invalid(format!(
+                "`since` must be a duration such as \"24h\" or an RFC 3339 time, got {text:?}"
+            ))
+        })
+}
+
+/// `GET /v1/snapshot?limit=&since=`.
+pub(super) async fn snapshot(
+    State(state): State<AppState>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Answer<Json<Snapshot>> {
+    let Query(query) =
+        query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
+    let options = snapshot_options(&query)?;
+    Ok(Json(state.ledger().snapshot(options).await?))
+}
+
+/// `POST /v1/reap`.
+pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<ReapedCounts>> {
+    Ok(Json(state.ledger().reap().await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn since_is_a_duration_or_a_time() {
+        assert_eq!(
+            parse_since("24h").unwrap(),
+            Since::Ago(Duration::from_secs(86_400))
+        );
+        assert_eq!(parse_since("1970-01-01T00:00:02Z").unwrap(), Since::At(2_000));
+        assert!(parse_since("yesterday").is_err());
+        assert!(parse_since("").is_err());
+    }
+
+    #[test]
+    fn limit_is_bounded() {
+        let query = |limit: &str| HashMap::from([("limit".to_owned(), limit.to_owned())]);
+        assert_eq!(snapshot_options(&query("5")).unwrap().limit(), 5);
+        for bad in ["0", "10001", "-1", "many", ""] {
+            assert!(snapshot_options(&query(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! `inflight serve`: settings precedence, the listener, the background
+//! reaper and graceful shutdown around the [`http`](crate::http) router.
+//!
+//! Precedence is flag > environment > file > default. Clap merges the first
+//! two into [`Overrides`]; [`ServerSettings::merge`] applies them over the
+//! file.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use tokio::net::TcpListener;
+
+use crate::config::{ConfigError, LedgerConfig, Settings};
+use crate::error::ErrorKind;
+use crate::http::{app, AppState};
+use crate::ledger::Ledger;
+
+/// The address served on by default: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
+/// The store used by default, relative to the working directory.
+pub const DEFAULT_STORE: &str = "sqlite://inflight.db";
+
+/// Settings given as flags or environment variables; each wins over the file.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--config` / `INFLIGHT_CONFIG`: the configuration file.
+    pub config: Option<PathBuf>,
+    /// `--listen` / `INFLIGHT_LISTEN`.
+    pub listen: Option<String>,
+    /// `--store` / `INFLIGHT_STORE`.
+    pub store: Option<String>,
+    /// `--token` / `INFLIGHT_TOKEN`.
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Overrides")
+            .field("config", &self.config)
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// What the server runs with, once every source is merged.
+#[derive(Clone, PartialEq)]
+pub struct ServerSettings {
+    /// The address to listen on (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// The store URL.
+    pub store: String,
+    /// The bearer token the API requires, if any.
+    pub token: Option<String>,
+    /// The ledger's classes, factor, reap interval and lanes.
+    pub ledger: LedgerConfig,
+}
+
+impl fmt::Debug for ServerSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerSettings")
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ledger", &self.ledger)
+            .finish()
+    }
+}
+
+/// Why `inflight serve` could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration file could not be read.
+    #[error("cannot read the configuration file {}: {source}", path.display())]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A setting is invalid; the error names the key.
+    #[error("invalid configuration{}: {error}", origin.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default())]
+    Config {
+        /// The file it came from, when it came from one.
+        origin: Option<PathBuf>,
+        /// The key and the problem.
+        error: ConfigError,
+    },
+    /// The store could not be opened.
+    #[error("cannot open the store {url}: {message}")]
+    Store {
+        /// The store URL.
+        url: String,
+        /// Why.
+        message: String,
+    },
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server stopped with an I/O error.
+    #[error("the server stopped: {0}")]
+    Serve(std::io::Error),
+}
+
+impl ServeError {
+    /// Whether it is a configuration error (exit code 2).
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::ReadConfig { .. } | Self::Config { .. })
+    }
+}
+
+/// Reads and validates the configuration file at `path`.
+///
+/// # Errors
+/// [`ServeError::ReadConfig`] or [`ServeError::Config`], naming the key.
+pub fn load_file(path: &Path) -> Result<Settings, ServeError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ServeError::ReadConfig {
+        path: path.to_owned(),
+        source,
+    })?;
+    Settings::from_toml(&text).map_err(|error| ServeError::Config {
+        origin: Some(path.to_owned()),
+        error,
+    })
+}
+
+fn config_error(key: &str, problem: String) -> ServeError {
+    ServeError::Config {
+        origin: None,
+        error: ConfigError {
+            key: key.to_owned(),
+            problem,
+        },
+    }
+}
+
+impl ServerSettings {
+    /// Merges every source: reads the file named by `overrides.config` (if
+    /// any), then applies the overrides over it, then the defaults.
+    ///
+    /// # Errors
+    /// An unreadable or invalid file, or an invalid override, naming the key.
+    pub fn resolve(overrides: &Overrides) -> Result<Self, ServeError> {
+        let file = match &overrides.config {
+            Some(path) => load_file(path)?,
+            None => Settings::default(),
+        };
+        Self::merge(overrides, file)
+    }
+
+    /// Applies `overrides` over `file`, then the defaults. Empty override
+    /// values count as unset.
+    ///
+    /// # Errors
+    /// A `listen` that is not `host:port`, or an empty token, naming the key.
+    pub fn merge(overrides: &Overrides, file: Settings) -> Result<Self, ServeError> {
+        let pick = |over: &Option<String>, file: Option<String>| {
+            over.clone().filter(|value| !value.is_empty()).or(file)
+        };
+        let listen = pick(&overrides.listen, file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let store = pick(&overrides.store, file.store).unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        let token = pick(&overrides.token, file.token);
+        check_listen(&listen)?;
+        if token.as_deref().is_some_and(|token| token.trim().is_empty()) {
+            return Err(config_error("token", "must not be empty".to_owned()));
+        }
+        if store.trim().is_empty() {
+            return Err(config_error("store", "must not be empty".to_owned()));
+        }
+        Ok(Self {
+            listen,
+            store,
+            token,
+            ledger: file.ledger,
+        })
+    }
+}
+
+/// Checks that `listen` is `host:port`.
+fn check_listen(listen: &str) -> Result<(), ServeError> {
+    if listen.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let valid = listen
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && !host.contains(':') && port.parse::<u16>().is_ok());
+    if valid {
+        Ok(())
+    } else {
+        Err(config_error(
+            "listen",
+            format!("{listen:?} is not an address of the form host:port, e.g. \"127.0.0.1:7878\""),
+        ))
+    }
+}
+
+/// Opens the store and builds the ledger `settings` describe.
+///
+/// # Errors
+/// An unsupported store URL is a configuration error (`store`); a store that
+/// cannot be opened is [`ServeError::Store`].
+pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
+    Ledger::builder(settings.ledger.clone())
+        .store_url(settings.store.clone())
+        .build()
+        .map_err(|err| match err.kind() {
+            ErrorKind::InvalidInput => config_error("store", err.message().to_owned()),
+            _ => ServeError::Store {
+                url: settings.store.clone(),
+                message: err.to_string(),
+            },
+        })
+}
+
+/// Serves the API with `settings` until SIGTERM or SIGINT, with the
+/// background reaper running. Logs `listening on http://ADDR` once bound.
+///
+/// # Errors
+/// See [`ServeError`].
+pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
+    let ledger = open_ledger(&settings)?;
+    let listener = TcpListener::bind(&settings.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: settings.listen.clone(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(ServeError::Serve)?;
+    serve_on(listener, ledger, settings.token, shutdown_signal()).await?;
+    tracing::info!(addr = %local, "stopped");
+    Ok(())
+}
+
+/// Serves `ledger` on `listener` until `shutdown` resolves, with the
+/// background reaper running; in-flight requests finish first.
+///
+/// # Errors
+/// [`ServeError::Serve`] when the listener fails.
+pub async fn serve_on(
+    listener: TcpListener,
+    ledger: Ledger,
+    token: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let local = listener.local_addr().map_err(ServeError::Serve)?;
+    let reaper = ledger.spawn_reaper();
+    let classes: Vec<String> = ledger
+        .config()
+        .policy()
+        .classes()
+        .iter()
+        .map(|(name, bounds)| format!("{name}={}ms", bounds.deadline_ms()))
+        .collect();
+    tracing::info!(
+        addr = %local,
+        auth = if token.is_some() { "bearer token" } else { "none" },
+        classes = %classes.join(","),
+        factor = ledger.config().policy().factor(),
+        reap_interval_ms = u64::try_from(ledger.config().reap_interval().as_millis()).unwrap_or(u64::MAX),
+        "listening on http://{local}"
+    );
+    let router = app(AppState::new(ledger).with_token(token));
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServeError::Serve);
+    drop(reaper);
+    result
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT received; shutting down"),
+        () = terminate => tracing::info!("SIGTERM received; shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn overrides(listen: Option<&str>, store: Option<&str>, token: Option<&str>) -> Overrides {
+        Overrides {
+            config: None,
+            listen: listen.map(str::to_owned),
+            store: store.map(str::to_owned),
+            token: token.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_said() {
+        let settings = ServerSettings::merge(&Overrides::default(), Settings::default()).unwrap();
+        assert_eq!(settings.listen, DEFAULT_LISTEN);
+        assert_eq!(settings.store, DEFAULT_STORE);
+        assert_eq!(settings.token, None);
+        assert_eq!(settings.ledger, LedgerConfig::default());
+    }
+
+    #[test]
+    fn overrides_win_over_the_file_and_the_file_over_defaults() {
+        let file = Settings::from_toml(
+            "listen = \"127.0.0.1:9000\"\nstore = \"memory:\"\ntoken = \"from-file\"\n[reap]\nfactor = 2\n",
+        )
+        .unwrap();
+        let from_file = ServerSettings::merge(&Overrides::default(), file.clone()).unwrap();
+        assert_eq!(from_file.listen, "127.0.0.1:9000");
+        assert_eq!(from_file.store, "memory:");
+        assert_eq!(from_file.token.as_deref(), Some("from-file"));
+        assert_eq!(from_file.ledger.policy().factor(), 2.0);
+
+        let over = overrides(Some("0.0.0.0:1"), Some("sqlite://x.db"), Some("flag"));
+        let merged = ServerSettings::merge(&over, file.clone()).unwrap();
+        assert_eq!(merged.listen, "0.0.0.0:1");
+        assert_eq!(merged.store, "sqlite://x.db");
+        assert_eq!(merged.token.as_deref(), Some("flag"));
+        assert_eq!(
+            merged.ledger.policy().factor(),
+            2.0,
+            "the ledger comes from the file"
+        );
+
+        let empty = overrides(Some(""), None, Some(""));
+        let merged = ServerSettings::merge(&empty, file).unwrap();
+        assert_eq!(merged.listen, "127.0.0.1:9000", "an empty value counts as unset");
+        assert_eq!(merged.token.as_deref(), Some("from-file"));
+    }
+
+    #[test]
+    fn bad_overrides_name_the_key() {
+        for (over, key) in [
+            (overrides(Some("7878"), None, None), "listen"),
+            (overrides(Some("localhost"), None, None), "listen"),
+            (overrides(None, Some(" "), None), "store"),
+            (overrides(None, None, Some("  ")), "token"),
+        ] {
+            match ServerSettings::merge(&over, Settings::default()) {
+                Err(ServeError::Config { error, .. }) => assert_eq!(error.key, key),
+                other => panic!("{over:?}: expected a config error, got {other:?}"),
+            }
+        }
+        assert!(
+            ServerSettings::merge(&overrides(Some("localhost:0"), None, None), Settings::default()).is_ok()
+        );
+        assert!(
+            ServerSettings::merge(&overrides(Some("[::1]:7878"), None, None), Settings::default()).is_ok()
+        );
+    }
+
+    #[test]
+    fn an_unsupported_store_is_a_config_error() {
+        let settings =
+            ServerSettings::merge(&overrides(None, Some("postgres://x"), None), Settings::default()).unwrap();
+        match open_ledger(&settings) {
+            Err(err @ ServeError::Config { .. }) => assert!(err.is_config()),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+}

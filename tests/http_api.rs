@@ -1,0 +1,928 @@
+//! The HTTP API, in process: every route and every error code, against the
+//! router with `tower::ServiceExt::oneshot`, on the memory store and a fake
+//! clock (nothing here sleeps).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::Router;
+use http_body_util::BodyExt;
+use inflight::http::{app, ApiError, AppState};
+use inflight::{ErrorKind, FakeClock, Ledger, LedgerConfig, LedgerError, Settings};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+/// 2026-08-13T12:00:00.000Z.
+const T0: i64 = 1_786_622_400_000;
+
+struct Api {
+    router: Router,
+    clock: FakeClock,
+    token: Option<&'static str>,
+}
+
+fn api() -> Api {
+    api_with(LedgerConfig::default(), None)
+}
+
+fn api_with(config: LedgerConfig, token: Option<&'static str>) -> Api {
+    let clock = FakeClock::at(T0);
+    let ledger = Ledger::builder(config)
+        .store_url("memory:")
+        .clock(clock.clone())
+        .build()
+        .expect("memory ledger");
+    let state = AppState::new(ledger).with_token(token.map(str::to_owned));
+    Api {
+        router: app(state),
+        clock,
+        token,
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Value,
+}
+
+impl Reply {
+    fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("<no error code>")
+    }
+
+    /// Asserts an error reply of `status` and `code`, in the JSON shape.
+    fn assert_error(&self, status: StatusCode, code: &str, what: &str) {
+        assert_eq!(self.status, status, "{what}: {}", self.body);
+        assert_eq!(self.code(), code, "{what}: {}", self.body);
+        assert!(
+            self.body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}: an error carries a message: {}",
+            self.body
+        );
+        assert_eq!(
+            self.headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "{what}: errors are JSON"
+        );
+    }
+}
+
+impl Api {
+    async fn raw(&self, request: Request<Body>) -> Reply {
+        let response = self.router.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+                panic!(
+                    "{status}: not JSON ({err}): {:?}",
+                    String::from_utf8_lossy(&bytes)
+                )
+            })
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn send(&self, method: Method, uri: &str, body: Option<&str>) -> Reply {
+        self.send_with(method, uri, body, self.token).await
+    }
+
+    async fn send_with(&self, method: Method, uri: &str, body: Option<&str>, token: Option<&str>) -> Reply {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_owned()));
+        self.raw(request.body(body).unwrap()).await
+    }
+
+    async fn post(&self, uri: &str, body: &str) -> Reply {
+        self.send(Method::POST, uri, Some(body)).await
+    }
+
+    async fn get(&self, uri: &str) -> Reply {
+        self.send(Method::GET, uri, None).await
+    }
+
+    /// Begins a record; returns its id.
+    async fn begin(&self, body: Value) -> String {
+        let reply = self.post("/v1/activities", &body.to_string()).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        reply.body["activityId"].as_str().unwrap().to_owned()
+    }
+
+    async fn snapshot(&self) -> Value {
+        let reply = self.get("/v1/snapshot").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        reply.body
+    }
+}
+
+fn kb() -> Value {
+    json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding"})
+}
+
+/// What a rejected request must leave unchanged.
+fn counts(snapshot: &Value) -> Value {
+    json!({
+        "totalActivities": snapshot["totalActivities"],
+        "totalInFlight": snapshot["totalInFlight"],
+        "totalRecentCompletions": snapshot["totalRecentCompletions"],
+        "totalReaped": snapshot["totalReaped"],
+        "totalLateSettles": snapshot["totalLateSettles"],
+        "nativeAdmission": snapshot["nativeAdmission"],
+    })
+}
+
+#[tokio::test]
+async fn healthz_answers_ok_without_the_token() {
+    let api = api_with(LedgerConfig::default(), Some("s3cret"));
+    let reply = api.send_with(Method::GET, "/healthz", None, None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn begin_answers_201_with_the_whole_record() {
+    let api = api();
+    let reply = api
+        .post(
+            "/v1/activities",
+            &json!({
+                "service": "knowledge-base", "provider": "ollama", "class": "embedding",
+                "operationStage": "kb-tenant-ingestion-embedding", "model": "nomic-embed-text",
+                "priority": "batch", "admission": "queued"
+            })
+            .to_string(),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let record = &reply.body;
+    for field in [
+        "activityId",
+        "service",
+        "provider",
+        "class",
+        "operationStage",
+        "model",
+        "priority",
+        "admission",
+        "state",
+        "disposition",
+        "enqueuedAt",
+        "startedAt",
+        "completedAt",
+        "reapedAt",
+        "deadlineMs",
+        "reapableAt",
+        "queueWaitMs",
+        "executionMs",
+        "success",
+        "failureStage",
+        "lateSettle",
+    ] {
+        assert!(
+            record.get(field).is_some(),
+            "the record carries {field}: {record}"
+        );
+    }
+    assert_eq!(record["state"], "waiting");
+    assert_eq!(record["disposition"], Value::Null);
+    assert_eq!(record["priority"], "batch");
+    assert_eq!(record["enqueuedAt"], "2026-08-13T12:00:00.000Z");
+    assert_eq!(record["deadlineMs"], 300_000);
+    assert_eq!(record["reapableAt"], "2026-08-13T12:20:00.000Z");
+    assert_eq!(record["lateSettle"], false);
+    let id = record["activityId"].as_str().unwrap();
+    assert_eq!(
+        reply.headers.get(header::LOCATION).unwrap(),
+        &format!("/v1/activities/{id}")
+    );
+}
+
+#[tokio::test]
+async fn begin_accepts_defaults_timestamps_as_millis_or_rfc3339_and_already_started() {
+    let api = api();
+    let minimal = api
+        .post("/v1/activities", r#"{"service":"kb","provider":"ollama"}"#)
+        .await;
+    assert_eq!(minimal.status, StatusCode::CREATED, "{}", minimal.body);
+    assert_eq!(minimal.body["class"], "unknown");
+    assert_eq!(minimal.body["admission"], "queued");
+    assert_eq!(minimal.body["priority"], "unknown");
+
+    let started = api
+        .post(
+            "/v1/activities",
+            &json!({
+                "service": "kb", "provider": "ollama", "class": "chat", "admission": "direct",
+                "enqueuedAt": T0 - 2_000, "startedAt": "2026-08-13T11:59:59.000Z", "deadlineMs": 1_000
+            })
+            .to_string(),
+        )
+        .await;
+    assert_eq!(started.status, StatusCode::CREATED, "{}", started.body);
+    let record = &started.body;
+    assert_eq!(record["state"], "executing");
+    assert_eq!(record["admission"], "direct");
+    assert_eq!(record["enqueuedAt"], "2026-08-13T11:59:58.000Z");
+    assert_eq!(record["queueWaitMs"], 1_000);
+    assert_eq!(record["deadlineMs"], 1_000);
+}
+
+#[tokio::test]
+async fn unknown_fields_are_ignored() {
+    let api = api();
+    let reply = api
+        .post(
+            "/v1/activities",
+            r#"{"service":"kb","provider":"ollama","fromTheFuture":{"x":[1,2]},"tenant":"t-1"}"#,
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let id = reply.body["activityId"].as_str().unwrap();
+    let settled = api
+        .post(
+            &format!("/v1/activities/{id}/settle"),
+            r#"{"success":true,"extra":1}"#,
+        )
+        .await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+}
+
+#[tokio::test]
+async fn begin_refuses_each_invalid_input_with_400_and_records_nothing() {
+    let api = api();
+    let future = T0 + 6 * 60 * 1000;
+    let cases: Vec<(&str, String)> = vec![
+        ("malformed JSON", "{\"service\": \"kb\",".to_owned()),
+        ("not an object", "[1, 2]".to_owned()),
+        ("a JSON string", "\"kb\"".to_owned()),
+        ("empty body", String::new()),
+        ("missing service", json!({"provider": "ollama"}).to_string()),
+        ("missing provider", json!({"service": "kb"}).to_string()),
+        (
+            "null service",
+            json!({"service": null, "provider": "ollama"}).to_string(),
+        ),
+        (
+            "service not a string",
+            json!({"service": 7, "provider": "ollama"}).to_string(),
+        ),
+        (
+            "bad service label",
+            json!({"service": "knowledge base", "provider": "ollama"}).to_string(),
+        ),
+        (
+            "empty provider label",
+            json!({"service": "kb", "provider": ""}).to_string(),
+        ),
+        (
+            "overlong label",
+            json!({"service": "k".repeat(65), "provider": "ollama"}).to_string(),
+        ),
+        (
+            "bad class label",
+            json!({"service": "kb", "provider": "o", "class": "a/b"}).to_string(),
+        ),
+        (
+            "bad stage label",
+            json!({"service": "kb", "provider": "o", "operationStage": "x y"}).to_string(),
+        ),
+        (
+            "unknown admission",
+            json!({"service": "kb", "provider": "o", "admission": "vip"}).to_string(),
+        ),
+        (
+            "admission not a string",
+            json!({"service": "kb", "provider": "o", "admission": true}).to_string(),
+        ),
+        (
+            "unknown priority",
+            json!({"service": "kb", "provider": "o", "priority": "urgent"}).to_string(),
+        ),
+        (
+            "bad timestamp text",
+            json!({"service": "kb", "provider": "o", "enqueuedAt": "yesterday"}).to_string(),
+        ),
+        (
+            "timestamp as float",
+            json!({"service": "kb", "provider": "o", "enqueuedAt": 1.5}).to_string(),
+        ),
+        (
+            "negative timestamp",
+            json!({"service": "kb", "provider": "o", "enqueuedAt": -1}).to_string(),
+        ),
+        (
+            "huge timestamp",
+            json!({"service": "kb", "provider": "o", "startedAt": i64::MAX}).to_string(),
+        ),
+        (
+            "timestamp as bool",
+            json!({"service": "kb", "provider": "o", "startedAt": true}).to_string(),
+        ),
+        (
+            "enqueuedAt in the future",
+            json!({"service": "kb", "provider": "o", "enqueuedAt": future}).to_string(),
+        ),
+        (
+            "startedAt in the future",
+            json!({"service": "kb", "provider": "o", "startedAt": future}).to_string(),
+        ),
+        (
+            "startedAt before enqueuedAt",
+            json!({"service": "kb", "provider": "o", "enqueuedAt": T0, "startedAt": T0 - 1}).to_string(),
+        ),
+        (
+            "zero deadline",
+            json!({"service": "kb", "provider": "o", "deadlineMs": 0}).to_string(),
+        ),
+        (
+            "deadline as text",
+            json!({"service": "kb", "provider": "o", "deadlineMs": "5m"}).to_string(),
+        ),
+    ];
+    for (what, body) in &cases {
+        let reply = api.send(Method::POST, "/v1/activities", Some(body)).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+    }
+    let snapshot = api.snapshot().await;
+    assert_eq!(snapshot["totalActivities"], 0, "a rejected begin records nothing");
+}
+
+#[tokio::test]
+async fn get_answers_the_record_404_for_an_unknown_id_and_400_for_a_malformed_one() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let reply = api.get(&format!("/v1/activities/{id}")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body["activityId"], id.as_str());
+
+    let unknown = api
+        .get("/v1/activities/6f1c1a3e-7d35-4e1b-9a3c-2f1f0f6a9b10")
+        .await;
+    unknown.assert_error(StatusCode::NOT_FOUND, "not_found", "unknown id");
+    for bad in ["not-a-uuid", "123", "%FF%FE"] {
+        let reply = api.get(&format!("/v1/activities/{bad}")).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", bad);
+        for action in ["start", "settle", "cancel"] {
+            let reply = api.post(&format!("/v1/activities/{bad}/{action}"), "{}").await;
+            reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", action);
+        }
+    }
+    for action in ["start", "settle", "cancel"] {
+        let reply = api
+            .post(
+                &format!("/v1/activities/6f1c1a3e-7d35-4e1b-9a3c-2f1f0f6a9b10/{action}"),
+                r#"{"success": true}"#,
+            )
+            .await;
+        reply.assert_error(StatusCode::NOT_FOUND, "not_found", action);
+    }
+}
+
+#[tokio::test]
+async fn start_is_200_a_retry_is_harmless_and_a_settled_record_is_409() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    api.clock.advance(Duration::from_secs(2));
+    let empty_body = api
+        .send(Method::POST, &format!("/v1/activities/{id}/start"), None)
+        .await;
+    assert_eq!(
+        empty_body.status,
+        StatusCode::OK,
+        "an empty body is `{{}}`: {}",
+        empty_body.body
+    );
+    assert_eq!(empty_body.body["state"], "executing");
+    assert_eq!(empty_body.body["queueWaitMs"], 2_000);
+
+    api.clock.advance(Duration::from_secs(1));
+    let retry = api.post(&format!("/v1/activities/{id}/start"), "{}").await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.body, empty_body.body, "a retried start changes nothing");
+
+    let other = api.begin(kb()).await;
+    let at = api
+        .post(
+            &format!("/v1/activities/{other}/start"),
+            r#"{"startedAt": "2026-08-13T12:00:04.000Z"}"#,
+        )
+        .await;
+    assert_eq!(at.status, StatusCode::OK, "{}", at.body);
+    assert_eq!(at.body["startedAt"], "2026-08-13T12:00:04.000Z");
+
+    let bad = api.begin(kb()).await;
+    for (what, body) in [
+        ("malformed", "{"),
+        ("bad startedAt", r#"{"startedAt": "soon"}"#),
+        (
+            "startedAt before enqueuedAt",
+            &*format!(r#"{{"startedAt": {}}}"#, T0 - 1),
+        ),
+    ] {
+        let reply = api.post(&format!("/v1/activities/{bad}/start"), body).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+    }
+    assert_eq!(
+        api.get(&format!("/v1/activities/{bad}")).await.body["state"],
+        "waiting"
+    );
+
+    api.post(&format!("/v1/activities/{id}/settle"), r#"{"success": true}"#)
+        .await;
+    let conflict = api.post(&format!("/v1/activities/{id}/start"), "{}").await;
+    conflict.assert_error(StatusCode::CONFLICT, "conflict", "start after settle");
+}
+
+#[tokio::test]
+async fn settle_is_200_a_repeat_is_harmless_and_a_different_outcome_is_409() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{id}/start"), "{}").await;
+    api.clock.advance(Duration::from_millis(1_500));
+    let settled = api
+        .post(
+            &format!("/v1/activities/{id}/settle"),
+            r#"{"success": false, "failureStage": "provider"}"#,
+        )
+        .await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+    assert_eq!(settled.body["state"], "failed");
+    assert_eq!(settled.body["success"], false);
+    assert_eq!(settled.body["failureStage"], "provider");
+    assert_eq!(settled.body["executionMs"], 1_500);
+    assert_eq!(settled.body["reapableAt"], Value::Null);
+
+    let repeat = api
+        .post(
+            &format!("/v1/activities/{id}/settle"),
+            r#"{"success": false, "failureStage": "provider"}"#,
+        )
+        .await;
+    assert_eq!(repeat.status, StatusCode::OK);
+    assert_eq!(repeat.body, settled.body, "a repeated settle changes nothing");
+
+    let before = counts(&api.snapshot().await);
+    let different = api
+        .post(&format!("/v1/activities/{id}/settle"), r#"{"success": true}"#)
+        .await;
+    different.assert_error(StatusCode::CONFLICT, "conflict", "a different outcome");
+    assert_eq!(api.get(&format!("/v1/activities/{id}")).await.body, settled.body);
+    assert_eq!(counts(&api.snapshot().await), before);
+
+    let with_time = api.begin(kb()).await;
+    let reply = api
+        .post(
+            &format!("/v1/activities/{with_time}/settle"),
+            &json!({"success": true, "completedAt": "2026-08-13T12:00:02.000Z"}).to_string(),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body["completedAt"], "2026-08-13T12:00:02.000Z");
+}
+
+#[tokio::test]
+async fn settle_refuses_each_malformed_body_with_400_and_changes_nothing() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let before = api.get(&format!("/v1/activities/{id}")).await.body;
+    let counts_before = counts(&api.snapshot().await);
+    for (what, body) in [
+        ("empty body", ""),
+        ("malformed JSON", "{\"success\": tru"),
+        ("missing success", r#"{"failureStage": "provider"}"#),
+        ("success as a string", r#"{"success": "true"}"#),
+        ("success as a number", r#"{"success": 1}"#),
+        ("success null", r#"{"success": null}"#),
+        (
+            "unknown failureStage",
+            r#"{"success": false, "failureStage": "network"}"#,
+        ),
+        ("bad completedAt", r#"{"success": true, "completedAt": "noon"}"#),
+        (
+            "completedAt before enqueuedAt",
+            &*format!(r#"{{"success": true, "completedAt": {}}}"#, T0 - 1),
+        ),
+        (
+            "completedAt in the future",
+            &*format!(r#"{{"success": true, "completedAt": {}}}"#, T0 + 600_000),
+        ),
+    ] {
+        let reply = api.post(&format!("/v1/activities/{id}/settle"), body).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+    }
+    assert_eq!(api.get(&format!("/v1/activities/{id}")).await.body, before);
+    assert_eq!(counts(&api.snapshot().await), counts_before);
+}
+
+#[tokio::test]
+async fn cancel_is_200_and_a_cancel_of_a_success_is_409() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let cancelled = api
+        .post(
+            &format!("/v1/activities/{id}/cancel"),
+            r#"{"reason": "client went away"}"#,
+        )
+        .await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
+    assert_eq!(cancelled.body["state"], "cancelled");
+    assert_eq!(cancelled.body["success"], Value::Null);
+
+    let bare = api.begin(kb()).await;
+    let reply = api
+        .send(Method::POST, &format!("/v1/activities/{bare}/cancel"), None)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+
+    let bad_reason = api.begin(kb()).await;
+    let reply = api
+        .post(
+            &format!("/v1/activities/{bad_reason}/cancel"),
+            r#"{"reason": 42}"#,
+        )
+        .await;
+    reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", "reason not a string");
+
+    let done = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{done}/settle"), r#"{"success": true}"#)
+        .await;
+    let conflict = api.post(&format!("/v1/activities/{done}/cancel"), "{}").await;
+    conflict.assert_error(StatusCode::CONFLICT, "conflict", "cancel after success");
+}
+
+#[tokio::test]
+async fn a_settle_or_cancel_after_the_reap_is_200_late_settle_and_never_a_completion() {
+    let api = api();
+    let started = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{started}/start"), "{}").await;
+    let waiting = api.begin(kb()).await;
+    // embedding: deadline 5 min, factor 4: reapable 20 min after the start.
+    api.clock.advance(Duration::from_secs(20 * 60 + 1));
+
+    let late = api
+        .post(
+            &format!("/v1/activities/{started}/settle"),
+            r#"{"success": true}"#,
+        )
+        .await;
+    assert_eq!(late.status, StatusCode::OK, "{}", late.body);
+    assert_eq!(late.body["state"], "reaped");
+    assert_eq!(late.body["disposition"], "unsettled");
+    assert_eq!(late.body["lateSettle"], true);
+    assert_eq!(late.body["success"], Value::Null);
+
+    let late_cancel = api.post(&format!("/v1/activities/{waiting}/cancel"), "{}").await;
+    assert_eq!(late_cancel.status, StatusCode::OK, "{}", late_cancel.body);
+    assert_eq!(late_cancel.body["state"], "reaped");
+    assert_eq!(late_cancel.body["disposition"], "abandoned");
+    assert_eq!(late_cancel.body["lateSettle"], true);
+
+    let snapshot = api.snapshot().await;
+    assert_eq!(snapshot["totalRecentCompletions"], 0);
+    assert_eq!(snapshot["totalReaped"], 2);
+    assert_eq!(snapshot["totalLateSettles"], 2);
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(lane["executing"], 0);
+    assert_eq!(lane["reaped"], json!({"abandoned": 1, "unsettled": 1}));
+}
+
+#[tokio::test]
+async fn snapshot_reports_lanes_and_honours_limit_and_since() {
+    let mut config_text = String::from("[lanes.\"knowledge-base::ollama\"]\ncap = 4\n");
+    config_text.push_str("[classes.embedding]\ndeadline = \"5m\"\n");
+    let settings = Settings::from_toml(&config_text).unwrap();
+    let api = api_with(settings.ledger, None);
+    for _ in 0..3 {
+        let id = api.begin(kb()).await;
+        api.post(&format!("/v1/activities/{id}/start"), "{}").await;
+    }
+    api.begin(kb()).await;
+    let done = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{done}/settle"), r#"{"success": true}"#)
+        .await;
+
+    let snapshot = api.snapshot().await;
+    assert_eq!(snapshot["status"], "ok");
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(lane["cap"], 4);
+    assert_eq!(lane["executing"], 3);
+    assert_eq!(lane["waiting"], 1);
+    assert_eq!(snapshot["totalActivities"], 5);
+    assert_eq!(snapshot["totalInFlight"], 4);
+    assert_eq!(snapshot["inFlight"].as_array().unwrap().len(), 4);
+
+    let limited = api.get("/v1/snapshot?limit=2&since=1h").await;
+    assert_eq!(limited.status, StatusCode::OK, "{}", limited.body);
+    assert_eq!(limited.body["inFlight"].as_array().unwrap().len(), 2);
+    assert_eq!(limited.body["inFlightTruncated"], true);
+    assert_eq!(limited.body["since"], "2026-08-13T11:00:00.000Z");
+
+    let at = api.get("/v1/snapshot?since=2026-08-13T12:00:00.001Z").await;
+    assert_eq!(at.status, StatusCode::OK, "{}", at.body);
+    assert_eq!(
+        at.body["totalRecentCompletions"], 0,
+        "the completion is before the window"
+    );
+
+    for (what, query) in [
+        ("limit 0", "limit=0"),
+        ("limit too big", "limit=10001"),
+        ("limit negative", "limit=-3"),
+        ("limit not a number", "limit=ten"),
+        ("since not a duration", "since=yesterday"),
+        ("since empty", "since="),
+    ] {
+        let reply = api.get(&format!("/v1/snapshot?{query}")).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+    }
+}
+
+#[tokio::test]
+async fn reap_answers_what_this_call_reaped() {
+    let api = api();
+    let started = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{started}/start"), "{}").await;
+    api.begin(kb()).await;
+    let nothing = api.post("/v1/reap", "").await;
+    assert_eq!(nothing.status, StatusCode::OK);
+    assert_eq!(nothing.body, json!({"abandoned": 0, "unsettled": 0}));
+
+    api.clock.advance(Duration::from_secs(20 * 60 + 1));
+    let reaped = api.send(Method::POST, "/v1/reap", None).await;
+    assert_eq!(reaped.status, StatusCode::OK);
+    assert_eq!(reaped.body, json!({"abandoned": 1, "unsettled": 1}));
+    let again = api.post("/v1/reap", "{}").await;
+    assert_eq!(again.body, json!({"abandoned": 0, "unsettled": 0}));
+}
+
+#[tokio::test]
+async fn with_a_token_every_v1_route_and_metrics_answer_401_without_it() {
+    let api = api_with(LedgerConfig::default(), Some("s3cret"));
+    let id = api.begin(kb()).await; // with the token
+    let routes = [
+        (Method::POST, "/v1/activities".to_owned()),
+        (Method::GET, format!("/v1/activities/{id}")),
+        (Method::POST, format!("/v1/activities/{id}/start")),
+        (Method::POST, format!("/v1/activities/{id}/settle")),
+        (Method::POST, format!("/v1/activities/{id}/cancel")),
+        (Method::GET, "/v1/snapshot".to_owned()),
+        (Method::POST, "/v1/reap".to_owned()),
+        (Method::GET, "/metrics".to_owned()),
+        (Method::GET, "/v1/unknown".to_owned()),
+    ];
+    for (method, uri) in &routes {
+        for token in [None, Some("wrong"), Some("s3cre"), Some("s3cret-and-more")] {
+            let reply = api.send_with(method.clone(), uri, Some("{}"), token).await;
+            reply.assert_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                &format!("{method} {uri} {token:?}"),
+            );
+            assert!(reply.headers.contains_key(header::WWW_AUTHENTICATE));
+        }
+    }
+    assert_eq!(
+        api.get(&format!("/v1/activities/{id}")).await.body["state"],
+        "waiting"
+    );
+    let snapshot = api.snapshot().await;
+    assert_eq!(
+        snapshot["totalActivities"], 1,
+        "unauthorized requests change nothing"
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_are_404_and_wrong_methods_405_in_json() {
+    let api = api();
+    for uri in ["/", "/v2/activities", "/v1/activities/x/y/z", "/metrics"] {
+        let reply = api.get(uri).await;
+        reply.assert_error(StatusCode::NOT_FOUND, "not_found", uri);
+    }
+    for (method, uri) in [
+        (Method::DELETE, "/v1/activities"),
+        (Method::GET, "/v1/activities"),
+        (Method::GET, "/v1/reap"),
+        (Method::POST, "/v1/snapshot"),
+        (Method::POST, "/healthz"),
+        (Method::PUT, "/v1/activities/6f1c1a3e-7d35-4e1b-9a3c-2f1f0f6a9b10"),
+        (
+            Method::GET,
+            "/v1/activities/6f1c1a3e-7d35-4e1b-9a3c-2f1f0f6a9b10/settle",
+        ),
+    ] {
+        let reply = api.send(method.clone(), uri, None).await;
+        reply.assert_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            &format!("{method} {uri}"),
+        );
+    }
+}
+
+#[tokio::test]
+async fn bodies_over_64_kib_are_413_and_record_nothing() {
+    let api = api();
+    let padding = "x".repeat(64 * 1024);
+    let big = json!({"service": "kb", "provider": "ollama", "padding": padding}).to_string();
+    let reply = api.post("/v1/activities", &big).await;
+    reply.assert_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        "64 KiB + a little",
+    );
+
+    // Without a Content-Length (streamed), the limit holds too.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![Ok(big.clone().into_bytes())];
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/activities")
+        .body(Body::from_stream(futures_util::stream::iter(chunks)))
+        .unwrap();
+    api.raw(request)
+        .await
+        .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "streamed");
+
+    let just_under = json!({"service": "kb", "provider": "ollama", "padding": "x".repeat(60 * 1024)});
+    let reply = api.post("/v1/activities", &just_under.to_string()).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    assert_eq!(api.snapshot().await["totalActivities"], 1);
+}
+
+#[tokio::test]
+async fn rejected_requests_change_nothing() {
+    let api = api();
+    let executing = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{executing}/start"), "{}").await;
+    let succeeded = api.begin(kb()).await;
+    api.post(
+        &format!("/v1/activities/{succeeded}/settle"),
+        r#"{"success": true}"#,
+    )
+    .await;
+    let waiting = api.begin(kb()).await;
+
+    let snapshot_before = counts(&api.snapshot().await);
+    let records_before = [
+        api.get(&format!("/v1/activities/{executing}")).await.body,
+        api.get(&format!("/v1/activities/{succeeded}")).await.body,
+        api.get(&format!("/v1/activities/{waiting}")).await.body,
+    ];
+    let rejected = [
+        (
+            "/v1/activities".to_owned(),
+            r#"{"service": "a b", "provider": "o"}"#.to_owned(),
+        ),
+        (
+            "/v1/activities".to_owned(),
+            r#"{"service": "kb", "provider": "o", "admission": "x"}"#.to_owned(),
+        ),
+        (
+            format!("/v1/activities/{succeeded}/settle"),
+            r#"{"success": false}"#.to_owned(),
+        ),
+        (format!("/v1/activities/{succeeded}/cancel"), "{}".to_owned()),
+        (format!("/v1/activities/{succeeded}/start"), "{}".to_owned()),
+        (
+            format!("/v1/activities/{executing}/settle"),
+            r#"{"success": "yes"}"#.to_owned(),
+        ),
+        (
+            format!("/v1/activities/{executing}/settle"),
+            r#"{"success": true, "failureStage": "?"}"#.to_owned(),
+        ),
+        (
+            format!("/v1/activities/{waiting}/start"),
+            format!(r#"{{"startedAt": {}}}"#, T0 + 3_600_000),
+        ),
+        (
+            format!("/v1/activities/{waiting}/cancel"),
+            r#"{"reason": ["no"]}"#.to_owned(),
+        ),
+    ];
+    for (uri, body) in &rejected {
+        let reply = api.post(uri, body).await;
+        assert!(reply.status.is_client_error(), "{uri} {body}: {}", reply.body);
+    }
+    assert_eq!(counts(&api.snapshot().await), snapshot_before);
+    let records_after = [
+        api.get(&format!("/v1/activities/{executing}")).await.body,
+        api.get(&format!("/v1/activities/{succeeded}")).await.body,
+        api.get(&format!("/v1/activities/{waiting}")).await.body,
+    ];
+    assert_eq!(records_after, records_before);
+}
+
+#[tokio::test]
+async fn no_input_gets_a_5xx() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let deep_object = format!("{}1{}", "{\"a\":".repeat(5_000), "}".repeat(5_000));
+    let bodies: Vec<Vec<u8>> = vec![
+        b"\x00\xff\xfe garbage".to_vec(),
+        deep.into_bytes(),
+        deep_object.into_bytes(),
+        br#"{"service": "\ud800", "provider": "o"}"#.to_vec(),
+        "{\"service\": \"kb\u{0}\", \"provider\": \"ollama\"}"
+            .as_bytes()
+            .to_vec(),
+        "{\"service\": \"ünïcödé\", \"provider\": \"ollama\"}"
+            .as_bytes()
+            .to_vec(),
+        br#"{"service": "kb", "provider": "o", "deadlineMs": 9223372036854775807}"#.to_vec(),
+        br#"{"service": "kb", "provider": "o", "deadlineMs": 18446744073709551615}"#.to_vec(),
+        br#"{"service": "kb", "provider": "o", "enqueuedAt": 0, "startedAt": 0}"#.to_vec(),
+        br#"{"service": "kb", "provider": "o", "enqueuedAt": "0000-01-01T00:00:00Z"}"#.to_vec(),
+        br#"{"service": "kb", "provider": "o", "model": "sk-secret /home/me/.ssh"}"#.to_vec(),
+        br#"{"success": true, "completedAt": 1e300}"#.to_vec(),
+        br#"{"startedAt": "9999-12-31T23:59:59.999Z"}"#.to_vec(),
+        br#"{"reason": "x"}"#.to_vec(),
+        b"1e999999".to_vec(),
+        b"{}".to_vec(),
+    ];
+    let uris = [
+        "/v1/activities".to_owned(),
+        format!("/v1/activities/{id}/start"),
+        format!("/v1/activities/{id}/settle"),
+        format!("/v1/activities/{id}/cancel"),
+        "/v1/reap".to_owned(),
+    ];
+    for uri in &uris {
+        for body in &bodies {
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri(uri)
+                .body(Body::from(body.clone()))
+                .unwrap();
+            let reply = api.raw(request).await;
+            assert!(
+                !reply.status.is_server_error(),
+                "{uri} {:?}: {} {}",
+                String::from_utf8_lossy(body),
+                reply.status,
+                reply.body
+            );
+        }
+    }
+    for query in [
+        "limit=%FF",
+        "since=%",
+        "limit=1&limit=2",
+        "since=9999999999999999999d",
+        "since=-1h",
+    ] {
+        let reply = api.get(&format!("/v1/snapshot?{query}")).await;
+        assert!(!reply.status.is_server_error(), "{query}: {}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn library_errors_map_to_their_codes_and_internals_never_leak() {
+    let cases = [
+        (
+            ErrorKind::InvalidInput,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (ErrorKind::NotFound, StatusCode::NOT_FOUND, "not_found"),
+        (ErrorKind::Conflict, StatusCode::CONFLICT, "conflict"),
+        (ErrorKind::LaneFull, StatusCode::TOO_MANY_REQUESTS, "lane_full"),
+        (ErrorKind::Closed, StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        (ErrorKind::Storage, StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    ];
+    for (kind, status, code) in cases {
+        let error = ApiError::from(LedgerError::new(kind, "disk /var/lib/secret.db is corrupt"));
+        assert_eq!(error.status(), status);
+        assert_eq!(error.code(), code);
+        let response = error.into_response();
+        assert_eq!(response.status(), status);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["error"]["code"], code);
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(!message.contains("secret"), "internals leak: {message}");
+        }
+    }
+}
