@@ -1,0 +1,483 @@
+//! End to end: the real `inflight` binary on a free port and a temporary
+//! SQLite file. Polling a real process is unavoidable here; every wait is a
+//! bounded loop with a generous limit, so a loaded machine only makes it
+//! slower.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const BIN: &str = env!("CARGO_BIN_EXE_inflight");
+/// How long anything may take before the test gives up.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A running `inflight serve`.
+struct Server {
+    child: Child,
+    base: String,
+    logs: mpsc::UnboundedReceiver<Value>,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+/// How to start one.
+#[derive(Default)]
+struct Launch<'a> {
+    store: Option<&'a Path>,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    token: Option<&'a str>,
+}
+
+fn inflight() -> Command {
+    let mut command = Command::new(BIN);
+    for var in [
+        "INFLIGHT_CONFIG",
+        "INFLIGHT_LISTEN",
+        "INFLIGHT_STORE",
+        "INFLIGHT_TOKEN",
+        "RUST_LOG",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
+impl Server {
+    async fn start(launch: Launch<'_>) -> Self {
+        let mut command = inflight();
+        command.args(["--log-format", "json", "serve"]);
+        if let Some(store) = launch.store {
+            command.args(["--store", &format!("sqlite://{}", store.display())]);
+        }
+        command.args(&launch.args);
+        command.env("RUST_LOG", "info");
+        for (key, value) in &launch.env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (sender, logs) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let value = serde_json::from_str(&line).unwrap_or(json!({ "raw": line }));
+                if sender.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut server = Self {
+            child,
+            base: String::new(),
+            logs,
+            token: launch.token.map(str::to_owned),
+            http: reqwest::Client::builder().timeout(PATIENCE).build().unwrap(),
+        };
+        let line = server
+            .wait_for_log("the server to listen", |line| {
+                line["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("listening on http://"))
+            })
+            .await;
+        let addr = line["fields"]["addr"].as_str().expect("addr field");
+        server.base = format!("http://{addr}");
+        server
+    }
+
+    /// Waits (bounded) for a log line matching `pred`.
+    async fn wait_for_log(&mut self, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut seen = Vec::new();
+        loop {
+            match tokio::time::timeout_at(deadline, self.logs.recv()).await {
+                Ok(Some(line)) if pred(&line) => return line,
+                Ok(Some(line)) => seen.push(line),
+                Ok(None) => panic!("the server exited while waiting for {what}; its log: {seen:#?}"),
+                Err(_) => panic!("timed out waiting for {what}; its log: {seen:#?}"),
+            }
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.request(method, path);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON answer"))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    /// Begins a record; returns its id.
+    async fn begin(&self, body: Value) -> String {
+        let (status, record) = self.post("/v1/activities", body).await;
+        assert_eq!(status, 201, "{record}");
+        record["activityId"].as_str().unwrap().to_owned()
+    }
+
+    /// `kill -9`.
+    async fn crash(mut self) {
+        self.child.kill().await.expect("SIGKILL");
+    }
+}
+
+fn temp_store(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("inflight.db")
+}
+
+async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut command = inflight();
+    command.args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .expect("the command finishes")
+        .expect("the binary runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let mut server = Server::start(Launch {
+        store: Some(&store),
+        // flag > environment: the environment's address is not local.
+        args: vec!["--listen".into(), "127.0.0.1:0".into()],
+        env: vec![
+            ("INFLIGHT_LISTEN", "192.0.2.1:9".into()),
+            ("INFLIGHT_TOKEN", "e2e-token".into()),
+        ],
+        token: Some("e2e-token"),
+    })
+    .await;
+
+    let (status, health) = server.get("/healthz").await;
+    assert_eq!((status, health), (200, json!({"status": "ok"})));
+    let unauthorized = reqwest::get(format!("{}/v1/snapshot", server.base))
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status().as_u16(), 401);
+
+    let id = server
+        .begin(json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding"}))
+        .await;
+    let (status, started) = server
+        .post(&format!("/v1/activities/{id}/start"), json!({}))
+        .await;
+    assert_eq!((status, &started["state"]), (200, &json!("executing")));
+    let (status, settled) = server
+        .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+        .await;
+    assert_eq!((status, &settled["state"]), (200, &json!("succeeded")));
+    let (status, fetched) = server.get(&format!("/v1/activities/{id}")).await;
+    assert_eq!((status, fetched), (200, settled));
+    let waiting = server
+        .begin(json!({"service": "knowledge-base", "provider": "ollama"}))
+        .await;
+
+    let (status, snapshot) = server.get("/v1/snapshot?limit=10&since=1h").await;
+    assert_eq!(status, 200);
+    assert_eq!(snapshot["totalActivities"], 2);
+    assert_eq!(snapshot["totalRecentCompletions"], 1);
+    assert_eq!(
+        snapshot["nativeAdmission"]["knowledge-base::ollama"]["waiting"],
+        1
+    );
+    let (status, reaped) = server.post("/v1/reap", json!({})).await;
+    assert_eq!((status, reaped), (200, json!({"abandoned": 0, "unsettled": 0})));
+
+    // The CLI, as an operator runs it.
+    let base = server.base.clone();
+    let server_flag = ["--server", base.as_str()];
+    let (code, table, _) = run_cli(
+        &["snapshot", server_flag[0], server_flag[1]],
+        &[("INFLIGHT_TOKEN", "e2e-token")],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{table}");
+    assert!(table.contains("knowledge-base::ollama"), "{table}");
+    assert!(
+        table.contains(&waiting[..8]),
+        "the in-flight record is listed: {table}"
+    );
+    let (code, raw, _) = run_cli(
+        &[
+            "snapshot",
+            "--json",
+            "--token",
+            "e2e-token",
+            server_flag[0],
+            server_flag[1],
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0));
+    let raw: Value = serde_json::from_str(&raw).expect("--json prints the snapshot");
+    assert_eq!(raw["totalActivities"], 2);
+    let (code, out, _) = run_cli(
+        &["reap", "--token", "e2e-token", server_flag[0], server_flag[1]],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("reaped 0 abandoned"), "{out}");
+    let (code, _, err) = run_cli(&["snapshot", server_flag[0], server_flag[1]], &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("unauthorized"), "{err}");
+
+    // SIGTERM: a graceful shutdown, exit 0.
+    let pid = server.child.id().expect("running").to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(PATIENCE, server.child.wait())
+        .await
+        .expect("the server stops on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "graceful shutdown exits 0: {status}");
+
+    // Nothing listens any more: a clear one-line error, exit 1.
+    let (code, out, err) = run_cli(&["snapshot", server_flag[0], server_flag[1]], &[]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(err.contains("cannot connect"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line, no backtrace: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_kill_9_and_the_restarted_server_reaps_those_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let first = Server::start(Launch {
+        store: Some(&store),
+        args: vec!["--listen".into(), "127.0.0.1:0".into()],
+        ..Launch::default()
+    })
+    .await;
+    let kb = json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding"});
+    let settled = first.begin(kb.clone()).await;
+    first
+        .post(
+            &format!("/v1/activities/{settled}/settle"),
+            json!({"success": true}),
+        )
+        .await;
+    let executing = first.begin(kb.clone()).await;
+    first
+        .post(&format!("/v1/activities/{executing}/start"), json!({}))
+        .await;
+    let waiting = first.begin(kb).await;
+    first.crash().await;
+
+    // A short class deadline; the file is named by the environment, whose
+    // address wins over the file's (not local, so it could not bind).
+    let config = dir.path().join("short.toml");
+    std::fs::write(
+        &config,
+        "listen = \"192.0.2.1:9\"\n[reap]\nfactor = 1\ninterval = \"100ms\"\n\
+         [classes.embedding]\ndeadline = \"200ms\"\n",
+    )
+    .unwrap();
+    let mut second = Server::start(Launch {
+        store: Some(&store),
+        env: vec![
+            ("INFLIGHT_CONFIG", config.display().to_string()),
+            ("INFLIGHT_LISTEN", "127.0.0.1:0".into()),
+        ],
+        ..Launch::default()
+    })
+    .await;
+    // The timer reaps them, with no reader at all.
+    let mut reaped = (0, 0);
+    while reaped != (1, 1) {
+        let line = second
+            .wait_for_log("the reaper to reap the records in flight at the crash", |line| {
+                line["fields"]["message"] == "reaper pass reaped leaked records"
+            })
+            .await;
+        reaped.0 += line["fields"]["abandoned"].as_i64().unwrap();
+        reaped.1 += line["fields"]["unsettled"].as_i64().unwrap();
+    }
+
+    let (status, record) = second.get(&format!("/v1/activities/{settled}")).await;
+    assert_eq!((status, &record["state"]), (200, &json!("succeeded")), "{record}");
+    let (_, record) = second.get(&format!("/v1/activities/{executing}")).await;
+    assert_eq!(record["state"], "reaped");
+    assert_eq!(record["disposition"], "unsettled");
+    let (_, record) = second.get(&format!("/v1/activities/{waiting}")).await;
+    assert_eq!(record["state"], "reaped");
+    assert_eq!(record["disposition"], "abandoned");
+    let (_, snapshot) = second.get("/v1/snapshot").await;
+    assert_eq!(snapshot["totalActivities"], 3);
+    assert_eq!(snapshot["totalReaped"], 2);
+    assert_eq!(
+        snapshot["reapedThisRead"],
+        json!({"abandoned": 0, "unsettled": 0})
+    );
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(
+        (lane["executing"].as_i64(), lane["waiting"].as_i64()),
+        (Some(0), Some(0))
+    );
+
+    // A late settle for a record reaped across the crash is absorbed.
+    let (status, late) = second
+        .post(
+            &format!("/v1/activities/{executing}/settle"),
+            json!({"success": true}),
+        )
+        .await;
+    assert_eq!((status, &late["lateSettle"]), (200, &json!(true)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_concurrent_clients_leave_every_lane_at_zero_and_count_each_lifecycle_once() {
+    const CLIENTS: usize = 8;
+    const LIFECYCLES: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = std::sync::Arc::new(
+        Server::start(Launch {
+            store: Some(&store),
+            args: vec!["--listen".into(), "127.0.0.1:0".into()],
+            ..Launch::default()
+        })
+        .await,
+    );
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let server = std::sync::Arc::clone(&server);
+        clients.push(tokio::spawn(async move {
+            for n in 0..LIFECYCLES {
+                let service = format!("svc-{}", (client + n) % 3);
+                let id = server
+                    .begin(json!({"service": service, "provider": "ollama", "class": "chat"}))
+                    .await;
+                let path = format!("/v1/activities/{id}");
+                let (status, _) = server.post(&format!("{path}/start"), json!({})).await;
+                assert_eq!(status, 200);
+                let ending = match n % 3 {
+                    0 => ("settle", json!({"success": true})),
+                    1 => ("settle", json!({"success": false, "failureStage": "provider"})),
+                    _ => ("cancel", json!({"reason": "client went away"})),
+                };
+                let (status, record) = server
+                    .post(&format!("{path}/{}", ending.0), ending.1.clone())
+                    .await;
+                assert_eq!(status, 200, "{record}");
+                // A retried settle lands once.
+                let (status, again) = server.post(&format!("{path}/{}", ending.0), ending.1).await;
+                assert_eq!((status, again), (200, record));
+            }
+        }));
+    }
+    for client in clients {
+        client.await.expect("a client ran its lifecycles");
+    }
+    let (status, snapshot) = server.get("/v1/snapshot?limit=1").await;
+    assert_eq!(status, 200);
+    let total = (CLIENTS * LIFECYCLES) as i64;
+    assert_eq!(snapshot["totalActivities"], total);
+    assert_eq!(snapshot["totalRecentCompletions"], total);
+    assert_eq!(snapshot["totalInFlight"], 0);
+    assert_eq!(snapshot["totalReaped"], 0);
+    let lanes = snapshot["nativeAdmission"].as_object().unwrap();
+    assert_eq!(lanes.len(), 3);
+    for (key, lane) in lanes {
+        assert_eq!(lane["executing"], 0, "{key}");
+        assert_eq!(lane["waiting"], 0, "{key}");
+    }
+    let sum = |key: &str| -> i64 {
+        snapshot["aggregates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|aggregate| aggregate[key].as_i64())
+            .sum()
+    };
+    let third = total / 3;
+    assert_eq!(
+        (sum("calls"), sum("successes"), sum("failures"), sum("cancelled")),
+        (total, third, third, third),
+        "every lifecycle counted once: {}",
+        snapshot["aggregates"]
+    );
+    let settled = sum("successes") + sum("failures") + sum("cancelled");
+    assert_eq!(
+        settled, total,
+        "every lifecycle counted once: {}",
+        snapshot["aggregates"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_exits_0_when_valid_and_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid = dir.path().join("valid.toml");
+    std::fs::write(
+        &valid,
+        "listen = \"127.0.0.1:7878\"\nstore = \"sqlite://inflight.db\"\n[reap]\nfactor = 4\ninterval = \"10s\"\n\
+         [classes.embedding]\ndeadline = \"5m\"\n[classes.chat]\ndeadline = \"10m\"\nmax_queue_wait = \"2m\"\n\
+         [lanes.\"knowledge-base::ollama\"]\ncap = 4\n",
+    )
+    .unwrap();
+    let (code, out, err) = run_cli(&["check-config", valid.to_str().unwrap()], &[]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("valid"), "{out}");
+
+    for (text, key) in [
+        ("[reap]\nfactor = 0.5\n", "reap.factor"),
+        ("[classes.chat]\ndeadline = 0\n", "classes.chat.deadline"),
+        ("[lanes.\"no-separator\"]\ncap = 1\n", "lanes.\"no-separator\""),
+        ("bogus = 1\n", "bogus"),
+        ("listen = \"7878\"\n", "listen"),
+    ] {
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, text).unwrap();
+        let (code, _, err) = run_cli(&["check-config", file.to_str().unwrap()], &[]).await;
+        assert_eq!(code, Some(2), "{text}: {err}");
+        assert!(err.contains(key), "{text}: the message names {key}: {err}");
+        // `serve` refuses the same file the same way, before binding.
+        let (code, _, err) = run_cli(&["serve", "--config", file.to_str().unwrap()], &[]).await;
+        assert_eq!(code, Some(2), "serve {text}: {err}");
+        assert!(err.contains(key), "serve {text}: {err}");
+    }
+    let missing = dir.path().join("missing.toml");
+    let (code, _, err) = run_cli(&["check-config", missing.to_str().unwrap()], &[]).await;
+    assert_eq!(code, Some(2), "{err}");
+}
