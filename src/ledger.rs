@@ -5,7 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use std::sync::RwLock;
+
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
@@ -42,13 +44,19 @@ use crate::store::{self, Command, Store};
 /// ```
 #[derive(Clone)]
 pub struct Ledger {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    store: Arc<dyn Store>,
-    config: Arc<LedgerConfig>,
-    clock: Arc<dyn Clock>,
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) config: Arc<LedgerConfig>,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Woken whenever capacity may have come back on some lane in this
+    /// process (a settle, a cancel, a reap). Other processes are polled.
+    pub(crate) capacity_changed: Notify,
+    /// The owner this process registered with [`Ledger::join_as_owner`];
+    /// records begun without an explicit owner are tagged with it.
+    pub(crate) default_owner: RwLock<Option<String>>,
 }
 
 impl fmt::Debug for Ledger {
@@ -90,12 +98,14 @@ impl LedgerBuilder {
     /// when the store cannot be opened or migrated.
     pub fn build(self) -> Result<Ledger, LedgerError> {
         let config = Arc::new(self.config);
-        let store = store::open(&self.store_url, Arc::clone(&config))?;
+        let store = store::open(&self.store_url, Arc::clone(&config), Arc::clone(&self.clock))?;
         Ok(Ledger {
             inner: Arc::new(Inner {
                 store,
                 config,
                 clock: self.clock,
+                capacity_changed: Notify::new(),
+                default_owner: RwLock::new(None),
             }),
         })
     }
@@ -189,9 +199,9 @@ impl ActivitySpec {
         self
     }
 
-    fn validate(self) -> Result<NewActivity, LedgerError> {
+    fn validate(self, activity_id: ActivityId) -> Result<NewActivity, LedgerError> {
         Ok(NewActivity {
-            activity_id: ActivityId::new(),
+            activity_id,
             service: Label::new("service", &self.service)?,
             provider: Label::new("provider", &self.provider)?,
             class: Label::or_unknown("class", self.class.as_deref())?,
@@ -265,8 +275,23 @@ impl Ledger {
         self.inner.clock.now()
     }
 
-    async fn run(&self, command: Command) -> Result<store::Reply, LedgerError> {
-        self.inner.store.execute(command).await
+    pub(crate) async fn run(&self, command: Command) -> Result<store::Reply, LedgerError> {
+        // Only what can hand a slot back wakes the line; a refused start
+        // must not, or waiters would wake each other forever.
+        let frees_capacity = matches!(
+            command,
+            Command::Transition {
+                transition: Transition::Settle { .. } | Transition::Cancel { .. },
+                ..
+            } | Command::Reap
+                | Command::Snapshot { .. }
+                | Command::ReleaseOwner { .. }
+        );
+        let reply = self.inner.store.execute(command).await;
+        if frees_capacity && reply.is_ok() {
+            self.inner.capacity_changed.notify_waiters();
+        }
+        reply
     }
 
     /// Records a new activity and returns a handle that settles it, or
@@ -278,17 +303,28 @@ impl Ledger {
     /// the `enqueuedAt`; [`ErrorKind::Storage`](crate::ErrorKind::Storage).
     ///
     /// # Cancel safety
-    /// Once first polled, the record is submitted: if the future is dropped
-    /// before it resolves, the record still lands, with no handle to settle it, and
-    /// its bound reaps it as `abandoned` or `unsettled`.
+    /// Cancel safe: if the future is dropped before it resolves, a record
+    /// that was submitted still lands and is then recorded `cancelled`, as if
+    /// the handle had been dropped.
     pub async fn begin(&self, spec: ActivitySpec) -> Result<ActivityHandle, LedgerError> {
-        let record = self.begin_record(spec).await?;
-        Ok(ActivityHandle {
+        // The handle exists before the record is submitted, so a future
+        // dropped mid-flight still cancels what it began.
+        let mut handle = ActivityHandle {
             ledger: self.clone(),
-            id: record.activity_id,
-            record: Some(record),
+            id: ActivityId::new(),
+            record: None,
             armed: true,
-        })
+        };
+        match self.begin_with_id(spec, handle.id).await {
+            Ok(record) => {
+                handle.record = Some(record);
+                Ok(handle)
+            }
+            Err(err) => {
+                handle.armed = false;
+                Err(err)
+            }
+        }
     }
 
     /// Records a new activity and returns the record, with no handle: for
@@ -298,11 +334,28 @@ impl Ledger {
     /// As [`Ledger::begin`].
     ///
     /// # Cancel safety
-    /// As [`Ledger::begin`].
+    /// Once first polled, the record is submitted and lands even if the
+    /// future is dropped; with no handle, nothing cancels it, and its bound
+    /// reaps it as `abandoned` or `unsettled`.
     pub async fn begin_record(&self, spec: ActivitySpec) -> Result<ActivityRecord, LedgerError> {
-        let new = spec.validate()?;
-        let now = self.now();
-        self.run(Command::Begin { new, now }).await?.into_record()
+        self.begin_with_id(spec, ActivityId::new()).await
+    }
+
+    async fn begin_with_id(
+        &self,
+        mut spec: ActivitySpec,
+        id: ActivityId,
+    ) -> Result<ActivityRecord, LedgerError> {
+        if spec.owner_id.is_none() {
+            spec.owner_id = self
+                .inner
+                .default_owner
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+        }
+        let new = spec.validate(id)?;
+        self.run(Command::Begin { new }).await?.into_record()
     }
 
     /// Marks the record `id` executing (at `at`, or now).
@@ -369,8 +422,7 @@ impl Ledger {
         id: ActivityId,
         transition: Transition,
     ) -> Result<ActivityRecord, LedgerError> {
-        let now = self.now();
-        self.run(Command::Transition { id, transition, now })
+        self.run(Command::Transition { id, transition })
             .await?
             .into_record()
     }
@@ -383,8 +435,7 @@ impl Ledger {
     /// # Cancel safety
     /// Cancel safe: dropping the future loses only the answer.
     pub async fn get(&self, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
-        let now = self.now();
-        self.run(Command::Get { id, now }).await?.into_record()
+        self.run(Command::Get { id }).await?.into_record()
     }
 
     /// Reaps every record past its bound and reports what it reaped.
@@ -395,8 +446,7 @@ impl Ledger {
     /// # Cancel safety
     /// Cancel safe: the pass runs to completion; only the answer is lost.
     pub async fn reap(&self) -> Result<ReapedCounts, LedgerError> {
-        let now = self.now();
-        self.run(Command::Reap { now }).await?.into_reaped()
+        self.run(Command::Reap).await?.into_reaped()
     }
 
     /// Reaps, then reports the ledger as operators read it.
@@ -407,10 +457,7 @@ impl Ledger {
     /// # Cancel safety
     /// Cancel safe: the reap runs to completion; only the answer is lost.
     pub async fn snapshot(&self, options: SnapshotOptions) -> Result<Snapshot, LedgerError> {
-        let now = self.now();
-        self.run(Command::Snapshot { options, now })
-            .await?
-            .into_snapshot()
+        self.run(Command::Snapshot { options }).await?.into_snapshot()
     }
 
     /// Runs a reaper pass every configured interval until the returned guard
@@ -441,18 +488,40 @@ impl Ledger {
         ReaperGuard { task, passes }
     }
 
-    fn cancel_detached(&self, id: ActivityId) {
-        let now = self.now();
-        // Submitted synchronously; the store applies it whether or not anyone
-        // awaits the answer.
-        drop(self.inner.store.execute(Command::Transition {
+    pub(crate) fn cancel_detached(&self, id: ActivityId) {
+        self.run_detached(Command::Transition {
             id,
             transition: Transition::Cancel {
                 reason: Some("handle dropped".to_owned()),
                 at: None,
             },
-            now,
-        }));
+        });
+    }
+
+    /// Submits `command` from a synchronous context (a `Drop`). The store
+    /// applies it whether or not anyone awaits the answer; waiters in line
+    /// are woken once it has landed when a runtime is there to watch it.
+    pub(crate) fn run_detached(&self, command: Command) {
+        let landed = self.inner.store.execute(command);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let inner = Arc::clone(&self.inner);
+                runtime.spawn(async move {
+                    match landed.await {
+                        // A begin that was refused left nothing to cancel.
+                        Err(err) if err.kind() != crate::ErrorKind::NotFound => {
+                            tracing::warn!(error = %err, "a command from a dropped handle failed");
+                        }
+                        _ => {}
+                    }
+                    inner.capacity_changed.notify_waiters();
+                });
+            }
+            Err(_) => {
+                drop(landed);
+                self.inner.capacity_changed.notify_waiters();
+            }
+        }
     }
 }
 
@@ -490,9 +559,9 @@ impl Drop for ReaperGuard {
 /// when dropped: never a silent leak inside the process.
 #[must_use = "dropping the handle cancels the activity"]
 pub struct ActivityHandle {
-    ledger: Ledger,
-    id: ActivityId,
-    record: Option<ActivityRecord>,
+    pub(crate) ledger: Ledger,
+    pub(crate) id: ActivityId,
+    pub(crate) record: Option<ActivityRecord>,
     /// Whether dropping the handle must still cancel the record.
     armed: bool,
 }

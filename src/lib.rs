@@ -19,6 +19,7 @@
 //! I/O), [`store`] persists what they decide (memory, SQLite), and
 //! [`Ledger`] is the API on top. `docs/semantics.md` explains each rule.
 
+pub mod admission;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -26,15 +27,19 @@ pub mod demo;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod layer;
+mod lease;
 mod ledger;
 pub mod server;
 pub mod store;
 
+pub use admission::Permit;
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use config::{ConfigError, LedgerConfig, Settings};
 pub use domain::{
-    ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, ReapedCounts,
-    Since, Snapshot, SnapshotOptions, State,
+    ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Owner, OwnerId, OwnerState, Priority,
+    ReapReason, ReapedCounts, Since, Snapshot, SnapshotOptions, State,
 };
 pub use error::{ErrorKind, LedgerError};
+pub use lease::OwnerLease;
 pub use ledger::{ActivityHandle, ActivitySpec, Ledger, LedgerBuilder, Outcome, ReaperGuard, Settlement};

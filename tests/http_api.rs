@@ -926,3 +926,161 @@ async fn library_errors_map_to_their_codes_and_internals_never_leak() {
         }
     }
 }
+
+fn capped_api(cap: u32) -> Api {
+    let config = LedgerConfig::default()
+        .with_lane_cap("knowledge-base::ollama", cap)
+        .unwrap();
+    api_with(config, None)
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_on_a_full_lane_is_429_with_retry_after_and_wait_holds_until_the_turn_comes() {
+    let api = capped_api(1);
+    let first = api.begin(kb()).await;
+    api.clock.advance(Duration::from_millis(1));
+    let second = api.begin(kb()).await;
+    assert_eq!(
+        api.post(&format!("/v1/activities/{first}/start"), "{}")
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    let full = api.post(&format!("/v1/activities/{second}/start"), "{}").await;
+    full.assert_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "lane_full",
+        "second start on a cap-1 lane",
+    );
+    assert_eq!(full.headers.get(header::RETRY_AFTER).unwrap(), "1");
+    let waited = api
+        .post(&format!("/v1/activities/{second}/start?wait=2s"), "{}")
+        .await;
+    waited.assert_error(StatusCode::TOO_MANY_REQUESTS, "lane_full", "the wait ended first");
+    for bad in ["31s", "soon"] {
+        let reply = api
+            .post(&format!("/v1/activities/{second}/start?wait={bad}"), "{}")
+            .await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", bad);
+    }
+
+    // A held start is admitted as soon as the slot comes back.
+    let router = api.router.clone();
+    let held = tokio::spawn(async move {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("/v1/activities/{second}/start?wait=30s"))
+            .body(Body::from("{}"))
+            .unwrap();
+        router.oneshot(request).await.unwrap().status()
+    });
+    tokio::task::yield_now().await;
+    let settled = api
+        .post(&format!("/v1/activities/{first}/settle"), r#"{"success": true}"#)
+        .await;
+    assert_eq!(settled.status, StatusCode::OK);
+    assert_eq!(held.await.unwrap(), StatusCode::OK);
+    let snapshot = api.snapshot().await;
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(
+        (lane["cap"].as_i64(), lane["executing"].as_i64()),
+        (Some(1), Some(1))
+    );
+}
+
+#[tokio::test]
+async fn owners_register_renew_release_and_tag_their_records() {
+    let api = capped_api(4);
+    let created = api
+        .post("/v1/owners", r#"{"name": "worker-a", "ttlMs": 30000}"#)
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let owner = created.body["ownerId"].as_str().unwrap().to_owned();
+    assert!(created.body["expiresAt"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(created.body["state"], "live");
+
+    let mut body = kb();
+    body["ownerId"] = json!(owner);
+    let id = api.begin(body.clone()).await;
+    let record = api.get(&format!("/v1/activities/{id}")).await;
+    assert_eq!(record.body["ownerId"], json!(owner));
+    assert!(record.body["reapReason"].is_null());
+
+    api.clock.advance(Duration::from_secs(20));
+    let renewed = api.post(&format!("/v1/owners/{owner}/renew"), "").await;
+    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.body);
+
+    let released = api
+        .send(Method::DELETE, &format!("/v1/owners/{owner}"), None)
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert_eq!(released.body["cancelledRecords"], 1);
+    assert_eq!(released.body["state"], "released");
+    assert_eq!(
+        api.get(&format!("/v1/activities/{id}")).await.body["state"],
+        "cancelled"
+    );
+
+    api.post(&format!("/v1/owners/{owner}/renew"), "")
+        .await
+        .assert_error(StatusCode::CONFLICT, "conflict", "renew after release");
+    api.post("/v1/activities", &body.to_string()).await.assert_error(
+        StatusCode::CONFLICT,
+        "conflict",
+        "begin for a released owner",
+    );
+    body["ownerId"] = json!(inflight::OwnerId::new().to_string());
+    api.post("/v1/activities", &body.to_string()).await.assert_error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "begin for an unknown owner",
+    );
+    api.post(&format!("/v1/owners/{}/renew", inflight::OwnerId::new()), "")
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "not_found", "renew an unknown owner");
+    api.post("/v1/owners/not-a-uuid/renew", "").await.assert_error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "malformed owner id",
+    );
+    for bad in [
+        r#"{"ttlMs": 1000}"#,
+        r#"{"name": "a b"}"#,
+        r#"{"name": "w", "ttlMs": 5}"#,
+        r#"{"name": "w", "ttlMs": "x"}"#,
+    ] {
+        api.post("/v1/owners", bad)
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_request", bad);
+    }
+}
+
+#[tokio::test]
+async fn an_owner_that_stops_renewing_loses_its_records_as_owner_lost() {
+    let api = capped_api(1);
+    let created = api
+        .post("/v1/owners", r#"{"name": "worker-b", "ttlMs": 5000}"#)
+        .await;
+    let owner = created.body["ownerId"].as_str().unwrap().to_owned();
+    let mut body = kb();
+    body["ownerId"] = json!(owner);
+    body["startedAt"] = json!(T0);
+    let held = api.begin(body).await;
+    api.clock.advance(Duration::from_millis(5001));
+    let snapshot = api.snapshot().await;
+    let lost = snapshot["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["ownerId"] == json!(owner))
+        .unwrap();
+    assert_eq!(lost["state"], "lost");
+    assert_eq!(lost["reapedRecords"], 1);
+    let record = api.get(&format!("/v1/activities/{held}")).await;
+    assert_eq!(record.body["reapReason"], "owner-lost");
+    assert_eq!(record.body["disposition"], "unsettled");
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(lane["executing"], 0);
+    assert_eq!(lane["reapedOwnerLost"], 1);
+}

@@ -2,102 +2,16 @@
 //!
 //! Time comes from a fake clock; no test sleeps.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use inflight::domain::{ClassBounds, ReapPolicy};
 use inflight::{
-    ActivitySpec, Admission, Disposition, ErrorKind, FailureStage, FakeClock, Ledger, LedgerConfig, Outcome,
-    Settlement, Since, SnapshotOptions, State,
+    ActivitySpec, Admission, Disposition, ErrorKind, FailureStage, Outcome, Settlement, Since,
+    SnapshotOptions, State,
 };
 
-const T0: i64 = 1_786_000_000_000;
-const MIN: Duration = Duration::from_secs(60);
-const MS: Duration = Duration::from_millis(1);
+mod common;
 
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    Sqlite,
-}
-
-struct Harness {
-    ledger: Ledger,
-    clock: FakeClock,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Harness {
-    fn new(backend: Backend, config: LedgerConfig) -> Self {
-        let clock = FakeClock::at(T0);
-        let (url, dir) = match backend {
-            Backend::Memory => ("memory:".to_owned(), None),
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().unwrap();
-                let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-                (url, Some(dir))
-            }
-        };
-        let ledger = Ledger::builder(config)
-            .store_url(url)
-            .clock(clock.clone())
-            .build()
-            .unwrap();
-        Self {
-            ledger,
-            clock,
-            _dir: dir,
-        }
-    }
-
-    fn default(backend: Backend) -> Self {
-        Self::new(backend, LedgerConfig::default())
-    }
-}
-
-/// embedding: deadline 5m (queue wait 5m); chat: deadline 10m, queue wait 2m.
-fn config() -> LedgerConfig {
-    let classes = BTreeMap::from([
-        ("embedding".to_owned(), ClassBounds::new(5 * MIN, None).unwrap()),
-        (
-            "chat".to_owned(),
-            ClassBounds::new(10 * MIN, Some(2 * MIN)).unwrap(),
-        ),
-    ]);
-    LedgerConfig::new(ReapPolicy::new(classes, 4.0).unwrap())
-}
-
-fn embedding() -> ActivitySpec {
-    ActivitySpec::new("knowledge-base", "ollama")
-        .class("embedding")
-        .operation_stage("kb-tenant-ingestion-embedding")
-        .model("nomic-embed-text")
-}
-
-async fn snapshot(ledger: &Ledger) -> inflight::Snapshot {
-    ledger.snapshot(SnapshotOptions::default()).await.unwrap()
-}
-
-macro_rules! against_every_store {
-    ($($name:ident),+ $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(start_paused = true)]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )+
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(start_paused = true)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await
-                }
-            )+
-        }
-    };
-}
+use common::*;
 
 against_every_store!(
     executing_record_past_its_class_bound_is_reaped_and_leaves_the_counts,

@@ -4,9 +4,11 @@
 //! `docs/semantics.md` lives here, in exactly one place; stores persist what
 //! these functions decide.
 
+pub mod admission;
 pub mod bounds;
 pub mod counters;
 pub mod labels;
+pub mod owner;
 pub mod record;
 pub mod snapshot;
 pub mod timestamp;
@@ -15,6 +17,7 @@ pub mod transition;
 pub use bounds::{ClassBounds, ReapPolicy};
 pub use counters::{AggregateKey, ReapedCounts, Totals};
 pub use labels::Label;
+pub use owner::{Owner, OwnerId, OwnerState};
 pub use record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, LaneKey, Priority, ReapReason, State,
 };

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::counters::{AggregateKey, AggregateView, ReapedCounts, Totals};
+use super::owner::Owner;
 use super::record::{ActivityRecord, Admission, LaneKey};
 use super::timestamp::{self, Millis};
 
@@ -115,6 +116,8 @@ pub struct SnapshotParts {
     pub recent_completions_total: i64,
     /// Reaped records in the window, newest first, at most limit + 1.
     pub reaped: Vec<ActivityRecord>,
+    /// Live owners, and owners lost or released within the window.
+    pub owners: Vec<Owner>,
 }
 
 /// One lane of native admission.
@@ -133,6 +136,8 @@ pub struct LaneView {
     pub waiting: i64,
     /// Records that ended reaped, ever, by disposition.
     pub reaped: ReapedCounts,
+    /// Of those, records reaped because their owner's lease expired.
+    pub reaped_owner_lost: i64,
     /// Settles absorbed after a reap.
     pub late_settles: i64,
     /// Abandoned records started after all.
@@ -185,6 +190,8 @@ pub struct Snapshot {
     pub total_recent_completions: i64,
     /// Records that ended reaped, ever.
     pub total_reaped: i64,
+    /// Of those, records reaped because their owner's lease expired.
+    pub total_reaped_owner_lost: i64,
     /// Settles absorbed after a reap, ever.
     pub total_late_settles: i64,
     /// Abandoned records started after all, ever.
@@ -206,6 +213,9 @@ pub struct Snapshot {
     /// Counters per service, stage, class, provider, model, priority and
     /// admission, for those in flight or seen within the window.
     pub aggregates: Vec<AggregateView>,
+    /// Live owners, and owners lost or released within the window: a lost
+    /// owner is evidence, with how many records its loss reaped.
+    pub owners: Vec<Owner>,
 }
 
 fn truncate<T>(mut items: Vec<T>, limit: usize) -> (Vec<T>, bool) {
@@ -234,6 +244,7 @@ impl Snapshot {
                 executing: 0,
                 waiting: 0,
                 reaped: ReapedCounts::default(),
+                reaped_owner_lost: 0,
                 late_settles: 0,
                 resurrections: 0,
                 longest_wait_ms: 0,
@@ -254,6 +265,7 @@ impl Snapshot {
             let view = lanes.entry(lane_key.clone()).or_insert_with(|| lane(&lane_key));
             view.reaped.abandoned += totals.reaped_abandoned;
             view.reaped.unsettled += totals.reaped_unsettled;
+            view.reaped_owner_lost += totals.reaped_owner_lost;
             view.late_settles += totals.late_settles;
             view.resurrections += totals.resurrections;
         }
@@ -295,6 +307,7 @@ impl Snapshot {
             total_in_flight: parts.in_flight_total,
             total_recent_completions: parts.recent_completions_total,
             total_reaped: everything.reaped(),
+            total_reaped_owner_lost: everything.reaped_owner_lost,
             total_late_settles: everything.late_settles,
             total_resurrections: everything.resurrections,
             reaped_this_read,
@@ -317,6 +330,7 @@ impl Snapshot {
             recent_completions_truncated,
             reaped_truncated,
             aggregates,
+            owners: parts.owners,
         }
     }
 

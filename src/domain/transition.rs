@@ -273,6 +273,9 @@ pub fn apply(
             )?;
         }
     }
+    // A start (or settle) stamped far enough in the past may leave the
+    // record already past its bound: it is seen reaped at once.
+    effects.extend(reap_if_due(&mut record, now));
     Ok(Applied { record, effects })
 }
 

@@ -1,6 +1,7 @@
 //! The route handlers: parse the request, call the ledger, answer JSON.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -12,7 +13,9 @@ use serde_json::{json, Value};
 use super::body::{parse_timestamp, JsonObject};
 use super::error::ApiError;
 use super::AppState;
+use crate::admission::MAX_START_WAIT;
 use crate::domain::counters::ReapedCounts;
+use crate::domain::owner::{Owner, OwnerId, DEFAULT_TTL_MS, MAX_TTL_MS, MIN_TTL_MS};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
 use crate::domain::snapshot::{Since, Snapshot, SnapshotOptions};
 use crate::ledger::{ActivitySpec, Settlement};
@@ -45,7 +48,7 @@ pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> An
         enqueued_at: body.timestamp("enqueuedAt")?,
         started_at: body.timestamp("startedAt")?,
         deadline_ms: body.integer("deadlineMs")?,
-        ..ActivitySpec::default()
+        owner_id: body.string("ownerId")?,
     };
     let record = state.ledger().begin_record(spec).await?;
     let location = format!("/v1/activities/{}", record.activity_id);
@@ -61,15 +64,87 @@ pub(super) async fn get(
     Ok(Json(state.ledger().get(id).await?))
 }
 
-/// `POST /v1/activities/{id}/start`.
+/// `POST /v1/activities/{id}/start[?wait=DURATION]`: an admission decision.
+/// With `wait`, the request holds until the record's turn comes or the wait
+/// ends (then 429 `lane_full`).
 pub(super) async fn start(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
     body: JsonObject,
 ) -> Answer<Json<ActivityRecord>> {
     let id = activity_id(path)?;
+    let Query(query) =
+        query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
+    let wait = query.get("wait").map(|wait| parse_wait(wait)).transpose()?;
     let started_at = body.timestamp("startedAt")?;
-    Ok(Json(state.ledger().start(id, started_at).await?))
+    let record = match wait {
+        Some(wait) => state.ledger().start_waiting(id, started_at, Some(wait)).await?,
+        None => state.ledger().start(id, started_at).await?,
+    };
+    Ok(Json(record))
+}
+
+/// `wait`: a duration of at most 30 s.
+fn parse_wait(text: &str) -> Answer<Duration> {
+    let wait = humantime::parse_duration(text.trim()).map_err(|_| {
+        ApiError::invalid(format!(
+            "`wait` must be a duration such as \"5s\" or \"500ms\", got {text:?}"
+        ))
+    })?;
+    if wait > MAX_START_WAIT {
+        return Err(ApiError::invalid(format!(
+            "`wait` must be at most {}, got {text:?}",
+            humantime::format_duration(MAX_START_WAIT)
+        )));
+    }
+    Ok(wait)
+}
+
+/// The owner id in the path.
+fn owner_id(path: Result<Path<String>, PathRejection>) -> Answer<OwnerId> {
+    let Path(raw) = path.map_err(|rejection| ApiError::invalid(format!("bad path: {rejection}")))?;
+    raw.parse().map_err(ApiError::invalid)
+}
+
+/// `POST /v1/owners`: registers an owner with a lease.
+pub(super) async fn register_owner(
+    State(state): State<AppState>,
+    body: JsonObject,
+) -> Answer<impl IntoResponse> {
+    let body = body.require_body()?;
+    let name = body.required_string("name")?;
+    let ttl_ms = body.integer("ttlMs")?.unwrap_or(DEFAULT_TTL_MS);
+    if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
+        return Err(ApiError::invalid(format!(
+            "`ttlMs` must be between {MIN_TTL_MS} and {MAX_TTL_MS}, got {ttl_ms}"
+        )));
+    }
+    let owner = state
+        .ledger()
+        .register_owner(&name, Duration::from_millis(ttl_ms as u64))
+        .await?;
+    let location = format!("/v1/owners/{}", owner.owner_id);
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(owner)))
+}
+
+/// `POST /v1/owners/{id}/renew`.
+pub(super) async fn renew_owner(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Answer<Json<Owner>> {
+    let id = owner_id(path)?;
+    Ok(Json(state.ledger().renew_owner(&id).await?))
+}
+
+/// `DELETE /v1/owners/{id}`: a clean shutdown; cancels its in-flight
+/// records and answers how many (`cancelledRecords`).
+pub(super) async fn release_owner(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Answer<Json<Owner>> {
+    let id = owner_id(path)?;
+    Ok(Json(state.ledger().release_owner(&id).await?))
 }
 
 /// `POST /v1/activities/{id}/settle`.
@@ -149,7 +224,6 @@ pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<ReapedCou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn since_is_a_duration_or_a_time() {
@@ -160,6 +234,14 @@ mod tests {
         assert_eq!(parse_since("1970-01-01T00:00:02Z").unwrap(), Since::At(2_000));
         assert!(parse_since("yesterday").is_err());
         assert!(parse_since("").is_err());
+    }
+
+    #[test]
+    fn wait_is_a_duration_of_at_most_30s() {
+        assert_eq!(parse_wait("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_wait("30s").unwrap(), Duration::from_secs(30));
+        assert!(parse_wait("31s").is_err());
+        assert!(parse_wait("soon").is_err());
     }
 
     #[test]

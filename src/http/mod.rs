@@ -10,7 +10,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use subtle::ConstantTimeEq;
 
@@ -67,7 +67,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/activities/{id}/settle", post(handlers::settle))
         .route("/v1/activities/{id}/cancel", post(handlers::cancel))
         .route("/v1/snapshot", get(handlers::snapshot))
-        .route("/v1/reap", post(handlers::reap));
+        .route("/v1/reap", post(handlers::reap))
+        .route("/v1/owners", post(handlers::register_owner))
+        .route("/v1/owners/{id}/renew", post(handlers::renew_owner))
+        .route("/v1/owners/{id}", delete(handlers::release_owner));
     Router::new()
         .route("/healthz", get(handlers::healthz))
         .merge(v1)

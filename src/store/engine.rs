@@ -5,11 +5,13 @@
 //! load, reap if due, apply, persist the record and the counter changes.
 
 use crate::config::LedgerConfig;
+use crate::domain::admission::{self, Decision, LanePosition};
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
-use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::owner::{self, Owner, OwnerId};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, Disposition, State};
 use crate::domain::snapshot::{Snapshot, SnapshotParts};
 use crate::domain::timestamp::Millis;
-use crate::domain::transition::{self, Effect};
+use crate::domain::transition::{self, Effect, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply};
@@ -31,6 +33,20 @@ pub(crate) trait Txn {
     fn add_totals(&mut self, key: &AggregateKey, delta: &Totals) -> Result<(), LedgerError>;
     /// Everything a snapshot reports, for the window from `since`.
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError>;
+    /// Where `record` stands on its lane: queued records executing, and
+    /// queued records waiting that were enqueued before it (by `enqueuedAt`,
+    /// then id). A `newcomer` (begun already started, so never in line)
+    /// also counts those enqueued in the same millisecond as ahead of it.
+    fn lane_position(&mut self, record: &ActivityRecord, newcomer: bool)
+        -> Result<LanePosition, LedgerError>;
+    /// The owner with `id`.
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
+    /// Stores a new owner, or overwrites one.
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
+    /// Live owners whose lease ran out before `now`.
+    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError>;
+    /// In-flight records of the owner `id`.
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError>;
 }
 
 /// Runs `command` against `txn`.
@@ -38,17 +54,29 @@ pub(crate) fn execute(
     txn: &mut dyn Txn,
     config: &LedgerConfig,
     command: Command,
+    now: Millis,
 ) -> Result<Reply, LedgerError> {
     let policy = config.policy();
     match command {
-        Command::Begin { new, now } => {
+        Command::Begin { new } => {
             if txn.get(new.activity_id)?.is_some() {
                 return Err(LedgerError::new(
                     ErrorKind::Conflict,
                     format!("activity {} already exists", new.activity_id),
                 ));
             }
+            if let Some(owner_id) = &new.owner_id {
+                reap_lost_owners(txn, now)?;
+                let id: OwnerId = owner_id.parse().map_err(LedgerError::invalid)?;
+                let owner = txn
+                    .get_owner(&id)?
+                    .ok_or_else(|| LedgerError::invalid(format!("no owner {id}: register it first")))?;
+                owner.check_live()?;
+            }
             let mut applied = transition::begin(new, now, policy)?;
+            if applied.record.state == State::Executing {
+                admit(txn, config, &applied.record, true, now)?;
+            }
             // A record begun with old timestamps may already be past its bound.
             applied
                 .effects
@@ -57,8 +85,17 @@ pub(crate) fn execute(
             add_totals(txn, &applied.record, &applied.effects)?;
             Ok(Reply::Record(Box::new(applied.record)))
         }
-        Command::Transition { id, transition, now } => {
-            let record = load(txn, id)?;
+        Command::Transition { id, transition } => {
+            reap_lost_owners(txn, now)?;
+            let mut record = load(txn, id)?;
+            let starts = matches!(transition, Transition::Start { .. })
+                && (record.state == State::Waiting
+                    || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned)));
+            if starts && record.admission == Admission::Queued && config.cap(&record.lane()).is_some() {
+                admit(txn, config, &record, false, now)?;
+                // The admission decision reaped what was due, this record too.
+                record = load(txn, id)?;
+            }
             let reaped_before = transition::is_due(&record, now);
             match transition::apply(record.clone(), transition, now, policy) {
                 Ok(applied) => {
@@ -78,13 +115,14 @@ pub(crate) fn execute(
                 }
             }
         }
-        Command::Get { id, now } => {
+        Command::Get { id } => {
+            reap_lost_owners(txn, now)?;
             let record = load(txn, id)?;
             Ok(Reply::Record(Box::new(reap_one(txn, record, now)?)))
         }
-        Command::Reap { now } => Ok(Reply::Reaped(reap_due(txn, now)?)),
-        Command::Snapshot { options, now } => {
-            let reaped_this_read = reap_due(txn, now)?;
+        Command::Reap => Ok(Reply::Reaped(reap_all(txn, now)?)),
+        Command::Snapshot { options } => {
+            let reaped_this_read = reap_all(txn, now)?;
             let parts = txn.snapshot_parts(options.since().resolve(now), options.limit())?;
             Ok(Reply::Snapshot(Box::new(Snapshot::assemble(
                 parts,
@@ -94,7 +132,107 @@ pub(crate) fn execute(
                 reaped_this_read,
             ))))
         }
+        Command::RegisterOwner { name, ttl_ms } => {
+            let owner = Owner::register(name, owner::check_ttl(ttl_ms)?, now);
+            txn.put_owner(&owner)?;
+            Ok(Reply::Owner(Box::new(owner)))
+        }
+        Command::RenewOwner { id } => {
+            reap_lost_owners(txn, now)?;
+            let mut owner = load_owner(txn, &id)?;
+            owner.renew(now)?;
+            txn.put_owner(&owner)?;
+            Ok(Reply::Owner(Box::new(owner)))
+        }
+        Command::ReleaseOwner { id } => {
+            reap_lost_owners(txn, now)?;
+            let mut owner = load_owner(txn, &id)?;
+            if owner.release(now)? {
+                // A clean shutdown: its unfinished work was observed aborted.
+                for record in txn.owner_in_flight(&id)? {
+                    let cancel = Transition::Cancel {
+                        reason: Some("owner released".to_owned()),
+                        at: None,
+                    };
+                    let applied = transition::apply(record, cancel, now, config.policy())?;
+                    if applied.record.state == State::Cancelled {
+                        owner.cancelled_records += 1;
+                    }
+                    txn.update(&applied.record)?;
+                    add_totals(txn, &applied.record, &applied.effects)?;
+                }
+                txn.put_owner(&owner)?;
+            }
+            Ok(Reply::Owner(Box::new(owner)))
+        }
     }
+}
+
+/// The admission decision for `record`, which asks to start now. Leaks are
+/// reaped first, in the same transaction, so none of them holds a slot.
+fn admit(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    record: &ActivityRecord,
+    newcomer: bool,
+    now: Millis,
+) -> Result<(), LedgerError> {
+    if record.admission != Admission::Queued {
+        return Ok(());
+    }
+    let lane = record.lane();
+    let Some(cap) = config.cap(&lane) else {
+        return Ok(());
+    };
+    reap_all(txn, now)?;
+    match admission::decide(Some(cap), txn.lane_position(record, newcomer)?) {
+        Decision::Admit => Ok(()),
+        Decision::LaneFull { cap } => Err(LedgerError::new(
+            ErrorKind::LaneFull,
+            format!(
+                "lane {lane} is full (cap {cap}); activity {} keeps its place in line",
+                record.activity_id
+            ),
+        )),
+    }
+}
+
+fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
+    txn.get_owner(id)?
+        .ok_or_else(|| LedgerError::new(ErrorKind::NotFound, format!("no owner {id}")))
+}
+
+/// Reaps the in-flight records of every owner whose lease ran out, and marks
+/// those owners lost. Idempotent like [`reap_due`].
+pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
+    let mut counts = ReapedCounts::default();
+    for mut owner in txn.expired_owners(now)? {
+        owner.lose(now);
+        for mut record in txn.owner_in_flight(&owner.owner_id)? {
+            // A record already past its deadline bound is reaped for that.
+            let effect = transition::reap_if_due(&mut record, now)
+                .or_else(|| transition::reap_for_owner_loss(&mut record, now));
+            if let Some(effect) = effect {
+                if let Effect::Reaped { disposition, .. } = effect {
+                    counts.count(disposition);
+                }
+                owner.reaped_records += 1;
+                txn.update(&record)?;
+                add_totals(txn, &record, &[effect])?;
+            }
+        }
+        txn.put_owner(&owner)?;
+    }
+    Ok(counts)
+}
+
+/// Reaps lost owners' records and every record past its bound.
+pub(crate) fn reap_all(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
+    let mut counts = reap_lost_owners(txn, now)?;
+    let due = reap_due(txn, now)?;
+    counts.abandoned += due.abandoned;
+    counts.unsettled += due.unsettled;
+    Ok(counts)
 }
 
 fn load(txn: &mut dyn Txn, id: ActivityId) -> Result<ActivityRecord, LedgerError> {

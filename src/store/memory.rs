@@ -5,8 +5,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::clock::Clock;
 use crate::config::LedgerConfig;
+use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::owner::{Owner, OwnerId, OwnerState};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
@@ -19,6 +22,7 @@ use super::{Command, Store, StoreFuture};
 /// database would keep.
 pub struct MemoryStore {
     config: Arc<LedgerConfig>,
+    clock: Arc<dyn Clock>,
     state: Mutex<MemoryState>,
 }
 
@@ -29,10 +33,11 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store under `config`.
-    pub fn new(config: Arc<LedgerConfig>) -> Self {
+    /// An empty store under `config`, reading time from `clock`.
+    pub fn new(config: Arc<LedgerConfig>, clock: Arc<dyn Clock>) -> Self {
         Self {
             config,
+            clock,
             state: Mutex::new(MemoryState::default()),
         }
     }
@@ -42,7 +47,8 @@ impl Store for MemoryStore {
     fn execute(&self, command: Command) -> StoreFuture {
         // Runs at once, so the command lands even if the future is dropped.
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = engine::execute(&mut *state, &self.config, command);
+        let now = self.clock.now();
+        let result = engine::execute(&mut *state, &self.config, command, now);
         Box::pin(std::future::ready(result))
     }
 }
@@ -59,6 +65,7 @@ struct MemoryState {
     /// Reaped records by `reapedAt`.
     reaped: BTreeSet<(Millis, ActivityId)>,
     totals: BTreeMap<AggregateKey, Totals>,
+    owners: BTreeMap<OwnerId, Owner>,
 }
 
 impl MemoryState {
@@ -163,6 +170,71 @@ impl Txn for MemoryState {
             recent_completions: recent,
             recent_completions_total: self.completed.range(window).count() as i64,
             reaped,
+            owners: self
+                .owners
+                .values()
+                .filter(|owner| {
+                    owner.state == OwnerState::Live || owner.ended_at.is_some_and(|at| at >= since)
+                })
+                .cloned()
+                .collect(),
         })
+    }
+
+    fn lane_position(
+        &mut self,
+        record: &ActivityRecord,
+        newcomer: bool,
+    ) -> Result<LanePosition, LedgerError> {
+        let mut position = LanePosition {
+            executing: 0,
+            waiting_ahead: 0,
+        };
+        let me = (record.enqueued_at, record.activity_id);
+        for key in &self.in_flight {
+            let Some(other) = self.records.get(&key.1) else {
+                continue;
+            };
+            if other.admission != Admission::Queued
+                || other.service != record.service
+                || other.provider != record.provider
+                || other.activity_id == record.activity_id
+            {
+                continue;
+            }
+            match other.state {
+                State::Executing => position.executing += 1,
+                State::Waiting if *key < me || (newcomer && key.0 == me.0) => position.waiting_ahead += 1,
+                _ => {}
+            }
+        }
+        Ok(position)
+    }
+
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
+        Ok(self.owners.get(id).cloned())
+    }
+
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        self.owners.insert(owner.owner_id.clone(), owner.clone());
+        Ok(())
+    }
+
+    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
+        Ok(self
+            .owners
+            .values()
+            .filter(|owner| owner.is_expired(now))
+            .cloned()
+            .collect())
+    }
+
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let keys = self.in_flight.iter().filter(|(_, activity)| {
+            self.records
+                .get(activity)
+                .is_some_and(|record| record.owner_id.as_deref() == Some(id.as_str()))
+        });
+        Ok(self.records_of(keys))
     }
 }

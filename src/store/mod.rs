@@ -10,11 +10,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
+use crate::domain::labels::Label;
+use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
-use crate::domain::timestamp::Millis;
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
@@ -25,7 +27,9 @@ pub mod sqlite;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
-/// A request to a store. Each runs atomically, at the time `now` it carries.
+/// A request to a store. Each runs atomically, at the time the store reads
+/// from its clock once the transaction holds the write lock, so that the
+/// order of timestamps is the order in which commands took effect.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Command {
@@ -33,8 +37,6 @@ pub enum Command {
     Begin {
         /// The validated request.
         new: NewActivity,
-        /// The ledger's time.
-        now: Millis,
     },
     /// Start, settle or cancel a record.
     Transition {
@@ -42,27 +44,35 @@ pub enum Command {
         id: ActivityId,
         /// What to do.
         transition: Transition,
-        /// The ledger's time.
-        now: Millis,
     },
     /// Read one record (reaping it if it is past its bound).
     Get {
         /// The record.
         id: ActivityId,
-        /// The ledger's time.
-        now: Millis,
     },
     /// Reap every record past its bound.
-    Reap {
-        /// The ledger's time.
-        now: Millis,
-    },
+    Reap,
     /// Reap, then report.
     Snapshot {
         /// What to report.
         options: SnapshotOptions,
-        /// The ledger's time.
-        now: Millis,
+    },
+    /// Register an owner with a lease.
+    RegisterOwner {
+        /// What it calls itself.
+        name: Label,
+        /// Its lease's time-to-live.
+        ttl_ms: i64,
+    },
+    /// Renew an owner's lease.
+    RenewOwner {
+        /// The owner.
+        id: OwnerId,
+    },
+    /// Release an owner's lease and cancel its in-flight records.
+    ReleaseOwner {
+        /// The owner.
+        id: OwnerId,
     },
 }
 
@@ -76,6 +86,8 @@ pub enum Reply {
     Reaped(ReapedCounts),
     /// A snapshot.
     Snapshot(Box<Snapshot>),
+    /// An owner after a register, renew or release.
+    Owner(Box<Owner>),
 }
 
 impl Reply {
@@ -89,6 +101,13 @@ impl Reply {
     pub(crate) fn into_reaped(self) -> Result<ReapedCounts, LedgerError> {
         match self {
             Self::Reaped(counts) => Ok(counts),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn into_owner(self) -> Result<Owner, LedgerError> {
+        match self {
+            Self::Owner(owner) => Ok(*owner),
             other => Err(unexpected(&other)),
         }
     }
@@ -136,9 +155,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 /// # Errors
 /// An unknown scheme is [`ErrorKind::InvalidInput`]; a database that cannot
 /// be opened or migrated is [`ErrorKind::Storage`].
-pub fn open(url: &str, config: Arc<LedgerConfig>) -> Result<Arc<dyn Store>, LedgerError> {
+pub fn open(
+    url: &str,
+    config: Arc<LedgerConfig>,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn Store>, LedgerError> {
     if url == "memory:" || url == "memory://" {
-        return Ok(Arc::new(MemoryStore::new(config)));
+        return Ok(Arc::new(MemoryStore::new(config, clock)));
     }
     if let Some(path) = url.strip_prefix("sqlite://") {
         if path.is_empty() {
@@ -146,7 +169,7 @@ pub fn open(url: &str, config: Arc<LedgerConfig>) -> Result<Arc<dyn Store>, Ledg
                 "sqlite:// needs a file path, e.g. sqlite://inflight.db",
             ));
         }
-        return Ok(Arc::new(SqliteStore::open(path, config)?));
+        return Ok(Arc::new(SqliteStore::open(path, config, clock)?));
     }
     Err(LedgerError::invalid(format!(
         "unsupported store URL {url:?}: use \"memory:\" or \"sqlite://PATH\""

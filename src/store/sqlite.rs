@@ -17,9 +17,12 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use tokio::sync::oneshot;
 
+use crate::clock::Clock;
 use crate::config::LedgerConfig;
+use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::Label;
+use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
@@ -34,7 +37,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_GROUP: usize = 256;
 
 /// Versioned migrations; `PRAGMA user_version` records how many have run.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE activities (
     activity_id          TEXT PRIMARY KEY NOT NULL,
     service              TEXT NOT NULL,
@@ -94,7 +98,61 @@ CREATE TABLE aggregates (
     last_seen_at       INTEGER,
     PRIMARY KEY (service, operation_stage, class, provider, model, priority, admission)
 ) WITHOUT ROWID;
-"#];
+"#,
+    r#"
+-- Owner leases, and what admission decisions read.
+CREATE TABLE owners (
+    owner_id          TEXT PRIMARY KEY NOT NULL,
+    name              TEXT NOT NULL,
+    ttl_ms            INTEGER NOT NULL,
+    registered_at     INTEGER NOT NULL,
+    renewed_at        INTEGER NOT NULL,
+    expires_at        INTEGER NOT NULL,
+    state             TEXT NOT NULL,
+    ended_at          INTEGER,
+    reaped_records    INTEGER NOT NULL DEFAULT 0,
+    cancelled_records INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX owners_live ON owners (expires_at) WHERE state = 'live';
+CREATE INDEX owners_ended ON owners (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX activities_owner ON activities (owner_id)
+    WHERE owner_id IS NOT NULL AND state IN ('waiting', 'executing');
+CREATE INDEX activities_lane ON activities (service, provider, admission, state, enqueued_at, activity_id)
+    WHERE state IN ('waiting', 'executing');
+"#,
+];
+
+const OWNER_COLUMNS: &str =
+    "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
+     reaped_records, cancelled_records";
+
+fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
+    Ok(Owner {
+        owner_id: OwnerId::trusted(row.get(0)?),
+        name: Label::trusted(row.get(1)?),
+        ttl_ms: row.get(2)?,
+        registered_at: row.get(3)?,
+        renewed_at: row.get(4)?,
+        expires_at: row.get(5)?,
+        state: parse_column(row, 6)?,
+        ended_at: row.get(7)?,
+        reaped_records: row.get(8)?,
+        cancelled_records: row.get(9)?,
+    })
+}
+
+fn query_owners(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<Owner>, LedgerError> {
+    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
+    let rows = statement
+        .query_map(params, owner_from_row)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(sql_error("cannot read owners"))?;
+    Ok(rows)
+}
 
 const RECORD_COLUMNS: &str = "activity_id, service, provider, class, operation_stage, model, priority, \
      admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
@@ -122,7 +180,11 @@ impl SqliteStore {
     ///
     /// # Errors
     /// [`ErrorKind::Storage`] when the file cannot be opened or migrated.
-    pub fn open(path: impl AsRef<Path>, config: Arc<LedgerConfig>) -> Result<Self, LedgerError> {
+    pub fn open(
+        path: impl AsRef<Path>,
+        config: Arc<LedgerConfig>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let mut conn = connect(&path)?;
         migrate(&mut conn)?;
@@ -130,7 +192,7 @@ impl SqliteStore {
         let (jobs, queue) = mpsc::channel::<Job>();
         thread::Builder::new()
             .name("inflight-sqlite".into())
-            .spawn(move || write_loop(conn, &config, &queue))
+            .spawn(move || write_loop(conn, &config, clock.as_ref(), &queue))
             .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
         Ok(Self { path, jobs })
     }
@@ -230,7 +292,7 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
     tx.commit().map_err(sql_error("cannot commit"))
 }
 
-fn write_loop(mut conn: Connection, config: &LedgerConfig, queue: &mpsc::Receiver<Job>) {
+fn write_loop(mut conn: Connection, config: &LedgerConfig, clock: &dyn Clock, queue: &mpsc::Receiver<Job>) {
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -240,7 +302,7 @@ fn write_loop(mut conn: Connection, config: &LedgerConfig, queue: &mpsc::Receive
             }
         }
         let (commands, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        let results = run_group(&mut conn, config, commands);
+        let results = run_group(&mut conn, config, clock, commands);
         for (reply, result) in replies.into_iter().zip(results) {
             // A caller that went away still had its command committed.
             let _ = reply.send(result);
@@ -253,6 +315,7 @@ fn write_loop(mut conn: Connection, config: &LedgerConfig, queue: &mpsc::Receive
 fn run_group(
     conn: &mut Connection,
     config: &LedgerConfig,
+    clock: &dyn Clock,
     commands: Vec<Command>,
 ) -> Vec<Result<Reply, LedgerError>> {
     let count = commands.len();
@@ -275,7 +338,9 @@ fn run_group(
                 continue;
             }
         };
-        let result = engine::execute(&mut SqliteTxn { conn: &savepoint }, config, command);
+        // Read once the write lock is held: timestamps follow commit order.
+        let now = clock.now();
+        let result = engine::execute(&mut SqliteTxn { conn: &savepoint }, config, command, now);
         let kept = match &result {
             Err(err) if err.kind() == ErrorKind::Storage => savepoint.rollback(),
             _ => savepoint.commit(),
@@ -629,6 +694,102 @@ impl Txn for SqliteTxn<'_> {
                 ),
                 params![since, fetch],
             )?,
+            owners: query_owners(
+                self.conn,
+                &format!(
+                    "SELECT {OWNER_COLUMNS} FROM owners WHERE state = 'live' \
+                     UNION ALL SELECT {OWNER_COLUMNS} FROM owners WHERE ended_at >= ?1 AND state != 'live' \
+                     ORDER BY registered_at"
+                ),
+                [since],
+            )?,
         })
+    }
+
+    fn lane_position(
+        &mut self,
+        record: &ActivityRecord,
+        newcomer: bool,
+    ) -> Result<LanePosition, LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT \
+                   (SELECT COUNT(*) FROM activities WHERE service = ?1 AND provider = ?2 \
+                      AND admission = 'queued' AND state = 'executing' AND activity_id != ?3), \
+                   (SELECT COUNT(*) FROM activities WHERE service = ?1 AND provider = ?2 \
+                      AND admission = 'queued' AND state = 'waiting' AND activity_id != ?3 \
+                      AND (enqueued_at < ?4 OR (enqueued_at = ?4 AND (?5 OR activity_id < ?3))))",
+            )
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .query_row(
+                params![
+                    record.service.as_str(),
+                    record.provider.as_str(),
+                    record.activity_id.to_string(),
+                    record.enqueued_at,
+                    newcomer
+                ],
+                |row| {
+                    Ok(LanePosition {
+                        executing: row.get(0)?,
+                        waiting_ahead: row.get(1)?,
+                    })
+                },
+            )
+            .map_err(sql_error("cannot read the lane"))
+    }
+
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
+        Ok(query_owners(
+            self.conn,
+            &format!("SELECT {OWNER_COLUMNS} FROM owners WHERE owner_id = ?1"),
+            [id.as_str()],
+        )?
+        .pop())
+    }
+
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "INSERT OR REPLACE INTO owners ({OWNER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ))
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                owner.owner_id.as_str(),
+                owner.name.as_str(),
+                owner.ttl_ms,
+                owner.registered_at,
+                owner.renewed_at,
+                owner.expires_at,
+                owner.state.as_str(),
+                owner.ended_at,
+                owner.reaped_records,
+                owner.cancelled_records,
+            ])
+            .map_err(sql_error("cannot write an owner"))?;
+        Ok(())
+    }
+
+    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
+        query_owners(
+            self.conn,
+            &format!("SELECT {OWNER_COLUMNS} FROM owners WHERE state = 'live' AND expires_at < ?1"),
+            [now],
+        )
+    }
+
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
+        query_records(
+            self.conn,
+            &format!(
+                "SELECT {RECORD_COLUMNS} FROM activities WHERE owner_id = ?1 \
+                 AND state IN ('waiting', 'executing')"
+            ),
+            [id.as_str()],
+        )
     }
 }

@@ -1,0 +1,169 @@
+//! Admission and waiting: permits that cannot leak.
+//!
+//! The decision itself is the domain's ([`crate::domain::admission`]), taken
+//! by the store in the same transaction that writes the start. This module is
+//! the waiting machinery around it: a record waits in line, first come first
+//! served by `enqueuedAt`, and is woken when capacity may have come back.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::timestamp::Millis;
+use crate::error::{ErrorKind, LedgerError};
+use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
+
+/// How often a record waiting in line asks again, for capacity freed by
+/// another process sharing the store (this process's own settles wake it at
+/// once).
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The longest a by-id start may wait in line (the HTTP `?wait=` bound).
+pub const MAX_START_WAIT: Duration = Duration::from_secs(30);
+
+/// An admitted call: its record is executing and holds one slot of its lane.
+///
+/// Settle it with [`Permit::settle`]. Dropping it unsettled (an error path, a
+/// panic, a dropped future, a client disconnect) records the call
+/// `cancelled` and frees the slot at once.
+#[must_use = "dropping the permit cancels the call and frees its slot"]
+pub struct Permit {
+    handle: ActivityHandle,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit").field("id", &self.handle.id()).finish()
+    }
+}
+
+impl Permit {
+    /// The record's identity.
+    pub fn id(&self) -> ActivityId {
+        self.handle.id()
+    }
+
+    /// The record as admitted.
+    pub fn record(&self) -> Option<&ActivityRecord> {
+        self.handle.record()
+    }
+
+    /// Settles the call, consuming the permit and freeing its slot.
+    ///
+    /// # Errors
+    /// As [`Ledger::settle`].
+    ///
+    /// # Cancel safety
+    /// Once first polled, the settle is submitted and lands even if the
+    /// future is dropped; a future dropped before its first poll cancels the
+    /// call instead. Either way the slot is freed.
+    pub async fn settle(self, outcome: Outcome) -> Result<ActivityRecord, LedgerError> {
+        self.handle.settle(outcome).await
+    }
+
+    /// Cancels the call, consuming the permit and freeing its slot.
+    ///
+    /// # Errors
+    /// As [`Ledger::cancel`].
+    ///
+    /// # Cancel safety
+    /// As [`Permit::settle`].
+    pub async fn cancel(self, reason: Option<String>) -> Result<ActivityRecord, LedgerError> {
+        self.handle.cancel(reason).await
+    }
+}
+
+impl Ledger {
+    /// Begins a call and waits in line until its lane admits it.
+    ///
+    /// The call is recorded `waiting` at once; capacity goes to waiting
+    /// records first come, first served by `enqueuedAt`, across every process
+    /// sharing the store. On a lane with no cap it is admitted at once.
+    ///
+    /// # Errors
+    /// As [`Ledger::begin`] and [`Ledger::start`]; never `LaneFull` (it
+    /// waits instead).
+    ///
+    /// # Cancel safety
+    /// Cancel safe. If the future is dropped while waiting, the call leaves
+    /// the line and its record is recorded `cancelled`; if it is dropped
+    /// after admission but before it returns the permit, the record is
+    /// cancelled and the slot freed. No slot is ever held by a dropped future.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use inflight::{ActivitySpec, Ledger, LedgerConfig, Outcome};
+    ///
+    /// let config = LedgerConfig::default().with_lane_cap("knowledge-base::ollama", 2)?;
+    /// let ledger = Ledger::builder(config).build()?;
+    /// let permit = ledger.admit(ActivitySpec::new("knowledge-base", "ollama").class("embedding")).await?;
+    /// // ... call the provider while holding the slot ...
+    /// permit.settle(Outcome::Success).await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn admit(&self, spec: ActivitySpec) -> Result<Permit, LedgerError> {
+        let mut handle = self.begin(spec).await?;
+        let record = self.start_waiting(handle.id(), None, None).await?;
+        handle.record = Some(record);
+        Ok(Permit { handle })
+    }
+
+    /// Begins a call already started, if its lane admits it now.
+    ///
+    /// # Errors
+    /// `LaneFull` when the lane is at its cap or records wait in line; the
+    /// call is then not recorded at all. Otherwise as [`Ledger::begin`].
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::begin`]: a future dropped after its first poll may still
+    /// record the call, whose handle is then gone; its bound reaps it.
+    pub async fn try_admit(&self, spec: ActivitySpec) -> Result<Permit, LedgerError> {
+        let now = self.now();
+        let handle = self.begin(spec.enqueued_at(now).started_at(now)).await?;
+        Ok(Permit { handle })
+    }
+
+    /// Starts the record `id`, waiting in line up to `wait` for its turn
+    /// (forever when `None`).
+    ///
+    /// # Errors
+    /// `LaneFull` when its turn has not come within `wait`; otherwise as
+    /// [`Ledger::start`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the record keeps its place in line (it stays `waiting`)
+    /// and nothing else changes. Use [`Ledger::admit`] for a record that
+    /// leaves the line when its future is dropped.
+    pub async fn start_waiting(
+        &self,
+        id: ActivityId,
+        at: Option<Millis>,
+        wait: Option<Duration>,
+    ) -> Result<ActivityRecord, LedgerError> {
+        let give_up = wait.map(|wait| Instant::now() + wait);
+        loop {
+            // Registered before the attempt, so a settle that lands in
+            // between still wakes us.
+            let woken = self.inner.capacity_changed.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            match self.start(id, at).await {
+                Err(err) if err.kind() == ErrorKind::LaneFull => {
+                    let now = Instant::now();
+                    if give_up.is_some_and(|give_up| now >= give_up) {
+                        return Err(err);
+                    }
+                    let poll = give_up.map_or(POLL_INTERVAL, |give_up| (give_up - now).min(POLL_INTERVAL));
+                    tokio::select! {
+                        () = &mut woken => {}
+                        () = tokio::time::sleep(poll) => {}
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}

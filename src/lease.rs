@@ -1,0 +1,175 @@
+//! Owner leases from the Rust side: register, renew in the background,
+//! release on a clean shutdown.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::domain::labels::Label;
+use crate::domain::owner::{Owner, OwnerId};
+use crate::error::{ErrorKind, LedgerError};
+use crate::ledger::Ledger;
+use crate::store::Command;
+
+impl Ledger {
+    /// Registers an owner named `name` with a lease of `ttl`.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a bad name or a TTL outside 100 ms to 1 h.
+    ///
+    /// # Cancel safety
+    /// Once first polled, the owner is registered even if the future is
+    /// dropped; unrenewed, its lease simply expires.
+    pub async fn register_owner(&self, name: &str, ttl: Duration) -> Result<Owner, LedgerError> {
+        let name = Label::new("name", name)?;
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        self.run(Command::RegisterOwner { name, ttl_ms })
+            .await?
+            .into_owner()
+    }
+
+    /// Renews the lease of owner `id`.
+    ///
+    /// # Errors
+    /// `NotFound`; `Conflict` when the owner is already lost or released
+    /// (its records may be reaped: register again).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a renewal either lands or it does not.
+    pub async fn renew_owner(&self, id: &OwnerId) -> Result<Owner, LedgerError> {
+        self.run(Command::RenewOwner { id: id.clone() })
+            .await?
+            .into_owner()
+    }
+
+    /// Releases the lease of owner `id` and cancels its in-flight records:
+    /// a clean shutdown. Releasing twice is harmless.
+    ///
+    /// # Errors
+    /// `NotFound`; `Conflict` when the owner was already lost.
+    ///
+    /// # Cancel safety
+    /// Once first polled, the release lands even if the future is dropped.
+    pub async fn release_owner(&self, id: &OwnerId) -> Result<Owner, LedgerError> {
+        self.run(Command::ReleaseOwner { id: id.clone() })
+            .await?
+            .into_owner()
+    }
+
+    /// Registers this process as an owner, renews its lease in the
+    /// background every third of `ttl`, and tags every record this ledger
+    /// (and its clones) begins from now on with the owner's id.
+    ///
+    /// If the process dies, the lease expires unrenewed and its in-flight
+    /// records are reaped as `owner-lost` within `ttl` plus one reap
+    /// interval, instead of after their deadline bound.
+    ///
+    /// # Errors
+    /// As [`Ledger::register_owner`].
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::register_owner`].
+    pub async fn join_as_owner(&self, name: &str, ttl: Duration) -> Result<OwnerLease, LedgerError> {
+        let owner = self.register_owner(name, ttl).await?;
+        *self
+            .inner
+            .default_owner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(owner.owner_id.to_string());
+        let ledger = self.clone();
+        let id = owner.owner_id.clone();
+        let renewals = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval((ttl / 3).max(Duration::from_millis(10)));
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                match ledger.renew_owner(&id).await {
+                    Ok(_) => {}
+                    Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => {
+                        tracing::error!(owner = %id, error = %err, "owner lease lost; its records were reaped");
+                        return;
+                    }
+                    Err(err) => tracing::warn!(owner = %id, error = %err, "lease renewal failed; retrying"),
+                }
+            }
+        });
+        Ok(OwnerLease {
+            ledger: self.clone(),
+            owner,
+            renewals,
+            released: false,
+        })
+    }
+}
+
+/// This process's owner lease. Renews itself until released or dropped;
+/// dropping it releases the lease too (a clean end), cancelling the owner's
+/// in-flight records.
+#[must_use = "dropping the lease releases it and cancels the owner's in-flight records"]
+pub struct OwnerLease {
+    ledger: Ledger,
+    owner: Owner,
+    renewals: JoinHandle<()>,
+    released: bool,
+}
+
+impl fmt::Debug for OwnerLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnerLease")
+            .field("owner_id", &self.owner.owner_id)
+            .finish()
+    }
+}
+
+impl OwnerLease {
+    /// The owner as registered.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Stops renewing without releasing, as if the process had died: the
+    /// lease expires after its TTL. For tests and drills.
+    pub fn abandon(mut self) {
+        self.renewals.abort();
+        self.released = true;
+    }
+
+    /// Releases the lease and cancels the owner's in-flight records.
+    ///
+    /// # Errors
+    /// As [`Ledger::release_owner`].
+    ///
+    /// # Cancel safety
+    /// Once first polled, the release lands even if the future is dropped.
+    pub async fn release(mut self) -> Result<Owner, LedgerError> {
+        self.renewals.abort();
+        self.released = true;
+        self.clear_default();
+        self.ledger.release_owner(&self.owner.owner_id).await
+    }
+
+    fn clear_default(&self) {
+        let mut default = self
+            .ledger
+            .inner
+            .default_owner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if default.as_deref() == Some(self.owner.owner_id.as_str()) {
+            *default = None;
+        }
+    }
+}
+
+impl Drop for OwnerLease {
+    fn drop(&mut self) {
+        self.renewals.abort();
+        if !self.released {
+            self.clear_default();
+            self.ledger.run_detached(Command::ReleaseOwner {
+                id: self.owner.owner_id.clone(),
+            });
+        }
+    }
+}

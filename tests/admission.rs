@@ -1,0 +1,437 @@
+//! Native admission, permits and owner leases, against every store.
+//!
+//! Time comes from a fake clock (records) and tokio's paused clock (waits);
+//! no test sleeps in real time.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use inflight::layer::LedgerLayer;
+use inflight::{
+    ActivitySpec, Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason,
+    State,
+};
+use tower::{Service, ServiceExt};
+
+const LANE: &str = "knowledge-base::ollama";
+
+fn capped(cap: u32) -> LedgerConfig {
+    config().with_lane_cap(LANE, cap).unwrap()
+}
+
+async fn lane_counts(ledger: &Ledger) -> (i64, i64) {
+    let snap = snapshot(ledger).await;
+    let lane = snap.lane(LANE).unwrap();
+    (lane.executing, lane.waiting)
+}
+
+against_every_store!(
+    cap_two_admits_two_and_the_third_gets_lane_full_until_a_settle_or_cancel,
+    leaked_record_past_its_bound_does_not_block_the_next_start,
+    waiting_records_are_admitted_first_come_first_served,
+    newcomer_never_overtakes_a_waiting_record,
+    admit_waits_in_line_and_is_woken_by_a_settle,
+    permit_drop_releases_capacity,
+    admit_future_drop_while_waiting_leaves_the_line,
+    panic_inside_guarded_call_releases_capacity,
+    tower_layer_settles_each_call,
+    response_future_drop_releases_capacity,
+    direct_records_are_never_admission_controlled,
+    owner_renewing_keeps_an_old_record_executing,
+    owner_that_stops_renewing_is_reaped_as_owner_lost,
+    owner_loss_frees_its_slot_for_the_next_start,
+    release_cancels_the_owners_in_flight_records,
+    unknown_owner_is_invalid_and_a_lost_owner_conflicts,
+    snapshot_shows_longest_wait_and_owners,
+);
+
+async fn cap_two_admits_two_and_the_third_gets_lane_full_until_a_settle_or_cancel(backend: Backend) {
+    let h = Harness::new(backend, capped(2));
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(h.ledger.begin_record(embedding()).await.unwrap().activity_id);
+        h.clock.advance(MS);
+    }
+    h.ledger.start(ids[0], None).await.unwrap();
+    h.ledger.start(ids[1], None).await.unwrap();
+    let full = h.ledger.start(ids[2], None).await.unwrap_err();
+    assert_eq!(full.kind(), ErrorKind::LaneFull);
+    assert_eq!(
+        h.ledger.get(ids[2]).await.unwrap().state,
+        State::Waiting,
+        "keeps its place"
+    );
+    assert_eq!(lane_counts(&h.ledger).await, (2, 1));
+
+    h.ledger.settle(ids[0], Outcome::Success.into()).await.unwrap();
+    h.ledger.start(ids[2], None).await.unwrap();
+    assert_eq!(lane_counts(&h.ledger).await, (2, 0));
+
+    // A cancel frees a slot just the same.
+    let fourth = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
+    assert_eq!(
+        h.ledger.start(fourth, None).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+    h.ledger.cancel(ids[1], None).await.unwrap();
+    h.ledger.start(fourth, None).await.unwrap();
+    let snap = snapshot(&h.ledger).await;
+    let lane = snap.lane(LANE).unwrap();
+    assert_eq!((lane.cap, lane.executing, lane.waiting), (Some(2), 2, 0));
+}
+
+async fn leaked_record_past_its_bound_does_not_block_the_next_start(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let leaked = h.ledger.try_admit(embedding()).await.unwrap();
+    let leaked_id = leaked.id();
+    std::mem::forget(leaked); // the settle is lost, as in the incident
+    assert_eq!(
+        h.ledger.try_admit(embedding()).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+
+    h.clock.advance(21 * MIN);
+    // No reaper, no read: the admission decision itself reaps the leak.
+    let next = h.ledger.try_admit(embedding()).await.unwrap();
+    let leaked = h.ledger.get(leaked_id).await.unwrap();
+    assert_eq!(leaked.disposition, Some(Disposition::Unsettled));
+    assert_eq!(lane_counts(&h.ledger).await, (1, 0));
+    next.settle(Outcome::Success).await.unwrap();
+}
+
+async fn waiting_records_are_admitted_first_come_first_served(backend: Backend) {
+    let h = Harness::new(backend, capped(2));
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(h.ledger.begin_record(embedding()).await.unwrap().activity_id);
+        h.clock.advance(MS);
+    }
+    // The two oldest are admitted whichever asks first; the third waits.
+    h.ledger.start(ids[1], None).await.unwrap();
+    assert_eq!(
+        h.ledger.start(ids[5], None).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+    assert_eq!(
+        h.ledger.start(ids[2], None).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+    h.ledger.start(ids[0], None).await.unwrap();
+    assert_eq!(
+        h.ledger.start(ids[2], None).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+    h.ledger.settle(ids[1], Outcome::Success.into()).await.unwrap();
+    assert_eq!(
+        h.ledger.start(ids[3], None).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+    h.ledger.start(ids[2], None).await.unwrap();
+    assert_eq!(lane_counts(&h.ledger).await, (2, 3));
+}
+
+async fn newcomer_never_overtakes_a_waiting_record(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let running = h.ledger.try_admit(embedding()).await.unwrap();
+    let waiting = h.ledger.begin_record(embedding()).await.unwrap();
+    running.settle(Outcome::Success).await.unwrap();
+    // A slot is free, but a record waits ahead of any newcomer.
+    let err = h.ledger.try_admit(embedding()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LaneFull);
+    assert_eq!(
+        snapshot(&h.ledger).await.total_activities,
+        2,
+        "a refused try_admit records nothing"
+    );
+    h.ledger.start(waiting.activity_id, None).await.unwrap();
+}
+
+async fn admit_waits_in_line_and_is_woken_by_a_settle(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let first = h.ledger.admit(embedding()).await.unwrap();
+    let ledger = h.ledger.clone();
+    let second = tokio::spawn(async move { ledger.admit(embedding()).await });
+    while lane_counts(&h.ledger).await != (1, 1) {
+        tokio::task::yield_now().await;
+    }
+    first.settle(Outcome::Success).await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.record().unwrap().state, State::Executing);
+    assert_eq!(lane_counts(&h.ledger).await, (1, 0));
+    second.settle(Outcome::Success).await.unwrap();
+}
+
+async fn permit_drop_releases_capacity(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let permit = h.ledger.admit(embedding()).await.unwrap();
+    let id = permit.id();
+    assert_eq!(lane_counts(&h.ledger).await, (1, 0));
+    drop(permit);
+    tokio::task::yield_now().await;
+    assert_eq!(h.ledger.get(id).await.unwrap().state, State::Cancelled);
+    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
+    h.ledger
+        .try_admit(embedding())
+        .await
+        .unwrap()
+        .settle(Outcome::Success)
+        .await
+        .unwrap();
+}
+
+async fn admit_future_drop_while_waiting_leaves_the_line(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let holder = h.ledger.admit(embedding()).await.unwrap();
+    let before = lane_counts(&h.ledger).await;
+    let waited = tokio::time::timeout(Duration::from_secs(1), h.ledger.admit(embedding())).await;
+    assert!(waited.is_err(), "still waiting when the timeout dropped it");
+    tokio::task::yield_now().await;
+    assert_eq!(lane_counts(&h.ledger).await, before);
+    let snap = snapshot(&h.ledger).await;
+    assert_eq!(
+        snap.aggregates[0].cancelled, 1,
+        "the dropped waiter recorded cancelled"
+    );
+    holder.settle(Outcome::Success).await.unwrap();
+    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
+}
+
+async fn panic_inside_guarded_call_releases_capacity(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let before = lane_counts(&h.ledger).await;
+    let ledger = h.ledger.clone();
+    let crashed = tokio::spawn(async move {
+        let _permit = ledger.admit(embedding()).await.unwrap();
+        panic!("the provider client panicked");
+    })
+    .await;
+    assert!(crashed.unwrap_err().is_panic());
+    tokio::task::yield_now().await;
+    assert_eq!(lane_counts(&h.ledger).await, before);
+    h.ledger
+        .try_admit(embedding())
+        .await
+        .unwrap()
+        .settle(Outcome::Success)
+        .await
+        .unwrap();
+}
+
+async fn tower_layer_settles_each_call(backend: Backend) {
+    let h = Harness::new(backend, capped(2));
+    let embed = tower::service_fn(|text: &'static str| async move {
+        if text.is_empty() {
+            Err(std::io::Error::other("empty input"))
+        } else {
+            Ok(text.len())
+        }
+    });
+    let mut client = tower::ServiceBuilder::new()
+        .layer(LedgerLayer::new(h.ledger.clone(), embedding()))
+        .service(embed);
+    assert_eq!(client.ready().await.unwrap().call("hello").await.unwrap(), 5);
+    assert!(client.ready().await.unwrap().call("").await.is_err());
+    let snap = snapshot(&h.ledger).await;
+    let aggregate = &snap.aggregates[0];
+    assert_eq!(
+        (aggregate.calls, aggregate.successes, aggregate.failures),
+        (2, 1, 1)
+    );
+    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
+}
+
+async fn response_future_drop_releases_capacity(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let hang = tower::service_fn(|_: ()| std::future::pending::<Result<(), std::io::Error>>());
+    let mut client = tower::ServiceBuilder::new()
+        .layer(LedgerLayer::new(h.ledger.clone(), embedding()))
+        .service(hang);
+    let call = client.ready().await.unwrap().call(());
+    assert!(tokio::time::timeout(Duration::from_secs(5), call).await.is_err());
+    tokio::task::yield_now().await;
+    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
+    assert_eq!(snapshot(&h.ledger).await.aggregates[0].cancelled, 1);
+}
+
+async fn direct_records_are_never_admission_controlled(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let _held = h.ledger.try_admit(embedding()).await.unwrap();
+    for _ in 0..3 {
+        h.ledger
+            .begin_record(embedding().admission(Admission::Direct).started_at(T0))
+            .await
+            .unwrap();
+    }
+    assert_eq!(lane_counts(&h.ledger).await, (1, 0));
+    assert_eq!(snapshot(&h.ledger).await.total_in_flight, 4);
+}
+
+async fn owner_renewing_keeps_an_old_record_executing(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let owner = h
+        .ledger
+        .register_owner("worker-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut spec = embedding().deadline(Duration::from_secs(3600));
+    spec.owner_id = Some(owner.owner_id.to_string());
+    let record = h.ledger.begin_record(spec.started_at(T0)).await.unwrap();
+    assert_eq!(record.owner_id.as_deref(), Some(owner.owner_id.as_str()));
+    for _ in 0..40 {
+        h.clock.advance(Duration::from_secs(10));
+        h.ledger.renew_owner(&owner.owner_id).await.unwrap();
+        assert_eq!(h.ledger.reap().await.unwrap().total(), 0);
+    }
+    // 400 s: far older than the 30 s lease, still executing.
+    assert_eq!(
+        h.ledger.get(record.activity_id).await.unwrap().state,
+        State::Executing
+    );
+}
+
+async fn owner_that_stops_renewing_is_reaped_as_owner_lost(backend: Backend) {
+    let h = Harness::new(backend, capped(4));
+    let lease = h
+        .ledger
+        .join_as_owner("worker-b", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let executing = h.ledger.begin_record(embedding().started_at(T0)).await.unwrap();
+    let waiting = h.ledger.begin_record(embedding()).await.unwrap();
+    let owner_id = lease.owner().owner_id.clone();
+    lease.abandon(); // the process dies: no renewals, no release
+    h.clock.advance(Duration::from_secs(30));
+    assert_eq!(
+        h.ledger.reap().await.unwrap().total(),
+        0,
+        "at the TTL, not past it"
+    );
+    h.clock.advance(MS);
+    let reaped = h.ledger.reap().await.unwrap();
+    assert_eq!((reaped.abandoned, reaped.unsettled), (1, 1));
+    let record = h.ledger.get(executing.activity_id).await.unwrap();
+    assert_eq!(record.reap_reason, Some(ReapReason::OwnerLost));
+    assert_eq!(record.disposition, Some(Disposition::Unsettled));
+    let record = h.ledger.get(waiting.activity_id).await.unwrap();
+    assert_eq!(record.disposition, Some(Disposition::Abandoned));
+    let json = serde_json::to_value(&record).unwrap();
+    assert_eq!(json["reapReason"], "owner-lost");
+    let renew = h.ledger.renew_owner(&owner_id).await.unwrap_err();
+    assert_eq!(renew.kind(), ErrorKind::Conflict);
+}
+
+async fn owner_loss_frees_its_slot_for_the_next_start(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let dead = h
+        .ledger
+        .register_owner("worker-a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut spec = embedding();
+    spec.owner_id = Some(dead.owner_id.to_string());
+    let _held = h.ledger.begin_record(spec.started_at(T0)).await.unwrap();
+    let b = h.ledger.begin_record(embedding()).await.unwrap();
+    assert_eq!(
+        h.ledger.start(b.activity_id, None).await.unwrap_err().kind(),
+        ErrorKind::LaneFull
+    );
+    h.clock.advance(Duration::from_secs(6));
+    // The admission decision itself notices the expired lease.
+    h.ledger.start(b.activity_id, None).await.unwrap();
+    let snap = snapshot(&h.ledger).await;
+    let lane = snap.lane(LANE).unwrap();
+    assert_eq!((lane.cap, lane.executing), (Some(1), 1));
+    assert_eq!(lane.reaped_owner_lost, 1);
+    let owner = snap.owners.iter().find(|o| o.owner_id == dead.owner_id).unwrap();
+    assert_eq!((owner.state, owner.reaped_records), (OwnerState::Lost, 1));
+}
+
+async fn release_cancels_the_owners_in_flight_records(backend: Backend) {
+    let h = Harness::new(backend, capped(2));
+    let lease = h
+        .ledger
+        .join_as_owner("worker-c", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let a = h.ledger.begin_record(embedding().started_at(T0)).await.unwrap();
+    let b = h.ledger.begin_record(embedding()).await.unwrap();
+    let owner = lease.release().await.unwrap();
+    assert_eq!((owner.state, owner.cancelled_records), (OwnerState::Released, 2));
+    for id in [a.activity_id, b.activity_id] {
+        assert_eq!(h.ledger.get(id).await.unwrap().state, State::Cancelled);
+    }
+    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
+    assert_eq!(snapshot(&h.ledger).await.total_reaped, 0);
+    // New records are no longer tagged with the released owner.
+    let later = h.ledger.begin_record(embedding()).await.unwrap();
+    assert_eq!(later.owner_id, None);
+}
+
+async fn unknown_owner_is_invalid_and_a_lost_owner_conflicts(backend: Backend) {
+    let h = Harness::new(backend, capped(2));
+    let mut spec = embedding();
+    spec.owner_id = Some(inflight::OwnerId::new().to_string());
+    let err = h.ledger.begin_record(spec.clone()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    spec.owner_id = Some("not-a-uuid".into());
+    assert_eq!(
+        h.ledger.begin_record(spec.clone()).await.unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
+
+    let owner = h
+        .ledger
+        .register_owner("worker-d", Duration::from_secs(1))
+        .await
+        .unwrap();
+    h.clock.advance(Duration::from_secs(2));
+    spec.owner_id = Some(owner.owner_id.to_string());
+    assert_eq!(
+        h.ledger.begin_record(spec).await.unwrap_err().kind(),
+        ErrorKind::Conflict
+    );
+    assert_eq!(snapshot(&h.ledger).await.total_activities, 0);
+    let bad_ttl = h
+        .ledger
+        .register_owner("worker-e", Duration::from_millis(10))
+        .await;
+    assert_eq!(bad_ttl.unwrap_err().kind(), ErrorKind::InvalidInput);
+}
+
+async fn snapshot_shows_longest_wait_and_owners(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let _lease = h
+        .ledger
+        .join_as_owner("worker-f", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let _held = h.ledger.try_admit(embedding()).await.unwrap();
+    h.ledger.begin_record(embedding()).await.unwrap();
+    h.clock.advance(Duration::from_secs(7));
+    let snap = snapshot(&h.ledger).await;
+    assert_eq!(snap.lane(LANE).unwrap().longest_wait_ms, 7_000);
+    assert_eq!(snap.owners.len(), 1);
+    let json = serde_json::to_value(&snap).unwrap();
+    assert_eq!(json["owners"][0]["state"], "live");
+    assert_eq!(json["nativeAdmission"][LANE]["longestWaitMs"], 7000);
+    assert_eq!(json["inFlight"][0]["ownerId"], json["owners"][0]["ownerId"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_record_is_still_reaped_as_abandoned_past_its_queue_bound() {
+    let h = Harness::new(Backend::Memory, capped(1));
+    let _held = h
+        .ledger
+        .try_admit(embedding().deadline(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let waiting = h.ledger.begin_record(embedding()).await.unwrap();
+    h.clock.advance(21 * MIN);
+    h.ledger.reap().await.unwrap();
+    let record = h.ledger.get(waiting.activity_id).await.unwrap();
+    assert_eq!(record.disposition, Some(Disposition::Abandoned));
+    assert_eq!(record.reap_reason, Some(ReapReason::Deadline));
+    let _ = ActivitySpec::new("a", "b");
+}
