@@ -121,6 +121,19 @@ impl LedgerConfig {
         &self.policy
     }
 
+    /// Keeps settled and reaped records for `keep` before pruning them. The
+    /// counters they were counted in are never lowered by pruning.
+    ///
+    /// # Errors
+    /// A zero retention.
+    pub fn with_retention(mut self, keep: Duration) -> Result<Self, ConfigError> {
+        if keep.is_zero() {
+            return Err(ConfigError::new("retention.keep", "must be at least 1ms"));
+        }
+        self.retention = keep;
+        Ok(self)
+    }
+
     /// The interval between background reaper passes.
     pub fn reap_interval(&self) -> Duration {
         self.reap_interval

@@ -21,6 +21,9 @@ use crate::domain::transition::{NewActivity, Transition};
 use crate::error::LedgerError;
 use crate::store::{self, Command, Store};
 
+/// How many records one prune transaction deletes at most.
+const PRUNE_BATCH: usize = 500;
+
 /// The ledger of in-flight provider calls.
 ///
 /// Cheap to clone (an `Arc` inside), `Send` and `Sync`.
@@ -460,8 +463,47 @@ impl Ledger {
         self.run(Command::Snapshot { options }).await?.into_snapshot()
     }
 
-    /// Runs a reaper pass every configured interval until the returned guard
-    /// is dropped, so records expire with no reader at all. Must be called
+    /// Deletes settled and reaped records older than the retention period,
+    /// in small batches (one transaction each) so that writers are never
+    /// stalled behind it. Returns how many it deleted. The counters those
+    /// records were counted in (calls, outcomes, reaps, late settles) are
+    /// never lowered.
+    ///
+    /// # Errors
+    /// `Storage`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: every batch is atomic; a dropped future stops between
+    /// batches.
+    pub async fn prune(&self) -> Result<usize, LedgerError> {
+        let mut total = 0;
+        loop {
+            let deleted = self
+                .run(Command::Prune { limit: PRUNE_BATCH })
+                .await?
+                .into_pruned()?;
+            total += deleted;
+            if deleted < PRUNE_BATCH {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// How many records the store holds (in flight, settled or reaped).
+    ///
+    /// # Errors
+    /// `Storage`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn stored_records(&self) -> Result<i64, LedgerError> {
+        Ok(self.run(Command::Stats).await?.into_stats()?.stored_records)
+    }
+
+    /// Runs a reaper pass (then a prune of records past their retention)
+    /// every configured interval until the returned guard is dropped, so
+    /// records expire with no reader at all. Must be called
     /// within a Tokio runtime.
     pub fn spawn_reaper(&self) -> ReaperGuard {
         let ledger = self.clone();
@@ -481,6 +523,11 @@ impl Ledger {
                     ),
                     Ok(_) => {}
                     Err(err) => tracing::warn!(error = %err, "reaper pass failed; will retry next interval"),
+                }
+                match ledger.prune().await {
+                    Ok(0) => {}
+                    Ok(pruned) => tracing::debug!(pruned, "pruned records past their retention"),
+                    Err(err) => tracing::warn!(error = %err, "pruning failed; will retry next interval"),
                 }
                 passes_tx.send_modify(|passes| *passes += 1);
             }

@@ -14,7 +14,7 @@ use crate::domain::timestamp::Millis;
 use crate::domain::transition::{self, Effect, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
-use super::{Command, Reply};
+use super::{Command, Reply, StoreStats};
 
 /// How many due records a reap pass handles per round trip.
 const REAP_BATCH: usize = 512;
@@ -31,6 +31,15 @@ pub(crate) trait Txn {
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
     /// Adds `delta` to the totals of `key`.
     fn add_totals(&mut self, key: &AggregateKey, delta: &Totals) -> Result<(), LedgerError>;
+    /// Counts one completion in the minute of `completed_at`, so that a
+    /// snapshot counts its window from per-minute counters, not history.
+    fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError>;
+    /// Deletes at most `limit` settled or reaped records that ended before
+    /// `before`, and the per-minute counters of that age; returns how many
+    /// records it deleted. Counters are never touched.
+    fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError>;
+    /// How many records are stored.
+    fn stored_records(&mut self) -> Result<i64, LedgerError>;
     /// Everything a snapshot reports, for the window from `since`.
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError>;
     /// Where `record` stands on its lane: queued records executing, and
@@ -132,6 +141,13 @@ pub(crate) fn execute(
                 reaped_this_read,
             ))))
         }
+        Command::Prune { limit } => {
+            let keep = i64::try_from(config.retention().as_millis()).unwrap_or(i64::MAX);
+            Ok(Reply::Pruned(txn.prune(now.saturating_sub(keep), limit)?))
+        }
+        Command::Stats => Ok(Reply::Stats(StoreStats {
+            stored_records: txn.stored_records()?,
+        })),
         Command::RegisterOwner { name, ttl_ms } => {
             let owner = Owner::register(name, owner::check_ttl(ttl_ms)?, now);
             txn.put_owner(&owner)?;
@@ -241,6 +257,11 @@ fn load(txn: &mut dyn Txn, id: ActivityId) -> Result<ActivityRecord, LedgerError
 }
 
 fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+    for effect in effects {
+        if let Effect::Settled { at, .. } = effect {
+            txn.count_completion(*at)?;
+        }
+    }
     let delta = Totals::from_effects(effects);
     if delta.is_zero() {
         return Ok(());

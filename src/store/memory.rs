@@ -16,6 +16,7 @@ use crate::domain::timestamp::Millis;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::engine::{self, Txn};
+use super::MINUTE_MS;
 use super::{Command, Store, StoreFuture};
 
 /// Records and counters in this process's memory, with the same indexes a
@@ -66,6 +67,8 @@ struct MemoryState {
     reaped: BTreeSet<(Millis, ActivityId)>,
     totals: BTreeMap<AggregateKey, Totals>,
     owners: BTreeMap<OwnerId, Owner>,
+    /// Completions per minute (`completedAt / 60 000`).
+    completions_by_minute: BTreeMap<i64, i64>,
 }
 
 impl MemoryState {
@@ -91,6 +94,23 @@ impl MemoryState {
                 set.remove(&(at, id));
             }
         }
+    }
+
+    /// Completions from `since` on: whole minutes from their counters, the
+    /// first (partial) minute from the index.
+    fn completions_since(&self, since: Millis) -> i64 {
+        let minute = since.div_euclid(MINUTE_MS);
+        let next_minute = (minute + 1) * MINUTE_MS;
+        let partial = self
+            .completed
+            .range((since, ActivityId::nil_min())..(next_minute, ActivityId::nil_min()))
+            .count() as i64;
+        let whole: i64 = self
+            .completions_by_minute
+            .range(minute + 1..)
+            .map(|(_, n)| n)
+            .sum();
+        partial + whole
     }
 
     fn records_of<'a>(&'a self, keys: impl Iterator<Item = &'a (Millis, ActivityId)>) -> Vec<ActivityRecord> {
@@ -168,7 +188,7 @@ impl Txn for MemoryState {
             in_flight,
             in_flight_total: self.in_flight.len() as i64,
             recent_completions: recent,
-            recent_completions_total: self.completed.range(window).count() as i64,
+            recent_completions_total: self.completions_since(since),
             reaped,
             owners: self
                 .owners
@@ -179,6 +199,38 @@ impl Txn for MemoryState {
                 .cloned()
                 .collect(),
         })
+    }
+
+    fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError> {
+        *self
+            .completions_by_minute
+            .entry(completed_at.div_euclid(MINUTE_MS))
+            .or_default() += 1;
+        Ok(())
+    }
+
+    fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError> {
+        let bound = (before, ActivityId::nil_min());
+        let mut doomed: Vec<ActivityId> = self
+            .completed
+            .range(..bound)
+            .take(limit)
+            .map(|(_, id)| *id)
+            .collect();
+        let room = limit - doomed.len();
+        doomed.extend(self.reaped.range(..bound).take(room).map(|(_, id)| *id));
+        for id in &doomed {
+            if let Some(record) = self.records.remove(id) {
+                self.index(&record, false);
+            }
+        }
+        let first_kept = before.div_euclid(MINUTE_MS);
+        self.completions_by_minute = self.completions_by_minute.split_off(&first_kept);
+        Ok(doomed.len())
+    }
+
+    fn stored_records(&mut self) -> Result<i64, LedgerError> {
+        Ok(self.records.len() as i64)
     }
 
     fn lane_position(

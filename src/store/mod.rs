@@ -24,6 +24,9 @@ pub(crate) mod engine;
 pub mod memory;
 pub mod sqlite;
 
+/// The grain of the per-minute completion counters.
+pub(crate) const MINUTE_MS: i64 = 60_000;
+
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
@@ -57,6 +60,14 @@ pub enum Command {
         /// What to report.
         options: SnapshotOptions,
     },
+    /// Delete at most `limit` records settled or reaped longer ago than the
+    /// retention period.
+    Prune {
+        /// The most records to delete in this transaction.
+        limit: usize,
+    },
+    /// Report what the store holds.
+    Stats,
     /// Register an owner with a lease.
     RegisterOwner {
         /// What it calls itself.
@@ -88,6 +99,17 @@ pub enum Reply {
     Snapshot(Box<Snapshot>),
     /// An owner after a register, renew or release.
     Owner(Box<Owner>),
+    /// How many records a prune deleted.
+    Pruned(usize),
+    /// What the store holds.
+    Stats(StoreStats),
+}
+
+/// What a store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Records stored, in flight or not.
+    pub stored_records: i64,
 }
 
 impl Reply {
@@ -108,6 +130,20 @@ impl Reply {
     pub(crate) fn into_owner(self) -> Result<Owner, LedgerError> {
         match self {
             Self::Owner(owner) => Ok(*owner),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn into_pruned(self) -> Result<usize, LedgerError> {
+        match self {
+            Self::Pruned(count) => Ok(count),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn into_stats(self) -> Result<StoreStats, LedgerError> {
+        match self {
+            Self::Stats(stats) => Ok(stats),
             other => Err(unexpected(&other)),
         }
     }

@@ -29,6 +29,7 @@ use crate::domain::timestamp::Millis;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::engine::{self, Txn};
+use super::MINUTE_MS;
 use super::{Command, Reply, Store, StoreFuture};
 
 /// How long a writer waits for another process's transaction to finish.
@@ -119,6 +120,16 @@ CREATE INDEX activities_owner ON activities (owner_id)
     WHERE owner_id IS NOT NULL AND state IN ('waiting', 'executing');
 CREATE INDEX activities_lane ON activities (service, provider, admission, state, enqueued_at, activity_id)
     WHERE state IN ('waiting', 'executing');
+"#,
+    r#"
+-- Completions per minute: a snapshot counts its window from these, never
+-- by scanning history.
+CREATE TABLE completion_minutes (
+    minute      INTEGER PRIMARY KEY NOT NULL,
+    completions INTEGER NOT NULL
+);
+INSERT INTO completion_minutes (minute, completions)
+    SELECT completed_at / 60000, COUNT(*) FROM activities WHERE completed_at IS NOT NULL GROUP BY 1;
 "#,
 ];
 
@@ -222,12 +233,12 @@ fn connect(path: &Path) -> Result<Connection, LedgerError> {
     let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(sql_error("cannot set busy_timeout"))?;
-    // WAL lets readers in other processes proceed during a write; NORMAL
-    // keeps every commit across a process crash (kill -9), losing at most the
-    // last commits on an operating-system crash or power loss.
+    // WAL lets readers in other processes proceed during a write; FULL
+    // makes every acknowledged transition durable, even across a power loss.
+    // Group commit pays one sync for every command grouped into a transaction.
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(sql_error("cannot enable WAL"))?;
-    conn.pragma_update(None, "synchronous", "NORMAL")
+    conn.pragma_update(None, "synchronous", "FULL")
         .map_err(sql_error("cannot set synchronous"))?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
@@ -682,10 +693,23 @@ impl Txn for SqliteTxn<'_> {
                 ),
                 params![since, fetch],
             )?,
-            recent_completions_total: count(
-                "SELECT COUNT(*) FROM activities WHERE completed_at >= ?1",
-                Some(since),
-            )?,
+            recent_completions_total: {
+                // The partial first minute from the index, whole minutes from
+                // their counters: never a scan of history.
+                let next_minute = (since.div_euclid(MINUTE_MS) + 1) * MINUTE_MS;
+                let mut statement = self
+                    .conn
+                    .prepare_cached(
+                        "SELECT (SELECT COUNT(*) FROM activities WHERE completed_at >= ?1 AND completed_at < ?2) \
+                         + (SELECT COALESCE(SUM(completions), 0) FROM completion_minutes WHERE minute >= ?3)",
+                    )
+                    .map_err(sql_error("cannot prepare"))?;
+                statement
+                    .query_row(params![since, next_minute, next_minute / MINUTE_MS], |row| {
+                        row.get(0)
+                    })
+                    .map_err(sql_error("cannot count completions"))?
+            },
             reaped: query_records(
                 self.conn,
                 &format!(
@@ -704,6 +728,54 @@ impl Txn for SqliteTxn<'_> {
                 [since],
             )?,
         })
+    }
+
+    fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO completion_minutes (minute, completions) VALUES (?1, 1) \
+                 ON CONFLICT (minute) DO UPDATE SET completions = completions + 1",
+            )
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute([completed_at.div_euclid(MINUTE_MS)])
+            .map_err(sql_error("cannot count a completion"))?;
+        Ok(())
+    }
+
+    fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError> {
+        let mut deleted = 0;
+        for column in ["completed_at", "reaped_at"] {
+            let room = limit.saturating_sub(deleted) as i64;
+            if room == 0 {
+                break;
+            }
+            let mut statement = self
+                .conn
+                .prepare_cached(&format!(
+                    "DELETE FROM activities WHERE activity_id IN \
+                     (SELECT activity_id FROM activities WHERE {column} < ?1 ORDER BY {column} LIMIT ?2)"
+                ))
+                .map_err(sql_error("cannot prepare"))?;
+            deleted += statement
+                .execute(params![before, room])
+                .map_err(sql_error("cannot prune records"))?;
+        }
+        let mut statement = self
+            .conn
+            .prepare_cached("DELETE FROM completion_minutes WHERE minute < ?1")
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute([before.div_euclid(MINUTE_MS)])
+            .map_err(sql_error("cannot prune completion counters"))?;
+        Ok(deleted)
+    }
+
+    fn stored_records(&mut self) -> Result<i64, LedgerError> {
+        self.conn
+            .query_row("SELECT COUNT(*) FROM activities", [], |row| row.get(0))
+            .map_err(sql_error("cannot count records"))
     }
 
     fn lane_position(
@@ -792,4 +864,71 @@ impl Txn for SqliteTxn<'_> {
             [id.as_str()],
         )
     }
+}
+
+/// Bulk-loads `count` settled records, completed over the hour before
+/// `completed_at`, with their counters, straight into the database at
+/// `path`: for benchmarks that need a large history fast. Not for
+/// production use.
+///
+/// # Errors
+/// `Storage` when the database cannot be opened or written.
+#[doc(hidden)]
+pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(), LedgerError> {
+    let mut conn = connect(path)?;
+    migrate(&mut conn)?;
+    let tx = conn.transaction().map_err(sql_error("cannot begin"))?;
+    let mut minutes: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+    {
+        let mut insert = tx
+            .prepare(&format!(
+                "INSERT INTO activities ({RECORD_COLUMNS}) VALUES (?1, 'bench-history', 'ollama', 'embedding', \
+                 'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, ?2, ?3, ?4, NULL, \
+                 NULL, 300000, NULL, 1, NULL, 0, NULL)"
+            ))
+            .map_err(sql_error("cannot prepare"))?;
+        for i in 0..count {
+            let done = completed_at - (i as i64 % 3_600_000);
+            insert
+                .execute(params![ActivityId::new().to_string(), done - 20, done - 10, done])
+                .map_err(sql_error("cannot seed history"))?;
+            *minutes.entry(done.div_euclid(MINUTE_MS)).or_default() += 1;
+        }
+        let mut minute = tx
+            .prepare(
+                "INSERT INTO completion_minutes (minute, completions) VALUES (?1, ?2) \
+                 ON CONFLICT (minute) DO UPDATE SET completions = completions + excluded.completions",
+            )
+            .map_err(sql_error("cannot prepare"))?;
+        for (at, completions) in minutes {
+            minute
+                .execute(params![at, completions])
+                .map_err(sql_error("cannot seed counters"))?;
+        }
+        let n = count as i64;
+        SqliteTxn { conn: &tx }.add_totals(
+            &AggregateKey {
+                service: "bench-history".into(),
+                operation_stage: "history".into(),
+                class: "embedding".into(),
+                provider: "ollama".into(),
+                model: "nomic-embed-text".into(),
+                priority: crate::domain::record::Priority::Batch,
+                admission: crate::domain::record::Admission::Queued,
+            },
+            &Totals {
+                calls: n,
+                succeeded: n,
+                queue_wait_count: n,
+                queue_wait_sum_ms: 10 * n,
+                queue_wait_max_ms: 10,
+                execution_count: n,
+                execution_sum_ms: 10 * n,
+                execution_max_ms: 10,
+                last_seen_at: Some(completed_at),
+                ..Totals::default()
+            },
+        )?;
+    }
+    tx.commit().map_err(sql_error("cannot commit"))
 }
