@@ -119,7 +119,7 @@ impl Ledger {
     ///
     /// # Cancel safety
     /// As [`Ledger::begin`]: a future dropped after its first poll may still
-    /// record the call, whose handle is then gone; its bound reaps it.
+    /// record the call, and the handle it was building then cancels it.
     pub async fn try_admit(&self, spec: ActivitySpec) -> Result<Permit, LedgerError> {
         let now = self.now();
         let handle = self.begin(spec.enqueued_at(now).started_at(now)).await?;
@@ -134,9 +134,11 @@ impl Ledger {
     /// [`Ledger::start`].
     ///
     /// # Cancel safety
-    /// Cancel safe: the record keeps its place in line (it stays `waiting`)
-    /// and nothing else changes. Use [`Ledger::admit`] for a record that
-    /// leaves the line when its future is dropped.
+    /// Dropping the future stops the waiting; the record keeps its place in
+    /// line (it stays `waiting`). A start attempt already submitted when the
+    /// future is dropped still lands and may start the record. Use
+    /// [`Ledger::admit`] for a record that leaves the line when its future is
+    /// dropped.
     pub async fn start_waiting(
         &self,
         id: ActivityId,

@@ -88,6 +88,15 @@ impl Ledger {
                     Ok(_) => {}
                     Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => {
                         tracing::error!(owner = %id, error = %err, "owner lease lost; its records were reaped");
+                        // New records must not be tagged with a lost owner.
+                        let mut default = ledger
+                            .inner
+                            .default_owner
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if default.as_deref() == Some(id.as_str()) {
+                            *default = None;
+                        }
                         return;
                     }
                     Err(err) => tracing::warn!(owner = %id, error = %err, "lease renewal failed; retrying"),

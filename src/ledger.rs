@@ -209,7 +209,7 @@ impl ActivitySpec {
             provider: Label::new("provider", &self.provider)?,
             class: Label::or_unknown("class", self.class.as_deref())?,
             operation_stage: Label::or_unknown("operationStage", self.operation_stage.as_deref())?,
-            model: sanitize_model(self.model.as_deref()),
+            model: sanitize_model(self.model.as_deref()).into(),
             priority: self.priority.unwrap_or(Priority::Unknown),
             admission: self.admission.unwrap_or(Admission::Queued),
             enqueued_at: self.enqueued_at,

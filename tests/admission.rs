@@ -45,7 +45,24 @@ against_every_store!(
     release_cancels_the_owners_in_flight_records,
     unknown_owner_is_invalid_and_a_lost_owner_conflicts,
     snapshot_shows_longest_wait_and_owners,
+    owner_id_in_any_spelling_is_stored_in_one,
 );
+
+async fn owner_id_in_any_spelling_is_stored_in_one(backend: Backend) {
+    let h = Harness::new(backend, capped(2));
+    let owner = h
+        .ledger
+        .register_owner("worker-g", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut spec = embedding();
+    spec.owner_id = Some(owner.owner_id.as_str().to_uppercase());
+    let record = h.ledger.begin_record(spec.started_at(T0)).await.unwrap();
+    assert_eq!(record.owner_id.as_deref(), Some(owner.owner_id.as_str()));
+    h.clock.advance(Duration::from_secs(6));
+    let record = h.ledger.get(record.activity_id).await.unwrap();
+    assert_eq!(record.reap_reason, Some(ReapReason::OwnerLost));
+}
 
 async fn cap_two_admits_two_and_the_third_gets_lane_full_until_a_settle_or_cancel(backend: Backend) {
     let h = Harness::new(backend, capped(2));

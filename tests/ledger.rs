@@ -404,7 +404,7 @@ async fn bad_labels_are_refused_and_change_nothing(backend: Backend) {
         .begin_record(ActivitySpec::new("kb", "openai").model("sk-live-0123456789"))
         .await
         .unwrap();
-    assert_eq!(redacted.model, "redacted");
+    assert_eq!(&*redacted.model, "redacted");
 }
 
 async fn bad_timestamps_are_refused_and_change_nothing(backend: Backend) {

@@ -5,6 +5,8 @@
 //! pruning old records can never lower a count and a snapshot never scans
 //! history.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
@@ -16,15 +18,15 @@ use super::transition::Effect;
 #[serde(rename_all = "camelCase")]
 pub struct AggregateKey {
     /// The calling service.
-    pub service: String,
+    pub service: Arc<str>,
     /// The caller's stage.
-    pub operation_stage: String,
+    pub operation_stage: Arc<str>,
     /// The deadline class.
-    pub class: String,
+    pub class: Arc<str>,
     /// The provider.
-    pub provider: String,
+    pub provider: Arc<str>,
     /// The model (sanitized).
-    pub model: String,
+    pub model: Arc<str>,
     /// The priority.
     pub priority: Priority,
     /// Queued or direct.
@@ -35,11 +37,11 @@ impl AggregateKey {
     /// The aggregate `record` counts in.
     pub fn of(record: &ActivityRecord) -> Self {
         Self {
-            service: record.service.as_str().to_owned(),
-            operation_stage: record.operation_stage.as_str().to_owned(),
-            class: record.class.as_str().to_owned(),
-            provider: record.provider.as_str().to_owned(),
-            model: record.model.clone(),
+            service: record.service.shared(),
+            operation_stage: record.operation_stage.shared(),
+            class: record.class.shared(),
+            provider: record.provider.shared(),
+            model: Arc::clone(&record.model),
             priority: record.priority,
             admission: record.admission,
         }

@@ -5,8 +5,9 @@
 //! and secrets end up in an operator's dashboard.
 
 use std::fmt;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Serialize, Serializer};
 
 /// The label used when an optional label is missing.
 pub const UNKNOWN: &str = "unknown";
@@ -17,10 +18,16 @@ const MAX_LABEL_LEN: usize = 64;
 const MAX_MODEL_LEN: usize = 160;
 const CREDENTIAL_PREFIXES: [&str; 5] = ["sk-", "ghp_", "github_pat_", "glpat-", "AIza"];
 
-/// A validated label: 1 to 64 characters of `[A-Za-z0-9._-]`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Label(String);
+/// A validated label: 1 to 64 characters of `[A-Za-z0-9._-]`. Cheap to
+/// clone: records and counters share one allocation per label.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Label(Arc<str>);
+
+impl Serialize for Label {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
 
 /// Why a label was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +74,7 @@ impl Label {
                 problem: format!("character {bad:?} is not allowed (use A-Z, a-z, 0-9, '.', '_', '-')"),
             });
         }
-        Ok(Self(value.to_owned()))
+        Ok(Self(value.into()))
     }
 
     /// Validates an optional label; a missing one is `unknown`.
@@ -83,7 +90,7 @@ impl Label {
 
     /// The `unknown` label.
     pub fn unknown() -> Self {
-        Self(UNKNOWN.to_owned())
+        Self(UNKNOWN.into())
     }
 
     /// The label as a string slice.
@@ -93,7 +100,12 @@ impl Label {
 
     /// Wraps a value read back from a store, which validated it on the way in.
     pub(crate) fn trusted(value: String) -> Self {
-        Self(value)
+        Self(value.into())
+    }
+
+    /// The shared text, for counters keyed by labels.
+    pub(crate) fn shared(&self) -> Arc<str> {
+        Arc::clone(&self.0)
     }
 }
 

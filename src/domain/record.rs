@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -186,7 +187,7 @@ pub struct ActivityRecord {
     /// The caller's stage (`kb-tenant-ingestion-embedding`, ...).
     pub operation_stage: Label,
     /// The model, or `unknown` / `redacted`.
-    pub model: String,
+    pub model: Arc<str>,
     /// The caller's priority.
     pub priority: Priority,
     /// Whether it counts in native admission.

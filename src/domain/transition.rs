@@ -5,6 +5,8 @@
 //! together with the counter changes their [`Effect`]s imply. No rule of the
 //! state machine lives anywhere else.
 
+use std::sync::Arc;
+
 use super::bounds::ReapPolicy;
 use super::labels::{sanitize_note, Label};
 use super::record::{
@@ -78,7 +80,7 @@ pub struct NewActivity {
     /// The caller's stage.
     pub operation_stage: Label,
     /// The sanitized model.
-    pub model: String,
+    pub model: Arc<str>,
     /// The priority.
     pub priority: Priority,
     /// Queued or direct.

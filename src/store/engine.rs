@@ -67,7 +67,7 @@ pub(crate) fn execute(
 ) -> Result<Reply, LedgerError> {
     let policy = config.policy();
     match command {
-        Command::Begin { new } => {
+        Command::Begin { mut new } => {
             if txn.get(new.activity_id)?.is_some() {
                 return Err(LedgerError::new(
                     ErrorKind::Conflict,
@@ -77,6 +77,8 @@ pub(crate) fn execute(
             if let Some(owner_id) = &new.owner_id {
                 reap_lost_owners(txn, now)?;
                 let id: OwnerId = owner_id.parse().map_err(LedgerError::invalid)?;
+                // Stored in one spelling, so loss and release find it.
+                new.owner_id = Some(id.to_string());
                 let owner = txn
                     .get_owner(&id)?
                     .ok_or_else(|| LedgerError::invalid(format!("no owner {id}: register it first")))?;
