@@ -66,6 +66,33 @@ fn spec(service: &str, stage: &str, provider: &str, class: &str, model: &str) ->
     spec
 }
 
+/// The stranded ingestion embeddings' lane.
+fn kb_ollama() -> ActivitySpec {
+    spec(
+        "knowledge-base",
+        "kb-tenant-ingestion-embedding",
+        "ollama",
+        "embedding",
+        "nomic-embed-text",
+    )
+}
+
+/// The lane the role moved to.
+fn kb_openai() -> ActivitySpec {
+    spec(
+        "knowledge-base",
+        "kb-tenant-ingestion-embedding",
+        "openai",
+        "embedding",
+        "text-embedding-3-small",
+    )
+}
+
+/// The `unknown` junk: no service, stage, class or model said.
+fn unknown_ollama() -> ActivitySpec {
+    spec("unknown", "unknown", "ollama", "unknown", "")
+}
+
 fn history() -> Vec<(Millis, Event)> {
     let mut events = Vec::new();
     let mut key = 0;
@@ -100,20 +127,14 @@ fn history() -> Vec<(Millis, Event)> {
     begin(
         &mut events,
         at("2026-08-12T09:30:04.928Z"),
-        spec(
-            "knowledge-base",
-            "kb-tenant-ingestion-embedding",
-            "ollama",
-            "embedding",
-            "nomic-embed-text",
-        ),
+        kb_ollama(),
         true,
         Some(Disposition::Unsettled),
     );
     begin(
         &mut events,
         at("2026-08-12T20:01:44.263Z"),
-        spec("unknown", "unknown", "ollama", "unknown", ""),
+        unknown_ollama(),
         false,
         Some(Disposition::Abandoned),
     );
@@ -122,25 +143,13 @@ fn history() -> Vec<(Millis, Event)> {
     let last = at(LAST_OLLAMA_TRAFFIC);
     for i in 0..12 {
         let t = first + (last - first) * i / 11;
-        begin(
-            &mut events,
-            t,
-            spec(
-                "knowledge-base",
-                "kb-tenant-ingestion-embedding",
-                "ollama",
-                "embedding",
-                "nomic-embed-text",
-            ),
-            true,
-            Some(Disposition::Unsettled),
-        );
+        begin(&mut events, t, kb_ollama(), true, Some(Disposition::Unsettled));
     }
     // The rest of the `unknown` junk: one executing, three more waiting.
     begin(
         &mut events,
         at("2026-08-13T01:12:09.000Z"),
-        spec("unknown", "unknown", "ollama", "unknown", ""),
+        unknown_ollama(),
         true,
         Some(Disposition::Unsettled),
     );
@@ -152,7 +161,7 @@ fn history() -> Vec<(Millis, Event)> {
         begin(
             &mut events,
             at(t),
-            spec("unknown", "unknown", "ollama", "unknown", ""),
+            unknown_ollama(),
             false,
             Some(Disposition::Abandoned),
         );
@@ -160,69 +169,21 @@ fn history() -> Vec<(Millis, Event)> {
     // Healthy Ollama traffic that settled, before the switch.
     for i in 0..5 {
         let t = at("2026-08-13T06:00:00.000Z") + i * 60_000;
-        let key = begin(
-            &mut events,
-            t,
-            spec(
-                "knowledge-base",
-                "kb-tenant-ingestion-embedding",
-                "ollama",
-                "embedding",
-                "nomic-embed-text",
-            ),
-            true,
-            None,
-        );
+        let key = begin(&mut events, t, kb_ollama(), true, None);
         events.push((t + 1_500, Event::Settle { key }));
     }
     // After the switch: steady traffic on OpenAI that settles...
     for i in 0..20 {
         let t = last + 60_000 + i * 30 * 60_000;
-        let key = begin(
-            &mut events,
-            t,
-            spec(
-                "knowledge-base",
-                "kb-tenant-ingestion-embedding",
-                "openai",
-                "embedding",
-                "text-embedding-3-small",
-            ),
-            true,
-            None,
-        );
+        let key = begin(&mut events, t, kb_openai(), true, None);
         events.push((t + 800, Event::Settle { key }));
     }
     // ...and live work at the snapshot: three executing, one waiting.
     let snapshot = at(SNAPSHOT_AT);
     for offset in [90_000, 60_000, 30_000] {
-        begin(
-            &mut events,
-            snapshot - offset,
-            spec(
-                "knowledge-base",
-                "kb-tenant-ingestion-embedding",
-                "openai",
-                "embedding",
-                "text-embedding-3-small",
-            ),
-            true,
-            None,
-        );
+        begin(&mut events, snapshot - offset, kb_openai(), true, None);
     }
-    begin(
-        &mut events,
-        snapshot - 5_000,
-        spec(
-            "knowledge-base",
-            "kb-tenant-ingestion-embedding",
-            "openai",
-            "embedding",
-            "text-embedding-3-small",
-        ),
-        false,
-        None,
-    );
+    begin(&mut events, snapshot - 5_000, kb_openai(), false, None);
     events.sort_by_key(|(t, _)| *t);
     events
 }
