@@ -313,8 +313,8 @@ async fn owner_that_stops_renewing_is_reaped_as_owner_lost(backend: Backend) {
     let waiting = h.ledger.begin_record(embedding()).await.unwrap();
     let owner_id = lease.owner().owner_id.clone();
     lease.abandon(); // the process dies: no renewals, no release
-    // A renewal sent just before the death still lands (stores are FIFO):
-    // let it, so that the lease runs from a known time.
+                     // A renewal sent just before the death still lands (stores are FIFO):
+                     // let it, so that the lease runs from a known time.
     h.ledger.reap().await.unwrap();
     h.clock.advance(Duration::from_secs(30));
     assert_eq!(
