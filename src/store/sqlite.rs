@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use tokio::sync::oneshot;
@@ -36,6 +36,8 @@ use super::{Command, Reply, Store, StoreFuture};
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most commands grouped into one transaction.
 const MAX_GROUP: usize = 256;
+/// The longest a group waits for the callers of the previous one.
+const GROUP_WAIT: Duration = Duration::from_micros(300);
 
 /// Versioned migrations; `PRAGMA user_version` records how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -304,19 +306,45 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
 }
 
 fn write_loop(mut conn: Connection, config: &LedgerConfig, clock: &dyn Clock, queue: &mpsc::Receiver<Job>) {
+    let mut last_group = 1;
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match queue.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
+        drain(queue, &mut group, MAX_GROUP);
+        // Callers answered by the last commit resubmit within microseconds,
+        // while a commit costs a sync: when the last group was larger, wait
+        // briefly for them so that one sync serves them all. A lone caller
+        // (last group of one) never waits.
+        if group.len() < last_group {
+            let until = Instant::now() + GROUP_WAIT;
+            while group.len() < last_group {
+                let Some(left) = until.checked_duration_since(Instant::now()) else {
+                    break;
+                };
+                match queue.recv_timeout(left) {
+                    Ok(job) => {
+                        group.push(job);
+                        drain(queue, &mut group, MAX_GROUP);
+                    }
+                    Err(_) => break,
+                }
             }
         }
+        last_group = group.len();
         let (commands, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
         let results = run_group(&mut conn, config, clock, commands);
         for (reply, result) in replies.into_iter().zip(results) {
             // A caller that went away still had its command committed.
             let _ = reply.send(result);
+        }
+    }
+}
+
+/// Moves jobs already queued into `group`, up to `max`.
+fn drain(queue: &mpsc::Receiver<Job>, group: &mut Vec<Job>, max: usize) {
+    while group.len() < max {
+        match queue.try_recv() {
+            Ok(job) => group.push(job),
+            Err(_) => return,
         }
     }
 }
