@@ -108,7 +108,7 @@ pub(crate) fn execute(
                 record = load(txn, id)?;
             }
             let reaped_before = transition::is_due(&record, now);
-            match transition::apply(record.clone(), transition, now, policy) {
+            match transition::apply(record, transition, now, policy) {
                 Ok(applied) => {
                     if applied.changed() {
                         txn.update(&applied.record)?;
@@ -120,6 +120,7 @@ pub(crate) fn execute(
                     // The request is refused, but time still passed: a record
                     // past its bound is reaped whatever was asked of it.
                     if reaped_before {
+                        let record = load(txn, id)?;
                         reap_one(txn, record, now)?;
                     }
                     Err(refusal.into())

@@ -73,26 +73,25 @@ struct MemoryState {
 
 impl MemoryState {
     fn index(&mut self, record: &ActivityRecord, present: bool) {
-        let id = record.activity_id;
-        let mut entries: Vec<(&mut BTreeSet<(Millis, ActivityId)>, Millis)> = Vec::new();
-        if let Some(at) = record.reapable_at.filter(|_| record.state.is_in_flight()) {
-            entries.push((&mut self.due, at));
-        }
+        let key = |at: Millis| (at, record.activity_id);
+        let apply = |set: &mut BTreeSet<(Millis, ActivityId)>, at: Millis| {
+            if present {
+                set.insert(key(at));
+            } else {
+                set.remove(&key(at));
+            }
+        };
         if record.state.is_in_flight() {
-            entries.push((&mut self.in_flight, record.enqueued_at));
+            if let Some(at) = record.reapable_at {
+                apply(&mut self.due, at);
+            }
+            apply(&mut self.in_flight, record.enqueued_at);
         }
         if let Some(at) = record.completed_at.filter(|_| record.state.is_settled()) {
-            entries.push((&mut self.completed, at));
+            apply(&mut self.completed, at);
         }
         if let Some(at) = record.reaped_at.filter(|_| record.state == State::Reaped) {
-            entries.push((&mut self.reaped, at));
-        }
-        for (set, at) in entries {
-            if present {
-                set.insert((at, id));
-            } else {
-                set.remove(&(at, id));
-            }
+            apply(&mut self.reaped, at);
         }
     }
 
@@ -150,7 +149,14 @@ impl Txn for MemoryState {
     }
 
     fn add_totals(&mut self, key: &AggregateKey, delta: &Totals) -> Result<(), LedgerError> {
-        self.totals.entry(key.clone()).or_default().add(delta);
+        match self.totals.get_mut(key) {
+            Some(totals) => totals.add(delta),
+            None => {
+                let mut totals = Totals::default();
+                totals.add(delta);
+                self.totals.insert(key.clone(), totals);
+            }
+        }
         Ok(())
     }
 
