@@ -56,7 +56,8 @@ impl Store for MemoryStore {
 
 #[derive(Default)]
 struct MemoryState {
-    records: HashMap<ActivityId, ActivityRecord>,
+    /// Boxed, so that growing the map moves pointers, not records.
+    records: HashMap<ActivityId, Box<ActivityRecord>>,
     /// In-flight records by the instant they become reapable.
     due: BTreeSet<(Millis, ActivityId)>,
     /// In-flight records by `enqueuedAt`.
@@ -113,13 +114,15 @@ impl MemoryState {
     }
 
     fn records_of<'a>(&'a self, keys: impl Iterator<Item = &'a (Millis, ActivityId)>) -> Vec<ActivityRecord> {
-        keys.filter_map(|(_, id)| self.records.get(id)).cloned().collect()
+        keys.filter_map(|(_, id)| self.records.get(id))
+            .map(|record| (**record).clone())
+            .collect()
     }
 }
 
 impl Txn for MemoryState {
     fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError> {
-        Ok(self.records.get(&id).cloned())
+        Ok(self.records.get(&id).map(|record| (**record).clone()))
     }
 
     fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
@@ -130,16 +133,22 @@ impl Txn for MemoryState {
             ));
         }
         self.index(record, true);
-        self.records.insert(record.activity_id, record.clone());
+        self.records.insert(record.activity_id, Box::new(record.clone()));
         Ok(())
     }
 
     fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        if let Some(old) = self.records.remove(&record.activity_id) {
-            self.index(&old, false);
-        }
+        let mut slot = match self.records.remove(&record.activity_id) {
+            Some(old) => {
+                self.index(&old, false);
+                old
+            }
+            None => Box::new(record.clone()),
+        };
         self.index(record, true);
-        self.records.insert(record.activity_id, record.clone());
+        // Reuses the record's allocation.
+        (*slot).clone_from(record);
+        self.records.insert(record.activity_id, slot);
         Ok(())
     }
 
