@@ -153,9 +153,10 @@ pub fn render_snapshot(snapshot: &Value) -> String {
                     "WAITING",
                     "REAPED ABANDONED",
                     "REAPED UNSETTLED",
+                    "OWNER LOST",
                     "LONGEST WAIT",
                 ],
-                vec![1, 2, 3, 4, 5, 6],
+                vec![1, 2, 3, 4, 5, 6, 7],
             );
             for (key, lane) in lanes {
                 let reaped = lane.get("reaped").cloned().unwrap_or(Value::Null);
@@ -171,6 +172,7 @@ pub fn render_snapshot(snapshot: &Value) -> String {
                     int(lane, "waiting").to_string(),
                     int(&reaped, "abandoned").to_string(),
                     int(&reaped, "unsettled").to_string(),
+                    int(lane, "reapedOwnerLost").to_string(),
                     if longest > 0 {
                         human_duration(longest)
                     } else {
@@ -256,11 +258,12 @@ pub fn render_snapshot(snapshot: &Value) -> String {
                 "LANE",
                 "CLASS",
                 "DISPOSITION",
+                "REASON",
                 "AGE",
                 "REAPED AT",
                 "LATE SETTLE",
             ],
-            vec![4],
+            vec![5],
         );
         for record in records {
             table.rows.push(vec![
@@ -268,6 +271,7 @@ pub fn render_snapshot(snapshot: &Value) -> String {
                 lane_of(record),
                 text(record, "class").to_owned(),
                 text(record, "disposition").to_owned(),
+                text(record, "reapReason").to_owned(),
                 human_duration(int(record, "ageMs")),
                 text(record, "reapedAt").to_owned(),
                 if record.get("lateSettle").and_then(Value::as_bool).unwrap_or(false) {
@@ -275,6 +279,37 @@ pub fn render_snapshot(snapshot: &Value) -> String {
                 } else {
                     "no".to_owned()
                 },
+            ]);
+        }
+        table.render(&mut out);
+    }
+
+    let owners = snapshot.get("owners").and_then(Value::as_array);
+    if let Some(owners) = owners.filter(|owners| !owners.is_empty()) {
+        let _ = writeln!(out, "\nowners (live, and lost or released in the window):");
+        let mut table = Table::new(
+            vec![
+                "OWNER",
+                "NAME",
+                "STATE",
+                "EXPIRES IN",
+                "RECORDS REAPED",
+                "RECORDS CANCELLED",
+            ],
+            vec![3, 4, 5],
+        );
+        for owner in owners {
+            let expires_in = match (text(owner, "state"), time(owner, "expiresAt")) {
+                ("live", Some(expires)) => human_duration((expires - at).max(0)),
+                _ => "-".to_owned(),
+            };
+            table.rows.push(vec![
+                text(owner, "ownerId").chars().take(8).collect(),
+                text(owner, "name").to_owned(),
+                text(owner, "state").to_owned(),
+                expires_in,
+                int(owner, "reapedRecords").to_string(),
+                int(owner, "cancelledRecords").to_string(),
             ]);
         }
         table.render(&mut out);
@@ -322,7 +357,14 @@ mod tests {
             "reaped": [{
                 "activityId": "fedcba9876543210", "service": "knowledge-base", "provider": "ollama",
                 "class": "embedding", "disposition": "unsettled", "ageMs": 128_340_000,
-                "reapedAt": "2026-08-13T19:59:00.000Z", "lateSettle": false
+                "reapedAt": "2026-08-13T19:59:00.000Z", "lateSettle": false, "reapReason": "owner-lost"
+            }],
+            "owners": [{
+                "ownerId": "aaaabbbb-cccc", "name": "worker-a", "state": "lost",
+                "expiresAt": "2026-08-13T19:58:00.000Z", "reapedRecords": 1, "cancelledRecords": 0
+            }, {
+                "ownerId": "ddddeeee-ffff", "name": "worker-b", "state": "live",
+                "expiresAt": "2026-08-13T19:59:20.000Z", "reapedRecords": 0, "cancelledRecords": 0
             }]
         });
         let table = render_snapshot(&snapshot);
@@ -335,6 +377,9 @@ mod tests {
         assert!(table.contains("18m"), "{table}");
         assert!(table.contains("unsettled"), "{table}");
         assert!(table.contains("35h 39m"), "{table}");
+        assert!(table.contains("owner-lost"), "{table}");
+        assert!(table.contains("worker-a  lost"), "{table}");
+        assert!(table.contains("20s"), "{table}");
     }
 
     #[test]
