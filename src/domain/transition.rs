@@ -114,6 +114,13 @@ pub enum Transition {
 }
 
 fn check_not_future(field: &str, at: Millis, now: Millis) -> Result<Millis, Refusal> {
+    // Before the epoch is no caller's clock; refusing it also keeps every
+    // difference of two timestamps far from overflow.
+    if at < 0 {
+        return Err(Refusal::Invalid(format!(
+            "{field} {at} is before 1970-01-01T00:00:00Z"
+        )));
+    }
     if at > now.saturating_add(MAX_FUTURE_SKEW_MS) {
         return Err(Refusal::Invalid(format!(
             "{field} {} is more than 5 minutes in the future (now is {})",
