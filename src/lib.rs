@@ -43,3 +43,8 @@ pub use domain::{
 pub use error::{ErrorKind, LedgerError};
 pub use lease::OwnerLease;
 pub use ledger::{ActivityHandle, ActivitySpec, Ledger, LedgerBuilder, Outcome, ReaperGuard, Settlement};
+
+/// The README's Rust examples, compiled by `cargo test --doc`.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
