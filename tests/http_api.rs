@@ -715,7 +715,7 @@ async fn with_a_token_every_v1_route_and_metrics_answer_401_without_it() {
 #[tokio::test]
 async fn unknown_routes_are_404_and_wrong_methods_405_in_json() {
     let api = api();
-    for uri in ["/", "/v2/activities", "/v1/activities/x/y/z", "/metrics"] {
+    for uri in ["/", "/v2/activities", "/v1/activities/x/y/z", "/metricsz"] {
         let reply = api.get(uri).await;
         reply.assert_error(StatusCode::NOT_FOUND, "not_found", uri);
     }
@@ -1083,4 +1083,52 @@ async fn an_owner_that_stops_renewing_loses_its_records_as_owner_lost() {
     let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
     assert_eq!(lane["executing"], 0);
     assert_eq!(lane["reapedOwnerLost"], 1);
+}
+
+#[tokio::test]
+async fn metrics_expose_lanes_reaps_and_outcomes_in_openmetrics_text() {
+    let api = capped_api(4);
+    let leaked = api
+        .begin(
+            json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding", "startedAt": T0}),
+        )
+        .await;
+    let done = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{done}/settle"), r#"{"success": true}"#)
+        .await;
+    api.clock.advance(Duration::from_secs(21 * 60));
+    let live = api.begin(json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding", "startedAt": T0 + 21 * 60_000})).await;
+
+    let response = api
+        .router
+        .clone()
+        .oneshot(Request::builder().uri("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response.headers()[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let lane = r#"service="knowledge-base",provider="ollama""#;
+    for line in [
+        format!("inflight_lane_executing{{{lane}}} 1"),
+        format!("inflight_lane_cap{{{lane}}} 4"),
+        format!(r#"inflight_lane_reaped_total{{{lane},disposition="unsettled"}} 1"#),
+        format!(r#"inflight_lane_reaped_total{{{lane},disposition="abandoned"}} 0"#),
+        "inflight_activities_total 3".to_owned(),
+        // The admission decision for `live` already reaped the leak.
+        "inflight_reaped_this_scrape 0".to_owned(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    assert!(text.contains(r#"outcome="succeeded"} 1"#), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    let _ = (leaked, live);
 }

@@ -216,6 +216,20 @@ pub(super) async fn snapshot(
     Ok(Json(state.ledger().snapshot(options).await?))
 }
 
+/// `GET /metrics`: the snapshot over the whole history, as OpenMetrics
+/// text. Like every read, it reaps first.
+pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoResponse> {
+    let options = SnapshotOptions::default()
+        .with_since(Since::At(0))
+        .with_limit(1)
+        .map_err(ApiError::invalid)?;
+    let snapshot = state.ledger().snapshot(options).await?;
+    Ok((
+        [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
+        super::metrics::render(&snapshot),
+    ))
+}
+
 /// `POST /v1/reap`.
 pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<ReapedCounts>> {
     Ok(Json(state.ledger().reap().await?))

@@ -19,6 +19,7 @@ use crate::ledger::Ledger;
 pub mod body;
 pub mod error;
 mod handlers;
+pub mod metrics;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
@@ -68,6 +69,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/activities/{id}/cancel", post(handlers::cancel))
         .route("/v1/snapshot", get(handlers::snapshot))
         .route("/v1/reap", post(handlers::reap))
+        .route("/metrics", get(handlers::metrics))
         .route("/v1/owners", post(handlers::register_owner))
         .route("/v1/owners/{id}/renew", post(handlers::renew_owner))
         .route("/v1/owners/{id}", delete(handlers::release_owner));
