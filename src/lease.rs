@@ -2,6 +2,7 @@
 //! release on a clean shutdown.
 
 use std::fmt;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -9,7 +10,7 @@ use tokio::task::JoinHandle;
 use crate::domain::labels::Label;
 use crate::domain::owner::{Owner, OwnerId};
 use crate::error::{ErrorKind, LedgerError};
-use crate::ledger::Ledger;
+use crate::ledger::{Inner, Ledger};
 use crate::store::Command;
 
 impl Ledger {
@@ -77,32 +78,7 @@ impl Ledger {
             .default_owner
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(owner.owner_id.to_string());
-        let ledger = self.clone();
-        let id = owner.owner_id.clone();
-        let renewals = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval((ttl / 3).max(Duration::from_millis(10)));
-            ticks.tick().await;
-            loop {
-                ticks.tick().await;
-                match ledger.renew_owner(&id).await {
-                    Ok(_) => {}
-                    Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => {
-                        tracing::error!(owner = %id, error = %err, "owner lease lost; its records were reaped");
-                        // New records must not be tagged with a lost owner.
-                        let mut default = ledger
-                            .inner
-                            .default_owner
-                            .write()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        if default.as_deref() == Some(id.as_str()) {
-                            *default = None;
-                        }
-                        return;
-                    }
-                    Err(err) => tracing::warn!(owner = %id, error = %err, "lease renewal failed; retrying"),
-                }
-            }
-        });
+        let renewals = spawn_renewals(Arc::downgrade(&self.inner), owner.owner_id.clone(), ttl);
         Ok(OwnerLease {
             ledger: self.clone(),
             owner,
@@ -110,6 +86,73 @@ impl Ledger {
             released: false,
         })
     }
+}
+
+impl Ledger {
+    /// The owner the builder asked for, registered on first use (again if
+    /// its lease was lost).
+    pub(crate) async fn auto_owner_id(&self) -> Result<OwnerId, LedgerError> {
+        let Some(auto) = &self.inner.auto_owner else {
+            return Err(LedgerError::invalid("no owner was configured for this ledger"));
+        };
+        let mut current = auto.current.lock().await;
+        if let Some((id, renewals)) = current.as_ref() {
+            if !renewals.is_finished() {
+                return Ok(id.clone());
+            }
+        }
+        let owner = self.register_owner(auto.name.as_str(), auto.ttl).await?;
+        let renewals = spawn_renewals(Arc::downgrade(&self.inner), owner.owner_id.clone(), auto.ttl);
+        *current = Some((owner.owner_id.clone(), renewals));
+        Ok(owner.owner_id)
+    }
+}
+
+impl Ledger {
+    /// Drops the builder's owner `id` (lost), so the next record registers a
+    /// new one.
+    pub(crate) async fn forget_auto_owner(&self, id: &OwnerId) {
+        let Some(auto) = &self.inner.auto_owner else {
+            return;
+        };
+        let mut current = auto.current.lock().await;
+        if current.as_ref().is_some_and(|(current, _)| current == id) {
+            if let Some((_, renewals)) = current.take() {
+                renewals.abort();
+            }
+        }
+    }
+}
+
+/// Renews the lease of `id` every third of `ttl` while the ledger lives.
+/// Holds the ledger weakly, so that a renewal never keeps it alive.
+fn spawn_renewals(inner: Weak<Inner>, id: OwnerId, ttl: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval((ttl / 3).max(Duration::from_millis(10)));
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let Some(inner) = inner.upgrade() else { return };
+            let ledger = Ledger { inner };
+            match ledger.renew_owner(&id).await {
+                Ok(_) => {}
+                Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => {
+                    tracing::error!(owner = %id, error = %err, "owner lease lost; its records were reaped");
+                    // New records must not be tagged with a lost owner.
+                    let mut default = ledger
+                        .inner
+                        .default_owner
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if default.as_deref() == Some(id.as_str()) {
+                        *default = None;
+                    }
+                    return;
+                }
+                Err(err) => tracing::warn!(owner = %id, error = %err, "lease renewal failed; retrying"),
+            }
+        }
+    })
 }
 
 /// This process's owner lease. Renews itself until released or dropped;

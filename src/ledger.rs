@@ -14,6 +14,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
 use crate::domain::labels::{sanitize_model, Label};
+use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::timestamp::Millis;
@@ -60,6 +61,32 @@ pub(crate) struct Inner {
     /// The owner this process registered with [`Ledger::join_as_owner`];
     /// records begun without an explicit owner are tagged with it.
     pub(crate) default_owner: RwLock<Option<String>>,
+    /// The owner the builder asked this ledger to register by itself.
+    pub(crate) auto_owner: Option<AutoOwner>,
+}
+
+/// An owner registered on first use and renewed in the background; a new
+/// one replaces it if its lease is ever lost.
+pub(crate) struct AutoOwner {
+    pub(crate) name: Label,
+    pub(crate) ttl: Duration,
+    pub(crate) current: tokio::sync::Mutex<Option<(OwnerId, JoinHandle<()>)>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle on this ledger is gone: a clean end. Release the
+        // owner so its unfinished records are cancelled now rather than
+        // reaped when the lease runs out.
+        let Some(auto) = &self.auto_owner else { return };
+        let Ok(mut current) = auto.current.try_lock() else {
+            return;
+        };
+        if let Some((id, renewals)) = current.take() {
+            renewals.abort();
+            drop(self.store.execute(Command::ReleaseOwner { id }));
+        }
+    }
 }
 
 impl fmt::Debug for Ledger {
@@ -77,6 +104,7 @@ pub struct LedgerBuilder {
     config: LedgerConfig,
     store_url: String,
     clock: Arc<dyn Clock>,
+    owner: Option<(String, Duration)>,
 }
 
 impl LedgerBuilder {
@@ -93,6 +121,16 @@ impl LedgerBuilder {
         self
     }
 
+    /// Makes the ledger register this process as an owner named `name` with
+    /// a lease of `ttl` on its first record, renew it in the background, tag
+    /// every record with it, and release it when the last clone of the
+    /// ledger is dropped. If the process dies, its in-flight records are
+    /// reaped as `owner-lost` within `ttl` plus one reap interval.
+    pub fn owner(mut self, name: impl Into<String>, ttl: Duration) -> Self {
+        self.owner = Some((name.into(), ttl));
+        self
+    }
+
     /// Opens the store and returns the ledger.
     ///
     /// # Errors
@@ -100,6 +138,18 @@ impl LedgerBuilder {
     /// unsupported store URL, [`ErrorKind::Storage`](crate::ErrorKind::Storage)
     /// when the store cannot be opened or migrated.
     pub fn build(self) -> Result<Ledger, LedgerError> {
+        let auto_owner = match self.owner {
+            None => None,
+            Some((name, ttl)) => {
+                let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+                crate::domain::owner::check_ttl(ttl_ms)?;
+                Some(AutoOwner {
+                    name: Label::new("owner name", &name)?,
+                    ttl,
+                    current: tokio::sync::Mutex::new(None),
+                })
+            }
+        };
         let config = Arc::new(self.config);
         let store = store::open(&self.store_url, Arc::clone(&config), Arc::clone(&self.clock))?;
         Ok(Ledger {
@@ -109,6 +159,7 @@ impl LedgerBuilder {
                 clock: self.clock,
                 capacity_changed: Notify::new(),
                 default_owner: RwLock::new(None),
+                auto_owner,
             }),
         })
     }
@@ -265,6 +316,7 @@ impl Ledger {
             config,
             store_url: "memory:".to_owned(),
             clock: Arc::new(SystemClock),
+            owner: None,
         }
     }
 
@@ -356,6 +408,23 @@ impl Ledger {
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone();
+        }
+        if spec.owner_id.is_none() && self.inner.auto_owner.is_some() {
+            let owner = self.auto_owner_id().await?;
+            let mut tagged = spec.clone();
+            tagged.owner_id = Some(owner.to_string());
+            match self
+                .run(Command::Begin {
+                    new: tagged.validate(id)?,
+                })
+                .await
+            {
+                // The lease ran out before a renewal noticed (a long pause,
+                // say): this process is alive, so it registers anew.
+                Err(err) if err.kind() == crate::ErrorKind::Conflict => self.forget_auto_owner(&owner).await,
+                other => return other?.into_record(),
+            }
+            spec.owner_id = Some(self.auto_owner_id().await?.to_string());
         }
         let new = spec.validate(id)?;
         self.run(Command::Begin { new }).await?.into_record()

@@ -449,3 +449,79 @@ async fn waiting_record_is_still_reaped_as_abandoned_past_its_queue_bound() {
     assert_eq!(record.reap_reason, Some(ReapReason::Deadline));
     let _ = ActivitySpec::new("a", "b");
 }
+
+#[tokio::test(start_paused = true)]
+async fn builder_owner_tags_records_and_registers_anew_after_a_loss() {
+    let clock = inflight::FakeClock::at(T0);
+    let ledger = Ledger::builder(capped(2))
+        .clock(clock.clone())
+        .owner("worker-auto", Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let first = ledger.begin_record(embedding().started_at(T0)).await.unwrap();
+    let a = first.owner_id.clone().expect("tagged with the builder's owner");
+    let snap = snapshot(&ledger).await;
+    assert_eq!(snap.owners.len(), 1);
+    assert_eq!(
+        (snap.owners[0].name.as_str(), snap.owners[0].state),
+        ("worker-auto", OwnerState::Live)
+    );
+
+    // No renewal reached the store for longer than the lease: it is lost,
+    // and the process, still alive, registers anew on its next record.
+    clock.advance(Duration::from_secs(6));
+    let second = ledger.begin_record(embedding()).await.unwrap();
+    let b = second.owner_id.clone().unwrap();
+    assert_ne!(a, b);
+    let first = ledger.get(first.activity_id).await.unwrap();
+    assert_eq!(first.reap_reason, Some(ReapReason::OwnerLost));
+    let snap = snapshot(&ledger).await;
+    let states: Vec<_> = snap
+        .owners
+        .iter()
+        .map(|o| (o.owner_id.as_str() == a, o.state))
+        .collect();
+    assert!(states.contains(&(true, OwnerState::Lost)) && states.contains(&(false, OwnerState::Live)));
+
+    assert!(Ledger::builder(capped(2))
+        .owner("bad name", Duration::from_secs(5))
+        .build()
+        .is_err());
+    assert!(Ledger::builder(capped(2))
+        .owner("w", Duration::from_millis(1))
+        .build()
+        .is_err());
+}
+
+#[tokio::test]
+async fn dropping_the_last_ledger_clone_releases_its_builder_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let ledger = Ledger::builder(capped(2))
+        .store_url(url.clone())
+        .owner("worker-auto", Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let record = ledger.begin_record(embedding()).await.unwrap();
+    let clone = ledger.clone();
+    drop(ledger);
+    drop(clone); // the last handle: a clean end
+
+    let observer = Ledger::builder(capped(2)).store_url(url).build().unwrap();
+    let mut state = State::Waiting;
+    for _ in 0..100 {
+        state = observer.get(record.activity_id).await.unwrap().state;
+        if state == State::Cancelled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        state,
+        State::Cancelled,
+        "the release cancelled the owner's in-flight record"
+    );
+    let snap = snapshot(&observer).await;
+    assert_eq!(snap.owners[0].state, OwnerState::Released);
+    assert_eq!(snap.owners[0].cancelled_records, 1);
+}
