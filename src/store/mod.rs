@@ -1,9 +1,9 @@
 //! Stores: where records and counters live.
 //!
-//! [`Store`] is the seam. Every store runs the same [`engine`] (which applies
-//! the domain's rules) inside its own transactions, so the memory, SQLite and
-//! later PostgreSQL stores cannot disagree about a rule: they differ only in
-//! how they persist and index.
+//! [`Store`] is the seam. Every store runs the same engine (the private
+//! `store::engine`, which sequences the domain's rules) inside its own
+//! transactions, so the memory, SQLite and later PostgreSQL stores cannot
+//! disagree about a rule: they differ only in how they persist and index.
 
 use std::fmt;
 use std::future::Future;
