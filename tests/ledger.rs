@@ -602,3 +602,37 @@ async fn reaping_is_idempotent(backend: Backend) {
     assert_eq!(h.ledger.reap().await.unwrap().total(), 0);
     assert_eq!(snapshot(&h.ledger).await.total_reaped, 1200);
 }
+
+#[tokio::test]
+async fn reopening_under_a_changed_class_rebounds_records_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let clock = inflight::FakeClock::at(T0);
+    let open = |config: inflight::LedgerConfig| {
+        inflight::Ledger::builder(config)
+            .store_url(url.clone())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let record = open(config())
+        .begin_record(embedding().started_at(T0))
+        .await
+        .unwrap();
+    assert_eq!(record.reapable_at, Some(T0 + 20 * 60_000));
+
+    // The operator lengthens the embedding deadline to 1 h and restarts.
+    let longer = inflight::Settings::from_toml("[classes.embedding]\ndeadline = \"1h\"\n")
+        .unwrap()
+        .ledger;
+    let ledger = open(longer);
+    clock.advance(21 * MIN);
+    let record = ledger.get(record.activity_id).await.unwrap();
+    assert_eq!(
+        record.state,
+        State::Executing,
+        "the new bound applies to work already in flight"
+    );
+    assert_eq!(record.reapable_at, Some(T0 + 4 * 3_600_000));
+    assert_eq!(record.deadline_ms, 3_600_000);
+}

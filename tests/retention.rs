@@ -29,6 +29,12 @@ against_every_store!(pruning_keeps_counts_and_deletes_only_what_is_past_retentio
 
 async fn pruning_keeps_counts_and_deletes_only_what_is_past_retention(backend: Backend) {
     let h = Harness::new(backend, short_retention());
+    let owner = h
+        .ledger
+        .register_owner("worker", Duration::from_secs(30))
+        .await
+        .unwrap();
+    h.ledger.release_owner(&owner.owner_id).await.unwrap();
     let leaked = h.ledger.begin_record(spec().started_at(T0)).await.unwrap();
     let settled = h.ledger.begin_record(spec().started_at(T0)).await.unwrap();
     h.ledger
@@ -75,6 +81,10 @@ async fn pruning_keeps_counts_and_deletes_only_what_is_past_retention(backend: B
         .await
         .unwrap();
     assert_eq!(all.aggregates[0].successes, 2);
+    assert!(
+        all.owners.is_empty(),
+        "owners that ended past retention are pruned too"
+    );
 }
 
 #[tokio::test]

@@ -262,6 +262,12 @@ impl ReapedCounts {
         }
     }
 
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: Self) {
+        self.abandoned += other.abandoned;
+        self.unsettled += other.unsettled;
+    }
+
     /// Both dispositions together.
     pub fn total(&self) -> i64 {
         self.abandoned + self.unsettled

@@ -35,8 +35,9 @@ pub(crate) trait Txn {
     /// snapshot counts its window from per-minute counters, not history.
     fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError>;
     /// Deletes at most `limit` settled or reaped records that ended before
-    /// `before`, and the per-minute counters of that age; returns how many
-    /// records it deleted. Counters are never touched.
+    /// `before`, the owners lost or released before then, and the per-minute
+    /// counters of that age; returns how many records it deleted. Counters
+    /// are never touched.
     fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError>;
     /// How many records are stored.
     fn stored_records(&mut self) -> Result<i64, LedgerError>;
@@ -68,20 +69,14 @@ pub(crate) fn execute(
     let policy = config.policy();
     match command {
         Command::Begin { mut new } => {
-            if txn.get(new.activity_id)?.is_some() {
-                return Err(LedgerError::new(
-                    ErrorKind::Conflict,
-                    format!("activity {} already exists", new.activity_id),
-                ));
-            }
             if let Some(owner_id) = &new.owner_id {
-                reap_lost_owners(txn, now)?;
                 let id: OwnerId = owner_id.parse().map_err(LedgerError::invalid)?;
                 // Stored in one spelling, so loss and release find it.
                 new.owner_id = Some(id.to_string());
                 let owner = txn
                     .get_owner(&id)?
                     .ok_or_else(|| LedgerError::invalid(format!("no owner {id}: register it first")))?;
+                let owner = lose_if_expired(txn, owner, now)?;
                 owner.check_live()?;
             }
             let mut applied = transition::begin(new, now, policy)?;
@@ -97,8 +92,7 @@ pub(crate) fn execute(
             Ok(Reply::Record(Box::new(applied.record)))
         }
         Command::Transition { id, transition } => {
-            reap_lost_owners(txn, now)?;
-            let mut record = load(txn, id)?;
+            let mut record = load_seen(txn, id, now)?;
             let starts = matches!(transition, Transition::Start { .. })
                 && (record.state == State::Waiting
                     || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned)));
@@ -128,8 +122,7 @@ pub(crate) fn execute(
             }
         }
         Command::Get { id } => {
-            reap_lost_owners(txn, now)?;
-            let record = load(txn, id)?;
+            let record = load_seen(txn, id, now)?;
             Ok(Reply::Record(Box::new(reap_one(txn, record, now)?)))
         }
         Command::Reap => Ok(Reply::Reaped(reap_all(txn, now)?)),
@@ -157,15 +150,15 @@ pub(crate) fn execute(
             Ok(Reply::Owner(Box::new(owner)))
         }
         Command::RenewOwner { id } => {
-            reap_lost_owners(txn, now)?;
-            let mut owner = load_owner(txn, &id)?;
+            let owner = load_owner(txn, &id)?;
+            let mut owner = lose_if_expired(txn, owner, now)?;
             owner.renew(now)?;
             txn.put_owner(&owner)?;
             Ok(Reply::Owner(Box::new(owner)))
         }
         Command::ReleaseOwner { id } => {
-            reap_lost_owners(txn, now)?;
-            let mut owner = load_owner(txn, &id)?;
+            let owner = load_owner(txn, &id)?;
+            let mut owner = lose_if_expired(txn, owner, now)?;
             if owner.release(now)? {
                 // A clean shutdown: its unfinished work was observed aborted.
                 for record in txn.owner_in_flight(&id)? {
@@ -221,26 +214,62 @@ fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
         .ok_or_else(|| LedgerError::new(ErrorKind::NotFound, format!("no owner {id}")))
 }
 
+/// Loads the record `id` as time has left it: if its owner's lease ran out,
+/// the owner is lost first, so the record is seen reaped. Only this record's
+/// owner is looked at; reads and reaper passes handle every other owner.
+fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Millis) -> Result<ActivityRecord, LedgerError> {
+    let record = load(txn, id)?;
+    let Some(owner_id) = &record.owner_id else {
+        return Ok(record);
+    };
+    let owner = txn.get_owner(&OwnerId::trusted(owner_id.clone()))?;
+    match owner {
+        Some(owner) if owner.is_expired(now) => {
+            lose(txn, owner, now)?;
+            load(txn, id)
+        }
+        _ => Ok(record),
+    }
+}
+
+/// `owner` as time has left it: lost (its records reaped) once its lease
+/// ran out.
+fn lose_if_expired(txn: &mut dyn Txn, owner: Owner, now: Millis) -> Result<Owner, LedgerError> {
+    if !owner.is_expired(now) {
+        return Ok(owner);
+    }
+    let owner_id = owner.owner_id.clone();
+    lose(txn, owner, now)?;
+    load_owner(txn, &owner_id)
+}
+
+/// Marks `owner` lost and reaps its in-flight records.
+fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Millis) -> Result<ReapedCounts, LedgerError> {
+    let mut counts = ReapedCounts::default();
+    owner.lose(now);
+    for mut record in txn.owner_in_flight(&owner.owner_id)? {
+        // A record already past its deadline bound is reaped for that.
+        let effect = transition::reap_if_due(&mut record, now)
+            .or_else(|| transition::reap_for_owner_loss(&mut record, now));
+        if let Some(effect) = effect {
+            if let Effect::Reaped { disposition, .. } = effect {
+                counts.count(disposition);
+            }
+            owner.reaped_records += 1;
+            txn.update(&record)?;
+            add_totals(txn, &record, &[effect])?;
+        }
+    }
+    txn.put_owner(&owner)?;
+    Ok(counts)
+}
+
 /// Reaps the in-flight records of every owner whose lease ran out, and marks
 /// those owners lost. Idempotent like [`reap_due`].
 pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
-    for mut owner in txn.expired_owners(now)? {
-        owner.lose(now);
-        for mut record in txn.owner_in_flight(&owner.owner_id)? {
-            // A record already past its deadline bound is reaped for that.
-            let effect = transition::reap_if_due(&mut record, now)
-                .or_else(|| transition::reap_for_owner_loss(&mut record, now));
-            if let Some(effect) = effect {
-                if let Effect::Reaped { disposition, .. } = effect {
-                    counts.count(disposition);
-                }
-                owner.reaped_records += 1;
-                txn.update(&record)?;
-                add_totals(txn, &record, &[effect])?;
-            }
-        }
-        txn.put_owner(&owner)?;
+    for owner in txn.expired_owners(now)? {
+        counts.add(lose(txn, owner, now)?);
     }
     Ok(counts)
 }
@@ -248,9 +277,7 @@ pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Millis) -> Result<ReapedC
 /// Reaps lost owners' records and every record past its bound.
 pub(crate) fn reap_all(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
     let mut counts = reap_lost_owners(txn, now)?;
-    let due = reap_due(txn, now)?;
-    counts.abandoned += due.abandoned;
-    counts.unsettled += due.unsettled;
+    counts.add(reap_due(txn, now)?);
     Ok(counts)
 }
 

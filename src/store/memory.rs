@@ -239,6 +239,8 @@ impl Txn for MemoryState {
                 self.index(&record, false);
             }
         }
+        self.owners
+            .retain(|_, owner| owner.ended_at.is_none_or(|ended| ended >= before));
         let first_kept = before.div_euclid(MINUTE_MS);
         self.completions_by_minute = self.completions_by_minute.split_off(&first_kept);
         Ok(doomed.len())

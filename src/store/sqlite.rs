@@ -135,9 +135,14 @@ INSERT INTO completion_minutes (minute, completions)
 "#,
 ];
 
-const OWNER_COLUMNS: &str =
-    "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
-     reaped_records, cancelled_records";
+/// The owner columns, in `owner_from_row` order (a macro, so that SQL can be
+/// built with `concat!` at compile time).
+macro_rules! owner_columns {
+    () => {
+        "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
+     reaped_records, cancelled_records"
+    };
+}
 
 fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
     Ok(Owner {
@@ -154,23 +159,16 @@ fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
     })
 }
 
-fn query_owners(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-) -> Result<Vec<Owner>, LedgerError> {
-    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
-    let rows = statement
-        .query_map(params, owner_from_row)
-        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(sql_error("cannot read owners"))?;
-    Ok(rows)
-}
-
-const RECORD_COLUMNS: &str = "activity_id, service, provider, class, operation_stage, model, priority, \
+/// The record columns, in `record_from_row` order (a macro, so that SQL can
+/// be built with `concat!` at compile time instead of on every call).
+macro_rules! record_columns {
+    () => {
+        "activity_id, service, provider, class, operation_stage, model, priority, \
      admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
      reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason";
+     cancel_reason"
+    };
+}
 
 type Job = (Command, oneshot::Sender<Result<Reply, LedgerError>>);
 
@@ -278,23 +276,22 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_error("cannot begin"))?;
     {
-        let mut select = tx
-            .prepare(&format!(
-                "SELECT {RECORD_COLUMNS} FROM activities WHERE state IN ('waiting', 'executing')"
-            ))
-            .map_err(sql_error("cannot read in-flight records"))?;
-        let records = select
-            .query_map([], record_from_row)
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(sql_error("cannot read in-flight records"))?;
+        let records = query_records(
+            &tx,
+            concat!(
+                "SELECT ",
+                record_columns!(),
+                " FROM activities WHERE state IN ('waiting', 'executing')"
+            ),
+            [],
+        )?;
         let policy = config.policy();
         for mut record in records {
             let deadline_ms =
                 policy.effective_deadline_ms(record.class.as_str(), record.declared_deadline_ms);
-            let reapable_at = policy.reapable_at(&ActivityRecord {
-                deadline_ms,
-                ..record.clone()
-            });
+            // The bound reads the class and the declared deadline, not the
+            // stored effective one.
+            let reapable_at = policy.reapable_at(&record);
             if (deadline_ms, reapable_at) != (record.deadline_ms, record.reapable_at) {
                 record.deadline_ms = deadline_ms;
                 record.reapable_at = reapable_at;
@@ -455,17 +452,35 @@ fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
     })
 }
 
+/// Runs a query and maps every row with `from_row`.
+fn query_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    from_row: fn(&Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>, LedgerError> {
+    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
+    let rows = statement
+        .query_map(params, from_row)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(sql_error("cannot read rows"))?;
+    Ok(rows)
+}
+
 fn query_records(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<ActivityRecord>, LedgerError> {
-    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
-    let rows = statement
-        .query_map(params, record_from_row)
-        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(sql_error("cannot read records"))?;
-    Ok(rows)
+    query_rows(conn, sql, params, record_from_row)
+}
+
+fn query_owners(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<Owner>, LedgerError> {
+    query_rows(conn, sql, params, owner_from_row)
 }
 
 impl SqliteTxn<'_> {
@@ -500,7 +515,18 @@ impl SqliteTxn<'_> {
                 record.late_settle,
                 record.cancel_reason,
             ])
-            .map_err(sql_error("cannot write a record"))?;
+            .map_err(|err| match err {
+                // The primary key: the id is taken. Stores agree on the kind.
+                rusqlite::Error::SqliteFailure(failure, _)
+                    if failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+                {
+                    LedgerError::new(
+                        ErrorKind::Conflict,
+                        format!("activity {} already exists", record.activity_id),
+                    )
+                }
+                other => LedgerError::storage("cannot write a record", other),
+            })?;
         Ok(())
     }
 }
@@ -509,8 +535,10 @@ impl Txn for SqliteTxn<'_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError> {
         let mut statement = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT {RECORD_COLUMNS} FROM activities WHERE activity_id = ?1"
+            .prepare_cached(concat!(
+                "SELECT ",
+                record_columns!(),
+                " FROM activities WHERE activity_id = ?1"
             ))
             .map_err(sql_error("cannot prepare"))?;
         statement
@@ -521,10 +549,8 @@ impl Txn for SqliteTxn<'_> {
 
     fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
         self.write(
-            &format!(
-                "INSERT INTO activities ({RECORD_COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"
-            ),
+            concat!("INSERT INTO activities (", record_columns!(), ") VALUES \
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"),
             record,
         )
     }
@@ -543,8 +569,10 @@ impl Txn for SqliteTxn<'_> {
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         query_records(
             self.conn,
-            &format!(
-                "SELECT {RECORD_COLUMNS} FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < ?1 \
+            concat!(
+                "SELECT ",
+                record_columns!(),
+                " FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < ?1 \
                  ORDER BY reapable_at LIMIT ?2"
             ),
             params![now, limit as i64],
@@ -703,8 +731,10 @@ impl Txn for SqliteTxn<'_> {
             aggregates,
             in_flight: query_records(
                 self.conn,
-                &format!(
-                    "SELECT {RECORD_COLUMNS} FROM activities WHERE state IN ('waiting', 'executing') \
+                concat!(
+                    "SELECT ",
+                    record_columns!(),
+                    " FROM activities WHERE state IN ('waiting', 'executing') \
                      ORDER BY enqueued_at LIMIT ?1"
                 ),
                 [fetch],
@@ -715,8 +745,10 @@ impl Txn for SqliteTxn<'_> {
             )?,
             recent_completions: query_records(
                 self.conn,
-                &format!(
-                    "SELECT {RECORD_COLUMNS} FROM activities WHERE completed_at >= ?1 \
+                concat!(
+                    "SELECT ",
+                    record_columns!(),
+                    " FROM activities WHERE completed_at >= ?1 \
                      ORDER BY completed_at DESC LIMIT ?2"
                 ),
                 params![since, fetch],
@@ -740,17 +772,23 @@ impl Txn for SqliteTxn<'_> {
             },
             reaped: query_records(
                 self.conn,
-                &format!(
-                    "SELECT {RECORD_COLUMNS} FROM activities WHERE reaped_at >= ?1 \
+                concat!(
+                    "SELECT ",
+                    record_columns!(),
+                    " FROM activities WHERE reaped_at >= ?1 \
                      ORDER BY reaped_at DESC LIMIT ?2"
                 ),
                 params![since, fetch],
             )?,
             owners: query_owners(
                 self.conn,
-                &format!(
-                    "SELECT {OWNER_COLUMNS} FROM owners WHERE state = 'live' \
-                     UNION ALL SELECT {OWNER_COLUMNS} FROM owners WHERE ended_at >= ?1 AND state != 'live' \
+                concat!(
+                    "SELECT ",
+                    owner_columns!(),
+                    " FROM owners WHERE state = 'live' \
+                     UNION ALL SELECT ",
+                    owner_columns!(),
+                    " FROM owners WHERE ended_at >= ?1 AND state != 'live' \
                      ORDER BY registered_at"
                 ),
                 [since],
@@ -790,6 +828,10 @@ impl Txn for SqliteTxn<'_> {
                 .execute(params![before, room])
                 .map_err(sql_error("cannot prune records"))?;
         }
+        self.conn
+            .prepare_cached("DELETE FROM owners WHERE ended_at < ?1")
+            .and_then(|mut statement| statement.execute([before]))
+            .map_err(sql_error("cannot prune owners"))?;
         let mut statement = self
             .conn
             .prepare_cached("DELETE FROM completion_minutes WHERE minute < ?1")
@@ -844,7 +886,7 @@ impl Txn for SqliteTxn<'_> {
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
         Ok(query_owners(
             self.conn,
-            &format!("SELECT {OWNER_COLUMNS} FROM owners WHERE owner_id = ?1"),
+            concat!("SELECT ", owner_columns!(), " FROM owners WHERE owner_id = ?1"),
             [id.as_str()],
         )?
         .pop())
@@ -853,8 +895,10 @@ impl Txn for SqliteTxn<'_> {
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
         let mut statement = self
             .conn
-            .prepare_cached(&format!(
-                "INSERT OR REPLACE INTO owners ({OWNER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            .prepare_cached(concat!(
+                "INSERT OR REPLACE INTO owners (",
+                owner_columns!(),
+                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
             ))
             .map_err(sql_error("cannot prepare"))?;
         statement
@@ -877,7 +921,11 @@ impl Txn for SqliteTxn<'_> {
     fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
         query_owners(
             self.conn,
-            &format!("SELECT {OWNER_COLUMNS} FROM owners WHERE state = 'live' AND expires_at < ?1"),
+            concat!(
+                "SELECT ",
+                owner_columns!(),
+                " FROM owners WHERE state = 'live' AND expires_at < ?1"
+            ),
             [now],
         )
     }
@@ -885,8 +933,10 @@ impl Txn for SqliteTxn<'_> {
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
         query_records(
             self.conn,
-            &format!(
-                "SELECT {RECORD_COLUMNS} FROM activities WHERE owner_id = ?1 \
+            concat!(
+                "SELECT ",
+                record_columns!(),
+                " FROM activities WHERE owner_id = ?1 \
                  AND state IN ('waiting', 'executing')"
             ),
             [id.as_str()],
@@ -909,11 +959,9 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
     let mut minutes: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
     {
         let mut insert = tx
-            .prepare(&format!(
-                "INSERT INTO activities ({RECORD_COLUMNS}) VALUES (?1, 'bench-history', 'ollama', 'embedding', \
+            .prepare(concat!("INSERT INTO activities (", record_columns!(), ") VALUES (?1, 'bench-history', 'ollama', 'embedding', \
                  'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, ?2, ?3, ?4, NULL, \
-                 NULL, 300000, NULL, 1, NULL, 0, NULL)"
-            ))
+                 NULL, 300000, NULL, 1, NULL, 0, NULL)"))
             .map_err(sql_error("cannot prepare"))?;
         for i in 0..count {
             let done = completed_at - (i as i64 % 3_600_000);
