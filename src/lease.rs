@@ -139,14 +139,7 @@ fn spawn_renewals(inner: Weak<Inner>, id: OwnerId, ttl: Duration) -> JoinHandle<
                 Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => {
                     tracing::error!(owner = %id, error = %err, "owner lease lost; its records were reaped");
                     // New records must not be tagged with a lost owner.
-                    let mut default = ledger
-                        .inner
-                        .default_owner
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if default.as_deref() == Some(id.as_str()) {
-                        *default = None;
-                    }
+                    untag(&ledger.inner, &id);
                     return;
                 }
                 Err(err) => tracing::warn!(owner = %id, error = %err, "lease renewal failed; retrying"),
@@ -202,15 +195,18 @@ impl OwnerLease {
     }
 
     fn clear_default(&self) {
-        let mut default = self
-            .ledger
-            .inner
-            .default_owner
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if default.as_deref() == Some(self.owner.owner_id.as_str()) {
-            *default = None;
-        }
+        untag(&self.ledger.inner, &self.owner.owner_id);
+    }
+}
+
+/// Stops tagging new records with owner `id`, if the ledger still does.
+fn untag(inner: &Inner, id: &OwnerId) {
+    let mut default = inner
+        .default_owner
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if default.as_deref() == Some(id.as_str()) {
+        *default = None;
     }
 }
 

@@ -253,7 +253,7 @@ impl ActivitySpec {
         self
     }
 
-    fn validate(self, activity_id: ActivityId) -> Result<NewActivity, LedgerError> {
+    fn validate(&self, activity_id: ActivityId) -> Result<NewActivity, LedgerError> {
         Ok(NewActivity {
             activity_id,
             service: Label::new("service", &self.service)?,
@@ -266,7 +266,7 @@ impl ActivitySpec {
             enqueued_at: self.enqueued_at,
             started_at: self.started_at,
             deadline_ms: self.deadline_ms,
-            owner_id: self.owner_id,
+            owner_id: self.owner_id.clone(),
         })
     }
 }
@@ -332,18 +332,23 @@ impl Ledger {
 
     pub(crate) async fn run(&self, command: Command) -> Result<store::Reply, LedgerError> {
         // Only what can hand a slot back wakes the line; a refused start
-        // must not, or waiters would wake each other forever.
-        let frees_capacity = matches!(
+        // must not, or waiters would wake each other forever, and a read
+        // that reaped nothing freed nothing.
+        let settles = matches!(
             command,
             Command::Transition {
                 transition: Transition::Settle { .. } | Transition::Cancel { .. },
                 ..
-            } | Command::Reap
-                | Command::Snapshot { .. }
-                | Command::ReleaseOwner { .. }
+            } | Command::ReleaseOwner { .. }
         );
         let reply = self.inner.store.execute(command).await;
-        if frees_capacity && reply.is_ok() {
+        let frees_capacity = match &reply {
+            Ok(store::Reply::Reaped(counts)) => counts.total() > 0,
+            Ok(store::Reply::Snapshot(snapshot)) => snapshot.reaped_this_read.total() > 0,
+            Ok(_) => settles,
+            Err(_) => false,
+        };
+        if frees_capacity {
             self.inner.capacity_changed.notify_waiters();
         }
         reply
@@ -396,38 +401,32 @@ impl Ledger {
         self.begin_with_id(spec, ActivityId::new()).await
     }
 
-    async fn begin_with_id(
-        &self,
-        mut spec: ActivitySpec,
-        id: ActivityId,
-    ) -> Result<ActivityRecord, LedgerError> {
-        if spec.owner_id.is_none() {
-            spec.owner_id = self
+    async fn begin_with_id(&self, spec: ActivitySpec, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
+        let mut new = spec.validate(id)?;
+        if new.owner_id.is_none() {
+            new.owner_id = self
                 .inner
                 .default_owner
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone();
         }
-        if spec.owner_id.is_none() && self.inner.auto_owner.is_some() {
-            let owner = self.auto_owner_id().await?;
-            let mut tagged = spec.clone();
-            tagged.owner_id = Some(owner.to_string());
-            match self
-                .run(Command::Begin {
-                    new: tagged.validate(id)?,
-                })
-                .await
-            {
-                // The lease ran out before a renewal noticed (a long pause,
-                // say): this process is alive, so it registers anew.
-                Err(err) if err.kind() == crate::ErrorKind::Conflict => self.forget_auto_owner(&owner).await,
-                other => return other?.into_record(),
-            }
-            spec.owner_id = Some(self.auto_owner_id().await?.to_string());
+        if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
+            return self.run(Command::Begin { new }).await?.into_record();
         }
-        let new = spec.validate(id)?;
-        self.run(Command::Begin { new }).await?.into_record()
+        let owner = self.auto_owner_id().await?;
+        new.owner_id = Some(owner.to_string());
+        match self.run(Command::Begin { new }).await {
+            // The lease ran out before a renewal noticed (a long pause, say):
+            // this process is alive, so it registers anew and begins again.
+            Err(err) if err.kind() == crate::ErrorKind::Conflict => {
+                self.forget_auto_owner(&owner).await;
+                let mut new = spec.validate(id)?;
+                new.owner_id = Some(self.auto_owner_id().await?.to_string());
+                self.run(Command::Begin { new }).await?.into_record()
+            }
+            other => other?.into_record(),
+        }
     }
 
     /// Marks the record `id` executing (at `at`, or now).
