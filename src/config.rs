@@ -103,16 +103,27 @@ impl LedgerConfig {
     ///
     /// # Errors
     /// A malformed lane key or a zero cap.
-    pub fn with_lane_cap(mut self, lane: &str, cap: u32) -> Result<Self, ConfigError> {
+    pub fn with_lane_cap(self, lane: &str, cap: u32) -> Result<Self, ConfigError> {
+        self.declare_lane(lane, Some(i64::from(cap)))
+    }
+
+    /// Declares the lane `"service::provider"`, with a cap or without one.
+    fn declare_lane(mut self, lane: &str, cap: Option<i64>) -> Result<Self, ConfigError> {
         let key =
             LaneKey::parse(lane).map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem))?;
-        if cap == 0 {
-            return Err(ConfigError::new(
-                format!("lanes.{lane:?}.cap"),
-                "must be at least 1",
-            ));
-        }
-        self.caps.insert(key, Some(cap));
+        let cap = match cap {
+            None => None,
+            Some(cap) => match u32::try_from(cap) {
+                Ok(cap) if cap >= 1 => Some(cap),
+                _ => {
+                    return Err(ConfigError::new(
+                        format!("lanes.{lane:?}.cap"),
+                        format!("must be a whole number of at least 1, got {cap}"),
+                    ))
+                }
+            },
+        };
+        self.caps.insert(key, cap);
         Ok(self)
     }
 
@@ -255,12 +266,6 @@ impl Settings {
 
         let defaults = LedgerConfig::default();
         let factor = raw.reap.as_ref().and_then(|r| r.factor).unwrap_or(DEFAULT_FACTOR);
-        if !factor.is_finite() || factor < 1.0 {
-            return Err(ConfigError::new(
-                "reap.factor",
-                format!("must be at least 1, got {factor}"),
-            ));
-        }
         let classes = match raw.classes {
             None => defaults.policy.classes().clone(),
             Some(raw_classes) => {
@@ -298,26 +303,10 @@ impl Settings {
             ledger = ledger.with_reap_interval(parse_duration("reap.interval", interval)?)?;
         }
         if let Some(keep) = raw.retention.as_ref().and_then(|r| r.keep.as_ref()) {
-            let keep = parse_duration("retention.keep", keep)?;
-            if keep.is_zero() {
-                return Err(ConfigError::new("retention.keep", "must be at least 1ms"));
-            }
-            ledger.retention = keep;
+            ledger = ledger.with_retention(parse_duration("retention.keep", keep)?)?;
         }
         for (lane, settings) in raw.lanes.unwrap_or_default() {
-            let key = LaneKey::parse(&lane)
-                .map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem))?;
-            let cap = match settings.cap {
-                None => None,
-                Some(cap) if (1..=i64::from(u32::MAX)).contains(&cap) => Some(cap as u32),
-                Some(cap) => {
-                    return Err(ConfigError::new(
-                        format!("lanes.{lane:?}.cap"),
-                        format!("must be a whole number of at least 1, got {cap}"),
-                    ))
-                }
-            };
-            ledger.caps.insert(key, cap);
+            ledger = ledger.declare_lane(&lane, settings.cap)?;
         }
         Ok(Self {
             listen: raw.listen,

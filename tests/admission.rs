@@ -10,8 +10,7 @@ use std::time::Duration;
 use common::*;
 use inflight::layer::LedgerLayer;
 use inflight::{
-    ActivitySpec, Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason,
-    State,
+    Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason, State,
 };
 use tower::{Service, ServiceExt};
 
@@ -447,7 +446,6 @@ async fn waiting_record_is_still_reaped_as_abandoned_past_its_queue_bound() {
     let record = h.ledger.get(waiting.activity_id).await.unwrap();
     assert_eq!(record.disposition, Some(Disposition::Abandoned));
     assert_eq!(record.reap_reason, Some(ReapReason::Deadline));
-    let _ = ActivitySpec::new("a", "b");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1130,5 +1130,12 @@ async fn metrics_expose_lanes_reaps_and_outcomes_in_openmetrics_text() {
     }
     assert!(text.contains(r#"outcome="succeeded"} 1"#), "{text}");
     assert!(text.trim_end().ends_with("# EOF"), "{text}");
-    let _ = (leaked, live);
+    assert_eq!(
+        api.get(&format!("/v1/activities/{leaked}")).await.body["state"],
+        "reaped"
+    );
+    assert_eq!(
+        api.get(&format!("/v1/activities/{live}")).await.body["state"],
+        "executing"
+    );
 }

@@ -24,8 +24,8 @@ struct Lane {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LaneDisposition {
-    service: String,
-    provider: String,
+    #[prometheus(flatten)]
+    lane: Lane,
     disposition: &'static str,
 }
 
@@ -42,13 +42,8 @@ struct Aggregate {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AggregateOutcome {
-    service: String,
-    operation_stage: String,
-    class: String,
-    provider: String,
-    model: String,
-    priority: &'static str,
-    admission: &'static str,
+    #[prometheus(flatten)]
+    aggregate: Aggregate,
     outcome: &'static str,
 }
 
@@ -97,8 +92,7 @@ pub fn render(snapshot: &Snapshot) -> String {
             ("unsettled", lane.reaped.unsettled),
         ] {
             let labels = LaneDisposition {
-                service: lane.service.clone(),
-                provider: lane.provider.clone(),
+                lane: key.clone(),
                 disposition,
             };
             reaped
@@ -165,13 +159,7 @@ pub fn render(snapshot: &Snapshot) -> String {
             ("reaped", aggregate.reaped.total()),
         ] {
             let labels = AggregateOutcome {
-                service: labels.service.clone(),
-                operation_stage: labels.operation_stage.clone(),
-                class: labels.class.clone(),
-                provider: labels.provider.clone(),
-                model: labels.model.clone(),
-                priority: labels.priority,
-                admission: labels.admission,
+                aggregate: labels.clone(),
                 outcome,
             };
             outcomes
