@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::domain::bounds::{ClassBounds, ReapPolicy, DEFAULT_FACTOR};
-use crate::domain::labels::Label;
+use crate::domain::labels::{Label, LabelSet};
 use crate::domain::record::LaneKey;
 
 /// The default interval between background reaper passes.
@@ -163,6 +163,15 @@ impl LedgerConfig {
     /// The cap of `lane`, if one is declared.
     pub fn cap(&self, lane: &LaneKey) -> Option<u32> {
         self.caps.get(lane).copied().flatten()
+    }
+
+    /// The cap of the lane of a call with `labels`, found without building
+    /// its [`LaneKey`]: this runs on every start, and lanes are few.
+    pub fn cap_of(&self, labels: &LabelSet) -> Option<u32> {
+        self.caps
+            .iter()
+            .find(|(lane, _)| lane.service == labels.service && lane.provider == labels.provider)
+            .and_then(|(_, cap)| *cap)
     }
 }
 

@@ -212,10 +212,10 @@ pub async fn replay_into(ledger: &Ledger, clock: &FakeClock) -> Result<Replayed,
                 ids.insert(key, id);
                 match leaked {
                     Some(disposition) => replayed.leaked.push((id, disposition)),
-                    None if record.provider.as_str() == "openai" && started => {
+                    None if record.labels.provider.as_str() == "openai" && started => {
                         replayed.live_executing.push(id)
                     }
-                    None if record.provider.as_str() == "openai" => replayed.live_waiting.push(id),
+                    None if record.labels.provider.as_str() == "openai" => replayed.live_waiting.push(id),
                     None => {}
                 }
             }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::RwLock;
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
-use crate::domain::labels::{sanitize_model, Label};
+use crate::domain::labels::{Label, LabelInterner, RawLabels};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) default_owner: RwLock<Option<String>>,
     /// The owner the builder asked this ledger to register by itself.
     pub(crate) auto_owner: Option<AutoOwner>,
+    /// Label sets already validated, so a repeated call shares them.
+    pub(crate) labels: Mutex<LabelInterner>,
 }
 
 /// An owner registered on first use and renewed in the background; a new
@@ -160,6 +162,7 @@ impl LedgerBuilder {
                 capacity_changed: Notify::new(),
                 default_owner: RwLock::new(None),
                 auto_owner,
+                labels: Mutex::new(LabelInterner::default()),
             }),
         })
     }
@@ -253,14 +256,28 @@ impl ActivitySpec {
         self
     }
 
-    fn validate(&self, activity_id: ActivityId) -> Result<NewActivity, LedgerError> {
+    fn raw_labels(&self) -> RawLabels<'_> {
+        RawLabels {
+            service: &self.service,
+            provider: &self.provider,
+            class: self.class.as_deref(),
+            operation_stage: self.operation_stage.as_deref(),
+            model: self.model.as_deref(),
+        }
+    }
+
+    fn validate(
+        &self,
+        activity_id: ActivityId,
+        labels: &Mutex<LabelInterner>,
+    ) -> Result<NewActivity, LedgerError> {
+        let labels = labels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .labels(&self.raw_labels())?;
         Ok(NewActivity {
             activity_id,
-            service: Label::new("service", &self.service)?,
-            provider: Label::new("provider", &self.provider)?,
-            class: Label::or_unknown("class", self.class.as_deref())?,
-            operation_stage: Label::or_unknown("operationStage", self.operation_stage.as_deref())?,
-            model: sanitize_model(self.model.as_deref()).into(),
+            labels,
             priority: self.priority.unwrap_or(Priority::Unknown),
             admission: self.admission.unwrap_or(Admission::Queued),
             enqueued_at: self.enqueued_at,
@@ -402,13 +419,13 @@ impl Ledger {
     }
 
     async fn begin_with_id(&self, spec: ActivitySpec, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
-        let mut new = spec.validate(id)?;
+        let mut new = spec.validate(id, &self.inner.labels)?;
         if new.owner_id.is_none() {
             new.owner_id = self
                 .inner
                 .default_owner
                 .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(PoisonError::into_inner)
                 .clone();
         }
         if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
@@ -421,7 +438,7 @@ impl Ledger {
             // this process is alive, so it registers anew and begins again.
             Err(err) if err.kind() == crate::ErrorKind::Conflict => {
                 self.forget_auto_owner(&owner).await;
-                let mut new = spec.validate(id)?;
+                let mut new = spec.validate(id, &self.inner.labels)?;
                 new.owner_id = Some(self.auto_owner_id().await?.to_string());
                 self.run(Command::Begin { new }).await?.into_record()
             }

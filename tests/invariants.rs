@@ -130,7 +130,7 @@ async fn check(h: &Harness, ids: &[ActivityId]) -> Result<(), TestCaseError> {
         );
     }
     for (key, lane) in &snap.native_admission {
-        let in_lane = |r: &ActivityRecord| format!("{}::{}", r.service, r.provider) == *key;
+        let in_lane = |r: &ActivityRecord| format!("{}::{}", r.labels.service, r.labels.provider) == *key;
         prop_assert_eq!(
             lane.executing,
             count(&|r| in_lane(r) && r.state == State::Executing)

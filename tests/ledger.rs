@@ -277,7 +277,7 @@ async fn unconfigured_class_is_reaped_only_past_the_widest_bound(backend: Backen
         )
         .await
         .unwrap();
-    assert_eq!(waiting.class.as_str(), "unknown");
+    assert_eq!(waiting.labels.class.as_str(), "unknown");
     h.clock.advance(40 * MIN);
     assert_eq!(h.ledger.reap().await.unwrap().total(), 0);
     h.clock.advance(MS);
@@ -404,7 +404,7 @@ async fn bad_labels_are_refused_and_change_nothing(backend: Backend) {
         .begin_record(ActivitySpec::new("kb", "openai").model("sk-live-0123456789"))
         .await
         .unwrap();
-    assert_eq!(&*redacted.model, "redacted");
+    assert_eq!(&*redacted.labels.model, "redacted");
 }
 
 async fn bad_timestamps_are_refused_and_change_nothing(backend: Backend) {

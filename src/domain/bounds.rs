@@ -163,7 +163,7 @@ impl ReapPolicy {
     /// The instant past which `record` is reaped, or `None` when it is not in
     /// flight. A record is reapable when `now > reapable_at`.
     pub fn reapable_at(&self, record: &ActivityRecord) -> Option<Millis> {
-        let class = self.classes.get(record.class.as_str());
+        let class = self.classes.get(record.labels.class.as_str());
         match record.state {
             State::Executing => {
                 let started = record.started_at.unwrap_or(record.enqueued_at);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::labels::LabelSet;
 use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
 use super::timestamp::{self, Millis};
 use super::transition::Effect;
@@ -36,14 +37,19 @@ pub struct AggregateKey {
 impl AggregateKey {
     /// The aggregate `record` counts in.
     pub fn of(record: &ActivityRecord) -> Self {
+        Self::new(&record.labels, record.priority, record.admission)
+    }
+
+    /// The aggregate of calls with these labels, priority and admission.
+    pub fn new(labels: &LabelSet, priority: Priority, admission: Admission) -> Self {
         Self {
-            service: record.service.shared(),
-            operation_stage: record.operation_stage.shared(),
-            class: record.class.shared(),
-            provider: record.provider.shared(),
-            model: Arc::clone(&record.model),
-            priority: record.priority,
-            admission: record.admission,
+            service: labels.service.shared(),
+            operation_stage: labels.operation_stage.shared(),
+            class: labels.class.shared(),
+            provider: labels.provider.shared(),
+            model: Arc::clone(&labels.model),
+            priority,
+            admission,
         }
     }
 }

@@ -4,7 +4,9 @@
 //! alphabet and length are bounded: an unbounded label is how `unknown` junk
 //! and secrets end up in an operator's dashboard.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
@@ -118,6 +120,175 @@ impl fmt::Display for Label {
 impl AsRef<str> for Label {
     fn as_ref(&self) -> &str {
         &self.0
+    }
+}
+
+/// The labels of one activity, validated together.
+#[derive(Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSet {
+    /// The calling service.
+    pub service: Label,
+    /// The provider called (`ollama`, `openai`, ...).
+    pub provider: Label,
+    /// The deadline class, which its bounds derive from.
+    pub class: Label,
+    /// The caller's stage (`kb-tenant-ingestion-embedding`, ...).
+    pub operation_stage: Label,
+    /// The model, or `unknown` / `redacted`.
+    #[serde(serialize_with = "serialize_shared_str")]
+    pub model: Arc<str>,
+}
+
+fn serialize_shared_str<S: Serializer>(value: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(value)
+}
+
+/// A shared [`LabelSet`]. Records of the same kind of call point at one
+/// allocation, so copying a record costs one reference count rather than
+/// one per label, and comparing two sets from the same source is a pointer
+/// comparison. Read the labels through `Deref`: `record.labels.service`.
+#[derive(Clone)]
+pub struct ActivityLabels(Arc<SharedLabels>);
+
+struct SharedLabels {
+    set: LabelSet,
+    /// Computed once, so counters keyed by the set never rehash its text.
+    hash: u64,
+}
+
+impl ActivityLabels {
+    /// Shares `set`.
+    pub fn new(set: LabelSet) -> Self {
+        let hash = foldhash::fast::FixedState::with_seed(0).hash_one(&set);
+        Self(Arc::new(SharedLabels { set, hash }))
+    }
+
+    /// Validates the labels of a call; a missing optional label is
+    /// `unknown`, and the model is sanitized with [`sanitize_model`].
+    ///
+    /// # Errors
+    /// As [`Label::new`], naming the first field that is refused.
+    pub fn validate(raw: &RawLabels<'_>) -> Result<Self, LabelError> {
+        Ok(Self::new(LabelSet {
+            service: Label::new("service", raw.service)?,
+            provider: Label::new("provider", raw.provider)?,
+            class: Label::or_unknown("class", raw.class)?,
+            operation_stage: Label::or_unknown("operationStage", raw.operation_stage)?,
+            model: sanitize_model(raw.model).into(),
+        }))
+    }
+}
+
+impl std::ops::Deref for ActivityLabels {
+    type Target = LabelSet;
+    fn deref(&self) -> &LabelSet {
+        &self.0.set
+    }
+}
+
+impl PartialEq for ActivityLabels {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || (self.0.hash == other.0.hash && self.0.set == other.0.set)
+    }
+}
+
+impl Eq for ActivityLabels {}
+
+impl std::hash::Hash for ActivityLabels {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.hash);
+    }
+}
+
+impl fmt::Debug for ActivityLabels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.set.fmt(f)
+    }
+}
+
+impl Serialize for ActivityLabels {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.set.serialize(serializer)
+    }
+}
+
+/// The labels of a call as its caller spelled them, before validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawLabels<'a> {
+    /// The calling service.
+    pub service: &'a str,
+    /// The provider.
+    pub provider: &'a str,
+    /// The deadline class, if given.
+    pub class: Option<&'a str>,
+    /// The caller's stage, if given.
+    pub operation_stage: Option<&'a str>,
+    /// The model, if given.
+    pub model: Option<&'a str>,
+}
+
+/// How many distinct label sets a [`LabelInterner`] remembers before it
+/// starts over. Label sets are few by design (services, providers, classes,
+/// stages, models); this bounds memory if a caller sends unbounded ones.
+const MAX_INTERNED: usize = 4096;
+
+/// Remembers validated label sets by their raw spelling, so that a call
+/// like the last thousand is validated and allocated once, not per call.
+#[derive(Default)]
+pub struct LabelInterner {
+    sets: HashMap<u64, Interned, foldhash::fast::FixedState>,
+}
+
+struct Interned {
+    /// The model as sent: validation rewrites it, so a hit compares this.
+    raw_model: Option<Box<str>>,
+    labels: ActivityLabels,
+}
+
+impl Interned {
+    fn matches(&self, raw: &RawLabels<'_>) -> bool {
+        let set = &*self.labels;
+        set.service.as_str() == raw.service
+            && set.provider.as_str() == raw.provider
+            && set.class.as_str() == raw.class.unwrap_or(UNKNOWN)
+            && set.operation_stage.as_str() == raw.operation_stage.unwrap_or(UNKNOWN)
+            && self.raw_model.as_deref() == raw.model
+    }
+}
+
+impl fmt::Debug for LabelInterner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LabelInterner")
+            .field("sets", &self.sets.len())
+            .finish()
+    }
+}
+
+impl LabelInterner {
+    /// The validated labels for `raw`: the remembered set when this spelling
+    /// was seen before, else a newly validated one.
+    ///
+    /// # Errors
+    /// As [`ActivityLabels::validate`]; a refused spelling is not remembered.
+    pub fn labels(&mut self, raw: &RawLabels<'_>) -> Result<ActivityLabels, LabelError> {
+        let key = self.sets.hasher().hash_one(raw);
+        if let Some(interned) = self.sets.get(&key).filter(|interned| interned.matches(raw)) {
+            return Ok(interned.labels.clone());
+        }
+        let labels = ActivityLabels::validate(raw)?;
+        if self.sets.len() >= MAX_INTERNED {
+            self.sets.clear();
+        }
+        // On the rare hash collision, the newer spelling takes the slot.
+        self.sets.insert(
+            key,
+            Interned {
+                raw_model: raw.model.map(Box::from),
+                labels: labels.clone(),
+            },
+        );
+        Ok(labels)
     }
 }
 
@@ -263,6 +434,57 @@ mod tests {
         ] {
             assert_eq!(sanitize_model(Some(bad)), REDACTED, "{bad:?}");
         }
+    }
+
+    fn raw<'a>(service: &'a str, model: Option<&'a str>) -> RawLabels<'a> {
+        RawLabels {
+            service,
+            provider: "ollama",
+            class: Some("embedding"),
+            operation_stage: None,
+            model,
+        }
+    }
+
+    #[test]
+    fn interner_shares_one_set_per_spelling() {
+        let mut interner = LabelInterner::default();
+        let first = interner.labels(&raw("kb", Some("nomic-embed-text"))).unwrap();
+        let again = interner.labels(&raw("kb", Some("nomic-embed-text"))).unwrap();
+        assert!(Arc::ptr_eq(&first.0, &again.0), "a repeated spelling is shared");
+        assert_eq!(again.operation_stage.as_str(), UNKNOWN);
+        let other = interner.labels(&raw("bot", Some("nomic-embed-text"))).unwrap();
+        assert_ne!(first, other);
+        assert_eq!(other.service.as_str(), "bot");
+    }
+
+    #[test]
+    fn interner_compares_the_model_as_sent() {
+        let mut interner = LabelInterner::default();
+        let secret = interner.labels(&raw("kb", Some("sk-live-1"))).unwrap();
+        let plain = interner.labels(&raw("kb", Some("redacted"))).unwrap();
+        assert_eq!(&*secret.model, REDACTED);
+        // Same labels after validation, so equal, but remembered apart.
+        assert_eq!(secret, plain);
+        assert_eq!(interner.sets.len(), 2);
+    }
+
+    #[test]
+    fn interner_refuses_like_validation_and_forgets_the_refusal() {
+        let mut interner = LabelInterner::default();
+        let err = interner.labels(&raw("kb tenant", None)).unwrap_err();
+        assert_eq!(err.field, "service");
+        assert!(interner.sets.is_empty());
+    }
+
+    #[test]
+    fn equal_sets_built_apart_are_equal_and_hash_alike() {
+        let a = ActivityLabels::validate(&raw("kb", None)).unwrap();
+        let b = ActivityLabels::validate(&raw("kb", None)).unwrap();
+        assert!(!Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(a, b);
+        let state = foldhash::fast::FixedState::with_seed(7);
+        assert_eq!(state.hash_one(&a), state.hash_one(&b));
     }
 
     #[test]

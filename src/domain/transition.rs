@@ -5,10 +5,10 @@
 //! together with the counter changes their [`Effect`]s imply. No rule of the
 //! state machine lives anywhere else.
 
-use std::sync::Arc;
+use smallvec::{smallvec, SmallVec};
 
 use super::bounds::ReapPolicy;
-use super::labels::{sanitize_note, Label};
+use super::labels::{sanitize_note, ActivityLabels};
 use super::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
@@ -50,13 +50,17 @@ pub enum Effect {
     LateSettle { at: Millis },
 }
 
+/// What one transition did: at most a reap, a resurrection, a start and a
+/// second reap, so they fit inline and a transition allocates nothing.
+pub type Effects = SmallVec<[Effect; 4]>;
+
 /// The result of a transition that was accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     /// The record after the transition.
     pub record: ActivityRecord,
     /// What changed, for the counters. Empty for a harmless retry.
-    pub effects: Vec<Effect>,
+    pub effects: Effects,
 }
 
 impl Applied {
@@ -71,16 +75,8 @@ impl Applied {
 pub struct NewActivity {
     /// The identity to create it under.
     pub activity_id: ActivityId,
-    /// The calling service.
-    pub service: Label,
-    /// The provider.
-    pub provider: Label,
-    /// The deadline class.
-    pub class: Label,
-    /// The caller's stage.
-    pub operation_stage: Label,
-    /// The sanitized model.
-    pub model: Arc<str>,
+    /// Its validated labels.
+    pub labels: ActivityLabels,
     /// The priority.
     pub priority: Priority,
     /// Queued or direct.
@@ -162,12 +158,8 @@ pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Appli
     }
     let mut record = ActivityRecord {
         activity_id: new.activity_id,
-        deadline_ms: policy.effective_deadline_ms(new.class.as_str(), new.deadline_ms),
-        service: new.service,
-        provider: new.provider,
-        class: new.class,
-        operation_stage: new.operation_stage,
-        model: new.model,
+        deadline_ms: policy.effective_deadline_ms(new.labels.class.as_str(), new.deadline_ms),
+        labels: new.labels,
         priority: new.priority,
         admission: new.admission,
         state: if new.started_at.is_some() {
@@ -192,7 +184,7 @@ pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Appli
         cancel_reason: None,
     };
     record.reapable_at = policy.reapable_at(&record);
-    let mut effects = vec![Effect::Begun { at: enqueued_at }];
+    let mut effects: Effects = smallvec![Effect::Begun { at: enqueued_at }];
     if let (Some(at), Some(queue_wait_ms)) = (record.started_at, record.queue_wait_ms) {
         effects.push(Effect::Started { at, queue_wait_ms });
     }
@@ -249,7 +241,7 @@ pub fn apply(
     now: Millis,
     policy: &ReapPolicy,
 ) -> Result<Applied, Refusal> {
-    let mut effects: Vec<Effect> = reap_if_due(&mut record, now).into_iter().collect();
+    let mut effects: Effects = reap_if_due(&mut record, now).into_iter().collect();
     match transition {
         Transition::Start { at } => start(&mut record, at.unwrap_or(now), now, policy, &mut effects)?,
         Transition::Settle {
@@ -293,7 +285,7 @@ fn start(
     at: Millis,
     now: Millis,
     policy: &ReapPolicy,
-    effects: &mut Vec<Effect>,
+    effects: &mut Effects,
 ) -> Result<(), Refusal> {
     match (record.state, record.disposition) {
         (State::Executing, _) => return Ok(()),
@@ -338,7 +330,7 @@ fn settle(
     reason: Option<String>,
     at: Millis,
     now: Millis,
-    effects: &mut Vec<Effect>,
+    effects: &mut Effects,
 ) -> Result<(), Refusal> {
     match record.state {
         State::Reaped => {

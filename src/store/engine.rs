@@ -6,7 +6,7 @@
 
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
-use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
+use crate::domain::counters::{ReapedCounts, Totals};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Disposition, State};
 use crate::domain::snapshot::{Snapshot, SnapshotParts};
@@ -29,8 +29,9 @@ pub(crate) trait Txn {
     fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError>;
     /// In-flight records whose `reapable_at` is before `now`, at most `limit`.
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
-    /// Adds `delta` to the totals of `key`.
-    fn add_totals(&mut self, key: &AggregateKey, delta: &Totals) -> Result<(), LedgerError>;
+    /// Adds `delta` to the totals of the aggregate `record` counts in
+    /// ([`AggregateKey::of`](crate::domain::counters::AggregateKey::of)).
+    fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError>;
     /// Counts one completion in the minute of `completed_at`, so that a
     /// snapshot counts its window from per-minute counters, not history.
     fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError>;
@@ -96,7 +97,7 @@ pub(crate) fn execute(
             let starts = matches!(transition, Transition::Start { .. })
                 && (record.state == State::Waiting
                     || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned)));
-            if starts && record.admission == Admission::Queued && config.cap(&record.lane()).is_some() {
+            if starts && record.admission == Admission::Queued && config.cap_of(&record.labels).is_some() {
                 admit(txn, config, &record, false, now)?;
                 // The admission decision reaped what was due, this record too.
                 record = load(txn, id)?;
@@ -192,10 +193,10 @@ fn admit(
     if record.admission != Admission::Queued {
         return Ok(());
     }
-    let lane = record.lane();
-    let Some(cap) = config.cap(&lane) else {
+    let Some(cap) = config.cap_of(&record.labels) else {
         return Ok(());
     };
+    let lane = record.lane();
     reap_all(txn, now)?;
     match admission::decide(Some(cap), txn.lane_position(record, newcomer)?) {
         Decision::Admit => Ok(()),
@@ -296,7 +297,7 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
     if delta.is_zero() {
         return Ok(());
     }
-    txn.add_totals(&AggregateKey::of(record), &delta)
+    txn.add_totals(record, &delta)
 }
 
 /// Reaps `record` if it is past its bound, persisting the change.

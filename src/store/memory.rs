@@ -1,6 +1,7 @@
 //! The in-memory store: one process, nothing persisted. For tests, the demo,
 //! and embedded use where the ledger need not survive a restart.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,8 +10,9 @@ use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::labels::ActivityLabels;
 use crate::domain::owner::{Owner, OwnerId, OwnerState};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
 use crate::error::{ErrorKind, LedgerError};
@@ -50,14 +52,30 @@ impl Store for MemoryStore {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let result = engine::execute(&mut *state, &self.config, command, now);
-        Box::pin(std::future::ready(result))
+        StoreFuture::ready(result)
     }
 }
+
+/// The record map's hasher: ids are UUIDv7s, already spread, and nothing an
+/// outsider sends can choose them to collide.
+type IdMap<V> = HashMap<ActivityId, V, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 struct MemoryState {
     /// Boxed, so that growing the map moves pointers, not records.
-    records: HashMap<ActivityId, Box<ActivityRecord>>,
+    records: IdMap<Box<ActivityRecord>>,
+    indexes: Indexes,
+    /// The counters, keyed by what [`AggregateKey::of`] reads from a record;
+    /// the shared labels carry their hash, so no label is hashed here.
+    totals: HashMap<(ActivityLabels, Priority, Admission), Totals, foldhash::fast::RandomState>,
+    owners: BTreeMap<OwnerId, Owner>,
+    /// Completions per minute (`completedAt / 60 000`).
+    completions_by_minute: BTreeMap<i64, i64>,
+}
+
+/// The ordered indexes a database would keep, each of `(instant, id)`.
+#[derive(Default)]
+struct Indexes {
     /// In-flight records by the instant they become reapable.
     due: BTreeSet<(Millis, ActivityId)>,
     /// In-flight records by `enqueuedAt`.
@@ -66,42 +84,56 @@ struct MemoryState {
     completed: BTreeSet<(Millis, ActivityId)>,
     /// Reaped records by `reapedAt`.
     reaped: BTreeSet<(Millis, ActivityId)>,
-    totals: BTreeMap<AggregateKey, Totals>,
-    owners: BTreeMap<OwnerId, Owner>,
-    /// Completions per minute (`completedAt / 60 000`).
-    completions_by_minute: BTreeMap<i64, i64>,
+}
+
+impl Indexes {
+    /// Where `record` sits in each index: due, in flight, completed, reaped.
+    fn keys(record: &ActivityRecord) -> [Option<Millis>; 4] {
+        let in_flight = record.state.is_in_flight();
+        [
+            record.reapable_at.filter(|_| in_flight),
+            Some(record.enqueued_at).filter(|_| in_flight),
+            record.completed_at.filter(|_| record.state.is_settled()),
+            record.reaped_at.filter(|_| record.state == State::Reaped),
+        ]
+    }
+
+    fn sets(&mut self) -> [&mut BTreeSet<(Millis, ActivityId)>; 4] {
+        [
+            &mut self.due,
+            &mut self.in_flight,
+            &mut self.completed,
+            &mut self.reaped,
+        ]
+    }
+
+    /// Moves `id` from the entries of `old` to those of `new`, touching only
+    /// the indexes whose key changed.
+    fn reindex(&mut self, id: ActivityId, old: Option<&ActivityRecord>, new: Option<&ActivityRecord>) {
+        let old = old.map_or([None; 4], Self::keys);
+        let new = new.map_or([None; 4], Self::keys);
+        for ((set, old), new) in self.sets().into_iter().zip(old).zip(new) {
+            if old == new {
+                continue;
+            }
+            if let Some(at) = old {
+                set.remove(&(at, id));
+            }
+            if let Some(at) = new {
+                set.insert((at, id));
+            }
+        }
+    }
 }
 
 impl MemoryState {
-    fn index(&mut self, record: &ActivityRecord, present: bool) {
-        let key = |at: Millis| (at, record.activity_id);
-        let apply = |set: &mut BTreeSet<(Millis, ActivityId)>, at: Millis| {
-            if present {
-                set.insert(key(at));
-            } else {
-                set.remove(&key(at));
-            }
-        };
-        if record.state.is_in_flight() {
-            if let Some(at) = record.reapable_at {
-                apply(&mut self.due, at);
-            }
-            apply(&mut self.in_flight, record.enqueued_at);
-        }
-        if let Some(at) = record.completed_at.filter(|_| record.state.is_settled()) {
-            apply(&mut self.completed, at);
-        }
-        if let Some(at) = record.reaped_at.filter(|_| record.state == State::Reaped) {
-            apply(&mut self.reaped, at);
-        }
-    }
-
     /// Completions from `since` on: whole minutes from their counters, the
     /// first (partial) minute from the index.
     fn completions_since(&self, since: Millis) -> i64 {
         let minute = since.div_euclid(MINUTE_MS);
         let next_minute = (minute + 1) * MINUTE_MS;
         let partial = self
+            .indexes
             .completed
             .range((since, ActivityId::nil_min())..(next_minute, ActivityId::nil_min()))
             .count() as i64;
@@ -111,6 +143,19 @@ impl MemoryState {
             .map(|(_, n)| n)
             .sum();
         partial + whole
+    }
+
+    /// The counters as a report lists them, in [`AggregateKey`] order.
+    fn aggregates(&self) -> Vec<(AggregateKey, Totals)> {
+        let mut aggregates: Vec<(AggregateKey, Totals)> = self
+            .totals
+            .iter()
+            .map(|((labels, priority, admission), totals)| {
+                (AggregateKey::new(labels, *priority, *admission), *totals)
+            })
+            .collect();
+        aggregates.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        aggregates
     }
 
     fn records_of<'a>(&'a self, keys: impl Iterator<Item = &'a (Millis, ActivityId)>) -> Vec<ActivityRecord> {
@@ -126,52 +171,55 @@ impl Txn for MemoryState {
     }
 
     fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        if self.records.contains_key(&record.activity_id) {
-            return Err(LedgerError::new(
+        match self.records.entry(record.activity_id) {
+            Entry::Occupied(_) => Err(LedgerError::new(
                 ErrorKind::Conflict,
                 format!("activity {} already exists", record.activity_id),
-            ));
+            )),
+            Entry::Vacant(slot) => {
+                self.indexes.reindex(record.activity_id, None, Some(record));
+                slot.insert(Box::new(record.clone()));
+                Ok(())
+            }
         }
-        self.index(record, true);
-        self.records.insert(record.activity_id, Box::new(record.clone()));
-        Ok(())
     }
 
     fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        let mut slot = match self.records.remove(&record.activity_id) {
-            Some(old) => {
-                self.index(&old, false);
-                old
+        match self.records.get_mut(&record.activity_id) {
+            Some(slot) => {
+                self.indexes.reindex(record.activity_id, Some(slot), Some(record));
+                // Reuses the record's allocation.
+                (**slot).clone_from(record);
             }
-            None => Box::new(record.clone()),
-        };
-        self.index(record, true);
-        // Reuses the record's allocation.
-        (*slot).clone_from(record);
-        self.records.insert(record.activity_id, slot);
+            None => {
+                self.indexes.reindex(record.activity_id, None, Some(record));
+                self.records.insert(record.activity_id, Box::new(record.clone()));
+            }
+        }
         Ok(())
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        let keys = self.due.iter().take_while(|(at, _)| *at < now).take(limit);
+        let keys = self
+            .indexes
+            .due
+            .iter()
+            .take_while(|(at, _)| *at < now)
+            .take(limit);
         Ok(self.records_of(keys))
     }
 
-    fn add_totals(&mut self, key: &AggregateKey, delta: &Totals) -> Result<(), LedgerError> {
-        match self.totals.get_mut(key) {
-            Some(totals) => totals.add(delta),
-            None => {
-                let mut totals = Totals::default();
-                totals.add(delta);
-                self.totals.insert(key.clone(), totals);
-            }
-        }
+    fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
+        self.totals
+            .entry((record.labels.clone(), record.priority, record.admission))
+            .or_default()
+            .add(delta);
         Ok(())
     }
 
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
         let mut loads: BTreeMap<LaneKey, LaneLoad> = BTreeMap::new();
-        for (_, id) in &self.in_flight {
+        for (_, id) in &self.indexes.in_flight {
             let Some(record) = self.records.get(id) else {
                 continue;
             };
@@ -194,14 +242,14 @@ impl Txn for MemoryState {
             }
         }
         let window = (since, ActivityId::nil_min())..;
-        let in_flight = self.records_of(self.in_flight.iter().take(limit + 1));
-        let recent = self.records_of(self.completed.range(window.clone()).rev().take(limit + 1));
-        let reaped = self.records_of(self.reaped.range(window.clone()).rev().take(limit + 1));
+        let in_flight = self.records_of(self.indexes.in_flight.iter().take(limit + 1));
+        let recent = self.records_of(self.indexes.completed.range(window.clone()).rev().take(limit + 1));
+        let reaped = self.records_of(self.indexes.reaped.range(window.clone()).rev().take(limit + 1));
         Ok(SnapshotParts {
             lane_loads: loads.into_values().collect(),
-            aggregates: self.totals.iter().map(|(k, t)| (k.clone(), *t)).collect(),
+            aggregates: self.aggregates(),
             in_flight,
-            in_flight_total: self.in_flight.len() as i64,
+            in_flight_total: self.indexes.in_flight.len() as i64,
             recent_completions: recent,
             recent_completions_total: self.completions_since(since),
             reaped,
@@ -217,26 +265,32 @@ impl Txn for MemoryState {
     }
 
     fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError> {
-        *self
-            .completions_by_minute
-            .entry(completed_at.div_euclid(MINUTE_MS))
-            .or_default() += 1;
+        let minute = completed_at.div_euclid(MINUTE_MS);
+        // Completions mostly land in the newest minute: no tree search.
+        if let Some(mut newest) = self.completions_by_minute.last_entry() {
+            if *newest.key() == minute {
+                *newest.get_mut() += 1;
+                return Ok(());
+            }
+        }
+        *self.completions_by_minute.entry(minute).or_default() += 1;
         Ok(())
     }
 
     fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError> {
         let bound = (before, ActivityId::nil_min());
         let mut doomed: Vec<ActivityId> = self
+            .indexes
             .completed
             .range(..bound)
             .take(limit)
             .map(|(_, id)| *id)
             .collect();
         let room = limit - doomed.len();
-        doomed.extend(self.reaped.range(..bound).take(room).map(|(_, id)| *id));
+        doomed.extend(self.indexes.reaped.range(..bound).take(room).map(|(_, id)| *id));
         for id in &doomed {
             if let Some(record) = self.records.remove(id) {
-                self.index(&record, false);
+                self.indexes.reindex(*id, Some(&record), None);
             }
         }
         self.owners
@@ -260,13 +314,13 @@ impl Txn for MemoryState {
             waiting_ahead: 0,
         };
         let me = (record.enqueued_at, record.activity_id);
-        for key in &self.in_flight {
+        for key in &self.indexes.in_flight {
             let Some(other) = self.records.get(&key.1) else {
                 continue;
             };
             if other.admission != Admission::Queued
-                || other.service != record.service
-                || other.provider != record.provider
+                || other.labels.service != record.labels.service
+                || other.labels.provider != record.labels.provider
                 || other.activity_id == record.activity_id
             {
                 continue;
@@ -299,7 +353,7 @@ impl Txn for MemoryState {
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
-        let keys = self.in_flight.iter().filter(|(_, activity)| {
+        let keys = self.indexes.in_flight.iter().filter(|(_, activity)| {
             self.records
                 .get(activity)
                 .is_some_and(|record| record.owner_id.as_deref() == Some(id.as_str()))

@@ -9,6 +9,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
@@ -163,8 +164,49 @@ fn unexpected(reply: &Reply) -> LedgerError {
     )
 }
 
-/// The future a store returns for a command.
-pub type StoreFuture = Pin<Box<dyn Future<Output = Result<Reply, LedgerError>> + Send + 'static>>;
+/// The future a store returns for a command: already resolved when the
+/// store answered on the spot (the memory store), so the hot path allocates
+/// no future, or waiting on the store's own machinery (SQLite's writer).
+#[must_use = "the reply is lost unless the future is awaited (the command itself is submitted)"]
+pub struct StoreFuture(Answer);
+
+enum Answer {
+    Ready(Option<Result<Reply, LedgerError>>),
+    Pending(Pin<Box<dyn Future<Output = Result<Reply, LedgerError>> + Send + 'static>>),
+}
+
+impl StoreFuture {
+    /// A reply that is already known.
+    pub fn ready(reply: Result<Reply, LedgerError>) -> Self {
+        Self(Answer::Ready(Some(reply)))
+    }
+
+    /// A reply that `future` will produce.
+    pub fn pending(future: impl Future<Output = Result<Reply, LedgerError>> + Send + 'static) -> Self {
+        Self(Answer::Pending(Box::pin(future)))
+    }
+}
+
+impl Future for StoreFuture {
+    type Output = Result<Reply, LedgerError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            Answer::Ready(reply) => Poll::Ready(reply.take().expect("StoreFuture polled after it resolved")),
+            Answer::Pending(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for StoreFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            Answer::Ready(_) => "ready",
+            Answer::Pending(_) => "pending",
+        };
+        f.debug_tuple("StoreFuture").field(&state).finish()
+    }
+}
 
 /// Where a ledger keeps its records.
 ///

@@ -21,7 +21,7 @@ use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
-use crate::domain::labels::Label;
+use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
@@ -218,7 +218,7 @@ impl Store for SqliteStore {
     fn execute(&self, command: Command) -> StoreFuture {
         let (reply, answer) = oneshot::channel();
         let sent = self.jobs.send((command, reply));
-        Box::pin(async move {
+        StoreFuture::pending(async move {
             sent.map_err(|_| LedgerError::closed())?;
             answer.await.map_err(|_| LedgerError::closed())?
         })
@@ -288,7 +288,7 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
         let policy = config.policy();
         for mut record in records {
             let deadline_ms =
-                policy.effective_deadline_ms(record.class.as_str(), record.declared_deadline_ms);
+                policy.effective_deadline_ms(record.labels.class.as_str(), record.declared_deadline_ms);
             // The bound reads the class and the declared deadline, not the
             // stored effective one.
             let reapable_at = policy.reapable_at(&record);
@@ -425,11 +425,13 @@ fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
     let completed_at: Option<Millis> = row.get(14)?;
     Ok(ActivityRecord {
         activity_id,
-        service: Label::trusted(row.get(1)?),
-        provider: Label::trusted(row.get(2)?),
-        class: Label::trusted(row.get(3)?),
-        operation_stage: Label::trusted(row.get(4)?),
-        model: row.get(5)?,
+        labels: ActivityLabels::new(LabelSet {
+            service: Label::trusted(row.get(1)?),
+            provider: Label::trusted(row.get(2)?),
+            class: Label::trusted(row.get(3)?),
+            operation_stage: Label::trusted(row.get(4)?),
+            model: row.get(5)?,
+        }),
         priority: parse_column(row, 6)?,
         admission: parse_column(row, 7)?,
         state: parse_column(row, 8)?,
@@ -484,6 +486,67 @@ fn query_owners(
 }
 
 impl SqliteTxn<'_> {
+    /// Adds `d` to the totals of `key`.
+    fn add_to_aggregate(&mut self, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
+                 calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+                 late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
+                 execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+                 ?20, ?21, ?22, ?23, ?24) \
+                 ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
+                 calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
+                 failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
+                 reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
+                 reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
+                 reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
+                 late_settles = late_settles + excluded.late_settles, \
+                 resurrections = resurrections + excluded.resurrections, \
+                 in_flight = in_flight + excluded.in_flight, \
+                 queue_wait_count = queue_wait_count + excluded.queue_wait_count, \
+                 queue_wait_sum_ms = queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
+                 queue_wait_max_ms = MAX(queue_wait_max_ms, excluded.queue_wait_max_ms), \
+                 execution_count = execution_count + excluded.execution_count, \
+                 execution_sum_ms = execution_sum_ms + excluded.execution_sum_ms, \
+                 execution_max_ms = MAX(execution_max_ms, excluded.execution_max_ms), \
+                 last_seen_at = MAX(COALESCE(last_seen_at, excluded.last_seen_at), \
+                                    COALESCE(excluded.last_seen_at, last_seen_at))",
+            )
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                key.service,
+                key.operation_stage,
+                key.class,
+                key.provider,
+                key.model,
+                key.priority.as_str(),
+                key.admission.as_str(),
+                d.calls,
+                d.succeeded,
+                d.failed,
+                d.cancelled,
+                d.reaped_abandoned,
+                d.reaped_unsettled,
+                d.reaped_owner_lost,
+                d.late_settles,
+                d.resurrections,
+                d.in_flight,
+                d.queue_wait_count,
+                d.queue_wait_sum_ms,
+                d.queue_wait_max_ms,
+                d.execution_count,
+                d.execution_sum_ms,
+                d.execution_max_ms,
+                d.last_seen_at,
+            ])
+            .map_err(sql_error("cannot update counters"))?;
+        Ok(())
+    }
+
     fn write(&self, sql: &str, record: &ActivityRecord) -> Result<(), LedgerError> {
         let mut statement = self
             .conn
@@ -492,11 +555,11 @@ impl SqliteTxn<'_> {
         statement
             .execute(params![
                 record.activity_id.to_string(),
-                record.service.as_str(),
-                record.provider.as_str(),
-                record.class.as_str(),
-                record.operation_stage.as_str(),
-                record.model,
+                record.labels.service.as_str(),
+                record.labels.provider.as_str(),
+                record.labels.class.as_str(),
+                record.labels.operation_stage.as_str(),
+                record.labels.model,
                 record.priority.as_str(),
                 record.admission.as_str(),
                 record.state.as_str(),
@@ -579,66 +642,9 @@ impl Txn for SqliteTxn<'_> {
         )
     }
 
-    fn add_totals(&mut self, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(
-                "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
-                 calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-                 late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
-                 execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-                 ?20, ?21, ?22, ?23, ?24) \
-                 ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
-                 calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
-                 failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
-                 reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
-                 reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
-                 reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
-                 late_settles = late_settles + excluded.late_settles, \
-                 resurrections = resurrections + excluded.resurrections, \
-                 in_flight = in_flight + excluded.in_flight, \
-                 queue_wait_count = queue_wait_count + excluded.queue_wait_count, \
-                 queue_wait_sum_ms = queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
-                 queue_wait_max_ms = MAX(queue_wait_max_ms, excluded.queue_wait_max_ms), \
-                 execution_count = execution_count + excluded.execution_count, \
-                 execution_sum_ms = execution_sum_ms + excluded.execution_sum_ms, \
-                 execution_max_ms = MAX(execution_max_ms, excluded.execution_max_ms), \
-                 last_seen_at = MAX(COALESCE(last_seen_at, excluded.last_seen_at), \
-                                    COALESCE(excluded.last_seen_at, last_seen_at))",
-            )
-            .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute(params![
-                key.service,
-                key.operation_stage,
-                key.class,
-                key.provider,
-                key.model,
-                key.priority.as_str(),
-                key.admission.as_str(),
-                d.calls,
-                d.succeeded,
-                d.failed,
-                d.cancelled,
-                d.reaped_abandoned,
-                d.reaped_unsettled,
-                d.reaped_owner_lost,
-                d.late_settles,
-                d.resurrections,
-                d.in_flight,
-                d.queue_wait_count,
-                d.queue_wait_sum_ms,
-                d.queue_wait_max_ms,
-                d.execution_count,
-                d.execution_sum_ms,
-                d.execution_max_ms,
-                d.last_seen_at,
-            ])
-            .map_err(sql_error("cannot update counters"))?;
-        Ok(())
+    fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
+        self.add_to_aggregate(&AggregateKey::of(record), delta)
     }
-
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
         let fetch = (limit + 1) as i64;
         let lane_loads = {
@@ -867,8 +873,8 @@ impl Txn for SqliteTxn<'_> {
         statement
             .query_row(
                 params![
-                    record.service.as_str(),
-                    record.provider.as_str(),
+                    record.labels.service.as_str(),
+                    record.labels.provider.as_str(),
                     record.activity_id.to_string(),
                     record.enqueued_at,
                     newcomer
@@ -982,7 +988,7 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
                 .map_err(sql_error("cannot seed counters"))?;
         }
         let n = count as i64;
-        SqliteTxn { conn: &tx }.add_totals(
+        SqliteTxn { conn: &tx }.add_to_aggregate(
             &AggregateKey {
                 service: "bench-history".into(),
                 operation_stage: "history".into(),
