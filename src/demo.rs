@@ -55,7 +55,13 @@ enum Event {
     },
 }
 
-fn spec(service: &str, stage: &str, provider: &str, class: &str, model: &str) -> ActivitySpec {
+fn spec(
+    service: &'static str,
+    stage: &'static str,
+    provider: &'static str,
+    class: &'static str,
+    model: &'static str,
+) -> ActivitySpec {
     let mut spec = ActivitySpec::new(service, provider)
         .operation_stage(stage)
         .model(model)

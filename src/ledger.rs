@@ -1,6 +1,7 @@
 //! The public face of the library: [`Ledger`], [`ActivitySpec`] and the
 //! [`ActivityHandle`] that settles a record or cancels it when dropped.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -171,19 +172,20 @@ impl LedgerBuilder {
 /// What a caller says about a call when it begins it.
 ///
 /// Labels are validated by [`Ledger::begin`]; a missing optional label is
-/// `unknown`.
+/// `unknown`. They are `Cow`s so that a spec built from string literals,
+/// as most services' are, allocates nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActivitySpec {
     /// The calling service (required).
-    pub service: String,
+    pub service: Cow<'static, str>,
     /// The provider called (required).
-    pub provider: String,
+    pub provider: Cow<'static, str>,
     /// The deadline class.
-    pub class: Option<String>,
+    pub class: Option<Cow<'static, str>>,
     /// The caller's stage.
-    pub operation_stage: Option<String>,
+    pub operation_stage: Option<Cow<'static, str>>,
     /// The model; redacted unless it looks like a model identifier.
-    pub model: Option<String>,
+    pub model: Option<Cow<'static, str>>,
     /// The caller's priority.
     pub priority: Option<Priority>,
     /// Queued (the default) or direct.
@@ -200,7 +202,7 @@ pub struct ActivitySpec {
 
 impl ActivitySpec {
     /// A call from `service` to `provider`.
-    pub fn new(service: impl Into<String>, provider: impl Into<String>) -> Self {
+    pub fn new(service: impl Into<Cow<'static, str>>, provider: impl Into<Cow<'static, str>>) -> Self {
         Self {
             service: service.into(),
             provider: provider.into(),
@@ -209,19 +211,19 @@ impl ActivitySpec {
     }
 
     /// Sets the deadline class.
-    pub fn class(mut self, class: impl Into<String>) -> Self {
+    pub fn class(mut self, class: impl Into<Cow<'static, str>>) -> Self {
         self.class = Some(class.into());
         self
     }
 
     /// Sets the caller's stage.
-    pub fn operation_stage(mut self, stage: impl Into<String>) -> Self {
+    pub fn operation_stage(mut self, stage: impl Into<Cow<'static, str>>) -> Self {
         self.operation_stage = Some(stage.into());
         self
     }
 
     /// Sets the model.
-    pub fn model(mut self, model: impl Into<String>) -> Self {
+    pub fn model(mut self, model: impl Into<Cow<'static, str>>) -> Self {
         self.model = Some(model.into());
         self
     }
@@ -308,6 +310,16 @@ pub struct Settlement {
     pub completed_at: Option<Millis>,
 }
 
+impl From<Settlement> for Transition {
+    fn from(settlement: Settlement) -> Self {
+        Self::Settle {
+            success: settlement.success,
+            failure_stage: settlement.failure_stage,
+            at: settlement.completed_at,
+        }
+    }
+}
+
 impl From<Outcome> for Settlement {
     fn from(outcome: Outcome) -> Self {
         match outcome {
@@ -384,24 +396,21 @@ impl Ledger {
     /// that was submitted still lands and is then recorded `cancelled`, as if
     /// the handle had been dropped.
     pub async fn begin(&self, spec: ActivitySpec) -> Result<ActivityHandle, LedgerError> {
-        // The handle exists before the record is submitted, so a future
+        // The guard exists before the record is submitted, so a future
         // dropped mid-flight still cancels what it began.
-        let mut handle = ActivityHandle {
-            ledger: self.clone(),
+        let mut guard = BeginGuard {
+            ledger: self,
             id: ActivityId::new(),
-            record: None,
             armed: true,
         };
-        match self.begin_with_id(spec, handle.id).await {
-            Ok(record) => {
-                handle.record = Some(record);
-                Ok(handle)
-            }
-            Err(err) => {
-                handle.armed = false;
-                Err(err)
-            }
-        }
+        let begun = self.begin_with_id(spec, guard.id).await;
+        guard.armed = false;
+        Ok(ActivityHandle {
+            ledger: self.clone(),
+            id: guard.id,
+            record: Some(begun?),
+            armed: true,
+        })
     }
 
     /// Records a new activity and returns the record, with no handle: for
@@ -429,8 +438,20 @@ impl Ledger {
                 .clone();
         }
         if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
+            drop(spec);
             return self.run(Command::Begin { new }).await?.into_record();
         }
+        // Rare, and a large future (it may register an owner): boxed, so the
+        // common path's future stays small and cheap to move.
+        Box::pin(self.begin_as_auto_owner(spec, new)).await
+    }
+
+    async fn begin_as_auto_owner(
+        &self,
+        spec: ActivitySpec,
+        mut new: NewActivity,
+    ) -> Result<ActivityRecord, LedgerError> {
+        let id = new.activity_id;
         let owner = self.auto_owner_id().await?;
         new.owner_id = Some(owner.to_string());
         match self.run(Command::Begin { new }).await {
@@ -477,15 +498,7 @@ impl Ledger {
         id: ActivityId,
         settlement: Settlement,
     ) -> Result<ActivityRecord, LedgerError> {
-        self.transition(
-            id,
-            Transition::Settle {
-                success: settlement.success,
-                failure_stage: settlement.failure_stage,
-                at: settlement.completed_at,
-            },
-        )
-        .await
+        self.transition(id, settlement.into()).await
     }
 
     /// Cancels the record `id`: an abort the ledger observed, settled and not
@@ -505,14 +518,24 @@ impl Ledger {
         self.transition(id, Transition::Cancel { reason, at: None }).await
     }
 
-    async fn transition(
+    /// The hot path of [`Ledger::run`] for one record, in one async layer:
+    /// every layer moves the record once more.
+    pub(crate) async fn transition(
         &self,
         id: ActivityId,
         transition: Transition,
     ) -> Result<ActivityRecord, LedgerError> {
-        self.run(Command::Transition { id, transition })
+        let settles = matches!(transition, Transition::Settle { .. } | Transition::Cancel { .. });
+        let record = self
+            .inner
+            .store
+            .execute(Command::Transition { id, transition })
             .await?
-            .into_record()
+            .into_record()?;
+        if settles {
+            self.inner.capacity_changed.notify_waiters();
+        }
+        Ok(record)
     }
 
     /// The record `id`, reaped first if it is past its bound.
@@ -657,6 +680,22 @@ impl Ledger {
     }
 }
 
+/// Cancels the record a [`Ledger::begin`] submitted if its future is dropped
+/// before the handle exists.
+struct BeginGuard<'a> {
+    ledger: &'a Ledger,
+    id: ActivityId,
+    armed: bool,
+}
+
+impl Drop for BeginGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ledger.cancel_detached(self.id);
+        }
+    }
+}
+
 /// Stops the background reaper when dropped.
 #[must_use = "the reaper stops when this guard is dropped"]
 #[derive(Debug)]
@@ -724,7 +763,10 @@ impl ActivityHandle {
     /// The start is submitted when first polled; the handle still cancels
     /// the record when dropped.
     pub async fn start(&mut self) -> Result<&ActivityRecord, LedgerError> {
-        let record = self.ledger.start(self.id, None).await?;
+        let record = self
+            .ledger
+            .transition(self.id, Transition::Start { at: None })
+            .await?;
         Ok(self.record.insert(record))
     }
 
@@ -739,7 +781,9 @@ impl ActivityHandle {
     /// dropped before its first poll cancels the record, like the handle.
     pub async fn settle(mut self, outcome: Outcome) -> Result<ActivityRecord, LedgerError> {
         self.armed = false;
-        self.ledger.settle(self.id, outcome.into()).await
+        self.ledger
+            .transition(self.id, Settlement::from(outcome).into())
+            .await
     }
 
     /// Cancels it, consuming the handle.

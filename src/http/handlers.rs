@@ -38,11 +38,11 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
 pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> Answer<impl IntoResponse> {
     let body = body.require_body()?;
     let spec = ActivitySpec {
-        service: body.required_string("service")?,
-        provider: body.required_string("provider")?,
-        class: body.string("class")?,
-        operation_stage: body.string("operationStage")?,
-        model: body.string("model")?,
+        service: body.required_string("service")?.into(),
+        provider: body.required_string("provider")?.into(),
+        class: body.string("class")?.map(Into::into),
+        operation_stage: body.string("operationStage")?.map(Into::into),
+        model: body.string("model")?.map(Into::into),
         priority: body.wire::<Priority>("priority")?,
         admission: body.wire::<Admission>("admission")?,
         enqueued_at: body.timestamp("enqueuedAt")?,

@@ -90,7 +90,7 @@ pub(crate) fn execute(
                 .extend(transition::reap_if_due(&mut applied.record, now));
             txn.insert(&applied.record)?;
             add_totals(txn, &applied.record, &applied.effects)?;
-            Ok(Reply::Record(Box::new(applied.record)))
+            Ok(Reply::Record(applied.record))
         }
         Command::Transition { id, transition } => {
             let mut record = load_seen(txn, id, now)?;
@@ -109,7 +109,7 @@ pub(crate) fn execute(
                         txn.update(&applied.record)?;
                         add_totals(txn, &applied.record, &applied.effects)?;
                     }
-                    Ok(Reply::Record(Box::new(applied.record)))
+                    Ok(Reply::Record(applied.record))
                 }
                 Err(refusal) => {
                     // The request is refused, but time still passed: a record
@@ -124,7 +124,7 @@ pub(crate) fn execute(
         }
         Command::Get { id } => {
             let record = load_seen(txn, id, now)?;
-            Ok(Reply::Record(Box::new(reap_one(txn, record, now)?)))
+            Ok(Reply::Record(reap_one(txn, record, now)?))
         }
         Command::Reap => Ok(Reply::Reaped(reap_all(txn, now)?)),
         Command::Snapshot { options } => {

@@ -67,10 +67,24 @@ struct MemoryState {
     indexes: Indexes,
     /// The counters, keyed by what [`AggregateKey::of`] reads from a record;
     /// the shared labels carry their hash, so no label is hashed here.
-    totals: HashMap<(ActivityLabels, Priority, Admission), Totals, foldhash::fast::RandomState>,
+    totals: hashbrown::HashMap<AggregateSlot, Totals>,
     owners: BTreeMap<OwnerId, Owner>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
+}
+
+/// What a memory store keys its counters by.
+type AggregateSlot = (ActivityLabels, Priority, Admission);
+
+/// An [`AggregateSlot`] by reference, hashed exactly like the owned one.
+#[derive(Hash)]
+struct AggregateRef<'a>((&'a ActivityLabels, Priority, Admission));
+
+impl hashbrown::Equivalent<AggregateSlot> for AggregateRef<'_> {
+    fn equivalent(&self, key: &AggregateSlot) -> bool {
+        let (labels, priority, admission) = self.0;
+        *labels == key.0 && priority == key.1 && admission == key.2
+    }
 }
 
 /// The ordered indexes a database would keep, each of `(instant, id)`.
@@ -86,43 +100,54 @@ struct Indexes {
     reaped: BTreeSet<(Millis, ActivityId)>,
 }
 
-impl Indexes {
-    /// Where `record` sits in each index: due, in flight, completed, reaped.
-    fn keys(record: &ActivityRecord) -> [Option<Millis>; 4] {
+/// Where a record sits in each index.
+#[derive(Default, Clone, Copy)]
+struct IndexKeys {
+    due: Option<Millis>,
+    in_flight: Option<Millis>,
+    completed: Option<Millis>,
+    reaped: Option<Millis>,
+}
+
+impl IndexKeys {
+    fn of(record: &ActivityRecord) -> Self {
         let in_flight = record.state.is_in_flight();
-        [
-            record.reapable_at.filter(|_| in_flight),
-            Some(record.enqueued_at).filter(|_| in_flight),
-            record.completed_at.filter(|_| record.state.is_settled()),
-            record.reaped_at.filter(|_| record.state == State::Reaped),
-        ]
+        Self {
+            due: record.reapable_at.filter(|_| in_flight),
+            in_flight: Some(record.enqueued_at).filter(|_| in_flight),
+            completed: record.completed_at.filter(|_| record.state.is_settled()),
+            reaped: record.reaped_at.filter(|_| record.state == State::Reaped),
+        }
     }
+}
 
-    fn sets(&mut self) -> [&mut BTreeSet<(Millis, ActivityId)>; 4] {
-        [
-            &mut self.due,
-            &mut self.in_flight,
-            &mut self.completed,
-            &mut self.reaped,
-        ]
-    }
-
+impl Indexes {
     /// Moves `id` from the entries of `old` to those of `new`, touching only
     /// the indexes whose key changed.
     fn reindex(&mut self, id: ActivityId, old: Option<&ActivityRecord>, new: Option<&ActivityRecord>) {
-        let old = old.map_or([None; 4], Self::keys);
-        let new = new.map_or([None; 4], Self::keys);
-        for ((set, old), new) in self.sets().into_iter().zip(old).zip(new) {
-            if old == new {
-                continue;
-            }
-            if let Some(at) = old {
-                set.remove(&(at, id));
-            }
-            if let Some(at) = new {
-                set.insert((at, id));
-            }
-        }
+        let old = old.map(IndexKeys::of).unwrap_or_default();
+        let new = new.map(IndexKeys::of).unwrap_or_default();
+        move_entry(&mut self.due, id, old.due, new.due);
+        move_entry(&mut self.in_flight, id, old.in_flight, new.in_flight);
+        move_entry(&mut self.completed, id, old.completed, new.completed);
+        move_entry(&mut self.reaped, id, old.reaped, new.reaped);
+    }
+}
+
+fn move_entry(
+    set: &mut BTreeSet<(Millis, ActivityId)>,
+    id: ActivityId,
+    old: Option<Millis>,
+    new: Option<Millis>,
+) {
+    if old == new {
+        return;
+    }
+    if let Some(at) = old {
+        set.remove(&(at, id));
+    }
+    if let Some(at) = new {
+        set.insert((at, id));
     }
 }
 
@@ -210,10 +235,17 @@ impl Txn for MemoryState {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
-        self.totals
-            .entry((record.labels.clone(), record.priority, record.admission))
-            .or_default()
-            .add(delta);
+        // Looked up by reference: the key is cloned only for a new aggregate.
+        let slot = (&record.labels, record.priority, record.admission);
+        match self.totals.get_mut(&AggregateRef(slot)) {
+            Some(totals) => totals.add(delta),
+            None => {
+                let mut totals = Totals::default();
+                totals.add(delta);
+                self.totals
+                    .insert((record.labels.clone(), record.priority, record.admission), totals);
+            }
+        }
         Ok(())
     }
 

@@ -92,8 +92,9 @@ pub enum Command {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Reply {
-    /// The record after a begin, transition or get.
-    Record(Box<ActivityRecord>),
+    /// The record after a begin, transition or get. Not boxed: this is the
+    /// reply of the hot path, and a move is cheaper than an allocation.
+    Record(ActivityRecord),
     /// What a reap pass reaped.
     Reaped(ReapedCounts),
     /// A snapshot.
@@ -116,7 +117,7 @@ pub struct StoreStats {
 impl Reply {
     pub(crate) fn into_record(self) -> Result<ActivityRecord, LedgerError> {
         match self {
-            Self::Record(record) => Ok(*record),
+            Self::Record(record) => Ok(record),
             other => Err(unexpected(&other)),
         }
     }
