@@ -35,6 +35,7 @@ against_every_store!(
     direct_records_are_not_in_native_admission,
     records_report_when_they_become_reapable,
     reaping_is_idempotent,
+    label_sets_spelled_apart_count_in_one_aggregate,
 );
 
 async fn executing_record_past_its_class_bound_is_reaped_and_leaves_the_counts(backend: Backend) {
@@ -635,4 +636,19 @@ async fn reopening_under_a_changed_class_rebounds_records_in_flight() {
     );
     assert_eq!(record.reapable_at, Some(T0 + 4 * 3_600_000));
     assert_eq!(record.deadline_ms, 3_600_000);
+}
+
+async fn label_sets_spelled_apart_count_in_one_aggregate(backend: Backend) {
+    let h = Harness::default(backend);
+    // A missing class and `unknown` are the same label set, remembered under
+    // two spellings: the counters must not split them.
+    let implicit = ActivitySpec::new("kb", "ollama");
+    let explicit = ActivitySpec::new("kb", "ollama").class("unknown");
+    for spec in [implicit.clone(), explicit, implicit] {
+        let call = h.ledger.begin(spec).await.unwrap();
+        call.settle(Outcome::Success).await.unwrap();
+    }
+    let snap = snapshot(&h.ledger).await;
+    assert_eq!(snap.aggregates.len(), 1, "{:?}", snap.aggregates);
+    assert_eq!((snap.aggregates[0].calls, snap.aggregates[0].successes), (3, 3));
 }
