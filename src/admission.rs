@@ -6,6 +6,7 @@
 //! served by `enqueuedAt`, and is woken when capacity may have come back.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -59,7 +60,7 @@ impl Permit {
     /// Once first polled, the settle is submitted and lands even if the
     /// future is dropped; a future dropped before its first poll cancels the
     /// call instead. Either way the slot is freed.
-    pub async fn settle(self, outcome: Outcome) -> Result<ActivityRecord, LedgerError> {
+    pub async fn settle(self, outcome: Outcome) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.handle.settle(outcome).await
     }
 
@@ -70,7 +71,7 @@ impl Permit {
     ///
     /// # Cancel safety
     /// As [`Permit::settle`].
-    pub async fn cancel(self, reason: Option<String>) -> Result<ActivityRecord, LedgerError> {
+    pub async fn cancel(self, reason: Option<String>) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.handle.cancel(reason).await
     }
 }
@@ -144,7 +145,7 @@ impl Ledger {
         id: ActivityId,
         at: Option<Millis>,
         wait: Option<Duration>,
-    ) -> Result<ActivityRecord, LedgerError> {
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let give_up = wait.map(|wait| Instant::now() + wait);
         loop {
             // Registered before the attempt, so a settle that lands in

@@ -423,11 +423,15 @@ impl Ledger {
     /// Once first polled, the record is submitted and lands even if the
     /// future is dropped; with no handle, nothing cancels it, and its bound
     /// reaps it as `abandoned` or `unsettled`.
-    pub async fn begin_record(&self, spec: ActivitySpec) -> Result<ActivityRecord, LedgerError> {
+    pub async fn begin_record(&self, spec: ActivitySpec) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.begin_with_id(spec, ActivityId::new()).await
     }
 
-    async fn begin_with_id(&self, spec: ActivitySpec, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
+    async fn begin_with_id(
+        &self,
+        spec: ActivitySpec,
+        id: ActivityId,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let mut new = spec.validate(id, &self.inner.labels)?;
         if new.owner_id.is_none() {
             new.owner_id = self
@@ -450,7 +454,7 @@ impl Ledger {
         &self,
         spec: ActivitySpec,
         mut new: NewActivity,
-    ) -> Result<ActivityRecord, LedgerError> {
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let id = new.activity_id;
         let owner = self.auto_owner_id().await?;
         new.owner_id = Some(owner.to_string());
@@ -479,7 +483,11 @@ impl Ledger {
     /// # Cancel safety
     /// The start is submitted when the future is first polled; dropping
     /// the future after that does not withdraw it.
-    pub async fn start(&self, id: ActivityId, at: Option<Millis>) -> Result<ActivityRecord, LedgerError> {
+    pub async fn start(
+        &self,
+        id: ActivityId,
+        at: Option<Millis>,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.transition(id, Transition::Start { at }).await
     }
 
@@ -497,7 +505,7 @@ impl Ledger {
         &self,
         id: ActivityId,
         settlement: Settlement,
-    ) -> Result<ActivityRecord, LedgerError> {
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.transition(id, settlement.into()).await
     }
 
@@ -514,7 +522,7 @@ impl Ledger {
         &self,
         id: ActivityId,
         reason: Option<String>,
-    ) -> Result<ActivityRecord, LedgerError> {
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.transition(id, Transition::Cancel { reason, at: None }).await
     }
 
@@ -524,7 +532,7 @@ impl Ledger {
         &self,
         id: ActivityId,
         transition: Transition,
-    ) -> Result<ActivityRecord, LedgerError> {
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let settles = matches!(transition, Transition::Settle { .. } | Transition::Cancel { .. });
         let record = self
             .inner
@@ -545,7 +553,7 @@ impl Ledger {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future loses only the answer.
-    pub async fn get(&self, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
+    pub async fn get(&self, id: ActivityId) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.run(Command::Get { id }).await?.into_record()
     }
 
@@ -732,7 +740,7 @@ impl Drop for ReaperGuard {
 pub struct ActivityHandle {
     pub(crate) ledger: Ledger,
     pub(crate) id: ActivityId,
-    pub(crate) record: Option<ActivityRecord>,
+    pub(crate) record: Option<Arc<ActivityRecord>>,
     /// Whether dropping the handle must still cancel the record.
     armed: bool,
 }
@@ -749,9 +757,11 @@ impl ActivityHandle {
         self.id
     }
 
-    /// The record as of the handle's last operation.
+    /// The record as of the handle's last operation, or `None` once an
+    /// operation on it failed: ask [`Ledger::get`] for the record as it is
+    /// now.
     pub fn record(&self) -> Option<&ActivityRecord> {
-        self.record.as_ref()
+        self.record.as_deref()
     }
 
     /// Marks it executing now.
@@ -763,6 +773,9 @@ impl ActivityHandle {
     /// The start is submitted when first polled; the handle still cancels
     /// the record when dropped.
     pub async fn start(&mut self) -> Result<&ActivityRecord, LedgerError> {
+        // Let go of the old version first, so the store can change its own
+        // copy in place instead of copying it.
+        self.record = None;
         let record = self
             .ledger
             .transition(self.id, Transition::Start { at: None })
@@ -779,8 +792,9 @@ impl ActivityHandle {
     /// Once first polled, the settle is submitted: if the future is dropped
     /// after that, the settle still lands and no cancel follows. A future
     /// dropped before its first poll cancels the record, like the handle.
-    pub async fn settle(mut self, outcome: Outcome) -> Result<ActivityRecord, LedgerError> {
+    pub async fn settle(mut self, outcome: Outcome) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.armed = false;
+        self.record = None;
         self.ledger
             .transition(self.id, Settlement::from(outcome).into())
             .await
@@ -793,8 +807,9 @@ impl ActivityHandle {
     ///
     /// # Cancel safety
     /// As [`ActivityHandle::settle`].
-    pub async fn cancel(mut self, reason: Option<String>) -> Result<ActivityRecord, LedgerError> {
+    pub async fn cancel(mut self, reason: Option<String>) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.armed = false;
+        self.record = None;
         self.ledger.cancel(self.id, reason).await
     }
 }

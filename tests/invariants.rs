@@ -114,7 +114,7 @@ async fn check(h: &Harness, ids: &[ActivityId]) -> Result<(), TestCaseError> {
         .unwrap();
     let mut records: Vec<ActivityRecord> = Vec::new();
     for id in ids {
-        records.push(h.ledger.get(*id).await.unwrap());
+        records.push(ActivityRecord::clone(&h.ledger.get(*id).await.unwrap()));
     }
     let count = |pred: &dyn Fn(&ActivityRecord) -> bool| records.iter().filter(|r| pred(r)).count() as i64;
     let now = h.ledger.now();

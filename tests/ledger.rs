@@ -36,6 +36,8 @@ against_every_store!(
     records_report_when_they_become_reapable,
     reaping_is_idempotent,
     label_sets_spelled_apart_count_in_one_aggregate,
+    a_returned_record_keeps_its_version,
+    handle_forgets_its_record_when_an_operation_fails,
 );
 
 async fn executing_record_past_its_class_bound_is_reaped_and_leaves_the_counts(backend: Backend) {
@@ -651,4 +653,37 @@ async fn label_sets_spelled_apart_count_in_one_aggregate(backend: Backend) {
     let snap = snapshot(&h.ledger).await;
     assert_eq!(snap.aggregates.len(), 1, "{:?}", snap.aggregates);
     assert_eq!((snap.aggregates[0].calls, snap.aggregates[0].successes), (3, 3));
+}
+
+async fn a_returned_record_keeps_its_version(backend: Backend) {
+    let h = Harness::new(backend, config());
+    // Records are shared with the store that keeps them; a later transition
+    // must never show through a reply already handed out.
+    let begun = h.ledger.begin_record(embedding()).await.unwrap();
+    let started = h.ledger.start(begun.activity_id, None).await.unwrap();
+    let settled = h
+        .ledger
+        .settle(begun.activity_id, Outcome::Success.into())
+        .await
+        .unwrap();
+    assert_eq!(
+        (begun.state, started.state, settled.state),
+        (State::Waiting, State::Executing, State::Succeeded)
+    );
+    assert_eq!(begun.started_at, None);
+    assert_eq!(started.completed_at, None);
+}
+
+async fn handle_forgets_its_record_when_an_operation_fails(backend: Backend) {
+    let h = Harness::new(backend, config());
+    let mut call = h.ledger.begin(embedding().started_at(T0)).await.unwrap();
+    assert_eq!(call.record().unwrap().state, State::Executing);
+    h.clock.advance(21 * MIN);
+    assert_eq!(h.ledger.reap().await.unwrap().unsettled, 1);
+    // Reaped as unsettled: a start is refused, and the handle keeps no stale
+    // copy that would still say "executing".
+    assert_eq!(call.start().await.unwrap_err().kind(), ErrorKind::Conflict);
+    assert!(call.record().is_none());
+    let now = h.ledger.get(call.id()).await.unwrap();
+    assert_eq!(now.state, State::Reaped);
 }

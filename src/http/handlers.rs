@@ -1,6 +1,7 @@
 //! The route handlers: parse the request, call the ledger, answer JSON.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -59,7 +60,7 @@ pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> An
 pub(super) async fn get(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<ActivityRecord>> {
+) -> Answer<Json<Arc<ActivityRecord>>> {
     let id = activity_id(path)?;
     Ok(Json(state.ledger().get(id).await?))
 }
@@ -72,7 +73,7 @@ pub(super) async fn start(
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     body: JsonObject,
-) -> Answer<Json<ActivityRecord>> {
+) -> Answer<Json<Arc<ActivityRecord>>> {
     let id = activity_id(path)?;
     let Query(query) =
         query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
@@ -152,7 +153,7 @@ pub(super) async fn settle(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     body: JsonObject,
-) -> Answer<Json<ActivityRecord>> {
+) -> Answer<Json<Arc<ActivityRecord>>> {
     let id = activity_id(path)?;
     let body = body.require_body()?;
     let settlement = Settlement {
@@ -168,7 +169,7 @@ pub(super) async fn cancel(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     body: JsonObject,
-) -> Answer<Json<ActivityRecord>> {
+) -> Answer<Json<Arc<ActivityRecord>>> {
     let id = activity_id(path)?;
     let reason = body.string("reason")?;
     Ok(Json(state.ledger().cancel(id, reason).await?))

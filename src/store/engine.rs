@@ -4,6 +4,8 @@
 //! The rules themselves are the domain's; this module only sequences them:
 //! load, reap if due, apply, persist the record and the counter changes.
 
+use std::sync::Arc;
+
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
 use crate::domain::counters::{ReapedCounts, Totals};
@@ -23,10 +25,10 @@ const REAP_BATCH: usize = 512;
 pub(crate) trait Txn {
     /// The record with `id`, as stored.
     fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError>;
-    /// Stores a new record.
-    fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError>;
-    /// Overwrites a stored record.
-    fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError>;
+    /// Stores a new record; returns it as stored, shared.
+    fn insert(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError>;
+    /// Overwrites a stored record; returns it as stored, shared.
+    fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError>;
     /// In-flight records whose `reapable_at` is before `now`, at most `limit`.
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
     /// Adds `delta` to the totals of the aggregate `record` counts in
@@ -88,9 +90,9 @@ pub(crate) fn execute(
             applied
                 .effects
                 .extend(transition::reap_if_due(&mut applied.record, now));
-            txn.insert(&applied.record)?;
-            add_totals(txn, &applied.record, &applied.effects)?;
-            Ok(Reply::Record(applied.record))
+            let record = txn.insert(applied.record)?;
+            add_totals(txn, &record, &applied.effects)?;
+            Ok(Reply::Record(record))
         }
         Command::Transition { id, transition } => {
             let mut record = load_seen(txn, id, now)?;
@@ -104,13 +106,12 @@ pub(crate) fn execute(
             }
             let reaped_before = transition::is_due(&record, now);
             match transition::apply(record, transition, now, policy) {
-                Ok(applied) => {
-                    if applied.changed() {
-                        txn.update(&applied.record)?;
-                        add_totals(txn, &applied.record, &applied.effects)?;
-                    }
-                    Ok(Reply::Record(applied.record))
+                Ok(applied) if applied.changed() => {
+                    let record = txn.update(applied.record)?;
+                    add_totals(txn, &record, &applied.effects)?;
+                    Ok(Reply::Record(record))
                 }
+                Ok(unchanged) => Ok(Reply::Record(Arc::new(unchanged.record))),
                 Err(refusal) => {
                     // The request is refused, but time still passed: a record
                     // past its bound is reaped whatever was asked of it.
@@ -171,8 +172,8 @@ pub(crate) fn execute(
                     if applied.record.state == State::Cancelled {
                         owner.cancelled_records += 1;
                     }
-                    txn.update(&applied.record)?;
-                    add_totals(txn, &applied.record, &applied.effects)?;
+                    let record = txn.update(applied.record)?;
+                    add_totals(txn, &record, &applied.effects)?;
                 }
                 txn.put_owner(&owner)?;
             }
@@ -257,7 +258,7 @@ fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Millis) -> Result<ReapedCounts
                 counts.count(disposition);
             }
             owner.reaped_records += 1;
-            txn.update(&record)?;
+            let record = txn.update(record)?;
             add_totals(txn, &record, &[effect])?;
         }
     }
@@ -305,12 +306,15 @@ fn reap_one(
     txn: &mut dyn Txn,
     mut record: ActivityRecord,
     now: Millis,
-) -> Result<ActivityRecord, LedgerError> {
-    if let Some(effect) = transition::reap_if_due(&mut record, now) {
-        txn.update(&record)?;
-        add_totals(txn, &record, &[effect])?;
+) -> Result<Arc<ActivityRecord>, LedgerError> {
+    match transition::reap_if_due(&mut record, now) {
+        Some(effect) => {
+            let record = txn.update(record)?;
+            add_totals(txn, &record, &[effect])?;
+            Ok(record)
+        }
+        None => Ok(Arc::new(record)),
     }
-    Ok(record)
 }
 
 /// Reaps every record past its bound. Idempotent: a record another process
@@ -326,7 +330,7 @@ pub(crate) fn reap_due(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, L
                 if let Effect::Reaped { disposition, .. } = effect {
                     counts.count(disposition);
                 }
-                txn.update(&record)?;
+                let record = txn.update(record)?;
                 add_totals(txn, &record, &[effect])?;
             }
         }

@@ -1,7 +1,6 @@
 //! The in-memory store: one process, nothing persisted. For tests, the demo,
 //! and embedded use where the ledger need not survive a restart.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -62,8 +61,7 @@ type IdMap<V> = HashMap<ActivityId, V, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 struct MemoryState {
-    /// Boxed, so that growing the map moves pointers, not records.
-    records: IdMap<Box<ActivityRecord>>,
+    records: Records,
     indexes: Indexes,
     /// The counters, keyed by what [`AggregateKey::of`] reads from a record;
     /// the shared labels carry their hash, so no label is hashed here.
@@ -71,6 +69,45 @@ struct MemoryState {
     owners: BTreeMap<OwnerId, Owner>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
+}
+
+/// The records, shared with the replies that carry them so that a reply
+/// copies nothing. Those in flight live in a small hash map that stays in
+/// cache; the rest (history, until retention prunes it) are ordered by id,
+/// and ids are UUIDv7s, ordered by creation, so a record settling now joins
+/// the newest end of the tree instead of a random slot of a table the size
+/// of the whole history.
+#[derive(Default)]
+struct Records {
+    live: IdMap<Arc<ActivityRecord>>,
+    history: BTreeMap<ActivityId, Arc<ActivityRecord>>,
+}
+
+impl Records {
+    fn get(&self, id: &ActivityId) -> Option<&Arc<ActivityRecord>> {
+        self.live.get(id).or_else(|| self.history.get(id))
+    }
+
+    fn contains(&self, id: &ActivityId) -> bool {
+        self.live.contains_key(id) || self.history.contains_key(id)
+    }
+
+    fn remove(&mut self, id: &ActivityId) -> Option<Arc<ActivityRecord>> {
+        self.live.remove(id).or_else(|| self.history.remove(id))
+    }
+
+    fn len(&self) -> usize {
+        self.live.len() + self.history.len()
+    }
+
+    /// Files `record` with the records of its kind.
+    fn file(&mut self, record: Arc<ActivityRecord>) {
+        if record.state.is_in_flight() {
+            self.live.insert(record.activity_id, record);
+        } else {
+            self.history.insert(record.activity_id, record);
+        }
+    }
 }
 
 /// What a memory store keys its counters by.
@@ -195,33 +232,39 @@ impl Txn for MemoryState {
         Ok(self.records.get(&id).map(|record| (**record).clone()))
     }
 
-    fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        match self.records.entry(record.activity_id) {
-            Entry::Occupied(_) => Err(LedgerError::new(
+    fn insert(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
+        if self.records.contains(&record.activity_id) {
+            return Err(LedgerError::new(
                 ErrorKind::Conflict,
                 format!("activity {} already exists", record.activity_id),
-            )),
-            Entry::Vacant(slot) => {
-                self.indexes.reindex(record.activity_id, None, Some(record));
-                slot.insert(Box::new(record.clone()));
-                Ok(())
-            }
+            ));
         }
+        self.indexes.reindex(record.activity_id, None, Some(&record));
+        let record = Arc::new(record);
+        self.records.file(Arc::clone(&record));
+        Ok(record)
     }
 
-    fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        match self.records.get_mut(&record.activity_id) {
-            Some(slot) => {
-                self.indexes.reindex(record.activity_id, Some(slot), Some(record));
-                // Reuses the record's allocation.
-                (**slot).clone_from(record);
+    fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
+        let id = record.activity_id;
+        let stored = match self.records.remove(&id) {
+            Some(mut stored) => {
+                self.indexes.reindex(id, Some(&stored), Some(&record));
+                match Arc::get_mut(&mut stored) {
+                    // No reply holds the old version: overwrite it in place.
+                    Some(old) => *old = record,
+                    // A reply still holds it, and it stays as it was.
+                    None => stored = Arc::new(record),
+                }
+                stored
             }
             None => {
-                self.indexes.reindex(record.activity_id, None, Some(record));
-                self.records.insert(record.activity_id, Box::new(record.clone()));
+                self.indexes.reindex(id, None, Some(&record));
+                Arc::new(record)
             }
-        }
-        Ok(())
+        };
+        self.records.file(Arc::clone(&stored));
+        Ok(stored)
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {

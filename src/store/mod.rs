@@ -92,9 +92,9 @@ pub enum Command {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Reply {
-    /// The record after a begin, transition or get. Not boxed: this is the
-    /// reply of the hot path, and a move is cheaper than an allocation.
-    Record(ActivityRecord),
+    /// The record after a begin, transition or get, shared: it travels to
+    /// the caller through several layers, and a pointer moves for free.
+    Record(Arc<ActivityRecord>),
     /// What a reap pass reaped.
     Reaped(ReapedCounts),
     /// A snapshot.
@@ -115,7 +115,7 @@ pub struct StoreStats {
 }
 
 impl Reply {
-    pub(crate) fn into_record(self) -> Result<ActivityRecord, LedgerError> {
+    pub(crate) fn into_record(self) -> Result<Arc<ActivityRecord>, LedgerError> {
         match self {
             Self::Record(record) => Ok(record),
             other => Err(unexpected(&other)),

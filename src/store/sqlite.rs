@@ -295,7 +295,7 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
             if (deadline_ms, reapable_at) != (record.deadline_ms, record.reapable_at) {
                 record.deadline_ms = deadline_ms;
                 record.reapable_at = reapable_at;
-                SqliteTxn { conn: &tx }.update(&record)?;
+                SqliteTxn { conn: &tx }.update(record)?;
             }
         }
     }
@@ -610,23 +610,25 @@ impl Txn for SqliteTxn<'_> {
             .map_err(sql_error("cannot read a record"))
     }
 
-    fn insert(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+    fn insert(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.write(
             concat!("INSERT INTO activities (", record_columns!(), ") VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"),
-            record,
-        )
+            &record,
+        )?;
+        Ok(Arc::new(record))
     }
 
-    fn update(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+    fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.write(
             "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
              priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
              enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
              declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
              failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1",
-            record,
-        )
+            &record,
+        )?;
+        Ok(Arc::new(record))
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
