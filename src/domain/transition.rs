@@ -228,22 +228,25 @@ fn mark_reaped(record: &mut ActivityRecord, now: Millis, reason: ReapReason) -> 
     Effect::Reaped { disposition, reason }
 }
 
-/// Applies `transition` to `record` at `now`, reaping it first if it is past
-/// its bound.
+/// Applies `transition` to `record` at `now`, in place, reaping it first if
+/// it is past its bound; `effects` gains what changed.
 ///
 /// # Errors
 /// [`Refusal::Invalid`] for a bad timestamp; [`Refusal::Conflict`] for a
 /// start on a settled or unsettled record, or a settle whose outcome differs
-/// from the one that already landed.
+/// from the one that already landed. A refused request changes nothing it
+/// asked for, but time still passed: a record past its bound is reaped all
+/// the same, and `effects` then holds that reap, to be persisted.
 pub fn apply(
-    mut record: ActivityRecord,
+    record: &mut ActivityRecord,
     transition: Transition,
     now: Millis,
     policy: &ReapPolicy,
-) -> Result<Applied, Refusal> {
-    let mut effects: Effects = reap_if_due(&mut record, now).into_iter().collect();
+    effects: &mut Effects,
+) -> Result<(), Refusal> {
+    effects.extend(reap_if_due(record, now));
     match transition {
-        Transition::Start { at } => start(&mut record, at.unwrap_or(now), now, policy, &mut effects)?,
+        Transition::Start { at } => start(record, at.unwrap_or(now), now, policy, effects)?,
         Transition::Settle {
             success,
             failure_stage,
@@ -251,33 +254,25 @@ pub fn apply(
         } => {
             let outcome = if success { State::Succeeded } else { State::Failed };
             let stage = (!success).then(|| failure_stage.unwrap_or(FailureStage::Unknown));
-            settle(
-                &mut record,
-                outcome,
-                stage,
-                None,
-                at.unwrap_or(now),
-                now,
-                &mut effects,
-            )?;
+            settle(record, outcome, stage, None, at.unwrap_or(now), now, effects)?;
         }
         Transition::Cancel { reason, at } => {
             let reason = sanitize_note(reason.as_deref());
             settle(
-                &mut record,
+                record,
                 State::Cancelled,
                 None,
                 reason,
                 at.unwrap_or(now),
                 now,
-                &mut effects,
+                effects,
             )?;
         }
     }
     // A start (or settle) stamped far enough in the past may leave the
     // record already past its bound: it is seen reaped at once.
-    effects.extend(reap_if_due(&mut record, now));
-    Ok(Applied { record, effects })
+    effects.extend(reap_if_due(record, now));
+    Ok(())
 }
 
 fn start(
@@ -287,16 +282,11 @@ fn start(
     policy: &ReapPolicy,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
-    match (record.state, record.disposition) {
+    let resurrects = match (record.state, record.disposition) {
         (State::Executing, _) => return Ok(()),
-        (State::Waiting, _) => {}
-        (State::Reaped, Some(Disposition::Abandoned)) => {
-            // Start is proof of life: whoever starts it is still there.
-            effects.push(Effect::Resurrected);
-            record.disposition = None;
-            record.reap_reason = None;
-            record.reaped_at = None;
-        }
+        (State::Waiting, _) => false,
+        // Start is proof of life: whoever starts it is still there.
+        (State::Reaped, Some(Disposition::Abandoned)) => true,
         (State::Reaped, _) => {
             return Err(Refusal::Conflict(format!(
                 "activity {} was reaped as unsettled and cannot start again",
@@ -309,9 +299,16 @@ fn start(
                 record.activity_id
             )))
         }
-    }
+    };
+    // Checked before anything changes: a refusal leaves the record as it was.
     check_not_future("startedAt", at, now)?;
     check_not_before("startedAt", at, "enqueuedAt", record.enqueued_at)?;
+    if resurrects {
+        effects.push(Effect::Resurrected);
+        record.disposition = None;
+        record.reap_reason = None;
+        record.reaped_at = None;
+    }
     record.state = State::Executing;
     record.started_at = Some(at);
     record.queue_wait_ms = Some(at - record.enqueued_at);
@@ -383,4 +380,72 @@ fn settle(
         execution_ms: record.execution_ms,
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LedgerConfig;
+    use crate::domain::labels::RawLabels;
+
+    const T0: Millis = 1_700_000_000_000;
+    const MIN: Millis = 60_000;
+
+    fn waiting(policy: &ReapPolicy) -> ActivityRecord {
+        let labels = ActivityLabels::validate(&RawLabels {
+            service: "kb",
+            provider: "ollama",
+            class: Some("embedding"),
+            operation_stage: None,
+            model: None,
+        })
+        .unwrap();
+        let new = NewActivity {
+            activity_id: ActivityId::new(),
+            labels,
+            priority: Priority::Unknown,
+            admission: Admission::Queued,
+            enqueued_at: None,
+            started_at: None,
+            deadline_ms: None,
+            owner_id: None,
+        };
+        begin(new, T0, policy).unwrap().record
+    }
+
+    #[test]
+    fn refused_start_changes_nothing() {
+        let config = LedgerConfig::default();
+        let mut record = waiting(config.policy());
+        let before = record.clone();
+        let mut effects = Effects::new();
+        let too_late = Transition::Start {
+            at: Some(T0 + MAX_FUTURE_SKEW_MS + 1),
+        };
+        let refusal = apply(&mut record, too_late, T0, config.policy(), &mut effects).unwrap_err();
+        assert!(matches!(refusal, Refusal::Invalid(_)));
+        assert_eq!(record, before);
+        assert!(effects.is_empty());
+    }
+
+    #[test]
+    fn refused_start_past_the_bound_keeps_only_the_reap() {
+        let config = LedgerConfig::default();
+        let mut record = waiting(config.policy());
+        let now = record.reapable_at.unwrap() + 1;
+        let mut effects = Effects::new();
+        let before_enqueue = Transition::Start { at: Some(T0 - MIN) };
+        apply(&mut record, before_enqueue, now, config.policy(), &mut effects).unwrap_err();
+        // Time passed whatever was asked: it is reaped, and nothing else.
+        assert_eq!(record.state, State::Reaped);
+        assert_eq!(record.disposition, Some(Disposition::Abandoned));
+        assert_eq!(record.started_at, None);
+        assert_eq!(
+            effects.as_slice(),
+            [Effect::Reaped {
+                disposition: Disposition::Abandoned,
+                reason: ReapReason::Deadline
+            }]
+        );
+    }
 }

@@ -13,7 +13,7 @@ use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Disposition, State};
 use crate::domain::snapshot::{Snapshot, SnapshotParts};
 use crate::domain::timestamp::Millis;
-use crate::domain::transition::{self, Effect, Transition};
+use crate::domain::transition::{self, Effect, Effects, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply, StoreStats};
@@ -104,24 +104,19 @@ pub(crate) fn execute(
                 // The admission decision reaped what was due, this record too.
                 record = load(txn, id)?;
             }
-            let reaped_before = transition::is_due(&record, now);
-            match transition::apply(record, transition, now, policy) {
-                Ok(applied) if applied.changed() => {
-                    let record = txn.update(applied.record)?;
-                    add_totals(txn, &record, &applied.effects)?;
-                    Ok(Reply::Record(record))
-                }
-                Ok(unchanged) => Ok(Reply::Record(Arc::new(unchanged.record))),
-                Err(refusal) => {
-                    // The request is refused, but time still passed: a record
-                    // past its bound is reaped whatever was asked of it.
-                    if reaped_before {
-                        let record = load(txn, id)?;
-                        reap_one(txn, record, now)?;
-                    }
-                    Err(refusal.into())
-                }
-            }
+            let mut effects = Effects::new();
+            let applied = transition::apply(&mut record, transition, now, policy, &mut effects);
+            // Persisted even when the request is refused: time still passed,
+            // and a record past its bound is reaped whatever was asked of it.
+            let record = if effects.is_empty() {
+                Arc::new(record)
+            } else {
+                let record = txn.update(record)?;
+                add_totals(txn, &record, &effects)?;
+                record
+            };
+            applied?;
+            Ok(Reply::Record(record))
         }
         Command::Get { id } => {
             let record = load_seen(txn, id, now)?;
@@ -168,12 +163,14 @@ pub(crate) fn execute(
                         reason: Some("owner released".to_owned()),
                         at: None,
                     };
-                    let applied = transition::apply(record, cancel, now, config.policy())?;
-                    if applied.record.state == State::Cancelled {
+                    let mut record = record;
+                    let mut effects = Effects::new();
+                    transition::apply(&mut record, cancel, now, config.policy(), &mut effects)?;
+                    if record.state == State::Cancelled {
                         owner.cancelled_records += 1;
                     }
-                    let record = txn.update(applied.record)?;
-                    add_totals(txn, &record, &applied.effects)?;
+                    let record = txn.update(record)?;
+                    add_totals(txn, &record, &effects)?;
                 }
                 txn.put_owner(&owner)?;
             }
