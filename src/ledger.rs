@@ -403,7 +403,7 @@ impl Ledger {
             id: ActivityId::new(),
             armed: true,
         };
-        let begun = self.begin_with_id(spec, guard.id).await;
+        let begun = self.begin_with_id(&spec, guard.id).await;
         guard.armed = false;
         Ok(ActivityHandle {
             ledger: self.clone(),
@@ -424,12 +424,12 @@ impl Ledger {
     /// future is dropped; with no handle, nothing cancels it, and its bound
     /// reaps it as `abandoned` or `unsettled`.
     pub async fn begin_record(&self, spec: ActivitySpec) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.begin_with_id(spec, ActivityId::new()).await
+        self.begin_with_id(&spec, ActivityId::new()).await
     }
 
     async fn begin_with_id(
         &self,
-        spec: ActivitySpec,
+        spec: &ActivitySpec,
         id: ActivityId,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let mut new = spec.validate(id, &self.inner.labels)?;
@@ -442,7 +442,6 @@ impl Ledger {
                 .clone();
         }
         if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
-            drop(spec);
             return self.run(Command::Begin { new }).await?.into_record();
         }
         // Rare, and a large future (it may register an owner): boxed, so the
@@ -452,7 +451,7 @@ impl Ledger {
 
     async fn begin_as_auto_owner(
         &self,
-        spec: ActivitySpec,
+        spec: &ActivitySpec,
         mut new: NewActivity,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let id = new.activity_id;
