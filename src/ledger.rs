@@ -756,9 +756,9 @@ impl ActivityHandle {
         self.id
     }
 
-    /// The record as of the handle's last operation, or `None` once an
-    /// operation on it failed: ask [`Ledger::get`] for the record as it is
-    /// now.
+    /// The record as of the handle's last operation, or `None` when its
+    /// last operation failed or was dropped before it answered: ask
+    /// [`Ledger::get`] for the record as it is now.
     pub fn record(&self) -> Option<&ActivityRecord> {
         self.record.as_deref()
     }
