@@ -525,24 +525,14 @@ impl Ledger {
         self.transition(id, Transition::Cancel { reason, at: None }).await
     }
 
-    /// The hot path of [`Ledger::run`] for one record, in one async layer:
-    /// every layer moves the record once more.
-    pub(crate) async fn transition(
+    async fn transition(
         &self,
         id: ActivityId,
         transition: Transition,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
-        let settles = matches!(transition, Transition::Settle { .. } | Transition::Cancel { .. });
-        let record = self
-            .inner
-            .store
-            .execute(Command::Transition { id, transition })
+        self.run(Command::Transition { id, transition })
             .await?
-            .into_record()?;
-        if settles {
-            self.inner.capacity_changed.notify_waiters();
-        }
-        Ok(record)
+            .into_record()
     }
 
     /// The record `id`, reaped first if it is past its bound.
