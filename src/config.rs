@@ -162,15 +162,20 @@ impl LedgerConfig {
 
     /// The cap of `lane`, if one is declared.
     pub fn cap(&self, lane: &LaneKey) -> Option<u32> {
-        self.caps.get(lane).copied().flatten()
+        self.cap_for(&lane.service, &lane.provider)
     }
 
-    /// The cap of the lane of a call with `labels`, found without building
-    /// its [`LaneKey`]: this runs on every start, and lanes are few.
+    /// The cap of the lane of a call with `labels`.
     pub fn cap_of(&self, labels: &LabelSet) -> Option<u32> {
+        self.cap_for(&labels.service, &labels.provider)
+    }
+
+    /// Found without building a [`LaneKey`]: this runs on every start, and
+    /// lanes are few.
+    fn cap_for(&self, service: &Label, provider: &Label) -> Option<u32> {
         self.caps
             .iter()
-            .find(|(lane, _)| lane.service == labels.service && lane.provider == labels.provider)
+            .find(|(lane, _)| lane.service == *service && lane.provider == *provider)
             .and_then(|(_, cap)| *cap)
     }
 }

@@ -54,20 +54,13 @@ pub enum Effect {
 /// second reap, so they fit inline and a transition allocates nothing.
 pub type Effects = SmallVec<[Effect; 4]>;
 
-/// The result of a transition that was accepted.
+/// A record just begun, and what its begin did for the counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
-    /// The record after the transition.
+    /// The new record.
     pub record: ActivityRecord,
-    /// What changed, for the counters. Empty for a harmless retry.
+    /// What changed, for the counters.
     pub effects: Effects,
-}
-
-impl Applied {
-    /// Whether the record must be written back.
-    pub fn changed(&self) -> bool {
-        !self.effects.is_empty()
-    }
 }
 
 /// A validated request to create a record.
