@@ -114,48 +114,29 @@ pub struct StoreStats {
     pub stored_records: i64,
 }
 
-impl Reply {
-    pub(crate) fn into_record(self) -> Result<Arc<ActivityRecord>, LedgerError> {
-        match self {
-            Self::Record(record) => Ok(record),
-            other => Err(unexpected(&other)),
+/// Generates `Reply::into_*`, one accessor per variant the ledger expects.
+macro_rules! reply_accessors {
+    ($($name:ident => $variant:ident($value:ident) -> $ty:ty = $unwrap:expr),+ $(,)?) => {
+        impl Reply {
+            $(
+                pub(crate) fn $name(self) -> Result<$ty, LedgerError> {
+                    match self {
+                        Self::$variant($value) => Ok($unwrap),
+                        other => Err(unexpected(&other)),
+                    }
+                }
+            )+
         }
-    }
+    };
+}
 
-    pub(crate) fn into_reaped(self) -> Result<ReapedCounts, LedgerError> {
-        match self {
-            Self::Reaped(counts) => Ok(counts),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    pub(crate) fn into_owner(self) -> Result<Owner, LedgerError> {
-        match self {
-            Self::Owner(owner) => Ok(*owner),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    pub(crate) fn into_pruned(self) -> Result<usize, LedgerError> {
-        match self {
-            Self::Pruned(count) => Ok(count),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    pub(crate) fn into_stats(self) -> Result<StoreStats, LedgerError> {
-        match self {
-            Self::Stats(stats) => Ok(stats),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    pub(crate) fn into_snapshot(self) -> Result<Snapshot, LedgerError> {
-        match self {
-            Self::Snapshot(snapshot) => Ok(*snapshot),
-            other => Err(unexpected(&other)),
-        }
-    }
+reply_accessors! {
+    into_record => Record(record) -> Arc<ActivityRecord> = record,
+    into_reaped => Reaped(counts) -> ReapedCounts = counts,
+    into_owner => Owner(owner) -> Owner = *owner,
+    into_pruned => Pruned(count) -> usize = count,
+    into_stats => Stats(stats) -> StoreStats = stats,
+    into_snapshot => Snapshot(snapshot) -> Snapshot = *snapshot,
 }
 
 fn unexpected(reply: &Reply) -> LedgerError {
