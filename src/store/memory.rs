@@ -1,7 +1,8 @@
 //! The in-memory store: one process, nothing persisted. For tests, the demo,
 //! and embedded use where the ledger need not survive a restart.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -89,7 +90,12 @@ impl Records {
     }
 
     fn contains(&self, id: &ActivityId) -> bool {
-        self.live.contains_key(id) || self.history.contains_key(id)
+        // A fresh UUIDv7 is newer than all history: no tree search for it.
+        let newer_than_history = self
+            .history
+            .last_key_value()
+            .is_none_or(|(newest, _)| newest < id);
+        self.live.contains_key(id) || (!newer_than_history && self.history.contains_key(id))
     }
 
     fn remove(&mut self, id: &ActivityId) -> Option<Arc<ActivityRecord>> {
@@ -124,13 +130,13 @@ impl hashbrown::Equivalent<AggregateSlot> for AggregateRef<'_> {
     }
 }
 
-/// The ordered indexes a database would keep, each of `(instant, id)`.
+/// The indexes a database would keep. Records in flight need none beyond
+/// the live map besides the expiry heap: every read of them (a snapshot, a
+/// lane's position, an owner's work) visits each of them anyway.
 #[derive(Default)]
 struct Indexes {
     /// In-flight records by the instant they become reapable.
-    due: BTreeSet<(Millis, ActivityId)>,
-    /// In-flight records by `enqueuedAt`.
-    in_flight: BTreeSet<(Millis, ActivityId)>,
+    due: DueIndex,
     /// Settled records by `completedAt`.
     completed: BTreeSet<(Millis, ActivityId)>,
     /// Reaped records by `reapedAt`.
@@ -141,21 +147,23 @@ struct Indexes {
 #[derive(Default, Clone, Copy)]
 struct IndexKeys {
     due: Option<Millis>,
-    in_flight: Option<Millis>,
     completed: Option<Millis>,
     reaped: Option<Millis>,
 }
 
 impl IndexKeys {
     fn of(record: &ActivityRecord) -> Self {
-        let in_flight = record.state.is_in_flight();
         Self {
-            due: record.reapable_at.filter(|_| in_flight),
-            in_flight: Some(record.enqueued_at).filter(|_| in_flight),
+            due: due_key(record),
             completed: record.completed_at.filter(|_| record.state.is_settled()),
             reaped: record.reaped_at.filter(|_| record.state == State::Reaped),
         }
     }
+}
+
+/// The instant past which an in-flight record is reaped.
+fn due_key(record: &ActivityRecord) -> Option<Millis> {
+    record.reapable_at.filter(|_| record.state.is_in_flight())
 }
 
 impl Indexes {
@@ -164,8 +172,11 @@ impl Indexes {
     fn reindex(&mut self, id: ActivityId, old: Option<&ActivityRecord>, new: Option<&ActivityRecord>) {
         let old = old.map(IndexKeys::of).unwrap_or_default();
         let new = new.map(IndexKeys::of).unwrap_or_default();
-        move_entry(&mut self.due, id, old.due, new.due);
-        move_entry(&mut self.in_flight, id, old.in_flight, new.in_flight);
+        if old.due != new.due {
+            if let Some(at) = new.due {
+                self.due.push(at, id);
+            }
+        }
         move_entry(&mut self.completed, id, old.completed, new.completed);
         move_entry(&mut self.reaped, id, old.reaped, new.reaped);
     }
@@ -185,6 +196,69 @@ fn move_entry(
     }
     if let Some(at) = new {
         set.insert((at, id));
+    }
+}
+
+/// In-flight records by the instant they become reapable: a min-heap whose
+/// entries are checked against the live record when they come due. A start
+/// or a settle then costs one push or nothing, where an ordered set would
+/// cost a removal and an insertion; an entry a transition made stale is
+/// dropped when it reaches the top, or when stale entries outnumber live
+/// ones and the heap is rebuilt from the live records.
+#[derive(Default)]
+struct DueIndex {
+    heap: BinaryHeap<Reverse<(Millis, ActivityId)>>,
+}
+
+impl DueIndex {
+    fn push(&mut self, at: Millis, id: ActivityId) {
+        self.heap.push(Reverse((at, id)));
+    }
+
+    /// Rebuilds the heap from `live` once stale entries dominate it, so that
+    /// its size follows the records in flight, not the throughput.
+    fn compact(&mut self, live: &IdMap<Arc<ActivityRecord>>) {
+        if self.heap.len() <= 2 * live.len() + 1024 {
+            return;
+        }
+        let entries: Vec<_> = live
+            .values()
+            .filter_map(|record| due_key(record).map(|at| Reverse((at, record.activity_id))))
+            .collect();
+        self.heap = BinaryHeap::from(entries);
+    }
+
+    /// In-flight records of `live` reapable before `now`, at most `limit`,
+    /// earliest first. Stale entries met on the way are dropped.
+    fn due(&mut self, live: &IdMap<Arc<ActivityRecord>>, now: Millis, limit: usize) -> Vec<ActivityRecord> {
+        let mut found: Vec<ActivityRecord> = Vec::new();
+        let mut kept: Vec<(Millis, ActivityId)> = Vec::new();
+        while found.len() < limit {
+            let Some(&Reverse((at, id))) = self.heap.peek() else {
+                break;
+            };
+            if at >= now {
+                break;
+            }
+            self.heap.pop();
+            let Some(record) = live.get(&id).filter(|record| due_key(record) == Some(at)) else {
+                continue;
+            };
+            // A record can have two current entries when it left flight and
+            // came back with the same instant; equal entries pop one after
+            // the other, and it is due once.
+            if kept.last() == Some(&(at, id)) {
+                continue;
+            }
+            kept.push((at, id));
+            found.push((**record).clone());
+        }
+        // Kept until the records are seen reaped, in case a caller does not
+        // reap what it was shown.
+        for (at, id) in kept {
+            self.push(at, id);
+        }
+        found
     }
 }
 
@@ -220,10 +294,30 @@ impl MemoryState {
         aggregates
     }
 
+    /// The records in flight by `enqueuedAt`, then id: the order a database
+    /// index on `enqueued_at` would give. Sorted when read, because every
+    /// read of them visits them all anyway, and a start or settle then
+    /// touches no ordered index of them.
+    fn in_flight_in_order(&self) -> Vec<&Arc<ActivityRecord>> {
+        let mut records: Vec<_> = self.records.live.values().collect();
+        records.sort_unstable_by_key(|record| (record.enqueued_at, record.activity_id));
+        records
+    }
+
     fn records_of<'a>(&'a self, keys: impl Iterator<Item = &'a (Millis, ActivityId)>) -> Vec<ActivityRecord> {
         keys.filter_map(|(_, id)| self.records.get(id))
             .map(|record| (**record).clone())
             .collect()
+    }
+}
+
+/// Replaces the stored version of a record with `record`: in place when no
+/// reply holds the old version, else in a new allocation, so that a version
+/// already handed out never changes.
+fn overwrite(stored: &mut Arc<ActivityRecord>, record: ActivityRecord) {
+    match Arc::get_mut(stored) {
+        Some(old) => *old = record,
+        None => *stored = Arc::new(record),
     }
 }
 
@@ -242,20 +336,26 @@ impl Txn for MemoryState {
         self.indexes.reindex(record.activity_id, None, Some(&record));
         let record = Arc::new(record);
         self.records.file(Arc::clone(&record));
+        self.indexes.due.compact(&self.records.live);
         Ok(record)
     }
 
     fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
         let id = record.activity_id;
+        // Still in flight (a start): overwritten where it lies.
+        if record.state.is_in_flight() {
+            if let Some(stored) = self.records.live.get_mut(&id) {
+                self.indexes.reindex(id, Some(stored), Some(&record));
+                overwrite(stored, record);
+                let stored = Arc::clone(stored);
+                self.indexes.due.compact(&self.records.live);
+                return Ok(stored);
+            }
+        }
         let stored = match self.records.remove(&id) {
             Some(mut stored) => {
                 self.indexes.reindex(id, Some(&stored), Some(&record));
-                match Arc::get_mut(&mut stored) {
-                    // No reply holds the old version: overwrite it in place.
-                    Some(old) => *old = record,
-                    // A reply still holds it, and it stays as it was.
-                    None => stored = Arc::new(record),
-                }
+                overwrite(&mut stored, record);
                 stored
             }
             None => {
@@ -264,17 +364,12 @@ impl Txn for MemoryState {
             }
         };
         self.records.file(Arc::clone(&stored));
+        self.indexes.due.compact(&self.records.live);
         Ok(stored)
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        let keys = self
-            .indexes
-            .due
-            .iter()
-            .take_while(|(at, _)| *at < now)
-            .take(limit);
-        Ok(self.records_of(keys))
+        Ok(self.indexes.due.due(&self.records.live, now, limit))
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
@@ -294,10 +389,8 @@ impl Txn for MemoryState {
 
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
         let mut loads: BTreeMap<LaneKey, LaneLoad> = BTreeMap::new();
-        for (_, id) in &self.indexes.in_flight {
-            let Some(record) = self.records.get(id) else {
-                continue;
-            };
+        let in_flight = self.in_flight_in_order();
+        for record in &in_flight {
             if record.admission != Admission::Queued {
                 continue;
             }
@@ -312,19 +405,24 @@ impl Txn for MemoryState {
                 load.executing += 1;
             } else {
                 load.waiting += 1;
-                // `in_flight` is ordered by enqueuedAt, so the first is oldest.
+                // In order of enqueuedAt, so the first is oldest.
                 load.oldest_waiting_since.get_or_insert(record.enqueued_at);
             }
         }
         let window = (since, ActivityId::nil_min())..;
-        let in_flight = self.records_of(self.indexes.in_flight.iter().take(limit + 1));
+        let in_flight_total = in_flight.len() as i64;
+        let in_flight = in_flight
+            .into_iter()
+            .take(limit + 1)
+            .map(|record| (**record).clone())
+            .collect();
         let recent = self.records_of(self.indexes.completed.range(window.clone()).rev().take(limit + 1));
         let reaped = self.records_of(self.indexes.reaped.range(window.clone()).rev().take(limit + 1));
         Ok(SnapshotParts {
             lane_loads: loads.into_values().collect(),
             aggregates: self.aggregates(),
             in_flight,
-            in_flight_total: self.indexes.in_flight.len() as i64,
+            in_flight_total,
             recent_completions: recent,
             recent_completions_total: self.completions_since(since),
             reaped,
@@ -389,10 +487,8 @@ impl Txn for MemoryState {
             waiting_ahead: 0,
         };
         let me = (record.enqueued_at, record.activity_id);
-        for key in &self.indexes.in_flight {
-            let Some(other) = self.records.get(&key.1) else {
-                continue;
-            };
+        for other in self.records.live.values() {
+            let key = (other.enqueued_at, other.activity_id);
             if other.admission != Admission::Queued
                 || other.labels.service != record.labels.service
                 || other.labels.provider != record.labels.provider
@@ -402,7 +498,7 @@ impl Txn for MemoryState {
             }
             match other.state {
                 State::Executing => position.executing += 1,
-                State::Waiting if *key < me || (newcomer && key.0 == me.0) => position.waiting_ahead += 1,
+                State::Waiting if key < me || (newcomer && key.0 == me.0) => position.waiting_ahead += 1,
                 _ => {}
             }
         }
@@ -428,11 +524,117 @@ impl Txn for MemoryState {
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
-        let keys = self.indexes.in_flight.iter().filter(|(_, activity)| {
-            self.records
-                .get(activity)
-                .is_some_and(|record| record.owner_id.as_deref() == Some(id.as_str()))
-        });
-        Ok(self.records_of(keys))
+        Ok(self
+            .in_flight_in_order()
+            .into_iter()
+            .filter(|record| record.owner_id.as_deref() == Some(id.as_str()))
+            .map(|record| (**record).clone())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::labels::RawLabels;
+    use crate::domain::transition::{self, NewActivity};
+
+    fn in_flight(enqueued_at: Millis, reapable_at: Millis) -> Arc<ActivityRecord> {
+        let raw = RawLabels {
+            service: "svc",
+            provider: "prov",
+            class: None,
+            operation_stage: None,
+            model: None,
+        };
+        let new = NewActivity {
+            activity_id: ActivityId::new(),
+            labels: ActivityLabels::validate(&raw).unwrap(),
+            priority: Priority::Unknown,
+            admission: Admission::Queued,
+            enqueued_at: Some(enqueued_at),
+            started_at: None,
+            deadline_ms: None,
+            owner_id: None,
+        };
+        let mut record = transition::begin(new, enqueued_at, LedgerConfig::default().policy())
+            .unwrap()
+            .record;
+        record.reapable_at = Some(reapable_at);
+        Arc::new(record)
+    }
+
+    fn live_of(records: &[&Arc<ActivityRecord>]) -> IdMap<Arc<ActivityRecord>> {
+        records
+            .iter()
+            .map(|record| (record.activity_id, Arc::clone(record)))
+            .collect()
+    }
+
+    fn ids(records: &[ActivityRecord]) -> Vec<ActivityId> {
+        records.iter().map(|record| record.activity_id).collect()
+    }
+
+    #[test]
+    fn due_skips_entries_a_transition_made_stale() {
+        let first = in_flight(0, 10);
+        let mut index = DueIndex::default();
+        index.push(10, first.activity_id);
+        // Started: its bound moved to 50, and the entry for 10 is stale.
+        let mut started = (*first).clone();
+        started.reapable_at = Some(50);
+        let started = Arc::new(started);
+        index.push(50, started.activity_id);
+        let live = live_of(&[&started]);
+        assert!(index.due(&live, 40, 10).is_empty());
+        assert_eq!(ids(&index.due(&live, 51, 10)), vec![started.activity_id]);
+    }
+
+    #[test]
+    fn due_forgets_records_no_longer_in_flight() {
+        let settled = in_flight(0, 10);
+        let mut index = DueIndex::default();
+        index.push(10, settled.activity_id);
+        assert!(index.due(&IdMap::default(), 100, 10).is_empty());
+        assert!(index.heap.is_empty());
+    }
+
+    #[test]
+    fn due_returns_a_record_once_however_many_entries_it_has() {
+        let record = in_flight(0, 10);
+        let mut index = DueIndex::default();
+        index.push(10, record.activity_id);
+        index.push(10, record.activity_id);
+        let live = live_of(&[&record]);
+        assert_eq!(ids(&index.due(&live, 11, 10)), vec![record.activity_id]);
+    }
+
+    #[test]
+    fn due_is_earliest_first_and_keeps_what_it_returned() {
+        let (a, b, c) = (in_flight(0, 30), in_flight(0, 10), in_flight(0, 20));
+        let mut index = DueIndex::default();
+        for record in [&a, &b, &c] {
+            index.push(record.reapable_at.unwrap(), record.activity_id);
+        }
+        let live = live_of(&[&a, &b, &c]);
+        assert_eq!(ids(&index.due(&live, 100, 2)), vec![b.activity_id, c.activity_id]);
+        // Not reaped by the caller: shown again.
+        assert_eq!(
+            ids(&index.due(&live, 100, 5)),
+            vec![b.activity_id, c.activity_id, a.activity_id]
+        );
+    }
+
+    #[test]
+    fn compaction_keeps_the_heap_the_size_of_the_records_in_flight() {
+        let record = in_flight(0, 10);
+        let live = live_of(&[&record]);
+        let mut index = DueIndex::default();
+        for at in 0..10_000 {
+            index.push(at, record.activity_id);
+            index.compact(&live);
+        }
+        assert!(index.heap.len() <= 2 * live.len() + 1024 + 1);
+        assert_eq!(ids(&index.due(&live, 11, 10)), vec![record.activity_id]);
     }
 }
