@@ -762,8 +762,8 @@ impl ActivityHandle {
     /// The start is submitted when first polled; the handle still cancels
     /// the record when dropped.
     pub async fn start(&mut self) -> Result<&ActivityRecord, LedgerError> {
-        // Let go of the old version first, so the store can change its own
-        // copy in place instead of copying it.
+        // Let go of the old version first: once the store replaces it, it is
+        // freed at once rather than kept alive by this handle.
         self.record = None;
         let record = self
             .ledger

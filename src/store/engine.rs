@@ -24,13 +24,13 @@ const REAP_BATCH: usize = 512;
 /// The primitive operations of a store, inside one transaction.
 pub(crate) trait Txn {
     /// The record with `id`, as stored.
-    fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError>;
-    /// Stores a new record; returns it as stored, shared.
-    fn insert(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError>;
-    /// Overwrites a stored record; returns it as stored, shared.
-    fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError>;
+    fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError>;
+    /// Stores a new record.
+    fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
+    /// Overwrites a stored record with `record`.
+    fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
     /// In-flight records whose `reapable_at` is before `now`, at most `limit`.
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
     /// Adds `delta` to the totals of the aggregate `record` counts in
     /// ([`AggregateKey::of`](crate::domain::counters::AggregateKey::of)).
     fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError>;
@@ -59,7 +59,7 @@ pub(crate) trait Txn {
     /// Live owners whose lease ran out before `now`.
     fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError>;
     /// In-flight records of the owner `id`.
-    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError>;
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
 }
 
 /// Runs `command` against `txn`.
@@ -90,7 +90,8 @@ pub(crate) fn execute(
             applied
                 .effects
                 .extend(transition::reap_if_due(&mut applied.record, now));
-            let record = txn.insert(applied.record)?;
+            let record = Arc::new(applied.record);
+            txn.insert(&record)?;
             add_totals(txn, &record, &applied.effects)?;
             Ok(Reply::Record(record))
         }
@@ -105,16 +106,16 @@ pub(crate) fn execute(
                 record = load(txn, id)?;
             }
             let mut effects = Effects::new();
-            let applied = transition::apply(&mut record, transition, now, policy, &mut effects);
+            // The stored version is shared (with the store, with replies
+            // already sent): changed on a copy of its own.
+            let applied =
+                transition::apply(Arc::make_mut(&mut record), transition, now, policy, &mut effects);
             // Persisted even when the request is refused: time still passed,
             // and a record past its bound is reaped whatever was asked of it.
-            let record = if effects.is_empty() {
-                Arc::new(record)
-            } else {
-                let record = txn.update(record)?;
+            if !effects.is_empty() {
+                txn.update(&record)?;
                 add_totals(txn, &record, &effects)?;
-                record
-            };
+            }
             applied?;
             Ok(Reply::Record(record))
         }
@@ -165,11 +166,17 @@ pub(crate) fn execute(
                     };
                     let mut record = record;
                     let mut effects = Effects::new();
-                    transition::apply(&mut record, cancel, now, config.policy(), &mut effects)?;
+                    transition::apply(
+                        Arc::make_mut(&mut record),
+                        cancel,
+                        now,
+                        config.policy(),
+                        &mut effects,
+                    )?;
                     if record.state == State::Cancelled {
                         owner.cancelled_records += 1;
                     }
-                    let record = txn.update(record)?;
+                    txn.update(&record)?;
                     add_totals(txn, &record, &effects)?;
                 }
                 txn.put_owner(&owner)?;
@@ -216,7 +223,7 @@ fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
 /// Loads the record `id` as time has left it: if its owner's lease ran out,
 /// the owner is lost first, so the record is seen reaped. Only this record's
 /// owner is looked at; reads and reaper passes handle every other owner.
-fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Millis) -> Result<ActivityRecord, LedgerError> {
+fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Millis) -> Result<Arc<ActivityRecord>, LedgerError> {
     let record = load(txn, id)?;
     let Some(owner_id) = &record.owner_id else {
         return Ok(record);
@@ -248,14 +255,15 @@ fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Millis) -> Result<ReapedCounts
     owner.lose(now);
     for mut record in txn.owner_in_flight(&owner.owner_id)? {
         // A record already past its deadline bound is reaped for that.
-        let effect = transition::reap_if_due(&mut record, now)
-            .or_else(|| transition::reap_for_owner_loss(&mut record, now));
+        let changed = Arc::make_mut(&mut record);
+        let effect =
+            transition::reap_if_due(changed, now).or_else(|| transition::reap_for_owner_loss(changed, now));
         if let Some(effect) = effect {
             if let Effect::Reaped { disposition, .. } = effect {
                 counts.count(disposition);
             }
             owner.reaped_records += 1;
-            let record = txn.update(record)?;
+            txn.update(&record)?;
             add_totals(txn, &record, &[effect])?;
         }
     }
@@ -280,7 +288,7 @@ pub(crate) fn reap_all(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, L
     Ok(counts)
 }
 
-fn load(txn: &mut dyn Txn, id: ActivityId) -> Result<ActivityRecord, LedgerError> {
+fn load(txn: &mut dyn Txn, id: ActivityId) -> Result<Arc<ActivityRecord>, LedgerError> {
     txn.get(id)?
         .ok_or_else(|| LedgerError::new(ErrorKind::NotFound, format!("no activity {id}")))
 }
@@ -301,17 +309,18 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
 /// Reaps `record` if it is past its bound, persisting the change.
 fn reap_one(
     txn: &mut dyn Txn,
-    mut record: ActivityRecord,
+    mut record: Arc<ActivityRecord>,
     now: Millis,
 ) -> Result<Arc<ActivityRecord>, LedgerError> {
-    match transition::reap_if_due(&mut record, now) {
-        Some(effect) => {
-            let record = txn.update(record)?;
-            add_totals(txn, &record, &[effect])?;
-            Ok(record)
-        }
-        None => Ok(Arc::new(record)),
+    // Checked first, so that a read copies nothing.
+    if !transition::is_due(&record, now) {
+        return Ok(record);
     }
+    if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
+        txn.update(&record)?;
+        add_totals(txn, &record, &[effect])?;
+    }
+    Ok(record)
 }
 
 /// Reaps every record past its bound. Idempotent: a record another process
@@ -323,11 +332,11 @@ pub(crate) fn reap_due(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, L
         let due = txn.due(now, REAP_BATCH)?;
         let found = due.len();
         for mut record in due {
-            if let Some(effect) = transition::reap_if_due(&mut record, now) {
+            if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
                 if let Effect::Reaped { disposition, .. } = effect {
                     counts.count(disposition);
                 }
-                let record = txn.update(record)?;
+                txn.update(&record)?;
                 add_totals(txn, &record, &[effect])?;
             }
         }

@@ -230,8 +230,13 @@ impl DueIndex {
 
     /// In-flight records of `live` reapable before `now`, at most `limit`,
     /// earliest first. Stale entries met on the way are dropped.
-    fn due(&mut self, live: &IdMap<Arc<ActivityRecord>>, now: Millis, limit: usize) -> Vec<ActivityRecord> {
-        let mut found: Vec<ActivityRecord> = Vec::new();
+    fn due(
+        &mut self,
+        live: &IdMap<Arc<ActivityRecord>>,
+        now: Millis,
+        limit: usize,
+    ) -> Vec<Arc<ActivityRecord>> {
+        let mut found: Vec<Arc<ActivityRecord>> = Vec::new();
         let mut kept: Vec<(Millis, ActivityId)> = Vec::new();
         while found.len() < limit {
             let Some(&Reverse((at, id))) = self.heap.peek() else {
@@ -251,7 +256,7 @@ impl DueIndex {
                 continue;
             }
             kept.push((at, id));
-            found.push((**record).clone());
+            found.push(Arc::clone(record));
         }
         // Kept until the records are seen reaped, in case a caller does not
         // reap what it was shown.
@@ -311,64 +316,43 @@ impl MemoryState {
     }
 }
 
-/// Replaces the stored version of a record with `record`: in place when no
-/// reply holds the old version, else in a new allocation, so that a version
-/// already handed out never changes.
-fn overwrite(stored: &mut Arc<ActivityRecord>, record: ActivityRecord) {
-    match Arc::get_mut(stored) {
-        Some(old) => *old = record,
-        None => *stored = Arc::new(record),
-    }
-}
-
 impl Txn for MemoryState {
-    fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError> {
-        Ok(self.records.get(&id).map(|record| (**record).clone()))
+    fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        Ok(self.records.get(&id).cloned())
     }
 
-    fn insert(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
+    fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
         if self.records.contains(&record.activity_id) {
             return Err(LedgerError::new(
                 ErrorKind::Conflict,
                 format!("activity {} already exists", record.activity_id),
             ));
         }
-        self.indexes.reindex(record.activity_id, None, Some(&record));
-        let record = Arc::new(record);
-        self.records.file(Arc::clone(&record));
+        self.indexes.reindex(record.activity_id, None, Some(record));
+        self.records.file(Arc::clone(record));
         self.indexes.due.compact(&self.records.live);
-        Ok(record)
+        Ok(())
     }
 
-    fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
+    fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
         let id = record.activity_id;
-        // Still in flight (a start): overwritten where it lies.
+        // Still in flight (a start): replaced where it lies.
         if record.state.is_in_flight() {
             if let Some(stored) = self.records.live.get_mut(&id) {
-                self.indexes.reindex(id, Some(stored), Some(&record));
-                overwrite(stored, record);
-                let stored = Arc::clone(stored);
+                self.indexes.reindex(id, Some(stored), Some(record));
+                *stored = Arc::clone(record);
                 self.indexes.due.compact(&self.records.live);
-                return Ok(stored);
+                return Ok(());
             }
         }
-        let stored = match self.records.remove(&id) {
-            Some(mut stored) => {
-                self.indexes.reindex(id, Some(&stored), Some(&record));
-                overwrite(&mut stored, record);
-                stored
-            }
-            None => {
-                self.indexes.reindex(id, None, Some(&record));
-                Arc::new(record)
-            }
-        };
-        self.records.file(Arc::clone(&stored));
+        let old = self.records.remove(&id);
+        self.indexes.reindex(id, old.as_deref(), Some(record));
+        self.records.file(Arc::clone(record));
         self.indexes.due.compact(&self.records.live);
-        Ok(stored)
+        Ok(())
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         Ok(self.indexes.due.due(&self.records.live, now, limit))
     }
 
@@ -523,12 +507,12 @@ impl Txn for MemoryState {
             .collect())
     }
 
-    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         Ok(self
             .in_flight_in_order()
             .into_iter()
             .filter(|record| record.owner_id.as_deref() == Some(id.as_str()))
-            .map(|record| (**record).clone())
+            .cloned()
             .collect())
     }
 }
@@ -571,7 +555,7 @@ mod tests {
             .collect()
     }
 
-    fn ids(records: &[ActivityRecord]) -> Vec<ActivityId> {
+    fn ids(records: &[Arc<ActivityRecord>]) -> Vec<ActivityId> {
         records.iter().map(|record| record.activity_id).collect()
     }
 

@@ -295,7 +295,7 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
             if (deadline_ms, reapable_at) != (record.deadline_ms, record.reapable_at) {
                 record.deadline_ms = deadline_ms;
                 record.reapable_at = reapable_at;
-                SqliteTxn { conn: &tx }.update(record)?;
+                SqliteTxn { conn: &tx }.overwrite(&record)?;
             }
         }
     }
@@ -469,6 +469,13 @@ fn query_rows<T>(
     Ok(rows)
 }
 
+/// Records read for the engine, which shares what it reads.
+fn shared(
+    records: Result<Vec<ActivityRecord>, LedgerError>,
+) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+    records.map(|records| records.into_iter().map(Arc::new).collect())
+}
+
 fn query_records(
     conn: &Connection,
     sql: &str,
@@ -547,6 +554,18 @@ impl SqliteTxn<'_> {
         Ok(())
     }
 
+    /// Overwrites the stored row of `record`.
+    fn overwrite(&self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        self.write(
+            "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
+             priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
+             enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
+             declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
+             failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1",
+            record,
+        )
+    }
+
     fn write(&self, sql: &str, record: &ActivityRecord) -> Result<(), LedgerError> {
         let mut statement = self
             .conn
@@ -595,7 +614,7 @@ impl SqliteTxn<'_> {
 }
 
 impl Txn for SqliteTxn<'_> {
-    fn get(&mut self, id: ActivityId) -> Result<Option<ActivityRecord>, LedgerError> {
+    fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
         let mut statement = self
             .conn
             .prepare_cached(concat!(
@@ -607,32 +626,24 @@ impl Txn for SqliteTxn<'_> {
         statement
             .query_row([id.to_string()], record_from_row)
             .optional()
+            .map(|record| record.map(Arc::new))
             .map_err(sql_error("cannot read a record"))
     }
 
-    fn insert(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
+    fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
         self.write(
             concat!("INSERT INTO activities (", record_columns!(), ") VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"),
-            &record,
-        )?;
-        Ok(Arc::new(record))
+            record,
+        )
     }
 
-    fn update(&mut self, record: ActivityRecord) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.write(
-            "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
-             priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
-             enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
-             declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
-             failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1",
-            &record,
-        )?;
-        Ok(Arc::new(record))
+    fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.overwrite(record)
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        query_records(
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        shared(query_records(
             self.conn,
             concat!(
                 "SELECT ",
@@ -641,7 +652,7 @@ impl Txn for SqliteTxn<'_> {
                  ORDER BY reapable_at LIMIT ?2"
             ),
             params![now, limit as i64],
-        )
+        ))
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
@@ -938,8 +949,8 @@ impl Txn for SqliteTxn<'_> {
         )
     }
 
-    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<ActivityRecord>, LedgerError> {
-        query_records(
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        shared(query_records(
             self.conn,
             concat!(
                 "SELECT ",
@@ -948,7 +959,7 @@ impl Txn for SqliteTxn<'_> {
                  AND state IN ('waiting', 'executing')"
             ),
             [id.as_str()],
-        )
+        ))
     }
 }
 
