@@ -2,7 +2,7 @@
 //! and embedded use where the ledger need not survive a restart.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -17,6 +17,7 @@ use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
 use crate::error::{ErrorKind, LedgerError};
 
+use super::append_map::AppendMap;
 use super::engine::{self, Txn};
 use super::MINUTE_MS;
 use super::{Command, Store, StoreFuture};
@@ -76,12 +77,12 @@ struct MemoryState {
 /// copies nothing. Those in flight live in a small hash map that stays in
 /// cache; the rest (history, until retention prunes it) are ordered by id,
 /// and ids are UUIDv7s, ordered by creation, so a record settling now joins
-/// the newest end of the tree instead of a random slot of a table the size
-/// of the whole history.
+/// the newest end of an [`AppendMap`] instead of a random slot of a table
+/// the size of the whole history.
 #[derive(Default)]
 struct Records {
     live: IdMap<Arc<ActivityRecord>>,
-    history: BTreeMap<ActivityId, Arc<ActivityRecord>>,
+    history: AppendMap<ActivityId, Arc<ActivityRecord>>,
 }
 
 impl Records {
@@ -91,10 +92,7 @@ impl Records {
 
     fn contains(&self, id: &ActivityId) -> bool {
         // A fresh UUIDv7 is newer than all history: no tree search for it.
-        let newer_than_history = self
-            .history
-            .last_key_value()
-            .is_none_or(|(newest, _)| newest < id);
+        let newer_than_history = self.history.last_key().is_none_or(|newest| newest < id);
         self.live.contains_key(id) || (!newer_than_history && self.history.contains_key(id))
     }
 
@@ -138,9 +136,9 @@ struct Indexes {
     /// In-flight records by the instant they become reapable.
     due: DueIndex,
     /// Settled records by `completedAt`.
-    completed: BTreeSet<(Millis, ActivityId)>,
+    completed: AppendMap<(Millis, ActivityId), ()>,
     /// Reaped records by `reapedAt`.
-    reaped: BTreeSet<(Millis, ActivityId)>,
+    reaped: AppendMap<(Millis, ActivityId), ()>,
 }
 
 /// Where a record sits in each index.
@@ -183,7 +181,7 @@ impl Indexes {
 }
 
 fn move_entry(
-    set: &mut BTreeSet<(Millis, ActivityId)>,
+    set: &mut AppendMap<(Millis, ActivityId), ()>,
     id: ActivityId,
     old: Option<Millis>,
     new: Option<Millis>,
@@ -195,7 +193,7 @@ fn move_entry(
         set.remove(&(at, id));
     }
     if let Some(at) = new {
-        set.insert((at, id));
+        set.insert((at, id), ());
     }
 }
 
@@ -276,7 +274,7 @@ impl MemoryState {
         let partial = self
             .indexes
             .completed
-            .range((since, ActivityId::nil_min())..(next_minute, ActivityId::nil_min()))
+            .ascending((since, ActivityId::nil_min())..(next_minute, ActivityId::nil_min()))
             .count() as i64;
         let whole: i64 = self
             .completions_by_minute
@@ -309,8 +307,11 @@ impl MemoryState {
         records
     }
 
-    fn records_of<'a>(&'a self, keys: impl Iterator<Item = &'a (Millis, ActivityId)>) -> Vec<ActivityRecord> {
-        keys.filter_map(|(_, id)| self.records.get(id))
+    fn records_of<'a>(
+        &'a self,
+        keys: impl Iterator<Item = (&'a (Millis, ActivityId), &'a ())>,
+    ) -> Vec<ActivityRecord> {
+        keys.filter_map(|((_, id), ())| self.records.get(id))
             .map(|record| (**record).clone())
             .collect()
     }
@@ -400,8 +401,8 @@ impl Txn for MemoryState {
             .take(limit + 1)
             .map(|record| (**record).clone())
             .collect();
-        let recent = self.records_of(self.indexes.completed.range(window.clone()).rev().take(limit + 1));
-        let reaped = self.records_of(self.indexes.reaped.range(window.clone()).rev().take(limit + 1));
+        let recent = self.records_of(self.indexes.completed.descending(window.clone()).take(limit + 1));
+        let reaped = self.records_of(self.indexes.reaped.descending(window).take(limit + 1));
         Ok(SnapshotParts {
             lane_loads: loads.into_values().collect(),
             aggregates: self.aggregates(),
@@ -439,12 +440,18 @@ impl Txn for MemoryState {
         let mut doomed: Vec<ActivityId> = self
             .indexes
             .completed
-            .range(..bound)
+            .ascending(..bound)
             .take(limit)
-            .map(|(_, id)| *id)
+            .map(|((_, id), ())| *id)
             .collect();
         let room = limit - doomed.len();
-        doomed.extend(self.indexes.reaped.range(..bound).take(room).map(|(_, id)| *id));
+        doomed.extend(
+            self.indexes
+                .reaped
+                .ascending(..bound)
+                .take(room)
+                .map(|((_, id), ())| *id),
+        );
         for id in &doomed {
             if let Some(record) = self.records.remove(id) {
                 self.indexes.reindex(*id, Some(&record), None);
