@@ -98,58 +98,65 @@ impl Totals {
     pub fn from_effects(effects: &[Effect]) -> Self {
         let mut delta = Self::default();
         for effect in effects {
-            match *effect {
-                Effect::Begun { at } => {
-                    delta.calls += 1;
-                    delta.in_flight += 1;
-                    delta.seen(at);
-                }
-                Effect::Started { at, queue_wait_ms } => {
-                    delta.queue_wait_count += 1;
-                    delta.queue_wait_sum_ms += queue_wait_ms;
-                    delta.queue_wait_max_ms = delta.queue_wait_max_ms.max(queue_wait_ms);
-                    delta.seen(at);
-                }
-                Effect::Settled {
-                    at,
-                    state,
-                    execution_ms,
-                } => {
-                    delta.in_flight -= 1;
-                    match state {
-                        State::Succeeded => delta.succeeded += 1,
-                        State::Failed => delta.failed += 1,
-                        _ => delta.cancelled += 1,
-                    }
-                    if let Some(ms) = execution_ms {
-                        delta.execution_count += 1;
-                        delta.execution_sum_ms += ms;
-                        delta.execution_max_ms = delta.execution_max_ms.max(ms);
-                    }
-                    delta.seen(at);
-                }
-                Effect::Reaped { disposition, reason } => {
-                    delta.in_flight -= 1;
-                    match disposition {
-                        Disposition::Abandoned => delta.reaped_abandoned += 1,
-                        Disposition::Unsettled => delta.reaped_unsettled += 1,
-                    }
-                    if reason == ReapReason::OwnerLost {
-                        delta.reaped_owner_lost += 1;
-                    }
-                }
-                Effect::Resurrected => {
-                    delta.in_flight += 1;
-                    delta.reaped_abandoned -= 1;
-                    delta.resurrections += 1;
-                }
-                Effect::LateSettle { at } => {
-                    delta.late_settles += 1;
-                    delta.seen(at);
-                }
-            }
+            delta.count(effect);
         }
         delta
+    }
+
+    /// Counts what `effect` changed, in place: the one rule for how each
+    /// effect moves the counters, whether it is added to stored totals here
+    /// or to a delta that a database adds.
+    pub fn count(&mut self, effect: &Effect) {
+        match *effect {
+            Effect::Begun { at } => {
+                self.calls += 1;
+                self.in_flight += 1;
+                self.seen(at);
+            }
+            Effect::Started { at, queue_wait_ms } => {
+                self.queue_wait_count += 1;
+                self.queue_wait_sum_ms += queue_wait_ms;
+                self.queue_wait_max_ms = self.queue_wait_max_ms.max(queue_wait_ms);
+                self.seen(at);
+            }
+            Effect::Settled {
+                at,
+                state,
+                execution_ms,
+            } => {
+                self.in_flight -= 1;
+                match state {
+                    State::Succeeded => self.succeeded += 1,
+                    State::Failed => self.failed += 1,
+                    _ => self.cancelled += 1,
+                }
+                if let Some(ms) = execution_ms {
+                    self.execution_count += 1;
+                    self.execution_sum_ms += ms;
+                    self.execution_max_ms = self.execution_max_ms.max(ms);
+                }
+                self.seen(at);
+            }
+            Effect::Reaped { disposition, reason } => {
+                self.in_flight -= 1;
+                match disposition {
+                    Disposition::Abandoned => self.reaped_abandoned += 1,
+                    Disposition::Unsettled => self.reaped_unsettled += 1,
+                }
+                if reason == ReapReason::OwnerLost {
+                    self.reaped_owner_lost += 1;
+                }
+            }
+            Effect::Resurrected => {
+                self.in_flight += 1;
+                self.reaped_abandoned -= 1;
+                self.resurrections += 1;
+            }
+            Effect::LateSettle { at } => {
+                self.late_settles += 1;
+                self.seen(at);
+            }
+        }
     }
 
     fn seen(&mut self, at: Millis) {

@@ -237,7 +237,9 @@ pub fn apply(
     policy: &ReapPolicy,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
-    effects.extend(reap_if_due(record, now));
+    if let Some(reaped) = reap_if_due(record, now) {
+        effects.push(reaped);
+    }
     match transition {
         Transition::Start { at } => start(record, at.unwrap_or(now), now, policy, effects)?,
         Transition::Settle {
@@ -264,7 +266,9 @@ pub fn apply(
     }
     // A start (or settle) stamped far enough in the past may leave the
     // record already past its bound: it is seen reaped at once.
-    effects.extend(reap_if_due(record, now));
+    if let Some(reaped) = reap_if_due(record, now) {
+        effects.push(reaped);
+    }
     Ok(())
 }
 

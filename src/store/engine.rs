@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
-use crate::domain::counters::{ReapedCounts, Totals};
+use crate::domain::counters::ReapedCounts;
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Disposition, State};
 use crate::domain::snapshot::{Snapshot, SnapshotParts};
@@ -29,11 +29,22 @@ pub(crate) trait Txn {
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
     /// Overwrites a stored record with `record`.
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
+    /// Changes `record`, as loaded in this transaction, with `change`, and
+    /// stores the result when `change` says it changed something; returns
+    /// the version stored. A store that keeps records in memory changes its
+    /// own version in place when no reply still holds it.
+    fn modify(
+        &mut self,
+        record: Arc<ActivityRecord>,
+        change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
+    ) -> Result<Arc<ActivityRecord>, LedgerError>;
     /// In-flight records whose `reapable_at` is before `now`, at most `limit`.
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
-    /// Adds `delta` to the totals of the aggregate `record` counts in
-    /// ([`AggregateKey::of`](crate::domain::counters::AggregateKey::of)).
-    fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError>;
+    /// Counts `effects` (never empty) in the totals of the aggregate
+    /// `record` counts in
+    /// ([`AggregateKey::of`](crate::domain::counters::AggregateKey::of)),
+    /// by [`Totals::count`](crate::domain::counters::Totals::count).
+    fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError>;
     /// Counts one completion in the minute of `completed_at`, so that a
     /// snapshot counts its window from per-minute counters, not history.
     fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError>;
@@ -87,9 +98,9 @@ pub(crate) fn execute(
                 admit(txn, config, &applied.record, true, now)?;
             }
             // A record begun with old timestamps may already be past its bound.
-            applied
-                .effects
-                .extend(transition::reap_if_due(&mut applied.record, now));
+            if let Some(reaped) = transition::reap_if_due(&mut applied.record, now) {
+                applied.effects.push(reaped);
+            }
             let record = Arc::new(applied.record);
             txn.insert(&record)?;
             add_totals(txn, &record, &applied.effects)?;
@@ -106,16 +117,17 @@ pub(crate) fn execute(
                 record = load(txn, id)?;
             }
             let mut effects = Effects::new();
-            // The stored version is shared (with the store, with replies
-            // already sent): changed on a copy of its own.
-            let applied =
-                transition::apply(Arc::make_mut(&mut record), transition, now, policy, &mut effects);
+            let mut transition = Some(transition);
+            let mut applied = Ok(());
             // Persisted even when the request is refused: time still passed,
             // and a record past its bound is reaped whatever was asked of it.
-            if !effects.is_empty() {
-                txn.update(&record)?;
-                add_totals(txn, &record, &effects)?;
-            }
+            let record = txn.modify(record, &mut |record| {
+                if let Some(transition) = transition.take() {
+                    applied = transition::apply(record, transition, now, policy, &mut effects);
+                }
+                !effects.is_empty()
+            })?;
+            add_totals(txn, &record, &effects)?;
             applied?;
             Ok(Reply::Record(record))
         }
@@ -299,11 +311,10 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
             txn.count_completion(*at)?;
         }
     }
-    let delta = Totals::from_effects(effects);
-    if delta.is_zero() {
+    if effects.is_empty() {
         return Ok(());
     }
-    txn.add_totals(record, &delta)
+    txn.add_totals(record, effects)
 }
 
 /// Reaps `record` if it is past its bound, persisting the change.

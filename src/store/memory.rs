@@ -15,6 +15,7 @@ use crate::domain::owner::{Owner, OwnerId, OwnerState};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
+use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::append_map::AppendMap;
@@ -88,6 +89,13 @@ struct Records {
 impl Records {
     fn get(&self, id: &ActivityId) -> Option<&Arc<ActivityRecord>> {
         self.live.get(id).or_else(|| self.history.get(id))
+    }
+
+    fn get_mut(&mut self, id: &ActivityId) -> Option<&mut Arc<ActivityRecord>> {
+        match self.live.get_mut(id) {
+            Some(record) => Some(record),
+            None => self.history.get_mut(id),
+        }
     }
 
     fn contains(&self, id: &ActivityId) -> bool {
@@ -170,6 +178,10 @@ impl Indexes {
     fn reindex(&mut self, id: ActivityId, old: Option<&ActivityRecord>, new: Option<&ActivityRecord>) {
         let old = old.map(IndexKeys::of).unwrap_or_default();
         let new = new.map(IndexKeys::of).unwrap_or_default();
+        self.move_keys(id, old, new);
+    }
+
+    fn move_keys(&mut self, id: ActivityId, old: IndexKeys, new: IndexKeys) {
         if old.due != new.due {
             if let Some(at) = new.due {
                 self.due.push(at, id);
@@ -353,21 +365,57 @@ impl Txn for MemoryState {
         Ok(())
     }
 
+    fn modify(
+        &mut self,
+        record: Arc<ActivityRecord>,
+        change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
+        let id = record.activity_id;
+        let Some(stored) = self.records.get_mut(&id) else {
+            // Not stored (it was loaded in this transaction, so it cannot
+            // be): the copy given is changed and stored.
+            let mut record = record;
+            if change(Arc::make_mut(&mut record)) {
+                self.update(&record)?;
+            }
+            return Ok(record);
+        };
+        // Let go of the engine's copy: the stored version is then shared
+        // only by replies still held, and changed in place when there are
+        // none.
+        drop(record);
+        let was_in_flight = stored.state.is_in_flight();
+        let old = IndexKeys::of(stored);
+        if !change(Arc::make_mut(stored)) {
+            return Ok(Arc::clone(stored));
+        }
+        let record = Arc::clone(stored);
+        self.indexes.move_keys(id, old, IndexKeys::of(&record));
+        if record.state.is_in_flight() != was_in_flight {
+            self.records.remove(&id);
+            self.records.file(Arc::clone(&record));
+        }
+        self.indexes.due.compact(&self.records.live);
+        Ok(record)
+    }
+
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         Ok(self.indexes.due.due(&self.records.live, now, limit))
     }
 
-    fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
+    fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
         // Looked up by reference: the key is cloned only for a new aggregate.
         let slot = (&record.labels, record.priority, record.admission);
-        match self.totals.get_mut(&AggregateRef(slot)) {
-            Some(totals) => totals.add(delta),
-            None => {
-                let mut totals = Totals::default();
-                totals.add(delta);
-                self.totals
-                    .insert((record.labels.clone(), record.priority, record.admission), totals);
-            }
+        let totals = match self.totals.get_mut(&AggregateRef(slot)) {
+            Some(totals) => totals,
+            None => self
+                .totals
+                .entry((record.labels.clone(), record.priority, record.admission))
+                .or_default(),
+        };
+        // Counted straight into the stored totals: no delta to build and add.
+        for effect in effects {
+            totals.count(effect);
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
+use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::engine::{self, Txn};
@@ -642,6 +643,17 @@ impl Txn for SqliteTxn<'_> {
         self.overwrite(record)
     }
 
+    fn modify(
+        &mut self,
+        mut record: Arc<ActivityRecord>,
+        change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
+        if change(Arc::make_mut(&mut record)) {
+            self.overwrite(&record)?;
+        }
+        Ok(record)
+    }
+
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         shared(query_records(
             self.conn,
@@ -655,9 +667,10 @@ impl Txn for SqliteTxn<'_> {
         ))
     }
 
-    fn add_totals(&mut self, record: &ActivityRecord, delta: &Totals) -> Result<(), LedgerError> {
-        self.add_to_aggregate(&AggregateKey::of(record), delta)
+    fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+        self.add_to_aggregate(&AggregateKey::of(record), &Totals::from_effects(effects))
     }
+
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
         let fetch = (limit + 1) as i64;
         let lane_loads = {
