@@ -26,11 +26,55 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Millis {
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+        wall_millis(Precision::Exact)
     }
+}
+
+/// How closely a reading of the wall clock must follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Precision {
+    /// To the millisecond: the timestamps a record keeps.
+    Exact,
+    /// To a clock tick (a few milliseconds): enough to order ids, and on
+    /// Linux it costs no timer read.
+    Tick,
+}
+
+/// The wall clock in epoch milliseconds. Every store command reads it, so
+/// on Linux it is read with one `clock_gettime` and integer arithmetic,
+/// rather than through `SystemTime` and a 128-bit `Duration::as_millis`.
+#[cfg(target_os = "linux")]
+// `time_t` and `c_long` are 32 bits wide on some Linux targets.
+#[allow(clippy::useless_conversion)]
+pub(crate) fn wall_millis(precision: Precision) -> Millis {
+    let clock = match precision {
+        Precision::Exact => libc::CLOCK_REALTIME,
+        Precision::Tick => libc::CLOCK_REALTIME_COARSE,
+    };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the call to fill.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return std_wall_millis();
+    }
+    i64::from(now.tv_sec)
+        .saturating_mul(1_000)
+        .saturating_add(i64::from(now.tv_nsec) / 1_000_000)
+}
+
+/// The wall clock in epoch milliseconds.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn wall_millis(_precision: Precision) -> Millis {
+    std_wall_millis()
+}
+
+fn std_wall_millis() -> Millis {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A clock that only moves when told to. Clones share the same time.
@@ -71,5 +115,27 @@ impl FakeClock {
 impl Clock for FakeClock {
     fn now(&self) -> Millis {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_clock_reads_what_std_reads() {
+        let before = std_wall_millis();
+        let exact = SystemClock.now();
+        let tick = wall_millis(Precision::Tick);
+        let after = std_wall_millis();
+        assert!(
+            (before..=after).contains(&exact),
+            "{before} <= {exact} <= {after}"
+        );
+        // The coarse clock lags by at most a tick (a few ms), never leads.
+        assert!(
+            tick <= after && tick + 100 >= before,
+            "{tick} vs {before}..{after}"
+        );
     }
 }

@@ -64,7 +64,6 @@ impl ActivityId {
 /// The millisecond and counter of the next identity.
 mod id_clock {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{SystemTime, UNIX_EPOCH};
 
     /// The last `(millisecond << 12) | counter` handed out.
     static LAST: AtomicU64 = AtomicU64::new(0);
@@ -85,30 +84,10 @@ mod id_clock {
         (stamp >> COUNTER_BITS, (stamp & ((1 << COUNTER_BITS) - 1)) as u16)
     }
 
-    /// The wall clock to a few milliseconds, which is all an id's order
-    /// needs: the kernel's coarse clock costs no timer read.
-    #[cfg(target_os = "linux")]
+    /// The wall clock to a clock tick, which is all an id's order needs.
     fn wall_millis() -> u64 {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is a valid, writable timespec.
-        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) } != 0 {
-            return precise_millis();
-        }
-        (now.tv_sec as u64) * 1_000 + (now.tv_nsec as u64) / 1_000_000
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn wall_millis() -> u64 {
-        precise_millis()
-    }
-
-    fn precise_millis() -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis() as u64)
+        let millis = crate::clock::wall_millis(crate::clock::Precision::Tick);
+        u64::try_from(millis).unwrap_or(0)
     }
 }
 
