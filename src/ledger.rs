@@ -3,7 +3,10 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use std::sync::{Mutex, PoisonError, RwLock};
@@ -98,6 +101,33 @@ impl fmt::Debug for Ledger {
             .field("store", &self.inner.store)
             .field("clock", &self.inner.clock)
             .finish_non_exhaustive()
+    }
+}
+
+/// A store command's reply, as [`Ledger::run`] returns it.
+#[must_use = "the reply is lost unless awaited (the command itself is submitted)"]
+pub(crate) struct Run<'a> {
+    ledger: &'a Ledger,
+    reply: store::StoreFuture,
+    /// A settle, cancel or owner release: capacity comes back if it lands.
+    settles: bool,
+}
+
+impl Future for Run<'_> {
+    type Output = Result<store::Reply, LedgerError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let reply = ready!(Pin::new(&mut self.reply).poll(cx));
+        let frees_capacity = match &reply {
+            Ok(store::Reply::Reaped(counts)) => counts.total() > 0,
+            Ok(store::Reply::Snapshot(snapshot)) => snapshot.reaped_this_read.total() > 0,
+            Ok(_) => self.settles,
+            Err(_) => false,
+        };
+        if frees_capacity {
+            self.ledger.inner.capacity_changed.notify_waiters();
+        }
+        Poll::Ready(reply)
     }
 }
 
@@ -359,7 +389,11 @@ impl Ledger {
         self.inner.clock.now()
     }
 
-    pub(crate) async fn run(&self, command: Command) -> Result<store::Reply, LedgerError> {
+    /// Submits `command` now, and returns a future of its reply that wakes
+    /// the line when the reply may have handed capacity back. Submitting at
+    /// the call rather than at the first poll changes nothing for callers,
+    /// which await it at once, and keeps the command out of their futures.
+    pub(crate) fn run(&self, command: Command) -> Run<'_> {
         // Only what can hand a slot back wakes the line; a refused start
         // must not, or waiters would wake each other forever, and a read
         // that reaped nothing freed nothing.
@@ -370,17 +404,11 @@ impl Ledger {
                 ..
             } | Command::ReleaseOwner { .. }
         );
-        let reply = self.inner.store.execute(command).await;
-        let frees_capacity = match &reply {
-            Ok(store::Reply::Reaped(counts)) => counts.total() > 0,
-            Ok(store::Reply::Snapshot(snapshot)) => snapshot.reaped_this_read.total() > 0,
-            Ok(_) => settles,
-            Err(_) => false,
-        };
-        if frees_capacity {
-            self.inner.capacity_changed.notify_waiters();
+        Run {
+            ledger: self,
+            reply: self.inner.store.execute(command),
+            settles,
         }
-        reply
     }
 
     /// Records a new activity and returns a handle that settles it, or
