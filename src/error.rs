@@ -40,40 +40,55 @@ impl ErrorKind {
 }
 
 /// An error from the ledger.
+///
+/// One pointer wide: every result of the ledger carries it, and the
+/// successful ones, the hot path, should not move a message they lack.
+pub struct LedgerError(Box<Inner>);
+
 #[derive(Debug)]
-pub struct LedgerError {
+struct Inner {
     kind: ErrorKind,
     message: String,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
+impl fmt::Debug for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LedgerError")
+            .field("kind", &self.0.kind)
+            .field("message", &self.0.message)
+            .field("source", &self.0.source)
+            .finish()
+    }
+}
+
 impl LedgerError {
     /// An error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Inner {
             kind,
             message: message.into(),
             source: None,
-        }
+        }))
     }
 
     /// A storage failure caused by `source`.
     pub fn storage(context: &str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Self {
+        Self(Box::new(Inner {
             kind: ErrorKind::Storage,
             message: format!("{context}: {source}"),
             source: Some(Box::new(source)),
-        }
+        }))
     }
 
     /// Why it failed.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.0.kind
     }
 
     /// The message, for people.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
@@ -87,13 +102,14 @@ impl LedgerError {
 
 impl fmt::Display for LedgerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.0.message)
     }
 }
 
 impl std::error::Error for LedgerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
+        self.0
+            .source
             .as_deref()
             .map(|source| source as &(dyn std::error::Error + 'static))
     }
