@@ -21,7 +21,6 @@ use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
-pub(crate) mod append_map;
 pub(crate) mod engine;
 pub mod memory;
 pub mod sqlite;

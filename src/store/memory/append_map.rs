@@ -74,14 +74,6 @@ impl<K: Ord + Copy, V> AppendMap<K, V> {
         }
     }
 
-    /// The value of `key`, to change in place.
-    pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        match self.search(key) {
-            Ok(at) => self.run[at].1.as_mut(),
-            Err(_) => self.side.get_mut(key),
-        }
-    }
-
     /// Whether `key` has a value.
     pub(crate) fn contains_key(&self, key: &K) -> bool {
         self.get(key).is_some()
@@ -288,7 +280,6 @@ mod tests {
             prop_assert_eq!(all, model.iter().collect::<Vec<_>>());
             for key in [0_u16, 7, 500, 1000, 2999, u16::MAX] {
                 prop_assert_eq!(map.get(&key), model.get(&key));
-                prop_assert_eq!(map.get_mut(&key), model.get_mut(&key));
                 prop_assert_eq!(
                     map.descending(key..).collect::<Vec<_>>(),
                     model.range(key..).rev().collect::<Vec<_>>()

@@ -18,10 +18,15 @@ use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 
-use super::append_map::AppendMap;
 use super::engine::{self, Txn};
 use super::MINUTE_MS;
 use super::{Command, Store, StoreFuture};
+
+mod append_map;
+mod history;
+
+use append_map::AppendMap;
+use history::History;
 
 /// Records and counters in this process's memory, with the same indexes a
 /// database would keep.
@@ -74,34 +79,28 @@ struct MemoryState {
     completions_by_minute: BTreeMap<i64, i64>,
 }
 
-/// The records, shared with the replies that carry them so that a reply
-/// copies nothing. Those in flight live in a small hash map that stays in
-/// cache; the rest (history, until retention prunes it) are ordered by id,
-/// and ids are UUIDv7s, ordered by creation, so a record settling now joins
-/// the newest end of an [`AppendMap`] instead of a random slot of a table
-/// the size of the whole history.
+/// The records. Those in flight live in a small hash map that stays in
+/// cache, shared with the replies that carry them so that a reply copies
+/// nothing. The rest (history, until retention prunes it) are packed and
+/// ordered by id; ids are UUIDv7s, ordered by creation, so a record settling
+/// now joins the newest end of the history instead of a random slot of a
+/// table the size of the whole history.
 #[derive(Default)]
 struct Records {
     live: IdMap<Arc<ActivityRecord>>,
-    history: AppendMap<ActivityId, Arc<ActivityRecord>>,
+    history: History,
 }
 
 impl Records {
-    fn get(&self, id: &ActivityId) -> Option<&Arc<ActivityRecord>> {
-        self.live.get(id).or_else(|| self.history.get(id))
-    }
-
-    fn get_mut(&mut self, id: &ActivityId) -> Option<&mut Arc<ActivityRecord>> {
-        match self.live.get_mut(id) {
-            Some(record) => Some(record),
-            None => self.history.get_mut(id),
+    fn get(&self, id: &ActivityId) -> Option<Arc<ActivityRecord>> {
+        match self.live.get(id) {
+            Some(record) => Some(Arc::clone(record)),
+            None => self.history.get(id),
         }
     }
 
     fn contains(&self, id: &ActivityId) -> bool {
-        // A fresh UUIDv7 is newer than all history: no tree search for it.
-        let newer_than_history = self.history.last_key().is_none_or(|newest| newest < id);
-        self.live.contains_key(id) || (!newer_than_history && self.history.contains_key(id))
+        self.live.contains_key(id) || (!self.history.is_newer(id) && self.history.contains(id))
     }
 
     fn remove(&mut self, id: &ActivityId) -> Option<Arc<ActivityRecord>> {
@@ -112,12 +111,13 @@ impl Records {
         self.live.len() + self.history.len()
     }
 
-    /// Files `record` with the records of its kind.
+    /// Files `record` with the records of its kind, replacing any version
+    /// of it there.
     fn file(&mut self, record: Arc<ActivityRecord>) {
         if record.state.is_in_flight() {
             self.live.insert(record.activity_id, record);
         } else {
-            self.history.insert(record.activity_id, record);
+            self.history.insert(&record);
         }
     }
 }
@@ -324,14 +324,14 @@ impl MemoryState {
         keys: impl Iterator<Item = (&'a (Millis, ActivityId), &'a ())>,
     ) -> Vec<ActivityRecord> {
         keys.filter_map(|((_, id), ())| self.records.get(id))
-            .map(|record| (**record).clone())
+            .map(Arc::unwrap_or_clone)
             .collect()
     }
 }
 
 impl Txn for MemoryState {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        Ok(self.records.get(&id).cloned())
+        Ok(self.records.get(&id))
     }
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
@@ -371,9 +371,10 @@ impl Txn for MemoryState {
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let id = record.activity_id;
-        let Some(stored) = self.records.get_mut(&id) else {
-            // Not stored (it was loaded in this transaction, so it cannot
-            // be): the copy given is changed and stored.
+        let Some(stored) = self.records.live.get_mut(&id) else {
+            // Out of flight (a late settle, a resurrection), or not stored
+            // at all (it was loaded in this transaction, so it cannot be):
+            // the copy given is changed and filed.
             let mut record = record;
             if change(Arc::make_mut(&mut record)) {
                 self.update(&record)?;
