@@ -79,6 +79,9 @@ fn positive_millis(field: &'static str, d: Duration) -> Result<i64, BoundsError>
 pub struct ReapPolicy {
     classes: BTreeMap<String, ClassBounds>,
     factor: f64,
+    /// The widest deadline or queue wait of any class, before the factor:
+    /// the deadline of a record of an unconfigured class.
+    widest_raw_ms: i64,
     widest_ms: i64,
 }
 
@@ -111,6 +114,7 @@ impl ReapPolicy {
         let mut policy = Self {
             classes,
             factor,
+            widest_raw_ms: widest_raw,
             widest_ms: 0,
         };
         policy.widest_ms = policy.scale(widest_raw);
@@ -151,31 +155,25 @@ impl ReapPolicy {
         }
         match self.classes.get(class) {
             Some(bounds) => bounds.deadline_ms,
-            None => self
-                .classes
-                .values()
-                .map(|c| c.deadline_ms.max(c.max_queue_wait_ms))
-                .max()
-                .unwrap_or(1),
+            None => self.widest_raw_ms,
         }
     }
 
     /// The instant past which `record` is reaped, or `None` when it is not in
     /// flight. A record is reapable when `now > reapable_at`.
+    ///
+    /// An executing record's bound is its effective deadline
+    /// (`deadline_ms`, as [`Self::effective_deadline_ms`] set it) times the
+    /// factor; a waiting record's is its class's queue wait times the
+    /// factor, or the widest bound for an unconfigured class.
     pub fn reapable_at(&self, record: &ActivityRecord) -> Option<Millis> {
-        let class = self.classes.get(record.labels.class.as_str());
         match record.state {
             State::Executing => {
                 let started = record.started_at.unwrap_or(record.enqueued_at);
-                let bound = match (record.declared_deadline_ms, class) {
-                    (Some(own), _) => self.scale(own),
-                    (None, Some(class)) => self.scale(class.deadline_ms),
-                    (None, None) => self.widest_ms,
-                };
-                Some(started.saturating_add(bound))
+                Some(started.saturating_add(self.scale(record.deadline_ms)))
             }
             State::Waiting => {
-                let bound = match class {
+                let bound = match self.classes.get(record.labels.class.as_str()) {
                     Some(class) => self.scale(class.max_queue_wait_ms),
                     None => self.widest_ms,
                 };

@@ -383,7 +383,9 @@ fn settle(
 mod tests {
     use super::*;
     use crate::config::LedgerConfig;
+    use crate::domain::bounds::ClassBounds;
     use crate::domain::labels::RawLabels;
+    use std::time::Duration;
 
     const T0: Millis = 1_700_000_000_000;
     const MIN: Millis = 60_000;
@@ -408,6 +410,47 @@ mod tests {
             owner_id: None,
         };
         begin(new, T0, policy).unwrap().record
+    }
+
+    #[test]
+    fn an_executing_bound_is_the_effective_deadline_times_the_factor() {
+        let classes = std::collections::BTreeMap::from([
+            (
+                "embedding".to_owned(),
+                ClassBounds::new(Duration::from_secs(300), None).unwrap(),
+            ),
+            (
+                "chat".to_owned(),
+                ClassBounds::new(Duration::from_secs(600), Some(Duration::from_secs(900))).unwrap(),
+            ),
+        ]);
+        let policy = ReapPolicy::new(classes, 4.0).unwrap();
+        let started = |class: &str, declared: Option<i64>| {
+            let labels = ActivityLabels::validate(&RawLabels {
+                service: "kb",
+                provider: "ollama",
+                class: Some(class),
+                operation_stage: None,
+                model: None,
+            })
+            .unwrap();
+            let new = NewActivity {
+                activity_id: ActivityId::new(),
+                labels,
+                priority: Priority::Unknown,
+                admission: Admission::Queued,
+                enqueued_at: Some(T0),
+                started_at: Some(T0),
+                deadline_ms: declared,
+                owner_id: None,
+            };
+            begin(new, T0, &policy).unwrap().record.reapable_at
+        };
+        assert_eq!(started("embedding", None), Some(T0 + 4 * 300_000));
+        assert_eq!(started("embedding", Some(1_000)), Some(T0 + 4 * 1_000));
+        // An unconfigured class runs under the widest bound of any class.
+        assert_eq!(started("batch", None), Some(T0 + 4 * 900_000));
+        assert_eq!(started("batch", None), Some(T0 + policy.widest_bound_ms()));
     }
 
     #[test]

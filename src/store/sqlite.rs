@@ -288,14 +288,12 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
         )?;
         let policy = config.policy();
         for mut record in records {
-            let deadline_ms =
+            let stored = (record.deadline_ms, record.reapable_at);
+            // The deadline first: the bound is computed from it.
+            record.deadline_ms =
                 policy.effective_deadline_ms(record.labels.class.as_str(), record.declared_deadline_ms);
-            // The bound reads the class and the declared deadline, not the
-            // stored effective one.
-            let reapable_at = policy.reapable_at(&record);
-            if (deadline_ms, reapable_at) != (record.deadline_ms, record.reapable_at) {
-                record.deadline_ms = deadline_ms;
-                record.reapable_at = reapable_at;
+            record.reapable_at = policy.reapable_at(&record);
+            if (record.deadline_ms, record.reapable_at) != stored {
                 SqliteTxn { conn: &tx }.overwrite(&record)?;
             }
         }
