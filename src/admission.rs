@@ -6,9 +6,12 @@
 //! served by `enqueuedAt`, and is woken when capacity may have come back.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::domain::record::{ActivityId, ActivityRecord};
@@ -20,6 +23,52 @@ use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
 /// another process sharing the store (this process's own settles wake it at
 /// once).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Where records waiting in line in this process are woken when capacity
+/// may have come back (a settle, a cancel, a reap).
+#[derive(Debug, Default)]
+pub(crate) struct Line {
+    woken: Notify,
+    /// How many starts are waiting in line now. A settle with no one
+    /// waiting skips the wake-up, which takes `Notify`'s lock.
+    waiting: AtomicUsize,
+}
+
+impl Line {
+    /// Wakes every record waiting in line, if any is.
+    ///
+    /// Skipping the wake-up when none is waiting loses nothing: a waiter
+    /// counts itself in before it tries to start, so one this settle did not
+    /// see tries after the settle landed (it took the store's lock after the
+    /// settle released it) and finds the slot free.
+    pub(crate) fn capacity_freed(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.woken.notify_waiters();
+        }
+    }
+
+    /// Counts the caller in line until the guard is dropped.
+    fn join(&self) -> InLine<'_> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        InLine(self)
+    }
+}
+
+/// One start waiting in line; counted out when dropped.
+struct InLine<'a>(&'a Line);
+
+impl InLine<'_> {
+    /// A future woken by the next capacity freed.
+    fn woken(&self) -> Notified<'_> {
+        self.0.woken.notified()
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// The longest a by-id start may wait in line (the HTTP `?wait=` bound).
 pub const MAX_START_WAIT: Duration = Duration::from_secs(30);
@@ -147,10 +196,12 @@ impl Ledger {
         wait: Option<Duration>,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let give_up = wait.map(|wait| Instant::now() + wait);
+        // Counted in line before the first attempt; see Line::capacity_freed.
+        let in_line = self.inner.capacity_changed.join();
         loop {
             // Registered before the attempt, so a settle that lands in
             // between still wakes us.
-            let woken = self.inner.capacity_changed.notified();
+            let woken = in_line.woken();
             tokio::pin!(woken);
             woken.as_mut().enable();
             match self.start(id, at).await {
@@ -168,5 +219,37 @@ impl Ledger {
                 other => return other,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    #[test]
+    fn capacity_freed_wakes_a_start_counted_in_line() {
+        let line = Line::default();
+        let in_line = line.join();
+        let woken = in_line.woken();
+        line.capacity_freed();
+        assert!(woken.now_or_never().is_some());
+    }
+
+    #[test]
+    fn leaving_the_line_counts_the_start_out() {
+        let line = Line::default();
+        let first = line.join();
+        let second = line.join();
+        drop(first);
+        assert_eq!(line.waiting.load(Ordering::SeqCst), 1);
+        drop(second);
+        assert_eq!(line.waiting.load(Ordering::SeqCst), 0);
+        // No one counted in line: the wake-up is skipped, so not even a
+        // future registered before it (without joining) is woken.
+        let bystander = line.woken.notified();
+        line.capacity_freed();
+        assert!(bystander.now_or_never().is_none());
     }
 }

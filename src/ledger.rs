@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use std::sync::{Mutex, PoisonError, RwLock};
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::admission::Line;
 use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
@@ -61,7 +62,7 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     /// Woken whenever capacity may have come back on some lane in this
     /// process (a settle, a cancel, a reap). Other processes are polled.
-    pub(crate) capacity_changed: Notify,
+    pub(crate) capacity_changed: Line,
     /// The owner this process registered with [`Ledger::join_as_owner`];
     /// records begun without an explicit owner are tagged with it.
     pub(crate) default_owner: RwLock<Option<String>>,
@@ -125,7 +126,7 @@ impl Future for Run<'_> {
             Err(_) => false,
         };
         if frees_capacity {
-            self.ledger.inner.capacity_changed.notify_waiters();
+            self.ledger.inner.capacity_changed.capacity_freed();
         }
         Poll::Ready(reply)
     }
@@ -190,7 +191,7 @@ impl LedgerBuilder {
                 store,
                 config,
                 clock: self.clock,
-                capacity_changed: Notify::new(),
+                capacity_changed: Line::default(),
                 default_owner: RwLock::new(None),
                 auto_owner,
                 labels: Mutex::new(LabelInterner::default()),
@@ -694,12 +695,12 @@ impl Ledger {
                         }
                         _ => {}
                     }
-                    inner.capacity_changed.notify_waiters();
+                    inner.capacity_changed.capacity_freed();
                 });
             }
             Err(_) => {
                 drop(landed);
-                self.inner.capacity_changed.notify_waiters();
+                self.inner.capacity_changed.capacity_freed();
             }
         }
     }
