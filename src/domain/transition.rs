@@ -102,33 +102,45 @@ pub enum Transition {
     },
 }
 
+// The checks run on every transition and almost never fail: inlined, with
+// their messages built out of line.
+#[inline]
 fn check_not_future(field: &str, at: Millis, now: Millis) -> Result<Millis, Refusal> {
     // Before the epoch is no caller's clock; refusing it also keeps every
     // difference of two timestamps far from overflow.
-    if at < 0 {
-        return Err(Refusal::Invalid(format!(
-            "{field} {at} is before 1970-01-01T00:00:00Z"
-        )));
-    }
-    if at > now.saturating_add(MAX_FUTURE_SKEW_MS) {
-        return Err(Refusal::Invalid(format!(
-            "{field} {} is more than 5 minutes in the future (now is {})",
-            format_rfc3339(at),
-            format_rfc3339(now)
-        )));
+    if at < 0 || at > now.saturating_add(MAX_FUTURE_SKEW_MS) {
+        return Err(out_of_range(field, at, now));
     }
     Ok(at)
 }
 
+#[cold]
+fn out_of_range(field: &str, at: Millis, now: Millis) -> Refusal {
+    if at < 0 {
+        return Refusal::Invalid(format!("{field} {at} is before 1970-01-01T00:00:00Z"));
+    }
+    Refusal::Invalid(format!(
+        "{field} {} is more than 5 minutes in the future (now is {})",
+        format_rfc3339(at),
+        format_rfc3339(now)
+    ))
+}
+
+#[inline]
 fn check_not_before(field: &str, at: Millis, other_field: &str, other: Millis) -> Result<(), Refusal> {
     if at < other {
-        return Err(Refusal::Invalid(format!(
-            "{field} {} is before {other_field} {}",
-            format_rfc3339(at),
-            format_rfc3339(other)
-        )));
+        return Err(out_of_order(field, at, other_field, other));
     }
     Ok(())
+}
+
+#[cold]
+fn out_of_order(field: &str, at: Millis, other_field: &str, other: Millis) -> Refusal {
+    Refusal::Invalid(format!(
+        "{field} {} is before {other_field} {}",
+        format_rfc3339(at),
+        format_rfc3339(other)
+    ))
 }
 
 /// Creates a record. A record begun with a `startedAt` is executing.

@@ -99,6 +99,9 @@ impl Opt {
 
 /// Every field of an [`ActivityRecord`] but its id (the history's key), with
 /// optional numbers in eight bytes instead of sixteen and the strings boxed.
+/// What history always implies is not kept: a record out of flight has no
+/// `reapable_at`, and its queue wait and execution time follow from its
+/// instants; a record for which that does not hold is not packed.
 #[derive(Debug)]
 struct Packed {
     labels: ActivityLabels,
@@ -110,9 +113,6 @@ struct Packed {
     completed_at: Opt,
     reaped_at: Opt,
     declared_deadline_ms: Opt,
-    reapable_at: Opt,
-    queue_wait_ms: Opt,
-    execution_ms: Opt,
     priority: Priority,
     admission: Admission,
     state: State,
@@ -124,7 +124,8 @@ struct Packed {
 }
 
 impl Packed {
-    /// `record`, packed; `None` when one of its numbers is `i64::MIN`.
+    /// `record`, packed; `None` when one of its numbers is `i64::MIN`, or
+    /// when it holds what [`Packed::unpack`] would not give back.
     fn pack(record: &ActivityRecord) -> Option<Self> {
         // Destructured, so that a field added to records cannot be missed.
         let ActivityRecord {
@@ -150,6 +151,10 @@ impl Packed {
             late_settle,
             cancel_reason,
         } = record;
+        let (queue_wait, execution) = implied_durations(record)?;
+        if (*reapable_at, *queue_wait_ms, *execution_ms) != (None, queue_wait, execution) {
+            return None;
+        }
         Some(Self {
             labels: labels.clone(),
             owner_id: owner_id.as_deref().map(Box::from),
@@ -160,9 +165,6 @@ impl Packed {
             completed_at: Opt::pack(*completed_at)?,
             reaped_at: Opt::pack(*reaped_at)?,
             declared_deadline_ms: Opt::pack(*declared_deadline_ms)?,
-            reapable_at: Opt::pack(*reapable_at)?,
-            queue_wait_ms: Opt::pack(*queue_wait_ms)?,
-            execution_ms: Opt::pack(*execution_ms)?,
             priority: *priority,
             admission: *admission,
             state: *state,
@@ -175,7 +177,7 @@ impl Packed {
     }
 
     fn unpack(&self, activity_id: ActivityId) -> ActivityRecord {
-        ActivityRecord {
+        let mut record = ActivityRecord {
             activity_id,
             labels: self.labels.clone(),
             priority: self.priority,
@@ -190,15 +192,33 @@ impl Packed {
             reaped_at: self.reaped_at.unpack(),
             declared_deadline_ms: self.declared_deadline_ms.unpack(),
             deadline_ms: self.deadline_ms,
-            reapable_at: self.reapable_at.unpack(),
-            queue_wait_ms: self.queue_wait_ms.unpack(),
-            execution_ms: self.execution_ms.unpack(),
+            reapable_at: None,
+            queue_wait_ms: None,
+            execution_ms: None,
             success: self.success,
             failure_stage: self.failure_stage,
             late_settle: self.late_settle,
             cancel_reason: self.cancel_reason.as_deref().map(String::from),
-        }
+        };
+        // Packing checked that these exist.
+        (record.queue_wait_ms, record.execution_ms) = implied_durations(&record).unwrap_or_default();
+        record
     }
+}
+
+/// The queue wait (enqueued to started) and execution time (started to
+/// settled) a record's instants imply; `None` when one overflows.
+#[allow(clippy::option_option)]
+fn implied_durations(record: &ActivityRecord) -> Option<(Option<i64>, Option<i64>)> {
+    let queue_wait = match record.started_at {
+        Some(started) => Some(started.checked_sub(record.enqueued_at)?),
+        None => None,
+    };
+    let execution = match (record.started_at, record.completed_at) {
+        (Some(started), Some(completed)) => Some(completed.checked_sub(started)?),
+        _ => None,
+    };
+    Some((queue_wait, execution))
 }
 
 #[cfg(test)]
@@ -262,8 +282,7 @@ mod tests {
     #[test]
     fn a_record_holding_the_sentinel_is_kept_whole() {
         let record = ActivityRecord {
-            enqueued_at: i64::MIN,
-            started_at: Some(i64::MIN),
+            declared_deadline_ms: Some(i64::MIN),
             ..settled()
         };
         let mut history = History::default();
@@ -272,7 +291,7 @@ mod tests {
         assert_eq!(*history.get(&record.activity_id).unwrap(), record);
         // Replaced by a version that packs: kept once, packed.
         let packable = ActivityRecord {
-            started_at: Some(5),
+            declared_deadline_ms: Some(5),
             ..record.clone()
         };
         history.insert(&packable);
@@ -280,6 +299,29 @@ mod tests {
         assert!(history.wide.is_empty());
         assert_eq!(*history.remove(&record.activity_id).unwrap(), packable);
         assert_eq!(history.len(), 0);
+    }
+
+    #[test]
+    fn a_record_that_history_does_not_imply_is_kept_whole() {
+        let mut history = History::default();
+        for record in [
+            ActivityRecord {
+                execution_ms: Some(7),
+                ..settled()
+            },
+            ActivityRecord {
+                queue_wait_ms: None,
+                ..settled()
+            },
+            ActivityRecord {
+                reapable_at: Some(9_000),
+                ..settled()
+            },
+        ] {
+            history.insert(&record);
+            assert_eq!(*history.get(&record.activity_id).unwrap(), record);
+        }
+        assert_eq!(history.wide.len(), 3);
     }
 
     #[test]
