@@ -132,6 +132,19 @@ impl Future for Run<'_> {
     }
 }
 
+/// A store command's reply that is a record.
+#[must_use = "the reply is lost unless awaited (the command itself is submitted)"]
+struct RecordReply<'a>(Run<'a>);
+
+impl Future for RecordReply<'_> {
+    type Output = Result<Arc<ActivityRecord>, LedgerError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let reply = ready!(Pin::new(&mut self.0).poll(cx));
+        Poll::Ready(reply.and_then(store::Reply::into_record))
+    }
+}
+
 /// Builds a [`Ledger`]: its configuration, store and clock.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct LedgerBuilder {
@@ -554,14 +567,11 @@ impl Ledger {
         self.transition(id, Transition::Cancel { reason, at: None }).await
     }
 
-    async fn transition(
-        &self,
-        id: ActivityId,
-        transition: Transition,
-    ) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.run(Command::Transition { id, transition })
-            .await?
-            .into_record()
+    /// Submits `transition` of the record `id` now; the future resolves with
+    /// the record as it landed. A plain future rather than an `async fn`, so
+    /// that the futures of starts and settles built on it stay small.
+    fn transition(&self, id: ActivityId, transition: Transition) -> RecordReply<'_> {
+        RecordReply(self.run(Command::Transition { id, transition }))
     }
 
     /// The record `id`, reaped first if it is past its bound.
