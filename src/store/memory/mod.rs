@@ -73,7 +73,7 @@ struct MemoryState {
     indexes: Indexes,
     /// The counters, keyed by what [`AggregateKey::of`] reads from a record;
     /// the shared labels carry their hash, so no label is hashed here.
-    totals: hashbrown::HashMap<AggregateSlot, Totals>,
+    totals: Counters,
     owners: BTreeMap<OwnerId, Owner>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
@@ -133,6 +133,44 @@ impl hashbrown::Equivalent<AggregateSlot> for AggregateRef<'_> {
     fn equivalent(&self, key: &AggregateSlot) -> bool {
         let (labels, priority, admission) = self.0;
         *labels == key.0 && priority == key.1 && admission == key.2
+    }
+}
+
+/// The counters, one [`Totals`] per aggregate.
+#[derive(Default)]
+struct Counters {
+    entries: Vec<(AggregateSlot, Totals)>,
+    /// Where each aggregate's entry is.
+    by_key: hashbrown::HashMap<AggregateSlot, usize>,
+    /// The entry counted into last. A service mostly calls the same lane
+    /// with the same labels again and again, and then the entry is found
+    /// by comparing one pointer instead of hashing the key.
+    last: usize,
+}
+
+impl Counters {
+    /// The totals of the aggregate `record` counts in, created at zero.
+    fn of(&mut self, record: &ActivityRecord) -> &mut Totals {
+        let slot = (&record.labels, record.priority, record.admission);
+        let hit = self
+            .entries
+            .get(self.last)
+            .is_some_and(|((labels, priority, admission), _)| {
+                labels == slot.0 && *priority == slot.1 && *admission == slot.2
+            });
+        if !hit {
+            // Looked up by reference: the key is cloned only for a new aggregate.
+            self.last = match self.by_key.get(&AggregateRef(slot)) {
+                Some(&at) => at,
+                None => {
+                    let key = (record.labels.clone(), record.priority, record.admission);
+                    self.entries.push((key.clone(), Totals::default()));
+                    self.by_key.insert(key, self.entries.len() - 1);
+                    self.entries.len() - 1
+                }
+            };
+        }
+        &mut self.entries[self.last].1
     }
 }
 
@@ -300,6 +338,7 @@ impl MemoryState {
     fn aggregates(&self) -> Vec<(AggregateKey, Totals)> {
         let mut aggregates: Vec<(AggregateKey, Totals)> = self
             .totals
+            .entries
             .iter()
             .map(|((labels, priority, admission), totals)| {
                 (AggregateKey::new(labels, *priority, *admission), *totals)
@@ -405,15 +444,7 @@ impl Txn for MemoryState {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
-        // Looked up by reference: the key is cloned only for a new aggregate.
-        let slot = (&record.labels, record.priority, record.admission);
-        let totals = match self.totals.get_mut(&AggregateRef(slot)) {
-            Some(totals) => totals,
-            None => self
-                .totals
-                .entry((record.labels.clone(), record.priority, record.admission))
-                .or_default(),
-        };
+        let totals = self.totals.of(record);
         // Counted straight into the stored totals: no delta to build and add.
         for effect in effects {
             totals.count(effect);
@@ -613,6 +644,47 @@ mod tests {
 
     fn ids(records: &[Arc<ActivityRecord>]) -> Vec<ActivityId> {
         records.iter().map(|record| record.activity_id).collect()
+    }
+
+    #[test]
+    fn counters_keep_one_entry_per_aggregate_whichever_way_they_are_found() {
+        let mut counters = Counters::default();
+        let first = in_flight(0, 10);
+        let other_labels = ActivityLabels::validate(&RawLabels {
+            service: "other",
+            provider: "prov",
+            class: None,
+            operation_stage: None,
+            model: None,
+        })
+        .unwrap();
+        let other = ActivityRecord {
+            labels: other_labels,
+            ..(*first).clone()
+        };
+        let batch = ActivityRecord {
+            priority: Priority::Batch,
+            ..(*first).clone()
+        };
+        // The same set spelled again is a separate Arc, equal by content.
+        let respelled = ActivityRecord {
+            labels: ActivityLabels::validate(&RawLabels {
+                service: "svc",
+                provider: "prov",
+                class: None,
+                operation_stage: None,
+                model: None,
+            })
+            .unwrap(),
+            ..(*first).clone()
+        };
+        for record in [&*first, &other, &first, &batch, &respelled, &first] {
+            counters.of(record).calls += 1;
+        }
+        assert_eq!(counters.entries.len(), 3);
+        assert_eq!(counters.of(&first).calls, 4);
+        assert_eq!(counters.of(&other).calls, 1);
+        assert_eq!(counters.of(&batch).calls, 1);
     }
 
     #[test]
