@@ -2,6 +2,7 @@
 //! [`ActivityHandle`] that settles a record or cancels it when dropped.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,7 @@ use crate::admission::Line;
 use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
-use crate::domain::labels::{Label, LabelInterner, RawLabels};
+use crate::domain::labels::{ActivityLabels, Label, LabelError, LabelInterner, RawLabels};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
@@ -321,15 +322,51 @@ impl ActivitySpec {
         }
     }
 
+    /// Where its labels are, when every one of them is a string literal (or
+    /// absent): the same addresses hold the same text, so a spec built from
+    /// the same literals is recognized without reading its labels.
+    fn literal_spelling(&self) -> Option<LiteralSpelling> {
+        fn at(label: Option<&Cow<'static, str>>) -> Option<(usize, usize)> {
+            match label {
+                None => Some((0, 0)),
+                Some(Cow::Borrowed(text)) => Some((text.as_ptr() as usize, text.len())),
+                Some(Cow::Owned(_)) => None,
+            }
+        }
+        Some([
+            at(Some(&self.service))?,
+            at(Some(&self.provider))?,
+            at(self.class.as_ref())?,
+            at(self.operation_stage.as_ref())?,
+            at(self.model.as_ref())?,
+        ])
+    }
+
     fn validate(
         &self,
         activity_id: ActivityId,
-        labels: &Mutex<LabelInterner>,
+        interner: &Mutex<LabelInterner>,
     ) -> Result<NewActivity, LedgerError> {
-        let labels = labels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .labels(&self.raw_labels())?;
+        let intern = || {
+            interner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .labels(&self.raw_labels())
+        };
+        let labels = match self.literal_spelling() {
+            // Most services begin every call from the same literals: the
+            // labels of the last such spec on this thread are reused without
+            // the interner's lock, hashing or comparing.
+            Some(spelling) => LAST_LITERAL_LABELS.with_borrow_mut(|last| match last {
+                Some((seen, labels)) if *seen == spelling => Ok(labels.clone()),
+                _ => {
+                    let labels = intern()?;
+                    *last = Some((spelling, labels.clone()));
+                    Ok::<_, LabelError>(labels)
+                }
+            })?,
+            None => intern()?,
+        };
         Ok(NewActivity {
             activity_id,
             labels,
@@ -341,6 +378,17 @@ impl ActivitySpec {
             owner_id: self.owner_id.clone(),
         })
     }
+}
+
+/// The addresses and lengths of a spec's five labels, `(0, 0)` for one
+/// absent.
+type LiteralSpelling = [(usize, usize); 5];
+
+thread_local! {
+    /// The labels of the last spec made of literals validated on this
+    /// thread, by where its literals are.
+    static LAST_LITERAL_LABELS: RefCell<Option<(LiteralSpelling, ActivityLabels)>> =
+        const { RefCell::new(None) };
 }
 
 /// How a call ended, as its caller reports it.
@@ -856,5 +904,54 @@ impl Drop for ActivityHandle {
         if self.armed {
             self.ledger.cancel_detached(self.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels_of(
+        spec: &ActivitySpec,
+        interner: &Mutex<LabelInterner>,
+    ) -> Result<ActivityLabels, LedgerError> {
+        spec.validate(ActivityId::new(), interner).map(|new| new.labels)
+    }
+
+    #[test]
+    fn a_spec_of_literals_seen_last_shares_its_labels() {
+        let interner = Mutex::new(LabelInterner::default());
+        let spec = || {
+            ActivitySpec::new("kb", "ollama")
+                .class("embedding")
+                .model("nomic-embed-text")
+        };
+        let first = labels_of(&spec(), &interner).unwrap();
+        let again = labels_of(&spec(), &interner).unwrap();
+        assert!(again.is_shared_with(&first));
+        // Another literal in one place is another set.
+        let chat = labels_of(&spec().class("chat"), &interner).unwrap();
+        assert_eq!(chat.class.as_str(), "chat");
+        assert!(!chat.is_shared_with(&first));
+        // An owned spelling skips the literal cache and is validated.
+        let owned = labels_of(&ActivitySpec::new("kb".to_owned(), "ollama"), &interner).unwrap();
+        assert_eq!(owned.service.as_str(), "kb");
+        assert_eq!(owned.class.as_str(), "unknown");
+    }
+
+    #[test]
+    fn a_refused_spec_of_literals_is_not_remembered() {
+        let interner = Mutex::new(LabelInterner::default());
+        let bad = || ActivitySpec::new("bad service!", "ollama");
+        assert_eq!(
+            labels_of(&bad(), &interner).unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            labels_of(&bad(), &interner).unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+        let good = labels_of(&ActivitySpec::new("kb", "ollama"), &interner).unwrap();
+        assert_eq!(good.provider.as_str(), "ollama");
     }
 }

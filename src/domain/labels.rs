@@ -187,6 +187,14 @@ impl std::ops::Deref for ActivityLabels {
     }
 }
 
+impl ActivityLabels {
+    /// Whether both are the same shared set, not merely equal ones.
+    #[cfg(test)]
+    pub(crate) fn is_shared_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 impl PartialEq for ActivityLabels {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || (self.0.hash == other.0.hash && self.0.set == other.0.set)
