@@ -29,15 +29,19 @@ pub(crate) trait Txn {
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
     /// Overwrites a stored record with `record`.
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
-    /// Changes `record`, as loaded in this transaction, with `change`, and
-    /// stores the result when `change` says it changed something; returns
-    /// the version stored. A store that keeps records in memory changes its
-    /// own version in place when no reply still holds it.
+    /// Shows `look` the record with `id`, as stored, without copying or
+    /// sharing it; `false` when there is none.
+    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError>;
+    /// Changes the record with `id` with `change`, and stores the result
+    /// when `change` says it changed something; returns the version stored,
+    /// `None` when there is no such record. A store that keeps records in
+    /// memory changes its own version in place when no reply still holds
+    /// it.
     fn modify(
         &mut self,
-        record: Arc<ActivityRecord>,
+        id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
-    ) -> Result<Arc<ActivityRecord>, LedgerError>;
+    ) -> Result<Option<Arc<ActivityRecord>>, LedgerError>;
     /// In-flight records whose `reapable_at` is before `now`, at most `limit`.
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
     /// Counts `effects` (never empty) in the totals of the aggregate
@@ -107,26 +111,33 @@ pub(crate) fn execute(
             Ok(Reply::Record(record))
         }
         Command::Transition { id, transition } => {
-            let mut record = load_seen(txn, id, now)?;
-            let starts = matches!(transition, Transition::Start { .. })
-                && (record.state == State::Waiting
-                    || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned)));
-            if starts && record.admission == Admission::Queued && config.cap_of(&record.labels).is_some() {
-                admit(txn, config, &record, false, now)?;
-                // The admission decision reaped what was due, this record too.
-                record = load(txn, id)?;
+            let start = matches!(transition, Transition::Start { .. });
+            // Most transitions need neither the owner's lease nor the lane:
+            // a glance at the record in place says whether this one does.
+            let mut needs = None;
+            txn.peek(id, &mut |record| {
+                needs = Some(record.owner_id.is_some() || (start && needs_admission(config, record)));
+            })?;
+            if needs.ok_or_else(|| not_found(id))? {
+                let record = load_seen(txn, id, now)?;
+                if start && needs_admission(config, &record) {
+                    // Reaps what is due first, this record too.
+                    admit(txn, config, &record, false, now)?;
+                }
             }
             let mut effects = Effects::new();
             let mut transition = Some(transition);
             let mut applied = Ok(());
             // Persisted even when the request is refused: time still passed,
             // and a record past its bound is reaped whatever was asked of it.
-            let record = txn.modify(record, &mut |record| {
-                if let Some(transition) = transition.take() {
-                    applied = transition::apply(record, transition, now, policy, &mut effects);
-                }
-                !effects.is_empty()
-            })?;
+            let record = txn
+                .modify(id, &mut |record| {
+                    if let Some(transition) = transition.take() {
+                        applied = transition::apply(record, transition, now, policy, &mut effects);
+                    }
+                    !effects.is_empty()
+                })?
+                .ok_or_else(|| not_found(id))?;
             add_totals(txn, &record, &effects)?;
             applied?;
             Ok(Reply::Record(record))
@@ -301,8 +312,20 @@ pub(crate) fn reap_all(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, L
 }
 
 fn load(txn: &mut dyn Txn, id: ActivityId) -> Result<Arc<ActivityRecord>, LedgerError> {
-    txn.get(id)?
-        .ok_or_else(|| LedgerError::new(ErrorKind::NotFound, format!("no activity {id}")))
+    txn.get(id)?.ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: ActivityId) -> LedgerError {
+    LedgerError::new(ErrorKind::NotFound, format!("no activity {id}"))
+}
+
+/// Whether a start of `record` asks for a slot of a capped lane: it would
+/// start (it waits, or was abandoned and would be resurrected), it is
+/// queued, and its lane has a cap.
+fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
+    let would_start = record.state == State::Waiting
+        || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned));
+    would_start && record.admission == Admission::Queued && config.cap_of(&record.labels).is_some()
 }
 
 fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {

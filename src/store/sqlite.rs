@@ -294,7 +294,7 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
                 policy.effective_deadline_ms(record.labels.class.as_str(), record.declared_deadline_ms);
             record.reapable_at = policy.reapable_at(&record);
             if (record.deadline_ms, record.reapable_at) != stored {
-                SqliteTxn { conn: &tx }.overwrite(&record)?;
+                SqliteTxn::new(&tx).overwrite(&record)?;
             }
         }
     }
@@ -375,7 +375,7 @@ fn run_group(
         };
         // Read once the write lock is held: timestamps follow commit order.
         let now = clock.now();
-        let result = engine::execute(&mut SqliteTxn { conn: &savepoint }, config, command, now);
+        let result = engine::execute(&mut SqliteTxn::new(&savepoint), config, command, now);
         let kept = match &result {
             Err(err) if err.kind() == ErrorKind::Storage => savepoint.rollback(),
             _ => savepoint.commit(),
@@ -393,6 +393,14 @@ fn run_group(
 
 struct SqliteTxn<'c> {
     conn: &'c Connection,
+    /// The record the last `peek` read, until anything writes.
+    peeked: Option<Arc<ActivityRecord>>,
+}
+
+impl<'c> SqliteTxn<'c> {
+    fn new(conn: &'c Connection) -> Self {
+        Self { conn, peeked: None }
+    }
 }
 
 fn parse_column<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
@@ -630,6 +638,7 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.peeked = None;
         self.write(
             concat!("INSERT INTO activities (", record_columns!(), ") VALUES \
                  (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"),
@@ -638,18 +647,33 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.peeked = None;
         self.overwrite(record)
+    }
+
+    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
+        let Some(record) = self.get(id)? else {
+            return Ok(false);
+        };
+        look(&record);
+        // Kept for a modify that follows, which then reads no row again.
+        self.peeked = Some(record);
+        Ok(true)
     }
 
     fn modify(
         &mut self,
-        mut record: Arc<ActivityRecord>,
+        id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
-    ) -> Result<Arc<ActivityRecord>, LedgerError> {
+    ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        let peeked = self.peeked.take().filter(|record| record.activity_id == id);
+        let Some(mut record) = peeked.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
+            return Ok(None);
+        };
         if change(Arc::make_mut(&mut record)) {
             self.overwrite(&record)?;
         }
-        Ok(record)
+        Ok(Some(record))
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
@@ -841,6 +865,7 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError> {
+        self.peeked = None;
         let mut deleted = 0;
         for column in ["completed_at", "reaped_at"] {
             let room = limit.saturating_sub(deleted) as i64;
@@ -1012,7 +1037,7 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
                 .map_err(sql_error("cannot seed counters"))?;
         }
         let n = count as i64;
-        SqliteTxn { conn: &tx }.add_to_aggregate(
+        SqliteTxn::new(&tx).add_to_aggregate(
             &AggregateKey {
                 service: "bench-history".into(),
                 operation_stage: "history".into(),

@@ -404,30 +404,41 @@ impl Txn for MemoryState {
         Ok(())
     }
 
+    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
+        if let Some(record) = self.records.live.get(&id) {
+            look(record);
+            return Ok(true);
+        }
+        Ok(self
+            .records
+            .history
+            .get(&id)
+            .map(|record| look(&record))
+            .is_some())
+    }
+
     fn modify(
         &mut self,
-        record: Arc<ActivityRecord>,
+        id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
-    ) -> Result<Arc<ActivityRecord>, LedgerError> {
-        let id = record.activity_id;
+    ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
         let Some(stored) = self.records.live.get_mut(&id) else {
-            // Out of flight (a late settle, a resurrection), or not stored
-            // at all (it was loaded in this transaction, so it cannot be):
-            // the copy given is changed and filed.
-            let mut record = record;
+            // Out of flight (a late settle, a resurrection): changed on an
+            // unpacked copy, and filed again.
+            let Some(mut record) = self.records.history.get(&id) else {
+                return Ok(None);
+            };
             if change(Arc::make_mut(&mut record)) {
                 self.update(&record)?;
             }
-            return Ok(record);
+            return Ok(Some(record));
         };
-        // Let go of the engine's copy: the stored version is then shared
-        // only by replies still held, and changed in place when there are
-        // none.
-        drop(record);
+        // Shared only by replies still held: changed in place when there
+        // are none.
         let was_in_flight = stored.state.is_in_flight();
         let old = IndexKeys::of(stored);
         if !change(Arc::make_mut(stored)) {
-            return Ok(Arc::clone(stored));
+            return Ok(Some(Arc::clone(stored)));
         }
         let record = Arc::clone(stored);
         self.indexes.move_keys(id, old, IndexKeys::of(&record));
@@ -436,7 +447,7 @@ impl Txn for MemoryState {
             self.records.file(Arc::clone(&record));
         }
         self.indexes.due.compact(&self.records.live);
-        Ok(record)
+        Ok(Some(record))
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
