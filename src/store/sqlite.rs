@@ -23,7 +23,7 @@ use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
-use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
 use crate::domain::snapshot::{LaneLoad, SnapshotParts};
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
@@ -365,7 +365,16 @@ fn run_group(
         Err(err) => return failed_all(LedgerError::storage("cannot begin a transaction", err)),
     };
     let mut results = Vec::with_capacity(count);
+    // Counter changes of the commands kept so far, written once per counter
+    // row: before a command that reads the counters, and before the commit.
+    let mut counts = PendingCounts::default();
     for command in commands {
+        if matches!(command, Command::Snapshot { .. }) {
+            if let Err(err) = counts.write(&tx) {
+                drop(tx);
+                return failed_all(err);
+            }
+        }
         let mut savepoint = match tx.savepoint() {
             Ok(savepoint) => savepoint,
             Err(err) => {
@@ -375,15 +384,30 @@ fn run_group(
         };
         // Read once the write lock is held: timestamps follow commit order.
         let now = clock.now();
-        let result = engine::execute(&mut SqliteTxn::new(&savepoint), config, command, now);
-        let kept = match &result {
-            Err(err) if err.kind() == ErrorKind::Storage => savepoint.rollback(),
-            _ => savepoint.commit(),
+        let mut txn = SqliteTxn::new(&savepoint);
+        let result = engine::execute(&mut txn, config, command, now);
+        let pending = std::mem::take(&mut txn.counts);
+        // A refusal keeps what time forced (a reap); a storage failure keeps
+        // nothing, its counts included.
+        let keep = !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
+        let released = if keep {
+            savepoint.commit()
+        } else {
+            savepoint.rollback()
         };
-        results.push(match kept {
-            Ok(()) => result,
+        results.push(match released {
+            Ok(()) => {
+                if keep {
+                    counts.merge(pending);
+                }
+                result
+            }
             Err(err) => Err(LedgerError::storage("cannot release a savepoint", err)),
         });
+    }
+    if let Err(err) = counts.write(&tx) {
+        drop(tx);
+        return failed_all(err);
     }
     match tx.commit() {
         Ok(()) => results,
@@ -395,11 +419,58 @@ struct SqliteTxn<'c> {
     conn: &'c Connection,
     /// The record the last `peek` read, until anything writes.
     peeked: Option<Arc<ActivityRecord>>,
+    /// The counter changes of this command, for its group to write.
+    counts: PendingCounts,
 }
 
 impl<'c> SqliteTxn<'c> {
     fn new(conn: &'c Connection) -> Self {
-        Self { conn, peeked: None }
+        Self {
+            conn,
+            peeked: None,
+            counts: PendingCounts::default(),
+        }
+    }
+}
+
+/// Counter changes not yet written: the totals of each aggregate and the
+/// completions of each minute. A group of commands that count into the same
+/// rows (most groups: concurrent calls on one lane) writes each row once
+/// instead of once per command.
+#[derive(Default)]
+struct PendingCounts {
+    totals: std::collections::HashMap<(ActivityLabels, Priority, Admission), Totals>,
+    completions: std::collections::BTreeMap<i64, i64>,
+}
+
+impl PendingCounts {
+    fn merge(&mut self, other: Self) {
+        for (key, totals) in other.totals {
+            self.totals.entry(key).or_default().add(&totals);
+        }
+        for (minute, completions) in other.completions {
+            *self.completions.entry(minute).or_default() += completions;
+        }
+    }
+
+    /// Writes them all and forgets them.
+    fn write(&mut self, conn: &Connection) -> Result<(), LedgerError> {
+        let mut txn = SqliteTxn::new(conn);
+        for ((labels, priority, admission), totals) in self.totals.drain() {
+            txn.add_to_aggregate(&AggregateKey::new(&labels, priority, admission), &totals)?;
+        }
+        let mut statement = conn
+            .prepare_cached(
+                "INSERT INTO completion_minutes (minute, completions) VALUES (?1, ?2) \
+                 ON CONFLICT (minute) DO UPDATE SET completions = completions + excluded.completions",
+            )
+            .map_err(sql_error("cannot prepare"))?;
+        for (minute, completions) in std::mem::take(&mut self.completions) {
+            statement
+                .execute([minute, completions])
+                .map_err(sql_error("cannot count completions"))?;
+        }
+        Ok(())
     }
 }
 
@@ -690,10 +761,17 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
-        self.add_to_aggregate(&AggregateKey::of(record), &Totals::from_effects(effects))
+        let key = (record.labels.clone(), record.priority, record.admission);
+        let totals = self.counts.totals.entry(key).or_default();
+        for effect in effects {
+            totals.count(effect);
+        }
+        Ok(())
     }
 
     fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
+        // What this command counted (a reap on read) is part of what it reads.
+        self.counts.write(self.conn)?;
         let fetch = (limit + 1) as i64;
         let lane_loads = {
             let mut statement = self
@@ -851,16 +929,11 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(
-                "INSERT INTO completion_minutes (minute, completions) VALUES (?1, 1) \
-                 ON CONFLICT (minute) DO UPDATE SET completions = completions + 1",
-            )
-            .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute([completed_at.div_euclid(MINUTE_MS)])
-            .map_err(sql_error("cannot count a completion"))?;
+        *self
+            .counts
+            .completions
+            .entry(completed_at.div_euclid(MINUTE_MS))
+            .or_default() += 1;
         Ok(())
     }
 
@@ -1062,4 +1135,106 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
         )?;
     }
     tx.commit().map_err(sql_error("cannot commit"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::domain::labels::RawLabels;
+    use crate::domain::snapshot::{Snapshot, SnapshotOptions};
+    use crate::domain::transition::{NewActivity, Transition};
+
+    const T0: Millis = 1_700_000_000_000;
+
+    fn begin(id: ActivityId) -> Command {
+        let labels = ActivityLabels::validate(&RawLabels {
+            service: "kb",
+            provider: "ollama",
+            class: Some("embedding"),
+            operation_stage: None,
+            model: None,
+        })
+        .unwrap();
+        Command::Begin {
+            new: NewActivity {
+                activity_id: id,
+                labels,
+                priority: Priority::Unknown,
+                admission: Admission::Queued,
+                enqueued_at: None,
+                started_at: None,
+                deadline_ms: None,
+                owner_id: None,
+            },
+        }
+    }
+
+    fn snapshot() -> Command {
+        Command::Snapshot {
+            options: SnapshotOptions::default(),
+        }
+    }
+
+    fn snapshot_of(result: &Result<Reply, LedgerError>) -> &Snapshot {
+        match result {
+            Ok(Reply::Snapshot(snapshot)) => snapshot,
+            other => panic!("not a snapshot: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_group_writes_its_counts_once_and_a_snapshot_in_it_sees_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = connect(&dir.path().join("counts.db")).unwrap();
+        migrate(&mut conn).unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let (a, b) = (ActivityId::new(), ActivityId::new());
+
+        let results = run_group(&mut conn, &config, &clock, vec![begin(a), begin(b), snapshot()]);
+        assert_eq!(
+            snapshot_of(&results[2]).total_activities,
+            2,
+            "counted before the snapshot read them"
+        );
+        assert_eq!(snapshot_of(&results[2]).total_in_flight, 2);
+
+        let settle = Command::Transition {
+            id: a,
+            transition: Transition::Settle {
+                success: true,
+                failure_stage: None,
+                at: None,
+            },
+        };
+        let results = run_group(&mut conn, &config, &clock, vec![settle, snapshot()]);
+        assert!(results[0].is_ok());
+        assert_eq!(snapshot_of(&results[1]).total_recent_completions, 1);
+
+        // Written at the commit: a later group reads them from the file.
+        let results = run_group(&mut conn, &config, &clock, vec![snapshot()]);
+        let after = snapshot_of(&results[0]);
+        assert_eq!((after.total_activities, after.total_in_flight), (2, 1));
+        assert_eq!(after.total_recent_completions, 1);
+    }
+
+    #[test]
+    fn a_refused_begin_in_a_group_counts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = connect(&dir.path().join("counts.db")).unwrap();
+        migrate(&mut conn).unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let (a, b) = (ActivityId::new(), ActivityId::new());
+        let duplicate = begin(a);
+        let results = run_group(
+            &mut conn,
+            &config,
+            &clock,
+            vec![begin(a), duplicate, begin(b), snapshot()],
+        );
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+        assert_eq!(snapshot_of(&results[3]).total_activities, 2);
+    }
 }
