@@ -360,7 +360,7 @@ fn run_group(
             .map(|_| Err(LedgerError::new(ErrorKind::Storage, err.message().to_owned())))
             .collect()
     };
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(err) => return failed_all(LedgerError::storage("cannot begin a transaction", err)),
     };
@@ -375,25 +375,24 @@ fn run_group(
                 return failed_all(err);
             }
         }
-        let mut savepoint = match tx.savepoint() {
-            Ok(savepoint) => savepoint,
-            Err(err) => {
-                results.push(Err(LedgerError::storage("cannot open a savepoint", err)));
-                continue;
-            }
-        };
+        // A savepoint per command, by prepared statements: rusqlite's
+        // `Savepoint` formats and parses its statements every time.
+        if let Err(err) = savepoint(&tx, "SAVEPOINT command") {
+            results.push(Err(LedgerError::storage("cannot open a savepoint", err)));
+            continue;
+        }
         // Read once the write lock is held: timestamps follow commit order.
         let now = clock.now();
-        let mut txn = SqliteTxn::new(&savepoint);
+        let mut txn = SqliteTxn::new(&tx);
         let result = engine::execute(&mut txn, config, command, now);
         let pending = std::mem::take(&mut txn.counts);
         // A refusal keeps what time forced (a reap); a storage failure keeps
         // nothing, its counts included.
         let keep = !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
         let released = if keep {
-            savepoint.commit()
+            savepoint(&tx, "RELEASE command")
         } else {
-            savepoint.rollback()
+            savepoint(&tx, "ROLLBACK TO command").and_then(|()| savepoint(&tx, "RELEASE command"))
         };
         results.push(match released {
             Ok(()) => {
@@ -413,6 +412,12 @@ fn run_group(
         Ok(()) => results,
         Err(err) => failed_all(LedgerError::storage("cannot commit", err)),
     }
+}
+
+/// Runs one of the statements that open, release or roll back a command's
+/// savepoint, prepared once per connection.
+fn savepoint(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 struct SqliteTxn<'c> {
