@@ -460,9 +460,8 @@ impl PendingCounts {
 
     /// Writes them all and forgets them.
     fn write(&mut self, conn: &Connection) -> Result<(), LedgerError> {
-        let mut txn = SqliteTxn::new(conn);
         for ((labels, priority, admission), totals) in self.totals.drain() {
-            txn.add_to_aggregate(&AggregateKey::new(&labels, priority, admission), &totals)?;
+            add_to_aggregate(conn, &AggregateKey::new(&labels, priority, admission), &totals)?;
         }
         let mut statement = conn
             .prepare_cached(
@@ -575,11 +574,9 @@ fn query_owners(
     query_rows(conn, sql, params, owner_from_row)
 }
 
-impl SqliteTxn<'_> {
-    /// Adds `d` to the totals of `key`.
-    fn add_to_aggregate(&mut self, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
-        let mut statement = self
-            .conn
+/// Adds `d` to the totals of `key`.
+fn add_to_aggregate(conn: &Connection, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
+    let mut statement = conn
             .prepare_cached(
                 "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
                  calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
@@ -606,37 +603,38 @@ impl SqliteTxn<'_> {
                                     COALESCE(excluded.last_seen_at, last_seen_at))",
             )
             .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute(params![
-                key.service,
-                key.operation_stage,
-                key.class,
-                key.provider,
-                key.model,
-                key.priority.as_str(),
-                key.admission.as_str(),
-                d.calls,
-                d.succeeded,
-                d.failed,
-                d.cancelled,
-                d.reaped_abandoned,
-                d.reaped_unsettled,
-                d.reaped_owner_lost,
-                d.late_settles,
-                d.resurrections,
-                d.in_flight,
-                d.queue_wait_count,
-                d.queue_wait_sum_ms,
-                d.queue_wait_max_ms,
-                d.execution_count,
-                d.execution_sum_ms,
-                d.execution_max_ms,
-                d.last_seen_at,
-            ])
-            .map_err(sql_error("cannot update counters"))?;
-        Ok(())
-    }
+    statement
+        .execute(params![
+            key.service,
+            key.operation_stage,
+            key.class,
+            key.provider,
+            key.model,
+            key.priority.as_str(),
+            key.admission.as_str(),
+            d.calls,
+            d.succeeded,
+            d.failed,
+            d.cancelled,
+            d.reaped_abandoned,
+            d.reaped_unsettled,
+            d.reaped_owner_lost,
+            d.late_settles,
+            d.resurrections,
+            d.in_flight,
+            d.queue_wait_count,
+            d.queue_wait_sum_ms,
+            d.queue_wait_max_ms,
+            d.execution_count,
+            d.execution_sum_ms,
+            d.execution_max_ms,
+            d.last_seen_at,
+        ])
+        .map_err(sql_error("cannot update counters"))?;
+    Ok(())
+}
 
+impl SqliteTxn<'_> {
     /// Overwrites the stored row of `record`.
     fn overwrite(&self, record: &ActivityRecord) -> Result<(), LedgerError> {
         self.write(
@@ -1089,7 +1087,7 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
     let mut conn = connect(path)?;
     migrate(&mut conn)?;
     let tx = conn.transaction().map_err(sql_error("cannot begin"))?;
-    let mut minutes: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+    let mut counts = PendingCounts::default();
     {
         let mut insert = tx
             .prepare(concat!("INSERT INTO activities (", record_columns!(), ") VALUES (?1, 'bench-history', 'ollama', 'embedding', \
@@ -1101,31 +1099,19 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
             insert
                 .execute(params![ActivityId::new().to_string(), done - 20, done - 10, done])
                 .map_err(sql_error("cannot seed history"))?;
-            *minutes.entry(done.div_euclid(MINUTE_MS)).or_default() += 1;
-        }
-        let mut minute = tx
-            .prepare(
-                "INSERT INTO completion_minutes (minute, completions) VALUES (?1, ?2) \
-                 ON CONFLICT (minute) DO UPDATE SET completions = completions + excluded.completions",
-            )
-            .map_err(sql_error("cannot prepare"))?;
-        for (at, completions) in minutes {
-            minute
-                .execute(params![at, completions])
-                .map_err(sql_error("cannot seed counters"))?;
+            *counts.completions.entry(done.div_euclid(MINUTE_MS)).or_default() += 1;
         }
         let n = count as i64;
-        SqliteTxn::new(&tx).add_to_aggregate(
-            &AggregateKey {
-                service: "bench-history".into(),
-                operation_stage: "history".into(),
-                class: "embedding".into(),
-                provider: "ollama".into(),
-                model: "nomic-embed-text".into(),
-                priority: crate::domain::record::Priority::Batch,
-                admission: crate::domain::record::Admission::Queued,
-            },
-            &Totals {
+        let labels = ActivityLabels::validate(&crate::domain::labels::RawLabels {
+            service: "bench-history",
+            provider: "ollama",
+            class: Some("embedding"),
+            operation_stage: Some("history"),
+            model: Some("nomic-embed-text"),
+        })?;
+        counts.totals.insert(
+            (labels, Priority::Batch, Admission::Queued),
+            Totals {
                 calls: n,
                 succeeded: n,
                 queue_wait_count: n,
@@ -1137,7 +1123,8 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
                 last_seen_at: Some(completed_at),
                 ..Totals::default()
             },
-        )?;
+        );
+        counts.write(&tx)?;
     }
     tx.commit().map_err(sql_error("cannot commit"))
 }
