@@ -57,6 +57,13 @@ impl History {
         }
     }
 
+    /// Drops the record `id`, without unpacking it.
+    pub(super) fn forget(&mut self, id: &ActivityId) {
+        if self.packed.remove(id).is_none() {
+            self.wide.remove(id);
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         self.packed.len() + self.wide.len()
     }

@@ -387,16 +387,9 @@ impl Txn for MemoryState {
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        // Starts and settles go through `modify`; what comes here (reaps,
+        // cancels of a released owner, late settles) is rare.
         let id = record.activity_id;
-        // Still in flight (a start): replaced where it lies.
-        if record.state.is_in_flight() {
-            if let Some(stored) = self.records.live.get_mut(&id) {
-                self.indexes.reindex(id, Some(stored), Some(record));
-                *stored = Arc::clone(record);
-                self.indexes.due.compact(&self.records.live);
-                return Ok(());
-            }
-        }
         let old = self.records.remove(&id);
         self.indexes.reindex(id, old.as_deref(), Some(record));
         self.records.file(Arc::clone(record));
@@ -428,8 +421,15 @@ impl Txn for MemoryState {
             let Some(mut record) = self.records.history.get(&id) else {
                 return Ok(None);
             };
+            let old = IndexKeys::of(&record);
             if change(Arc::make_mut(&mut record)) {
-                self.update(&record)?;
+                self.indexes.move_keys(id, old, IndexKeys::of(&record));
+                if record.state.is_in_flight() {
+                    self.records.history.forget(&id);
+                }
+                // Back in flight, or packed again over its old version.
+                self.records.file(Arc::clone(&record));
+                self.indexes.due.compact(&self.records.live);
             }
             return Ok(Some(record));
         };
