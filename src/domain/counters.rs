@@ -186,11 +186,6 @@ impl Totals {
         }
     }
 
-    /// Whether adding this changes nothing.
-    pub fn is_zero(&self) -> bool {
-        *self == Self::default()
-    }
-
     /// Reaps of either disposition.
     pub fn reaped(&self) -> i64 {
         self.reaped_abandoned + self.reaped_unsettled
