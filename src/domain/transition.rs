@@ -84,6 +84,32 @@ pub struct NewActivity {
     pub owner_id: Option<String>,
 }
 
+#[cfg(test)]
+impl NewActivity {
+    /// The unit tests' call: queued, from `kb` to `ollama` in `class`, begun
+    /// when the store says, with nothing else given.
+    pub(crate) fn fixture(class: &str) -> Self {
+        let labels = ActivityLabels::validate(&super::labels::RawLabels {
+            service: "kb",
+            provider: "ollama",
+            class: Some(class),
+            operation_stage: None,
+            model: None,
+        })
+        .expect("valid fixture labels");
+        Self {
+            activity_id: ActivityId::new(),
+            labels,
+            priority: Priority::Unknown,
+            admission: Admission::Queued,
+            enqueued_at: None,
+            started_at: None,
+            deadline_ms: None,
+            owner_id: None,
+        }
+    }
+}
+
 /// What a caller asks of an existing record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
@@ -396,32 +422,15 @@ mod tests {
     use super::*;
     use crate::config::LedgerConfig;
     use crate::domain::bounds::ClassBounds;
-    use crate::domain::labels::RawLabels;
     use std::time::Duration;
 
     const T0: Millis = 1_700_000_000_000;
     const MIN: Millis = 60_000;
 
     fn waiting(policy: &ReapPolicy) -> ActivityRecord {
-        let labels = ActivityLabels::validate(&RawLabels {
-            service: "kb",
-            provider: "ollama",
-            class: Some("embedding"),
-            operation_stage: None,
-            model: None,
-        })
-        .unwrap();
-        let new = NewActivity {
-            activity_id: ActivityId::new(),
-            labels,
-            priority: Priority::Unknown,
-            admission: Admission::Queued,
-            enqueued_at: None,
-            started_at: None,
-            deadline_ms: None,
-            owner_id: None,
-        };
-        begin(new, T0, policy).unwrap().record
+        begin(NewActivity::fixture("embedding"), T0, policy)
+            .unwrap()
+            .record
     }
 
     #[test]
@@ -438,23 +447,11 @@ mod tests {
         ]);
         let policy = ReapPolicy::new(classes, 4.0).unwrap();
         let started = |class: &str, declared: Option<i64>| {
-            let labels = ActivityLabels::validate(&RawLabels {
-                service: "kb",
-                provider: "ollama",
-                class: Some(class),
-                operation_stage: None,
-                model: None,
-            })
-            .unwrap();
             let new = NewActivity {
-                activity_id: ActivityId::new(),
-                labels,
-                priority: Priority::Unknown,
-                admission: Admission::Queued,
                 enqueued_at: Some(T0),
                 started_at: Some(T0),
                 deadline_ms: declared,
-                owner_id: None,
+                ..NewActivity::fixture(class)
             };
             begin(new, T0, &policy).unwrap().record.reapable_at
         };

@@ -1133,33 +1133,26 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
 mod tests {
     use super::*;
     use crate::clock::FakeClock;
-    use crate::domain::labels::RawLabels;
     use crate::domain::snapshot::{Snapshot, SnapshotOptions};
     use crate::domain::transition::{NewActivity, Transition};
 
     const T0: Millis = 1_700_000_000_000;
 
     fn begin(id: ActivityId) -> Command {
-        let labels = ActivityLabels::validate(&RawLabels {
-            service: "kb",
-            provider: "ollama",
-            class: Some("embedding"),
-            operation_stage: None,
-            model: None,
-        })
-        .unwrap();
         Command::Begin {
             new: NewActivity {
                 activity_id: id,
-                labels,
-                priority: Priority::Unknown,
-                admission: Admission::Queued,
-                enqueued_at: None,
-                started_at: None,
-                deadline_ms: None,
-                owner_id: None,
+                ..NewActivity::fixture("embedding")
             },
         }
+    }
+
+    /// A migrated database in a directory that lives as long as it is used.
+    fn database() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = connect(&dir.path().join("counts.db")).unwrap();
+        migrate(&mut conn).unwrap();
+        (dir, conn)
     }
 
     fn snapshot() -> Command {
@@ -1177,9 +1170,7 @@ mod tests {
 
     #[test]
     fn a_group_writes_its_counts_once_and_a_snapshot_in_it_sees_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = connect(&dir.path().join("counts.db")).unwrap();
-        migrate(&mut conn).unwrap();
+        let (_dir, mut conn) = database();
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
         let (a, b) = (ActivityId::new(), ActivityId::new());
@@ -1213,9 +1204,7 @@ mod tests {
 
     #[test]
     fn a_refused_begin_in_a_group_counts_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = connect(&dir.path().join("counts.db")).unwrap();
-        migrate(&mut conn).unwrap();
+        let (_dir, mut conn) = database();
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
         let (a, b) = (ActivityId::new(), ActivityId::new());

@@ -618,26 +618,12 @@ impl Txn for MemoryState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::labels::RawLabels;
     use crate::domain::transition::{self, NewActivity};
 
     fn in_flight(enqueued_at: Millis, reapable_at: Millis) -> Arc<ActivityRecord> {
-        let raw = RawLabels {
-            service: "svc",
-            provider: "prov",
-            class: None,
-            operation_stage: None,
-            model: None,
-        };
         let new = NewActivity {
-            activity_id: ActivityId::new(),
-            labels: ActivityLabels::validate(&raw).unwrap(),
-            priority: Priority::Unknown,
-            admission: Admission::Queued,
             enqueued_at: Some(enqueued_at),
-            started_at: None,
-            deadline_ms: None,
-            owner_id: None,
+            ..NewActivity::fixture("embedding")
         };
         let mut record = transition::begin(new, enqueued_at, LedgerConfig::default().policy())
             .unwrap()
@@ -661,16 +647,8 @@ mod tests {
     fn counters_keep_one_entry_per_aggregate_whichever_way_they_are_found() {
         let mut counters = Counters::default();
         let first = in_flight(0, 10);
-        let other_labels = ActivityLabels::validate(&RawLabels {
-            service: "other",
-            provider: "prov",
-            class: None,
-            operation_stage: None,
-            model: None,
-        })
-        .unwrap();
         let other = ActivityRecord {
-            labels: other_labels,
+            labels: NewActivity::fixture("chat").labels,
             ..(*first).clone()
         };
         let batch = ActivityRecord {
@@ -679,14 +657,7 @@ mod tests {
         };
         // The same set spelled again is a separate Arc, equal by content.
         let respelled = ActivityRecord {
-            labels: ActivityLabels::validate(&RawLabels {
-                service: "svc",
-                provider: "prov",
-                class: None,
-                operation_stage: None,
-                model: None,
-            })
-            .unwrap(),
+            labels: NewActivity::fixture("embedding").labels,
             ..(*first).clone()
         };
         for record in [&*first, &other, &first, &batch, &respelled, &first] {
