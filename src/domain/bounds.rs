@@ -159,6 +159,22 @@ impl ReapPolicy {
         }
     }
 
+    /// Recomputes the deadline and bound of an in-flight `record` under
+    /// this policy, so that a changed configuration (a longer deadline, a
+    /// new factor) applies to work already in flight when a store opens;
+    /// `true` when either changed.
+    pub fn rebound(&self, record: &mut ActivityRecord) -> bool {
+        if !record.state.is_in_flight() {
+            return false;
+        }
+        let stored = (record.deadline_ms, record.reapable_at);
+        // The deadline first: the bound is computed from it.
+        record.deadline_ms =
+            self.effective_deadline_ms(record.labels.class.as_str(), record.declared_deadline_ms);
+        record.reapable_at = self.reapable_at(record);
+        (record.deadline_ms, record.reapable_at) != stored
+    }
+
     /// The instant past which `record` is reaped, or `None` when it is not in
     /// flight. A record is reapable when `now > reapable_at`.
     ///

@@ -9,6 +9,7 @@ pub mod bounds;
 pub mod counters;
 pub mod labels;
 pub mod owner;
+pub mod query;
 pub mod record;
 pub mod snapshot;
 pub mod timestamp;

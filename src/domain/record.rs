@@ -293,6 +293,28 @@ pub struct ActivityRecord {
 }
 
 impl ActivityRecord {
+    /// The queue wait (`startedAt - enqueuedAt`) and execution time
+    /// (`completedAt - startedAt`) its instants imply, the one definition of
+    /// `queueWaitMs` and `executionMs`; `None` when one overflows.
+    #[allow(clippy::option_option)]
+    pub fn implied_durations(&self) -> Option<(Option<i64>, Option<i64>)> {
+        let queue_wait = match self.started_at {
+            Some(started) => Some(started.checked_sub(self.enqueued_at)?),
+            None => None,
+        };
+        let execution = match (self.started_at, self.completed_at) {
+            (Some(started), Some(completed)) => Some(completed.checked_sub(started)?),
+            _ => None,
+        };
+        Some((queue_wait, execution))
+    }
+
+    /// Sets `queue_wait_ms` and `execution_ms` from the instants (to `None`
+    /// in the overflow no accepted timestamp can reach).
+    pub fn derive_durations(&mut self) {
+        (self.queue_wait_ms, self.execution_ms) = self.implied_durations().unwrap_or_default();
+    }
+
     /// The `service::provider` lane it belongs to.
     pub fn lane(&self) -> LaneKey {
         LaneKey {

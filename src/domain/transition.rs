@@ -175,9 +175,17 @@ fn out_of_order(field: &str, at: Millis, other_field: &str, other: Millis) -> Re
 /// A timestamp more than 5 minutes in the future, a `startedAt` before the
 /// `enqueuedAt`, or a non-positive `deadlineMs`.
 pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Applied, Refusal> {
-    let enqueued_at = check_not_future("enqueuedAt", new.enqueued_at.unwrap_or(now), now)?;
     if let Some(started) = new.started_at {
         check_not_future("startedAt", started, now)?;
+    }
+    let enqueued_at = match (new.enqueued_at, new.started_at) {
+        (Some(at), _) => check_not_future("enqueuedAt", at, now)?,
+        // Started before it says it was enqueued only because the caller's
+        // clock runs behind the ledger's: it was enqueued when it started.
+        (None, Some(started)) => now.min(started),
+        (None, None) => now,
+    };
+    if let Some(started) = new.started_at {
         check_not_before("startedAt", started, "enqueuedAt", enqueued_at)?;
     }
     if let Some(deadline) = new.deadline_ms {
@@ -207,13 +215,14 @@ pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Appli
         reaped_at: None,
         declared_deadline_ms: new.deadline_ms,
         reapable_at: None,
-        queue_wait_ms: new.started_at.map(|s| s - enqueued_at),
+        queue_wait_ms: None,
         execution_ms: None,
         success: None,
         failure_stage: None,
         late_settle: false,
         cancel_reason: None,
     };
+    record.derive_durations();
     record.reapable_at = policy.reapable_at(&record);
     let mut effects: Effects = smallvec![Effect::Begun { at: enqueued_at }];
     if let (Some(at), Some(queue_wait_ms)) = (record.started_at, record.queue_wait_ms) {
@@ -222,9 +231,23 @@ pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Appli
     Ok(Applied { record, effects })
 }
 
-/// Whether `record` is past its bound at `now` and so must be seen reaped.
-pub fn is_due(record: &ActivityRecord, now: Millis) -> bool {
-    record.state.is_in_flight() && record.reapable_at.is_some_and(|at| now > at)
+pub use super::query::is_due;
+
+/// Whether a start would start `record`: it waits, or it was reaped
+/// abandoned and would be resurrected. Anything else is executing already
+/// (a start is then a no-op) or refused.
+pub fn would_start(record: &ActivityRecord) -> bool {
+    record.state == State::Waiting
+        || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned))
+}
+
+/// The instant a transition the caller did not stamp takes: *now*, but
+/// never earlier than the record's latest instant, so that clock skew a
+/// begin accepted (timestamps up to [`MAX_FUTURE_SKEW_MS`] ahead) never
+/// makes a later start, settle, cancel or reap go back in time, or fail.
+#[inline]
+pub fn default_at(record: &ActivityRecord, now: Millis) -> Millis {
+    now.max(record.started_at.unwrap_or(record.enqueued_at))
 }
 
 /// Reaps `record` when it is past its bound at `now`. Reaping is a function
@@ -254,7 +277,7 @@ fn mark_reaped(record: &mut ActivityRecord, now: Millis, reason: ReapReason) -> 
     record.state = State::Reaped;
     record.disposition = Some(disposition);
     record.reap_reason = Some(reason);
-    record.reaped_at = Some(now);
+    record.reaped_at = Some(default_at(record, now));
     record.reapable_at = None;
     Effect::Reaped { disposition, reason }
 }
@@ -279,7 +302,10 @@ pub fn apply(
         effects.push(reaped);
     }
     match transition {
-        Transition::Start { at } => start(record, at.unwrap_or(now), now, policy, effects)?,
+        Transition::Start { at } => {
+            let at = at.unwrap_or_else(|| default_at(record, now));
+            start(record, at, now, policy, effects)?;
+        }
         Transition::Settle {
             success,
             failure_stage,
@@ -287,19 +313,13 @@ pub fn apply(
         } => {
             let outcome = if success { State::Succeeded } else { State::Failed };
             let stage = (!success).then(|| failure_stage.unwrap_or(FailureStage::Unknown));
-            settle(record, outcome, stage, None, at.unwrap_or(now), now, effects)?;
+            let at = at.unwrap_or_else(|| default_at(record, now));
+            settle(record, outcome, stage, None, at, now, effects)?;
         }
         Transition::Cancel { reason, at } => {
             let reason = sanitize_note(reason.as_deref());
-            settle(
-                record,
-                State::Cancelled,
-                None,
-                reason,
-                at.unwrap_or(now),
-                now,
-                effects,
-            )?;
+            let at = at.unwrap_or_else(|| default_at(record, now));
+            settle(record, State::Cancelled, None, reason, at, now, effects)?;
         }
     }
     // A start (or settle) stamped far enough in the past may leave the
@@ -317,24 +337,21 @@ fn start(
     policy: &ReapPolicy,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
-    let resurrects = match (record.state, record.disposition) {
-        (State::Executing, _) => return Ok(()),
-        (State::Waiting, _) => false,
-        // Start is proof of life: whoever starts it is still there.
-        (State::Reaped, Some(Disposition::Abandoned)) => true,
-        (State::Reaped, _) => {
-            return Err(Refusal::Conflict(format!(
+    if !would_start(record) {
+        return match (record.state, record.disposition) {
+            (State::Executing, _) => Ok(()),
+            (State::Reaped, _) => Err(Refusal::Conflict(format!(
                 "activity {} was reaped as unsettled and cannot start again",
                 record.activity_id
-            )))
-        }
-        (settled, _) => {
-            return Err(Refusal::Conflict(format!(
+            ))),
+            (settled, _) => Err(Refusal::Conflict(format!(
                 "activity {} is already {settled} and cannot start",
                 record.activity_id
-            )))
-        }
-    };
+            ))),
+        };
+    }
+    // Start is proof of life: whoever starts it is still there.
+    let resurrects = record.state == State::Reaped;
     // Checked before anything changes: a refusal leaves the record as it was.
     check_not_future("startedAt", at, now)?;
     check_not_before("startedAt", at, "enqueuedAt", record.enqueued_at)?;
@@ -346,11 +363,11 @@ fn start(
     }
     record.state = State::Executing;
     record.started_at = Some(at);
-    record.queue_wait_ms = Some(at - record.enqueued_at);
+    record.derive_durations();
     record.reapable_at = policy.reapable_at(record);
     effects.push(Effect::Started {
         at,
-        queue_wait_ms: at - record.enqueued_at,
+        queue_wait_ms: record.queue_wait_ms.unwrap_or_default(),
     });
     Ok(())
 }
@@ -401,7 +418,7 @@ fn settle(
     record.state = outcome;
     record.completed_at = Some(at);
     record.reapable_at = None;
-    record.execution_ms = record.started_at.map(|started| at - started);
+    record.derive_durations();
     record.success = match outcome {
         State::Succeeded => Some(true),
         State::Failed => Some(false),

@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
-use crate::domain::counters::ReapedCounts;
+use crate::domain::bounds::ReapPolicy;
+use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
 use crate::domain::owner::{self, Owner, OwnerId};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, Disposition, State};
-use crate::domain::snapshot::{Snapshot, SnapshotParts};
+use crate::domain::query::{self, LaneQuery, Retention, Window};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, State};
+use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::{self, Effect, Effects, Transition};
 use crate::error::{ErrorKind, LedgerError};
@@ -21,8 +23,13 @@ use super::{Command, Reply, StoreStats};
 /// How many due records a reap pass handles per round trip.
 const REAP_BATCH: usize = 512;
 
-/// The primitive operations of a store, inside one transaction.
+/// What a store provides inside one transaction: storage primitives, and
+/// the questions of [`crate::domain::query`], each answered exactly as the
+/// reference predicate and order named in its documentation say. The
+/// engine holds every rule; a store holds none.
 pub(crate) trait Txn {
+    // Storage primitives.
+
     /// The record with `id`, as stored.
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError>;
     /// Stores a new record.
@@ -42,39 +49,64 @@ pub(crate) trait Txn {
         id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Option<Arc<ActivityRecord>>, LedgerError>;
-    /// In-flight records whose `reapable_at` is before `now`, at most `limit`.
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
+    /// Deletes the records `ids`; returns how many there were.
+    fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError>;
     /// Counts `effects` (never empty) in the totals of the aggregate
     /// `record` counts in
     /// ([`AggregateKey::of`](crate::domain::counters::AggregateKey::of)),
     /// by [`Totals::count`](crate::domain::counters::Totals::count).
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError>;
-    /// Counts one completion in the minute of `completed_at`, so that a
-    /// snapshot counts its window from per-minute counters, not history.
-    fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError>;
-    /// Deletes at most `limit` settled or reaped records that ended before
-    /// `before`, the owners lost or released before then, and the per-minute
-    /// counters of that age; returns how many records it deleted. Counters
-    /// are never touched.
-    fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError>;
+    /// Adds one to the completion counter of `minute`
+    /// ([`query::completion_minute`]).
+    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError>;
+    /// Every aggregate's totals, in any order.
+    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError>;
+    /// The sum of the completion counters of `minute` and every later one.
+    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError>;
+    /// Deletes the completion counters of minutes before `minute`.
+    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError>;
     /// How many records are stored.
     fn stored_records(&mut self) -> Result<i64, LedgerError>;
-    /// Everything a snapshot reports, for the window from `since`.
-    fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError>;
-    /// Where `record` stands on its lane: queued records executing, and
-    /// queued records waiting that were enqueued before it (by `enqueuedAt`,
-    /// then id). A `newcomer` (begun already started, so never in line)
-    /// also counts those enqueued in the same millisecond as ahead of it.
-    fn lane_position(&mut self, record: &ActivityRecord, newcomer: bool)
-        -> Result<LanePosition, LedgerError>;
     /// The owner with `id`.
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
     /// Stores a new owner, or overwrites one.
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
-    /// Live owners whose lease ran out before `now`.
+
+    // The questions of `domain::query`.
+
+    /// Records that [`query::is_due`] at `now`, in [`query::due_order`], at
+    /// most `limit`.
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
+    /// The answer to `query`: how many records [`LaneQuery::counts`] as
+    /// executing, and how many as ahead.
+    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError>;
+    /// Records in flight in [`query::line_order`], at most `limit`.
+    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
+    /// How many records are in flight.
+    fn in_flight_count(&mut self) -> Result<i64, LedgerError>;
+    /// [`query::lane_loads`] of every record in flight.
+    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError>;
+    /// Records [`Window::completed`] in `window`, in
+    /// [`Window::completed_order`], at most `limit`.
+    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
+    /// How many records [`Window::completed`] has from `from`, with a
+    /// `completedAt` before `to`.
+    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError>;
+    /// Records [`Window::reaped`] in `window`, in [`Window::reaped_order`],
+    /// at most `limit`.
+    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
+    /// Owners [`Window::lists_owner`] in `window`, in
+    /// [`Window::owner_order`].
+    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError>;
+    /// Owners that [`Owner::is_expired`] at `now`, in any order.
     fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError>;
-    /// In-flight records of the owner `id`.
+    /// Records in flight whose owner is `id`, in [`query::line_order`].
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
+    /// Records [`Retention::prunes`], in [`Retention::record_order`], at
+    /// most `limit`.
+    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError>;
+    /// Deletes the owners [`Retention::prunes_owner`].
+    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError>;
 }
 
 /// Runs `command` against `txn`.
@@ -149,7 +181,10 @@ pub(crate) fn execute(
         Command::Reap => Ok(Reply::Reaped(reap_all(txn, now)?)),
         Command::Snapshot { options } => {
             let reaped_this_read = reap_all(txn, now)?;
-            let parts = txn.snapshot_parts(options.since().resolve(now), options.limit())?;
+            let window = Window {
+                since: options.since().resolve(now),
+            };
+            let parts = snapshot_parts(txn, window, options.limit())?;
             Ok(Reply::Snapshot(Box::new(Snapshot::assemble(
                 parts,
                 config.caps(),
@@ -160,7 +195,7 @@ pub(crate) fn execute(
         }
         Command::Prune { limit } => {
             let keep = i64::try_from(config.retention().as_millis()).unwrap_or(i64::MAX);
-            Ok(Reply::Pruned(txn.prune(now.saturating_sub(keep), limit)?))
+            Ok(Reply::Pruned(prune(txn, Retention::at(now, keep), limit)?))
         }
         Command::Stats => Ok(Reply::Stats(StoreStats {
             stored_records: txn.stored_records()?,
@@ -182,23 +217,23 @@ pub(crate) fn execute(
             let mut owner = lose_if_expired(txn, owner, now)?;
             if owner.release(now)? {
                 // A clean shutdown: its unfinished work was observed aborted.
-                for record in txn.owner_in_flight(&id)? {
+                // Every cancel is decided before any is written, so that a
+                // refusal leaves them all as they were.
+                let mut cancelled = Vec::new();
+                for mut record in txn.owner_in_flight(&id)? {
                     let cancel = Transition::Cancel {
                         reason: Some("owner released".to_owned()),
                         at: None,
                     };
-                    let mut record = record;
                     let mut effects = Effects::new();
-                    transition::apply(
-                        Arc::make_mut(&mut record),
-                        cancel,
-                        now,
-                        config.policy(),
-                        &mut effects,
-                    )?;
-                    if record.state == State::Cancelled {
+                    let changed = Arc::make_mut(&mut record);
+                    transition::apply(changed, cancel, now, config.policy(), &mut effects)?;
+                    if changed.state == State::Cancelled {
                         owner.cancelled_records += 1;
                     }
+                    cancelled.push((record, effects));
+                }
+                for (record, effects) in cancelled {
                     txn.update(&record)?;
                     add_totals(txn, &record, &effects)?;
                 }
@@ -207,6 +242,54 @@ pub(crate) fn execute(
             Ok(Reply::Owner(Box::new(owner)))
         }
     }
+}
+
+/// Everything a snapshot reports, for `window`, each list at most
+/// `limit + 1` long so that the snapshot can say it was truncated.
+fn snapshot_parts(txn: &mut dyn Txn, window: Window, limit: usize) -> Result<SnapshotParts, LedgerError> {
+    let fetch = limit.saturating_add(1);
+    let plan = window.completion_count_plan();
+    let mut aggregates = txn.aggregates()?;
+    aggregates.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(SnapshotParts {
+        lane_loads: txn.lane_loads()?,
+        aggregates,
+        in_flight: txn
+            .in_flight(fetch)?
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect(),
+        in_flight_total: txn.in_flight_count()?,
+        recent_completions: txn.completed(window, fetch)?,
+        recent_completions_total: txn.completed_between(plan.partial.0, plan.partial.1)?
+            + txn.completion_minutes_from(plan.first_whole_minute)?,
+        reaped: txn.reaped(window, fetch)?,
+        owners: txn.listed_owners(window)?,
+    })
+}
+
+/// Deletes at most `limit` records that `retention` prunes, oldest first,
+/// then the owners and the per-minute counters it prunes; returns how many
+/// records it deleted. The aggregate counters are never touched.
+fn prune(txn: &mut dyn Txn, retention: Retention, limit: usize) -> Result<usize, LedgerError> {
+    let doomed = txn.prunable(retention, limit)?;
+    let deleted = txn.delete(&doomed)?;
+    txn.prune_owners(retention)?;
+    txn.delete_minutes_before(retention.first_kept_minute())?;
+    Ok(deleted)
+}
+
+/// Recomputes the bounds of every record in flight under `policy`
+/// ([`ReapPolicy::rebound`]), when a store opens; returns how many changed.
+pub(crate) fn rebound(txn: &mut dyn Txn, policy: &ReapPolicy) -> Result<usize, LedgerError> {
+    let mut changed = 0;
+    for mut record in txn.in_flight(usize::MAX)? {
+        if policy.rebound(Arc::make_mut(&mut record)) {
+            txn.update(&record)?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
 }
 
 /// The admission decision for `record`, which asks to start now. Leaks are
@@ -226,7 +309,7 @@ fn admit(
     };
     let lane = record.lane();
     reap_all(txn, now)?;
-    match admission::decide(Some(cap), txn.lane_position(record, newcomer)?) {
+    match admission::decide(Some(cap), txn.lane_position(&LaneQuery::of(record, newcomer))?) {
         Decision::Admit => Ok(()),
         Decision::LaneFull { cap } => Err(LedgerError::new(
             ErrorKind::LaneFull,
@@ -320,18 +403,17 @@ fn not_found(id: ActivityId) -> LedgerError {
 }
 
 /// Whether a start of `record` asks for a slot of a capped lane: it would
-/// start (it waits, or was abandoned and would be resurrected), it is
-/// queued, and its lane has a cap.
+/// start ([`transition::would_start`]), it is queued, and its lane has a cap.
 fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
-    let would_start = record.state == State::Waiting
-        || (record.state == State::Reaped && record.disposition == Some(Disposition::Abandoned));
-    would_start && record.admission == Admission::Queued && config.cap_of(&record.labels).is_some()
+    transition::would_start(record)
+        && record.admission == Admission::Queued
+        && config.cap_of(&record.labels).is_some()
 }
 
 fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
     for effect in effects {
         if let Effect::Settled { at, .. } = effect {
-            txn.count_completion(*at)?;
+            txn.count_completion(query::completion_minute(*at))?;
         }
     }
     if effects.is_empty() {

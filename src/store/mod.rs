@@ -25,9 +25,6 @@ pub(crate) mod engine;
 pub mod memory;
 pub mod sqlite;
 
-/// The grain of the per-minute completion counters.
-pub(crate) const MINUTE_MS: i64 = 60_000;
-
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 

@@ -159,7 +159,7 @@ impl Packed {
             late_settle,
             cancel_reason,
         } = record;
-        let (queue_wait, execution) = implied_durations(record)?;
+        let (queue_wait, execution) = record.implied_durations()?;
         if (*reapable_at, *queue_wait_ms, *execution_ms) != (None, queue_wait, execution) {
             return None;
         }
@@ -213,7 +213,7 @@ impl Packed {
             cancel_reason: self.rare.as_ref().and_then(|rare| rare.cancel_reason.clone()),
         };
         // Packing checked that these exist.
-        (record.queue_wait_ms, record.execution_ms) = implied_durations(&record).unwrap_or_default();
+        record.derive_durations();
         record
     }
 }
@@ -223,21 +223,6 @@ impl Packed {
 struct Rare {
     cancel_reason: Option<String>,
     declared_deadline_ms: Option<i64>,
-}
-
-/// The queue wait (enqueued to started) and execution time (started to
-/// settled) a record's instants imply; `None` when one overflows.
-#[allow(clippy::option_option)]
-fn implied_durations(record: &ActivityRecord) -> Option<(Option<i64>, Option<i64>)> {
-    let queue_wait = match record.started_at {
-        Some(started) => Some(started.checked_sub(record.enqueued_at)?),
-        None => None,
-    };
-    let execution = match (record.started_at, record.completed_at) {
-        (Some(started), Some(completed)) => Some(completed.checked_sub(started)?),
-        _ => None,
-    };
-    Some((queue_wait, execution))
 }
 
 #[cfg(test)]

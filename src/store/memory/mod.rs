@@ -11,15 +11,15 @@ use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::ActivityLabels;
-use crate::domain::owner::{Owner, OwnerId, OwnerState};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
-use crate::domain::snapshot::{LaneLoad, SnapshotParts};
+use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority, State};
+use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::engine::{self, Txn};
-use super::MINUTE_MS;
 use super::{Command, Store, StoreFuture};
 
 mod append_map;
@@ -316,45 +316,12 @@ impl DueIndex {
 }
 
 impl MemoryState {
-    /// Completions from `since` on: whole minutes from their counters, the
-    /// first (partial) minute from the index.
-    fn completions_since(&self, since: Millis) -> i64 {
-        let minute = since.div_euclid(MINUTE_MS);
-        let next_minute = (minute + 1) * MINUTE_MS;
-        let partial = self
-            .indexes
-            .completed
-            .ascending((since, ActivityId::nil_min())..(next_minute, ActivityId::nil_min()))
-            .count() as i64;
-        let whole: i64 = self
-            .completions_by_minute
-            .range(minute + 1..)
-            .map(|(_, n)| n)
-            .sum();
-        partial + whole
-    }
-
-    /// The counters as a report lists them, in [`AggregateKey`] order.
-    fn aggregates(&self) -> Vec<(AggregateKey, Totals)> {
-        let mut aggregates: Vec<(AggregateKey, Totals)> = self
-            .totals
-            .entries
-            .iter()
-            .map(|((labels, priority, admission), totals)| {
-                (AggregateKey::new(labels, *priority, *admission), *totals)
-            })
-            .collect();
-        aggregates.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        aggregates
-    }
-
-    /// The records in flight by `enqueuedAt`, then id: the order a database
-    /// index on `enqueued_at` would give. Sorted when read, because every
-    /// read of them visits them all anyway, and a start or settle then
-    /// touches no ordered index of them.
+    /// The records in flight in [`query::line_order`]. Sorted when read,
+    /// because every read of them visits them all anyway, and a start or
+    /// settle then touches no ordered index of them.
     fn in_flight_in_order(&self) -> Vec<&Arc<ActivityRecord>> {
         let mut records: Vec<_> = self.records.live.values().collect();
-        records.sort_unstable_by_key(|record| (record.enqueued_at, record.activity_id));
+        records.sort_unstable_by_key(|record| query::line_order(record));
         records
     }
 
@@ -450,8 +417,15 @@ impl Txn for MemoryState {
         Ok(Some(record))
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        Ok(self.indexes.due.due(&self.records.live, now, limit))
+    fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
+        let mut deleted = 0;
+        for id in ids {
+            if let Some(record) = self.records.remove(id) {
+                self.indexes.reindex(*id, Some(&record), None);
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
@@ -463,58 +437,7 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
-        let mut loads: BTreeMap<LaneKey, LaneLoad> = BTreeMap::new();
-        let in_flight = self.in_flight_in_order();
-        for record in &in_flight {
-            if record.admission != Admission::Queued {
-                continue;
-            }
-            let lane = record.lane();
-            let load = loads.entry(lane.clone()).or_insert(LaneLoad {
-                lane,
-                executing: 0,
-                waiting: 0,
-                oldest_waiting_since: None,
-            });
-            if record.state == State::Executing {
-                load.executing += 1;
-            } else {
-                load.waiting += 1;
-                // In order of enqueuedAt, so the first is oldest.
-                load.oldest_waiting_since.get_or_insert(record.enqueued_at);
-            }
-        }
-        let window = (since, ActivityId::nil_min())..;
-        let in_flight_total = in_flight.len() as i64;
-        let in_flight = in_flight
-            .into_iter()
-            .take(limit + 1)
-            .map(|record| (**record).clone())
-            .collect();
-        let recent = self.records_of(self.indexes.completed.descending(window.clone()).take(limit + 1));
-        let reaped = self.records_of(self.indexes.reaped.descending(window).take(limit + 1));
-        Ok(SnapshotParts {
-            lane_loads: loads.into_values().collect(),
-            aggregates: self.aggregates(),
-            in_flight,
-            in_flight_total,
-            recent_completions: recent,
-            recent_completions_total: self.completions_since(since),
-            reaped,
-            owners: self
-                .owners
-                .values()
-                .filter(|owner| {
-                    owner.state == OwnerState::Live || owner.ended_at.is_some_and(|at| at >= since)
-                })
-                .cloned()
-                .collect(),
-        })
-    }
-
-    fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError> {
-        let minute = completed_at.div_euclid(MINUTE_MS);
+    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
         // Completions mostly land in the newest minute: no tree search.
         if let Some(mut newest) = self.completions_by_minute.last_entry() {
             if *newest.key() == minute {
@@ -526,65 +449,28 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError> {
-        let bound = (before, ActivityId::nil_min());
-        let mut doomed: Vec<ActivityId> = self
-            .indexes
-            .completed
-            .ascending(..bound)
-            .take(limit)
-            .map(|((_, id), ())| *id)
-            .collect();
-        let room = limit - doomed.len();
-        doomed.extend(
-            self.indexes
-                .reaped
-                .ascending(..bound)
-                .take(room)
-                .map(|((_, id), ())| *id),
-        );
-        for id in &doomed {
-            if let Some(record) = self.records.remove(id) {
-                self.indexes.reindex(*id, Some(&record), None);
-            }
-        }
-        self.owners
-            .retain(|_, owner| owner.ended_at.is_none_or(|ended| ended >= before));
-        let first_kept = before.div_euclid(MINUTE_MS);
-        self.completions_by_minute = self.completions_by_minute.split_off(&first_kept);
-        Ok(doomed.len())
+    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
+        Ok(self
+            .totals
+            .entries
+            .iter()
+            .map(|((labels, priority, admission), totals)| {
+                (AggregateKey::new(labels, *priority, *admission), *totals)
+            })
+            .collect())
+    }
+
+    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
+        Ok(self.completions_by_minute.range(minute..).map(|(_, n)| n).sum())
+    }
+
+    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
+        self.completions_by_minute = self.completions_by_minute.split_off(&minute);
+        Ok(())
     }
 
     fn stored_records(&mut self) -> Result<i64, LedgerError> {
         Ok(self.records.len() as i64)
-    }
-
-    fn lane_position(
-        &mut self,
-        record: &ActivityRecord,
-        newcomer: bool,
-    ) -> Result<LanePosition, LedgerError> {
-        let mut position = LanePosition {
-            executing: 0,
-            waiting_ahead: 0,
-        };
-        let me = (record.enqueued_at, record.activity_id);
-        for other in self.records.live.values() {
-            let key = (other.enqueued_at, other.activity_id);
-            if other.admission != Admission::Queued
-                || other.labels.service != record.labels.service
-                || other.labels.provider != record.labels.provider
-                || other.activity_id == record.activity_id
-            {
-                continue;
-            }
-            match other.state {
-                State::Executing => position.executing += 1,
-                State::Waiting if key < me || (newcomer && key.0 == me.0) => position.waiting_ahead += 1,
-                _ => {}
-            }
-        }
-        Ok(position)
     }
 
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
@@ -594,6 +480,76 @@ impl Txn for MemoryState {
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
         self.owners.insert(owner.owner_id.clone(), owner.clone());
         Ok(())
+    }
+
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        Ok(self.indexes.due.due(&self.records.live, now, limit))
+    }
+
+    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
+        let mut position = LanePosition {
+            executing: 0,
+            waiting_ahead: 0,
+        };
+        for other in self.records.live.values() {
+            match query.counts(other) {
+                Some(InLine::Executing) => position.executing += 1,
+                Some(InLine::Ahead) => position.waiting_ahead += 1,
+                None => {}
+            }
+        }
+        Ok(position)
+    }
+
+    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        Ok(self
+            .in_flight_in_order()
+            .into_iter()
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
+        Ok(self.records.live.len() as i64)
+    }
+
+    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
+        Ok(query::lane_loads(
+            self.records.live.values().map(|record| &**record),
+        ))
+    }
+
+    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let keys = self
+            .indexes
+            .completed
+            .descending((window.since, ActivityId::nil_min())..);
+        Ok(self.records_of(keys.take(limit)))
+    }
+
+    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
+        let range = (from, ActivityId::nil_min())..(to, ActivityId::nil_min());
+        Ok(self.indexes.completed.ascending(range).count() as i64)
+    }
+
+    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let keys = self
+            .indexes
+            .reaped
+            .descending((window.since, ActivityId::nil_min())..);
+        Ok(self.records_of(keys.take(limit)))
+    }
+
+    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
+        let mut owners: Vec<Owner> = self
+            .owners
+            .values()
+            .filter(|owner| window.lists_owner(owner))
+            .cloned()
+            .collect();
+        owners.sort_by(|a, b| Window::owner_order(a).cmp(&Window::owner_order(b)));
+        Ok(owners)
     }
 
     fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
@@ -612,6 +568,27 @@ impl Txn for MemoryState {
             .filter(|record| record.owner_id.as_deref() == Some(id.as_str()))
             .cloned()
             .collect())
+    }
+
+    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
+        // Each index gives its oldest first; the oldest `limit` of both are
+        // among the first `limit` of each.
+        let bound = (retention.before, ActivityId::nil_min());
+        let mut oldest: Vec<(Millis, ActivityId)> = self
+            .indexes
+            .completed
+            .ascending(..bound)
+            .take(limit)
+            .chain(self.indexes.reaped.ascending(..bound).take(limit))
+            .map(|(key, ())| *key)
+            .collect();
+        oldest.sort_unstable();
+        Ok(oldest.into_iter().take(limit).map(|(_, id)| id).collect())
+    }
+
+    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
+        self.owners.retain(|_, owner| !retention.prunes_owner(owner));
+        Ok(())
     }
 }
 

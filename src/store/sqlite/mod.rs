@@ -23,15 +23,19 @@ use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
-use crate::domain::snapshot::{LaneLoad, SnapshotParts};
+use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::engine::{self, Txn};
-use super::MINUTE_MS;
 use super::{Command, Reply, Store, StoreFuture};
+
+mod sql;
+
+use sql::{Backfill, MIGRATIONS};
 
 /// How long a writer waits for another process's transaction to finish.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,111 +43,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_GROUP: usize = 256;
 /// The longest a group waits for the callers of the previous one.
 const GROUP_WAIT: Duration = Duration::from_micros(300);
-
-/// Versioned migrations; `PRAGMA user_version` records how many have run.
-const MIGRATIONS: &[&str] = &[
-    r#"
-CREATE TABLE activities (
-    activity_id          TEXT PRIMARY KEY NOT NULL,
-    service              TEXT NOT NULL,
-    provider             TEXT NOT NULL,
-    class                TEXT NOT NULL,
-    operation_stage      TEXT NOT NULL,
-    model                TEXT NOT NULL,
-    priority             TEXT NOT NULL,
-    admission            TEXT NOT NULL,
-    state                TEXT NOT NULL,
-    disposition          TEXT,
-    reap_reason          TEXT,
-    owner_id             TEXT,
-    enqueued_at          INTEGER NOT NULL,
-    started_at           INTEGER,
-    completed_at         INTEGER,
-    reaped_at            INTEGER,
-    declared_deadline_ms INTEGER,
-    deadline_ms          INTEGER NOT NULL,
-    reapable_at          INTEGER,
-    success              INTEGER,
-    failure_stage        TEXT,
-    late_settle          INTEGER NOT NULL DEFAULT 0,
-    cancel_reason        TEXT
-) WITHOUT ROWID;
--- The expiry index: a reap pass reads only what is due.
-CREATE INDEX activities_due ON activities (reapable_at) WHERE reapable_at IS NOT NULL;
-CREATE INDEX activities_in_flight ON activities (enqueued_at) WHERE state IN ('waiting', 'executing');
-CREATE INDEX activities_completed ON activities (completed_at) WHERE completed_at IS NOT NULL;
-CREATE INDEX activities_reaped ON activities (reaped_at) WHERE reaped_at IS NOT NULL;
-
--- Counters maintained as records change; pruning records never lowers them.
-CREATE TABLE aggregates (
-    service            TEXT NOT NULL,
-    operation_stage    TEXT NOT NULL,
-    class              TEXT NOT NULL,
-    provider           TEXT NOT NULL,
-    model              TEXT NOT NULL,
-    priority           TEXT NOT NULL,
-    admission          TEXT NOT NULL,
-    calls              INTEGER NOT NULL DEFAULT 0,
-    succeeded          INTEGER NOT NULL DEFAULT 0,
-    failed             INTEGER NOT NULL DEFAULT 0,
-    cancelled          INTEGER NOT NULL DEFAULT 0,
-    reaped_abandoned   INTEGER NOT NULL DEFAULT 0,
-    reaped_unsettled   INTEGER NOT NULL DEFAULT 0,
-    reaped_owner_lost  INTEGER NOT NULL DEFAULT 0,
-    late_settles       INTEGER NOT NULL DEFAULT 0,
-    resurrections      INTEGER NOT NULL DEFAULT 0,
-    in_flight          INTEGER NOT NULL DEFAULT 0,
-    queue_wait_count   INTEGER NOT NULL DEFAULT 0,
-    queue_wait_sum_ms  INTEGER NOT NULL DEFAULT 0,
-    queue_wait_max_ms  INTEGER NOT NULL DEFAULT 0,
-    execution_count    INTEGER NOT NULL DEFAULT 0,
-    execution_sum_ms   INTEGER NOT NULL DEFAULT 0,
-    execution_max_ms   INTEGER NOT NULL DEFAULT 0,
-    last_seen_at       INTEGER,
-    PRIMARY KEY (service, operation_stage, class, provider, model, priority, admission)
-) WITHOUT ROWID;
-"#,
-    r#"
--- Owner leases, and what admission decisions read.
-CREATE TABLE owners (
-    owner_id          TEXT PRIMARY KEY NOT NULL,
-    name              TEXT NOT NULL,
-    ttl_ms            INTEGER NOT NULL,
-    registered_at     INTEGER NOT NULL,
-    renewed_at        INTEGER NOT NULL,
-    expires_at        INTEGER NOT NULL,
-    state             TEXT NOT NULL,
-    ended_at          INTEGER,
-    reaped_records    INTEGER NOT NULL DEFAULT 0,
-    cancelled_records INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-CREATE INDEX owners_live ON owners (expires_at) WHERE state = 'live';
-CREATE INDEX owners_ended ON owners (ended_at) WHERE ended_at IS NOT NULL;
-CREATE INDEX activities_owner ON activities (owner_id)
-    WHERE owner_id IS NOT NULL AND state IN ('waiting', 'executing');
-CREATE INDEX activities_lane ON activities (service, provider, admission, state, enqueued_at, activity_id)
-    WHERE state IN ('waiting', 'executing');
-"#,
-    r#"
--- Completions per minute: a snapshot counts its window from these, never
--- by scanning history.
-CREATE TABLE completion_minutes (
-    minute      INTEGER PRIMARY KEY NOT NULL,
-    completions INTEGER NOT NULL
-);
-INSERT INTO completion_minutes (minute, completions)
-    SELECT completed_at / 60000, COUNT(*) FROM activities WHERE completed_at IS NOT NULL GROUP BY 1;
-"#,
-];
-
-/// The owner columns, in `owner_from_row` order (a macro, so that SQL can be
-/// built with `concat!` at compile time).
-macro_rules! owner_columns {
-    () => {
-        "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
-     reaped_records, cancelled_records"
-    };
-}
 
 fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
     Ok(Owner {
@@ -158,17 +57,6 @@ fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
         reaped_records: row.get(8)?,
         cancelled_records: row.get(9)?,
     })
-}
-
-/// The record columns, in `record_from_row` order (a macro, so that SQL can
-/// be built with `concat!` at compile time instead of on every call).
-macro_rules! record_columns {
-    () => {
-        "activity_id, service, provider, class, operation_stage, model, priority, \
-     admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
-     reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason"
-    };
 }
 
 type Job = (Command, oneshot::Sender<Result<Reply, LedgerError>>);
@@ -262,42 +150,43 @@ fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
         ));
     }
     for (index, migration) in MIGRATIONS.iter().enumerate().skip(version) {
-        tx.execute_batch(migration)
+        tx.execute_batch(migration.sql)
             .map_err(sql_error("cannot apply a migration"))?;
+        if let Some(backfill) = migration.backfill {
+            run_backfill(&tx, backfill)?;
+        }
         tx.pragma_update(None, "user_version", (index + 1) as i64)
             .map_err(sql_error("cannot record the schema version"))?;
     }
     tx.commit().map_err(sql_error("cannot commit the migration"))
 }
 
-/// Recomputes the bounds of in-flight records, so that a configuration change
-/// (a longer deadline, a new factor) applies to work already in flight.
+/// Runs what a migration needs done in Rust after its schema change.
+fn run_backfill(conn: &Connection, backfill: Backfill) -> Result<(), LedgerError> {
+    match backfill {
+        Backfill::CompletionMinutes => {
+            // Counted by the domain's minute, not restated in SQL.
+            let mut counts = PendingCounts::default();
+            let completed: Vec<Millis> = query_rows(conn, sql::COMPLETED_AT_ALL, [], |row| row.get(0))?;
+            for at in completed {
+                *counts
+                    .completions
+                    .entry(query::completion_minute(at))
+                    .or_default() += 1;
+            }
+            counts.write(conn)
+        }
+    }
+}
+
+/// Recomputes the bounds of in-flight records under `config`
+/// ([`engine::rebound`]), so that a configuration change (a longer deadline,
+/// a new factor) applies to work already in flight.
 fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(), LedgerError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_error("cannot begin"))?;
-    {
-        let records = query_records(
-            &tx,
-            concat!(
-                "SELECT ",
-                record_columns!(),
-                " FROM activities WHERE state IN ('waiting', 'executing')"
-            ),
-            [],
-        )?;
-        let policy = config.policy();
-        for mut record in records {
-            let stored = (record.deadline_ms, record.reapable_at);
-            // The deadline first: the bound is computed from it.
-            record.deadline_ms =
-                policy.effective_deadline_ms(record.labels.class.as_str(), record.declared_deadline_ms);
-            record.reapable_at = policy.reapable_at(&record);
-            if (record.deadline_ms, record.reapable_at) != stored {
-                SqliteTxn::new(&tx).overwrite(&record)?;
-            }
-        }
-    }
+    engine::rebound(&mut SqliteTxn::new(&tx), config.policy())?;
     tx.commit().map_err(sql_error("cannot commit"))
 }
 
@@ -377,7 +266,7 @@ fn run_group(
         }
         // A savepoint per command, by prepared statements: rusqlite's
         // `Savepoint` formats and parses its statements every time.
-        if let Err(err) = savepoint(&tx, "SAVEPOINT command") {
+        if let Err(err) = savepoint(&tx, sql::SAVEPOINT) {
             results.push(Err(LedgerError::storage("cannot open a savepoint", err)));
             continue;
         }
@@ -390,9 +279,9 @@ fn run_group(
         // nothing, its counts included.
         let keep = !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
         let released = if keep {
-            savepoint(&tx, "RELEASE command")
+            savepoint(&tx, sql::RELEASE)
         } else {
-            savepoint(&tx, "ROLLBACK TO command").and_then(|()| savepoint(&tx, "RELEASE command"))
+            savepoint(&tx, sql::ROLLBACK_TO).and_then(|()| savepoint(&tx, sql::RELEASE))
         };
         results.push(match released {
             Ok(()) => {
@@ -464,10 +353,7 @@ impl PendingCounts {
             add_to_aggregate(conn, &AggregateKey::new(&labels, priority, admission), &totals)?;
         }
         let mut statement = conn
-            .prepare_cached(
-                "INSERT INTO completion_minutes (minute, completions) VALUES (?1, ?2) \
-                 ON CONFLICT (minute) DO UPDATE SET completions = completions + excluded.completions",
-            )
+            .prepare_cached(sql::COUNT_COMPLETIONS)
             .map_err(sql_error("cannot prepare"))?;
         for (minute, completions) in std::mem::take(&mut self.completions) {
             statement
@@ -502,10 +388,7 @@ fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
     let activity_id = id.parse().map_err(|err: uuid::Error| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
     })?;
-    let enqueued_at: Millis = row.get(12)?;
-    let started_at: Option<Millis> = row.get(13)?;
-    let completed_at: Option<Millis> = row.get(14)?;
-    Ok(ActivityRecord {
+    let mut record = ActivityRecord {
         activity_id,
         labels: ActivityLabels::new(LabelSet {
             service: Label::trusted(row.get(1)?),
@@ -520,20 +403,23 @@ fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
         disposition: parse_optional(row, 9)?,
         reap_reason: parse_optional(row, 10)?,
         owner_id: row.get(11)?,
-        enqueued_at,
-        started_at,
-        completed_at,
+        enqueued_at: row.get(12)?,
+        started_at: row.get(13)?,
+        completed_at: row.get(14)?,
         reaped_at: row.get(15)?,
         declared_deadline_ms: row.get(16)?,
         deadline_ms: row.get(17)?,
         reapable_at: row.get(18)?,
-        queue_wait_ms: started_at.map(|started| started - enqueued_at),
-        execution_ms: started_at.zip(completed_at).map(|(started, done)| done - started),
+        queue_wait_ms: None,
+        execution_ms: None,
         success: row.get(19)?,
         failure_stage: parse_optional(row, 20)?,
         late_settle: row.get(21)?,
         cancel_reason: row.get(22)?,
-    })
+    };
+    // Not stored: implied by the instants.
+    record.derive_durations();
+    Ok(record)
 }
 
 /// Runs a query and maps every row with `from_row`.
@@ -566,43 +452,11 @@ fn query_records(
     query_rows(conn, sql, params, record_from_row)
 }
 
-fn query_owners(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-) -> Result<Vec<Owner>, LedgerError> {
-    query_rows(conn, sql, params, owner_from_row)
-}
-
 /// Adds `d` to the totals of `key`.
 fn add_to_aggregate(conn: &Connection, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
     let mut statement = conn
-            .prepare_cached(
-                "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
-                 calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-                 late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
-                 execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-                 ?20, ?21, ?22, ?23, ?24) \
-                 ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
-                 calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
-                 failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
-                 reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
-                 reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
-                 reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
-                 late_settles = late_settles + excluded.late_settles, \
-                 resurrections = resurrections + excluded.resurrections, \
-                 in_flight = in_flight + excluded.in_flight, \
-                 queue_wait_count = queue_wait_count + excluded.queue_wait_count, \
-                 queue_wait_sum_ms = queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
-                 queue_wait_max_ms = MAX(queue_wait_max_ms, excluded.queue_wait_max_ms), \
-                 execution_count = execution_count + excluded.execution_count, \
-                 execution_sum_ms = execution_sum_ms + excluded.execution_sum_ms, \
-                 execution_max_ms = MAX(execution_max_ms, excluded.execution_max_ms), \
-                 last_seen_at = MAX(COALESCE(last_seen_at, excluded.last_seen_at), \
-                                    COALESCE(excluded.last_seen_at, last_seen_at))",
-            )
-            .map_err(sql_error("cannot prepare"))?;
+        .prepare_cached(sql::ADD_TO_AGGREGATE)
+        .map_err(sql_error("cannot prepare"))?;
     statement
         .execute(params![
             key.service,
@@ -637,14 +491,7 @@ fn add_to_aggregate(conn: &Connection, key: &AggregateKey, d: &Totals) -> Result
 impl SqliteTxn<'_> {
     /// Overwrites the stored row of `record`.
     fn overwrite(&self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        self.write(
-            "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
-             priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
-             enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
-             declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
-             failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1",
-            record,
-        )
+        self.write(sql::UPDATE_RECORD, record)
     }
 
     fn write(&self, sql: &str, record: &ActivityRecord) -> Result<(), LedgerError> {
@@ -694,15 +541,33 @@ impl SqliteTxn<'_> {
     }
 }
 
+impl SqliteTxn<'_> {
+    /// Runs `sql` with `params` and reads one value.
+    fn value<T: rusqlite::types::FromSql>(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<T, LedgerError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut statement| statement.query_row(params, |row| row.get(0)))
+            .map_err(sql_error("cannot read"))
+    }
+
+    /// Runs `sql` with `params` for its changes.
+    fn run(&self, sql: &str, params: impl rusqlite::Params) -> Result<usize, LedgerError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut statement| statement.execute(params))
+            .map_err(sql_error("cannot write"))
+    }
+}
+
 impl Txn for SqliteTxn<'_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
         let mut statement = self
             .conn
-            .prepare_cached(concat!(
-                "SELECT ",
-                record_columns!(),
-                " FROM activities WHERE activity_id = ?1"
-            ))
+            .prepare_cached(sql::GET_RECORD)
             .map_err(sql_error("cannot prepare"))?;
         statement
             .query_row([id.to_string()], record_from_row)
@@ -713,11 +578,7 @@ impl Txn for SqliteTxn<'_> {
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
         self.peeked = None;
-        self.write(
-            concat!("INSERT INTO activities (", record_columns!(), ") VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"),
-            record,
-        )
+        self.write(sql::INSERT_RECORD, record)
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
@@ -750,17 +611,13 @@ impl Txn for SqliteTxn<'_> {
         Ok(Some(record))
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        shared(query_records(
-            self.conn,
-            concat!(
-                "SELECT ",
-                record_columns!(),
-                " FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < ?1 \
-                 ORDER BY reapable_at LIMIT ?2"
-            ),
-            params![now, limit as i64],
-        ))
+    fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
+        self.peeked = None;
+        let mut deleted = 0;
+        for id in ids {
+            deleted += self.run(sql::DELETE_RECORD, [id.to_string()])?;
+        }
+        Ok(deleted)
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
@@ -772,237 +629,102 @@ impl Txn for SqliteTxn<'_> {
         Ok(())
     }
 
-    fn snapshot_parts(&mut self, since: Millis, limit: usize) -> Result<SnapshotParts, LedgerError> {
-        // What this command counted (a reap on read) is part of what it reads.
-        self.counts.write(self.conn)?;
-        let fetch = (limit + 1) as i64;
-        let lane_loads = {
-            let mut statement = self
-                .conn
-                .prepare_cached(
-                    "SELECT service, provider, SUM(state = 'executing'), SUM(state = 'waiting'), \
-                     MIN(CASE WHEN state = 'waiting' THEN enqueued_at END) \
-                     FROM activities WHERE state IN ('waiting', 'executing') AND admission = 'queued' \
-                     GROUP BY service, provider",
-                )
-                .map_err(sql_error("cannot prepare"))?;
-            let rows = statement
-                .query_map([], |row| {
-                    Ok(LaneLoad {
-                        lane: LaneKey {
-                            service: Label::trusted(row.get(0)?),
-                            provider: Label::trusted(row.get(1)?),
-                        },
-                        executing: row.get(2)?,
-                        waiting: row.get(3)?,
-                        oldest_waiting_since: row.get(4)?,
-                    })
-                })
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(sql_error("cannot read lane loads"))?;
-            rows
-        };
-        let aggregates = {
-            let mut statement = self
-                .conn
-                .prepare_cached(
-                    "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
-                     succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-                     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
-                     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at \
-                     FROM aggregates",
-                )
-                .map_err(sql_error("cannot prepare"))?;
-            let rows = statement
-                .query_map([], |row| {
-                    Ok((
-                        AggregateKey {
-                            service: row.get(0)?,
-                            operation_stage: row.get(1)?,
-                            class: row.get(2)?,
-                            provider: row.get(3)?,
-                            model: row.get(4)?,
-                            priority: parse_column(row, 5)?,
-                            admission: parse_column(row, 6)?,
-                        },
-                        Totals {
-                            calls: row.get(7)?,
-                            succeeded: row.get(8)?,
-                            failed: row.get(9)?,
-                            cancelled: row.get(10)?,
-                            reaped_abandoned: row.get(11)?,
-                            reaped_unsettled: row.get(12)?,
-                            reaped_owner_lost: row.get(13)?,
-                            late_settles: row.get(14)?,
-                            resurrections: row.get(15)?,
-                            in_flight: row.get(16)?,
-                            queue_wait_count: row.get(17)?,
-                            queue_wait_sum_ms: row.get(18)?,
-                            queue_wait_max_ms: row.get(19)?,
-                            execution_count: row.get(20)?,
-                            execution_sum_ms: row.get(21)?,
-                            execution_max_ms: row.get(22)?,
-                            last_seen_at: row.get(23)?,
-                        },
-                    ))
-                })
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(sql_error("cannot read aggregates"))?;
-            rows
-        };
-        let count = |sql: &str, since: Option<Millis>| -> Result<i64, LedgerError> {
-            let mut statement = self
-                .conn
-                .prepare_cached(sql)
-                .map_err(sql_error("cannot prepare"))?;
-            match since {
-                Some(since) => statement.query_row([since], |row| row.get(0)),
-                None => statement.query_row([], |row| row.get(0)),
-            }
-            .map_err(sql_error("cannot count"))
-        };
-        Ok(SnapshotParts {
-            lane_loads,
-            aggregates,
-            in_flight: query_records(
-                self.conn,
-                concat!(
-                    "SELECT ",
-                    record_columns!(),
-                    " FROM activities WHERE state IN ('waiting', 'executing') \
-                     ORDER BY enqueued_at LIMIT ?1"
-                ),
-                [fetch],
-            )?,
-            in_flight_total: count(
-                "SELECT COUNT(*) FROM activities WHERE state IN ('waiting', 'executing')",
-                None,
-            )?,
-            recent_completions: query_records(
-                self.conn,
-                concat!(
-                    "SELECT ",
-                    record_columns!(),
-                    " FROM activities WHERE completed_at >= ?1 \
-                     ORDER BY completed_at DESC LIMIT ?2"
-                ),
-                params![since, fetch],
-            )?,
-            recent_completions_total: {
-                // The partial first minute from the index, whole minutes from
-                // their counters: never a scan of history.
-                let next_minute = (since.div_euclid(MINUTE_MS) + 1) * MINUTE_MS;
-                let mut statement = self
-                    .conn
-                    .prepare_cached(
-                        "SELECT (SELECT COUNT(*) FROM activities WHERE completed_at >= ?1 AND completed_at < ?2) \
-                         + (SELECT COALESCE(SUM(completions), 0) FROM completion_minutes WHERE minute >= ?3)",
-                    )
-                    .map_err(sql_error("cannot prepare"))?;
-                statement
-                    .query_row(params![since, next_minute, next_minute / MINUTE_MS], |row| {
-                        row.get(0)
-                    })
-                    .map_err(sql_error("cannot count completions"))?
-            },
-            reaped: query_records(
-                self.conn,
-                concat!(
-                    "SELECT ",
-                    record_columns!(),
-                    " FROM activities WHERE reaped_at >= ?1 \
-                     ORDER BY reaped_at DESC LIMIT ?2"
-                ),
-                params![since, fetch],
-            )?,
-            owners: query_owners(
-                self.conn,
-                concat!(
-                    "SELECT ",
-                    owner_columns!(),
-                    " FROM owners WHERE state = 'live' \
-                     UNION ALL SELECT ",
-                    owner_columns!(),
-                    " FROM owners WHERE ended_at >= ?1 AND state != 'live' \
-                     ORDER BY registered_at"
-                ),
-                [since],
-            )?,
-        })
-    }
-
-    fn count_completion(&mut self, completed_at: Millis) -> Result<(), LedgerError> {
-        *self
-            .counts
-            .completions
-            .entry(completed_at.div_euclid(MINUTE_MS))
-            .or_default() += 1;
+    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
+        *self.counts.completions.entry(minute).or_default() += 1;
         Ok(())
     }
 
-    fn prune(&mut self, before: Millis, limit: usize) -> Result<usize, LedgerError> {
-        self.peeked = None;
-        let mut deleted = 0;
-        for column in ["completed_at", "reaped_at"] {
-            let room = limit.saturating_sub(deleted) as i64;
-            if room == 0 {
-                break;
-            }
-            let mut statement = self
-                .conn
-                .prepare_cached(&format!(
-                    "DELETE FROM activities WHERE activity_id IN \
-                     (SELECT activity_id FROM activities WHERE {column} < ?1 ORDER BY {column} LIMIT ?2)"
-                ))
-                .map_err(sql_error("cannot prepare"))?;
-            deleted += statement
-                .execute(params![before, room])
-                .map_err(sql_error("cannot prune records"))?;
-        }
-        self.conn
-            .prepare_cached("DELETE FROM owners WHERE ended_at < ?1")
-            .and_then(|mut statement| statement.execute([before]))
-            .map_err(sql_error("cannot prune owners"))?;
-        let mut statement = self
-            .conn
-            .prepare_cached("DELETE FROM completion_minutes WHERE minute < ?1")
-            .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute([before.div_euclid(MINUTE_MS)])
-            .map_err(sql_error("cannot prune completion counters"))?;
-        Ok(deleted)
+    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
+        // What this command counted (a reap on read) is part of what it reads.
+        self.counts.write(self.conn)?;
+        query_rows(self.conn, sql::AGGREGATES, [], |row| {
+            Ok((
+                AggregateKey {
+                    service: row.get(0)?,
+                    operation_stage: row.get(1)?,
+                    class: row.get(2)?,
+                    provider: row.get(3)?,
+                    model: row.get(4)?,
+                    priority: parse_column(row, 5)?,
+                    admission: parse_column(row, 6)?,
+                },
+                Totals {
+                    calls: row.get(7)?,
+                    succeeded: row.get(8)?,
+                    failed: row.get(9)?,
+                    cancelled: row.get(10)?,
+                    reaped_abandoned: row.get(11)?,
+                    reaped_unsettled: row.get(12)?,
+                    reaped_owner_lost: row.get(13)?,
+                    late_settles: row.get(14)?,
+                    resurrections: row.get(15)?,
+                    in_flight: row.get(16)?,
+                    queue_wait_count: row.get(17)?,
+                    queue_wait_sum_ms: row.get(18)?,
+                    queue_wait_max_ms: row.get(19)?,
+                    execution_count: row.get(20)?,
+                    execution_sum_ms: row.get(21)?,
+                    execution_max_ms: row.get(22)?,
+                    last_seen_at: row.get(23)?,
+                },
+            ))
+        })
+    }
+
+    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
+        self.counts.write(self.conn)?;
+        self.value(sql::COMPLETION_MINUTES_FROM, [minute])
+    }
+
+    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
+        self.counts.write(self.conn)?;
+        self.run(sql::DELETE_MINUTES_BEFORE, [minute]).map(|_| ())
     }
 
     fn stored_records(&mut self) -> Result<i64, LedgerError> {
-        self.conn
-            .query_row("SELECT COUNT(*) FROM activities", [], |row| row.get(0))
-            .map_err(sql_error("cannot count records"))
+        self.value(sql::STORED_RECORDS, [])
     }
 
-    fn lane_position(
-        &mut self,
-        record: &ActivityRecord,
-        newcomer: bool,
-    ) -> Result<LanePosition, LedgerError> {
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
+        Ok(query_rows(self.conn, sql::GET_OWNER, [id.as_str()], owner_from_row)?.pop())
+    }
+
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        self.run(
+            sql::PUT_OWNER,
+            params![
+                owner.owner_id.as_str(),
+                owner.name.as_str(),
+                owner.ttl_ms,
+                owner.registered_at,
+                owner.renewed_at,
+                owner.expires_at,
+                owner.state.as_str(),
+                owner.ended_at,
+                owner.reaped_records,
+                owner.cancelled_records,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        shared(query_records(self.conn, sql::DUE, params![now, limit as i64]))
+    }
+
+    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
         let mut statement = self
             .conn
-            .prepare_cached(
-                "SELECT \
-                   (SELECT COUNT(*) FROM activities WHERE service = ?1 AND provider = ?2 \
-                      AND admission = 'queued' AND state = 'executing' AND activity_id != ?3), \
-                   (SELECT COUNT(*) FROM activities WHERE service = ?1 AND provider = ?2 \
-                      AND admission = 'queued' AND state = 'waiting' AND activity_id != ?3 \
-                      AND (enqueued_at < ?4 OR (enqueued_at = ?4 AND (?5 OR activity_id < ?3))))",
-            )
+            .prepare_cached(sql::LANE_POSITION)
             .map_err(sql_error("cannot prepare"))?;
         statement
             .query_row(
                 params![
-                    record.labels.service.as_str(),
-                    record.labels.provider.as_str(),
-                    record.activity_id.to_string(),
-                    record.enqueued_at,
-                    newcomer
+                    query.lane.service.as_str(),
+                    query.lane.provider.as_str(),
+                    query.activity_id.to_string(),
+                    query.enqueued_at,
+                    query.newcomer
                 ],
                 |row| {
                     Ok(LanePosition {
@@ -1014,64 +736,72 @@ impl Txn for SqliteTxn<'_> {
             .map_err(sql_error("cannot read the lane"))
     }
 
-    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
-        Ok(query_owners(
-            self.conn,
-            concat!("SELECT ", owner_columns!(), " FROM owners WHERE owner_id = ?1"),
-            [id.as_str()],
-        )?
-        .pop())
+    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        shared(query_records(self.conn, sql::IN_FLIGHT, [limit]))
     }
 
-    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(concat!(
-                "INSERT OR REPLACE INTO owners (",
-                owner_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-            ))
-            .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute(params![
-                owner.owner_id.as_str(),
-                owner.name.as_str(),
-                owner.ttl_ms,
-                owner.registered_at,
-                owner.renewed_at,
-                owner.expires_at,
-                owner.state.as_str(),
-                owner.ended_at,
-                owner.reaped_records,
-                owner.cancelled_records,
-            ])
-            .map_err(sql_error("cannot write an owner"))?;
-        Ok(())
+    fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
+        self.value(sql::IN_FLIGHT_COUNT, [])
+    }
+
+    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
+        query_rows(self.conn, sql::LANE_LOADS, [], |row| {
+            Ok(LaneLoad {
+                lane: LaneKey {
+                    service: Label::trusted(row.get(0)?),
+                    provider: Label::trusted(row.get(1)?),
+                },
+                executing: row.get(2)?,
+                waiting: row.get(3)?,
+                oldest_waiting_since: row.get(4)?,
+            })
+        })
+    }
+
+    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        query_records(self.conn, sql::COMPLETED, params![window.since, limit])
+    }
+
+    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
+        self.value(sql::COMPLETED_BETWEEN, [from, to])
+    }
+
+    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        query_records(self.conn, sql::REAPED, params![window.since, limit])
+    }
+
+    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
+        query_rows(self.conn, sql::LISTED_OWNERS, [window.since], owner_from_row)
     }
 
     fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
-        query_owners(
-            self.conn,
-            concat!(
-                "SELECT ",
-                owner_columns!(),
-                " FROM owners WHERE state = 'live' AND expires_at < ?1"
-            ),
-            [now],
-        )
+        query_rows(self.conn, sql::EXPIRED_OWNERS, [now], owner_from_row)
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        shared(query_records(
+        shared(query_records(self.conn, sql::OWNER_IN_FLIGHT, [id.as_str()]))
+    }
+
+    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        query_rows(
             self.conn,
-            concat!(
-                "SELECT ",
-                record_columns!(),
-                " FROM activities WHERE owner_id = ?1 \
-                 AND state IN ('waiting', 'executing')"
-            ),
-            [id.as_str()],
-        ))
+            sql::PRUNABLE,
+            params![retention.before, limit],
+            |row| {
+                let id: String = row.get(0)?;
+                id.parse().map_err(|err: uuid::Error| {
+                    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
+                })
+            },
+        )
+    }
+
+    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
+        self.run(sql::PRUNE_OWNERS, [retention.before]).map(|_| ())
     }
 }
 
@@ -1090,16 +820,17 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
     let mut counts = PendingCounts::default();
     {
         let mut insert = tx
-            .prepare(concat!("INSERT INTO activities (", record_columns!(), ") VALUES (?1, 'bench-history', 'ollama', 'embedding', \
-                 'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, ?2, ?3, ?4, NULL, \
-                 NULL, 300000, NULL, 1, NULL, 0, NULL)"))
+            .prepare(sql::SEED_RECORD)
             .map_err(sql_error("cannot prepare"))?;
         for i in 0..count {
             let done = completed_at - (i as i64 % 3_600_000);
             insert
                 .execute(params![ActivityId::new().to_string(), done - 20, done - 10, done])
                 .map_err(sql_error("cannot seed history"))?;
-            *counts.completions.entry(done.div_euclid(MINUTE_MS)).or_default() += 1;
+            *counts
+                .completions
+                .entry(query::completion_minute(done))
+                .or_default() += 1;
         }
         let n = count as i64;
         let labels = ActivityLabels::validate(&crate::domain::labels::RawLabels {

@@ -1,0 +1,287 @@
+//! The questions the engine asks a store, each defined once, here.
+//!
+//! A store answers each question from its own indexes; this module says
+//! what the answer *is*: a predicate that selects records and a key that
+//! orders them, over plain records and owners. The memory store answers
+//! with these functions directly; a SQL store answers with one indexed
+//! statement per question, and `tests/differential.rs` runs every store
+//! against a reference model to prove that they agree. A new store
+//! implements the questions, never the rules behind them.
+
+use std::cmp::Reverse;
+
+use super::owner::{Owner, OwnerState};
+use super::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
+use super::snapshot::LaneLoad;
+use super::timestamp::Millis;
+
+/// The grain of the per-minute completion counters.
+pub const MINUTE_MS: Millis = 60_000;
+
+/// Whether `record` is past its bound at `now`: in flight, and strictly
+/// past `reapableAt`. The question "which records are due" selects these,
+/// earliest `reapableAt` first ([`due_order`]).
+#[inline]
+pub fn is_due(record: &ActivityRecord, now: Millis) -> bool {
+    record.state.is_in_flight() && record.reapable_at.is_some_and(|at| now > at)
+}
+
+/// The order of a reap pass: earliest bound first, then id.
+pub fn due_order(record: &ActivityRecord) -> (Option<Millis>, ActivityId) {
+    (record.reapable_at, record.activity_id)
+}
+
+/// The order of records in flight, in a snapshot and in an owner's work:
+/// by `enqueuedAt`, then id. It is also the order of a lane's line.
+#[inline]
+pub fn line_order(record: &ActivityRecord) -> (Millis, ActivityId) {
+    (record.enqueued_at, record.activity_id)
+}
+
+/// What a record counts as, seen from another one asking to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InLine {
+    /// It holds one of the lane's slots.
+    Executing,
+    /// It waits ahead in the lane's line.
+    Ahead,
+}
+
+/// The question behind an admission decision: where a record stands in its
+/// lane's line. Only `queued` records of the same lane count, and not the
+/// record itself. Executing ones hold slots; waiting ones count when they
+/// are ahead of it by [`line_order`]. A `newcomer` (a record begun already
+/// started, so never in line) also yields to those enqueued in the same
+/// millisecond, whatever their id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneQuery {
+    /// The lane.
+    pub lane: LaneKey,
+    /// The record asking.
+    pub activity_id: ActivityId,
+    /// Its `enqueuedAt`.
+    pub enqueued_at: Millis,
+    /// Whether it was begun already started.
+    pub newcomer: bool,
+}
+
+impl LaneQuery {
+    /// The question `record` asks.
+    pub fn of(record: &ActivityRecord, newcomer: bool) -> Self {
+        Self {
+            lane: record.lane(),
+            activity_id: record.activity_id,
+            enqueued_at: record.enqueued_at,
+            newcomer,
+        }
+    }
+
+    /// How `other` counts in the answer, if at all.
+    #[inline]
+    pub fn counts(&self, other: &ActivityRecord) -> Option<InLine> {
+        if other.admission != Admission::Queued
+            || other.activity_id == self.activity_id
+            || other.labels.service != self.lane.service
+            || other.labels.provider != self.lane.provider
+        {
+            return None;
+        }
+        match other.state {
+            State::Executing => Some(InLine::Executing),
+            State::Waiting => {
+                let ahead = (other.enqueued_at, other.activity_id) < (self.enqueued_at, self.activity_id)
+                    || (self.newcomer && other.enqueued_at == self.enqueued_at);
+                ahead.then_some(InLine::Ahead)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Tallies the load of every lane from the records in flight, given in
+/// [`line_order`]: only `queued` records count; the oldest waiting one
+/// gives the lane's wait. Lanes come out ordered by lane.
+pub fn lane_loads<'a>(in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -> Vec<LaneLoad> {
+    let mut loads: std::collections::BTreeMap<LaneKey, LaneLoad> = std::collections::BTreeMap::new();
+    for record in in_flight {
+        if record.admission != Admission::Queued || !record.state.is_in_flight() {
+            continue;
+        }
+        let lane = record.lane();
+        let load = loads.entry(lane.clone()).or_insert(LaneLoad {
+            lane,
+            executing: 0,
+            waiting: 0,
+            oldest_waiting_since: None,
+        });
+        if record.state == State::Executing {
+            load.executing += 1;
+        } else {
+            load.waiting += 1;
+            let oldest = load.oldest_waiting_since.get_or_insert(record.enqueued_at);
+            *oldest = (*oldest).min(record.enqueued_at);
+        }
+    }
+    loads.into_values().collect()
+}
+
+/// A snapshot's history window: from `since` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The window's start (inclusive).
+    pub since: Millis,
+}
+
+impl Window {
+    /// Whether `record` is a completion in the window: settled at or after
+    /// `since`. Listed newest first ([`Window::completed_order`]).
+    pub fn completed(&self, record: &ActivityRecord) -> bool {
+        record.state.is_settled() && record.completed_at.is_some_and(|at| at >= self.since)
+    }
+
+    /// Completions newest first: by `completedAt`, then id, descending.
+    pub fn completed_order(record: &ActivityRecord) -> Reverse<(Option<Millis>, ActivityId)> {
+        Reverse((record.completed_at, record.activity_id))
+    }
+
+    /// Whether `record` was reaped in the window: reaped at or after `since`.
+    pub fn reaped(&self, record: &ActivityRecord) -> bool {
+        record.state == State::Reaped && record.reaped_at.is_some_and(|at| at >= self.since)
+    }
+
+    /// Reaped records newest first: by `reapedAt`, then id, descending.
+    pub fn reaped_order(record: &ActivityRecord) -> Reverse<(Option<Millis>, ActivityId)> {
+        Reverse((record.reaped_at, record.activity_id))
+    }
+
+    /// Whether a snapshot lists `owner`: live, or ended in the window.
+    /// Listed by [`Window::owner_order`].
+    pub fn lists_owner(&self, owner: &Owner) -> bool {
+        owner.state == OwnerState::Live || owner.ended_at.is_some_and(|at| at >= self.since)
+    }
+
+    /// Owners by registration, then id.
+    pub fn owner_order(owner: &Owner) -> (Millis, &str) {
+        (owner.registered_at, owner.owner_id.as_str())
+    }
+
+    /// How completions in the window are counted without reading history:
+    /// the records completed in `partial` (the window's first, partial
+    /// minute) one by one, and every whole minute from `first_whole_minute`
+    /// on from its counter.
+    pub fn completion_count_plan(&self) -> CompletionCountPlan {
+        let first_whole_minute = completion_minute(self.since) + 1;
+        CompletionCountPlan {
+            partial: (self.since, first_whole_minute * MINUTE_MS),
+            first_whole_minute,
+        }
+    }
+}
+
+/// See [`Window::completion_count_plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletionCountPlan {
+    /// `[from, to)`: count settled records whose `completedAt` is in it.
+    pub partial: (Millis, Millis),
+    /// Sum the per-minute counters of this minute and every later one.
+    pub first_whole_minute: i64,
+}
+
+/// The minute a completion at `at` is counted in.
+#[inline]
+pub fn completion_minute(at: Millis) -> i64 {
+    at.div_euclid(MINUTE_MS)
+}
+
+/// When a record left flight: settled or reaped. `None` while in flight.
+pub fn ended_at(record: &ActivityRecord) -> Option<Millis> {
+    match record.state {
+        State::Waiting | State::Executing => None,
+        State::Reaped => record.reaped_at,
+        _ => record.completed_at,
+    }
+}
+
+/// What a prune deletes: everything that ended before `before`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Records, owners and minute counters older than this go.
+    pub before: Millis,
+}
+
+impl Retention {
+    /// The retention window ending at `now`, `keep_ms` long.
+    pub fn at(now: Millis, keep_ms: i64) -> Self {
+        Self {
+            before: now.saturating_sub(keep_ms),
+        }
+    }
+
+    /// Whether a prune deletes `record`: it settled or was reaped before
+    /// `before`. Deleted oldest first ([`Retention::record_order`]), a batch
+    /// at a time.
+    pub fn prunes(&self, record: &ActivityRecord) -> bool {
+        ended_at(record).is_some_and(|at| at < self.before)
+    }
+
+    /// Oldest end first, then id.
+    pub fn record_order(record: &ActivityRecord) -> (Option<Millis>, ActivityId) {
+        (ended_at(record), record.activity_id)
+    }
+
+    /// Whether a prune deletes `owner`: it was lost or released before
+    /// `before`.
+    pub fn prunes_owner(&self, owner: &Owner) -> bool {
+        owner.ended_at.is_some_and(|at| at < self.before)
+    }
+
+    /// Minute counters before this minute are deleted.
+    pub fn first_kept_minute(&self) -> i64 {
+        completion_minute(self.before)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LedgerConfig;
+    use crate::domain::transition::{self, NewActivity};
+
+    fn waiting(enqueued_at: Millis) -> ActivityRecord {
+        let new = NewActivity {
+            enqueued_at: Some(enqueued_at),
+            ..NewActivity::fixture("embedding")
+        };
+        transition::begin(new, enqueued_at, LedgerConfig::default().policy())
+            .unwrap()
+            .record
+    }
+
+    #[test]
+    fn a_newcomer_yields_to_records_enqueued_in_the_same_millisecond() {
+        let me = waiting(10);
+        let same_ms = waiting(10); // a later id
+        let query = LaneQuery::of(&me, false);
+        assert_eq!(query.counts(&same_ms), None, "a later id waits behind");
+        let query = LaneQuery::of(&me, true);
+        assert_eq!(query.counts(&same_ms), Some(InLine::Ahead));
+        assert_eq!(query.counts(&me), None, "never counts itself");
+    }
+
+    #[test]
+    fn the_first_whole_minute_follows_the_partial_one() {
+        let plan = Window { since: 90_000 }.completion_count_plan();
+        assert_eq!(plan.partial, (90_000, 120_000));
+        assert_eq!(plan.first_whole_minute, 2);
+        let plan = Window { since: 120_000 }.completion_count_plan();
+        assert_eq!(plan.partial, (120_000, 180_000));
+    }
+
+    #[test]
+    fn lane_loads_take_the_oldest_wait() {
+        let (a, b) = (waiting(20), waiting(10));
+        let loads = lane_loads([&a, &b]);
+        assert_eq!(loads.len(), 1);
+        assert_eq!((loads[0].waiting, loads[0].oldest_waiting_since), (2, Some(10)));
+    }
+}
