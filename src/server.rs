@@ -266,12 +266,17 @@ pub async fn serve_on(
         reap_interval_ms = u64::try_from(ledger.config().reap_interval().as_millis()).unwrap_or(u64::MAX),
         "listening on http://{local}"
     );
-    let router = app(AppState::new(ledger).with_token(token));
+    let router = app(AppState::new(ledger.clone()).with_token(token));
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(ServeError::Serve);
     drop(reaper);
+    // What the last requests and dropped handles submitted lands before
+    // the process ends.
+    if let Err(err) = ledger.close().await {
+        tracing::warn!(error = %err, "cannot close the store cleanly");
+    }
     result
 }
 

@@ -1139,3 +1139,110 @@ async fn metrics_expose_lanes_reaps_and_outcomes_in_openmetrics_text() {
         "executing"
     );
 }
+
+/// The skew a begin accepts (timestamps up to 5 minutes ahead) never makes
+/// a later command fail, and a release is all or nothing.
+#[tokio::test]
+async fn releasing_an_owner_with_future_stamped_work_cancels_all_of_it() {
+    let api = api();
+    let created = api.post("/v1/owners", r#"{"name": "worker-a"}"#).await;
+    let owner = created.body["ownerId"].as_str().unwrap().to_owned();
+    let mut body = kb();
+    body["ownerId"] = json!(owner);
+    let a = api.begin(body.clone()).await;
+    let ahead = T0 + 60_000;
+    body["enqueuedAt"] = json!(ahead);
+    body["startedAt"] = json!(ahead);
+    let b = api.begin(body).await;
+
+    let released = api
+        .send(Method::DELETE, &format!("/v1/owners/{owner}"), None)
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert_eq!(released.body["state"], "released");
+    assert_eq!(released.body["cancelledRecords"], 2);
+    for id in [&a, &b] {
+        let record = api.get(&format!("/v1/activities/{id}")).await.body;
+        assert_eq!(record["state"], "cancelled", "{record}");
+    }
+    // Never completed before it started: the record's own instant is the floor.
+    let b = api.get(&format!("/v1/activities/{b}")).await.body;
+    assert_eq!(b["completedAt"], b["startedAt"]);
+    assert_eq!(b["executionMs"], 0);
+}
+
+#[tokio::test]
+async fn a_settle_or_cancel_of_a_future_stamped_record_never_fails() {
+    let api = api();
+    let ahead = T0 + 4 * 60_000;
+    let mut body = kb();
+    body["enqueuedAt"] = json!(ahead);
+    let waiting = api.begin(body.clone()).await;
+    let started = api.post(&format!("/v1/activities/{waiting}/start"), "{}").await;
+    assert_eq!(started.status, StatusCode::OK, "{}", started.body);
+    assert_eq!(started.body["queueWaitMs"], 0);
+    let settled = api
+        .post(
+            &format!("/v1/activities/{waiting}/settle"),
+            r#"{"success": true}"#,
+        )
+        .await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+    assert_eq!(settled.body["completedAt"], settled.body["startedAt"]);
+
+    body["startedAt"] = json!(ahead);
+    let executing = api.begin(body).await;
+    let cancelled = api
+        .post(&format!("/v1/activities/{executing}/cancel"), "{}")
+        .await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.body);
+    assert_eq!(cancelled.body["state"], "cancelled");
+
+    // A caller's own completedAt before its startedAt is still refused.
+    let mut body = kb();
+    body["startedAt"] = json!(T0);
+    let id = api.begin(body).await;
+    api.post(
+        &format!("/v1/activities/{id}/settle"),
+        &json!({"success": true, "completedAt": T0 - 1}).to_string(),
+    )
+    .await
+    .assert_error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "completedAt before startedAt",
+    );
+}
+
+#[tokio::test]
+async fn a_begin_started_without_enqueued_at_is_enqueued_when_it_started() {
+    let api = api();
+    // A client whose clock runs a few milliseconds behind the server's.
+    let mut body = kb();
+    body["startedAt"] = json!(T0 - 3);
+    let behind = api.begin(body).await;
+    let record = api.get(&format!("/v1/activities/{behind}")).await.body;
+    assert_eq!(record["enqueuedAt"], record["startedAt"]);
+    assert_eq!(record["queueWaitMs"], 0);
+    // One running ahead: enqueued now, started when it says.
+    let mut body = kb();
+    body["startedAt"] = json!(T0 + 3);
+    let ahead = api.begin(body).await;
+    let record = api.get(&format!("/v1/activities/{ahead}")).await.body;
+    assert_eq!(record["queueWaitMs"], 3);
+}
+
+#[tokio::test]
+async fn an_owner_ttl_out_of_range_is_named_as_sent() {
+    let api = api();
+    let reply = api.post("/v1/owners", r#"{"name": "w", "ttlMs": -5}"#).await;
+    reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", "negative ttl");
+    assert!(
+        reply.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("got -5"),
+        "{}",
+        reply.body
+    );
+}

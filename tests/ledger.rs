@@ -687,3 +687,36 @@ async fn handle_forgets_its_record_when_an_operation_fails(backend: Backend) {
     let now = h.ledger.get(call.id()).await.unwrap();
     assert_eq!(now.state, State::Reaped);
 }
+
+/// `Ledger::close` lands what dropped handles submitted, then closes the
+/// file: a reopened ledger finds every cancel, and the closed one refuses.
+#[tokio::test]
+async fn close_lands_the_cancels_of_dropped_handles_and_closes_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let clock = inflight::FakeClock::at(T0);
+    let open = || {
+        inflight::Ledger::builder(config())
+            .store_url(url.clone())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let ledger = open();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let mut call = ledger.begin(embedding()).await.unwrap();
+        call.start().await.unwrap();
+        ids.push(call.id());
+        drop(call); // its cancel is submitted from Drop, not awaited
+    }
+    ledger.close().await.unwrap();
+    let refused = ledger.begin(embedding()).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Closed);
+    ledger.close().await.unwrap(); // twice is harmless
+
+    let reopened = open();
+    for id in ids {
+        assert_eq!(reopened.get(id).await.unwrap().state, State::Cancelled);
+    }
+}

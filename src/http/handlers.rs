@@ -16,9 +16,10 @@ use super::error::ApiError;
 use super::AppState;
 use crate::admission::MAX_START_WAIT;
 use crate::domain::counters::ReapedCounts;
-use crate::domain::owner::{Owner, OwnerId, DEFAULT_TTL_MS, MAX_TTL_MS, MIN_TTL_MS};
+use crate::domain::owner::{self, Owner, OwnerId, DEFAULT_TTL_MS};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
 use crate::domain::snapshot::{Since, Snapshot, SnapshotOptions};
+use crate::error::LedgerError;
 use crate::ledger::{ActivitySpec, Settlement};
 
 type Answer<T> = Result<T, ApiError>;
@@ -115,15 +116,13 @@ pub(super) async fn register_owner(
 ) -> Answer<impl IntoResponse> {
     let body = body.require_body()?;
     let name = body.required_string("name")?;
-    let ttl_ms = body.integer("ttlMs")?.unwrap_or(DEFAULT_TTL_MS);
-    if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
-        return Err(ApiError::invalid(format!(
-            "`ttlMs` must be between {MIN_TTL_MS} and {MAX_TTL_MS}, got {ttl_ms}"
-        )));
-    }
+    // Checked by the domain's rule before it becomes a `Duration`, so that
+    // a negative value is named as sent.
+    let ttl_ms =
+        owner::check_ttl(body.integer("ttlMs")?.unwrap_or(DEFAULT_TTL_MS)).map_err(LedgerError::from)?;
     let owner = state
         .ledger()
-        .register_owner(&name, Duration::from_millis(ttl_ms as u64))
+        .register_owner(&name, Duration::from_millis(ttl_ms.unsigned_abs()))
         .await?;
     let location = format!("/v1/owners/{}", owner.owner_id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(owner)))

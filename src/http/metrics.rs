@@ -11,6 +11,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::domain::owner::OwnerState as Owned;
+use crate::domain::record::{Disposition, State};
 use crate::domain::snapshot::Snapshot;
 
 /// The content type of the exposition.
@@ -88,8 +90,8 @@ pub fn render(snapshot: &Snapshot) -> String {
         }
         longest_wait.get_or_create(&key).set(lane.longest_wait_ms);
         for (disposition, count) in [
-            ("abandoned", lane.reaped.abandoned),
-            ("unsettled", lane.reaped.unsettled),
+            (Disposition::Abandoned.as_str(), lane.reaped.abandoned),
+            (Disposition::Unsettled.as_str(), lane.reaped.unsettled),
         ] {
             let labels = LaneDisposition {
                 lane: key.clone(),
@@ -153,10 +155,10 @@ pub fn render(snapshot: &Snapshot) -> String {
             .inc_by(u64::try_from(aggregate.calls).unwrap_or(0));
         in_flight.get_or_create(&labels).set(aggregate.in_flight);
         for (outcome, count) in [
-            ("succeeded", aggregate.successes),
-            ("failed", aggregate.failures),
-            ("cancelled", aggregate.cancelled),
-            ("reaped", aggregate.reaped.total()),
+            (State::Succeeded.as_str(), aggregate.successes),
+            (State::Failed.as_str(), aggregate.failures),
+            (State::Cancelled.as_str(), aggregate.cancelled),
+            (State::Reaped.as_str(), aggregate.reaped.total()),
         ] {
             let labels = AggregateOutcome {
                 aggregate: labels.clone(),
@@ -172,13 +174,13 @@ pub fn render(snapshot: &Snapshot) -> String {
     registry.register("in_flight", "Records in flight now", in_flight);
 
     let owners = Family::<OwnerState, Gauge>::default();
-    for state in ["live", "lost", "released"] {
-        let count = snapshot
-            .owners
-            .iter()
-            .filter(|o| o.state.as_str() == state)
-            .count();
-        owners.get_or_create(&OwnerState { state }).set(count as i64);
+    for state in [Owned::Live, Owned::Lost, Owned::Released] {
+        let count = snapshot.owners.iter().filter(|o| o.state == state).count();
+        owners
+            .get_or_create(&OwnerState {
+                state: state.as_str(),
+            })
+            .set(count as i64);
     }
     registry.register("owners", "Owners registered with this ledger, by state", owners);
     registry.register(

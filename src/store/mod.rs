@@ -102,6 +102,8 @@ pub enum Reply {
     Pruned(usize),
     /// What the store holds.
     Stats(StoreStats),
+    /// The store is closed: every command submitted before landed.
+    Closed,
 }
 
 /// What a store holds.
@@ -200,6 +202,15 @@ impl fmt::Debug for StoreFuture {
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Submits `command`; the future resolves with its reply.
     fn execute(&self, command: Command) -> StoreFuture;
+
+    /// Closes the store once every command submitted before this call has
+    /// landed, and releases what it holds (a writer thread, a connection);
+    /// the future resolves with [`Reply::Closed`] then. Commands submitted
+    /// later fail with [`ErrorKind::Closed`]. A store with nothing to flush
+    /// or release (the memory store) answers at once and keeps serving.
+    fn close(&self) -> StoreFuture {
+        StoreFuture::ready(Ok(Reply::Closed))
+    }
 }
 
 /// Opens the store named by `url` under `config`.

@@ -59,7 +59,14 @@ fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
     })
 }
 
-type Job = (Command, oneshot::Sender<Result<Reply, LedgerError>>);
+/// What the writer thread is asked to do.
+enum Job {
+    /// Run a command and answer it.
+    Run(Command, oneshot::Sender<Result<Reply, LedgerError>>),
+    /// Stop, once every job queued before this one has been answered;
+    /// answered once the connection is closed.
+    Close(oneshot::Sender<()>),
+}
 
 /// A ledger store in one SQLite file, safe to share between processes on one
 /// host.
@@ -106,10 +113,20 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn execute(&self, command: Command) -> StoreFuture {
         let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.send((command, reply));
+        let sent = self.jobs.send(Job::Run(command, reply));
         StoreFuture::pending(async move {
             sent.map_err(|_| LedgerError::closed())?;
             answer.await.map_err(|_| LedgerError::closed())?
+        })
+    }
+
+    fn close(&self) -> StoreFuture {
+        let (done, closed) = oneshot::channel();
+        // Already closed when the writer is gone: nothing left to flush.
+        let _ = self.jobs.send(Job::Close(done));
+        StoreFuture::pending(async move {
+            let _ = closed.await;
+            Ok(Reply::Closed)
         })
     }
 }
@@ -192,43 +209,76 @@ fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(),
 
 fn write_loop(mut conn: Connection, config: &LedgerConfig, clock: &dyn Clock, queue: &mpsc::Receiver<Job>) {
     let mut last_group = 1;
+    let mut closing = None;
     while let Ok(first) = queue.recv() {
-        let mut group = vec![first];
-        drain(queue, &mut group, MAX_GROUP);
+        let mut group = Group::default();
+        group.push(first, &mut closing);
+        drain(queue, &mut group, &mut closing);
         // Callers answered by the last commit resubmit within microseconds,
         // while a commit costs a sync: when the last group was larger, wait
         // briefly for them so that one sync serves them all. A lone caller
         // (last group of one) never waits.
-        if group.len() < last_group {
+        if group.commands.len() < last_group && closing.is_none() {
             let until = Instant::now() + GROUP_WAIT;
-            while group.len() < last_group {
+            while group.commands.len() < last_group && closing.is_none() {
                 let Some(left) = until.checked_duration_since(Instant::now()) else {
                     break;
                 };
                 match queue.recv_timeout(left) {
                     Ok(job) => {
-                        group.push(job);
-                        drain(queue, &mut group, MAX_GROUP);
+                        group.push(job, &mut closing);
+                        drain(queue, &mut group, &mut closing);
                     }
                     Err(_) => break,
                 }
             }
         }
-        last_group = group.len();
-        let (commands, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        let results = run_group(&mut conn, config, clock, commands);
-        for (reply, result) in replies.into_iter().zip(results) {
-            // A caller that went away still had its command committed.
-            let _ = reply.send(result);
+        last_group = group.commands.len().max(1);
+        if !group.commands.is_empty() {
+            let results = run_group(&mut conn, config, clock, group.commands);
+            for (reply, result) in group.replies.into_iter().zip(results) {
+                // A caller that went away still had its command committed.
+                let _ = reply.send(result);
+            }
+        }
+        if closing.is_some() {
+            break;
+        }
+    }
+    // Closed before the caller of `close` hears of it; commands queued
+    // after the close are dropped, and their callers told the store closed.
+    drop(conn);
+    if let Some(done) = closing {
+        let _ = done.send(());
+    }
+}
+
+/// The commands of one transaction and their callers.
+#[derive(Default)]
+struct Group {
+    commands: Vec<Command>,
+    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+}
+
+impl Group {
+    /// Adds `job`; a close ends the group and is kept in `closing`.
+    fn push(&mut self, job: Job, closing: &mut Option<oneshot::Sender<()>>) {
+        match job {
+            Job::Run(command, reply) => {
+                self.commands.push(command);
+                self.replies.push(reply);
+            }
+            Job::Close(done) => *closing = Some(done),
         }
     }
 }
 
-/// Moves jobs already queued into `group`, up to `max`.
-fn drain(queue: &mpsc::Receiver<Job>, group: &mut Vec<Job>, max: usize) {
-    while group.len() < max {
+/// Moves jobs already queued into `group`, up to [`MAX_GROUP`] commands,
+/// stopping at a close.
+fn drain(queue: &mpsc::Receiver<Job>, group: &mut Group, closing: &mut Option<oneshot::Sender<()>>) {
+    while group.commands.len() < MAX_GROUP && closing.is_none() {
         match queue.try_recv() {
-            Ok(job) => group.push(job),
+            Ok(job) => group.push(job, closing),
             Err(_) => return,
         }
     }
