@@ -1,7 +1,7 @@
 //! `inflight-bench`: each case measured next to its baseline in the same run.
 //!
 //! ```sh
-//! cargo run --release --bin inflight-bench -- --quick      # < 60 s on 2 cores
+//! cargo run --release --bin inflight-bench -- --quick      # < 90 s on 2 cores
 //! cargo run --release --bin inflight-bench                 # the full run
 //! cargo run --release --bin inflight-bench -- --case memory_lifecycle
 //! ```
@@ -24,7 +24,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use inflight::{ActivitySpec, FakeClock, Ledger, LedgerConfig, Outcome, SnapshotOptions};
+use inflight::{
+    ActivityId, ActivitySpec, ErrorKind, FakeClock, Ledger, LedgerConfig, Outcome, SnapshotOptions,
+};
 use serde_json::{json, Value};
 
 /// The cases, in the order they run.
@@ -33,6 +35,7 @@ const CASES: &[&str] = &[
     "sqlite_lifecycle",
     "snapshot_scale",
     "reap_scale",
+    "admission_scale",
     "http_lifecycle",
 ];
 
@@ -40,12 +43,12 @@ const CASES: &[&str] = &[
 #[derive(Debug, Parser)]
 #[command(name = "inflight-bench", version)]
 struct Args {
-    /// Smaller counts and scales, same comparisons: finishes within 60 s on
+    /// Smaller counts and scales, same comparisons: finishes within 90 s on
     /// a 2-core machine.
     #[arg(long)]
     quick: bool,
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
-    /// snapshot_scale, reap_scale, http_lifecycle.
+    /// snapshot_scale, reap_scale, admission_scale, http_lifecycle.
     #[arg(long = "case", value_name = "NAME")]
     cases: Vec<String>,
     /// Where the temporary SQLite files go (default: the system temp dir).
@@ -70,6 +73,12 @@ struct Plan {
     /// In-flight records in `reap_scale`: small, large.
     reap_scales: (usize, usize),
     reap_samples: usize,
+    /// History records in `admission_scale`: baseline, ours.
+    admission_scales: (usize, usize),
+    /// Measured pairs of decisions in `admission_scale`, and the time after
+    /// which it stops taking more (a slow decision must not stall the run).
+    admission_samples: usize,
+    admission_budget: Duration,
     /// How long `http_lifecycle` runs after its warm-up.
     http_window: Duration,
 }
@@ -86,6 +95,9 @@ impl Plan {
                 snapshot_samples: 51,
                 reap_scales: (1_000, 100_000),
                 reap_samples: 15,
+                admission_scales: (10_000, 1_000_000),
+                admission_samples: 2_001,
+                admission_budget: Duration::from_secs(10),
                 http_window: Duration::from_secs(3),
             }
         } else {
@@ -98,6 +110,9 @@ impl Plan {
                 snapshot_samples: 201,
                 reap_scales: (1_000, 100_000),
                 reap_samples: 41,
+                admission_scales: (10_000, 1_000_000),
+                admission_samples: 10_001,
+                admission_budget: Duration::from_secs(30),
                 http_window: Duration::from_secs(10),
             }
         }
@@ -142,6 +157,9 @@ struct Case {
     baseline: Option<f64>,
     unit: &'static str,
     target: Target,
+    /// The ratio when it is not `ours / baseline`: the median of the ratios
+    /// of interleaved pairs of samples (`admission_scale`).
+    paired_ratio: Option<f64>,
     /// Human detail, also in the JSON as `note`.
     note: String,
     /// Extra machine-readable figures.
@@ -152,6 +170,7 @@ impl Case {
     fn ratio(&self) -> Option<f64> {
         match (self.target, self.baseline) {
             (Target::Report, _) | (_, None) => None,
+            _ if self.paired_ratio.is_some() => self.paired_ratio,
             (_, Some(base)) if base > 0.0 => Some(self.ours / base),
             _ => None,
         }
@@ -274,92 +293,16 @@ struct Pragmas {
 }
 
 impl Pragmas {
-    /// What `src/store/sqlite.rs` set when this harness was written; used
-    /// only if the source cannot be read.
-    fn fallback() -> Self {
-        Self {
-            set: vec![
-                ("journal_mode".into(), "WAL".into()),
-                ("synchronous".into(), "FULL".into()),
-            ],
-            busy_timeout: Duration::from_secs(10),
-            source: "built-in fallback (src/store/sqlite.rs not readable)".into(),
-        }
-    }
-
+    /// The store's own settings, as it exports them.
     fn load() -> Self {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/sqlite.rs");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => match Self::parse(&text) {
-                Some(mut pragmas) => {
-                    pragmas.source = path.display().to_string();
-                    pragmas
-                }
-                None => Self::fallback(),
-            },
-            Err(_) => Self::fallback(),
+        Self {
+            set: inflight::store::sqlite::PRAGMAS
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+            busy_timeout: inflight::store::sqlite::BUSY_TIMEOUT,
+            source: "inflight::store::sqlite::PRAGMAS".into(),
         }
-    }
-
-    /// Finds `pragma_update(None, "name", "value")` and `PRAGMA name = value`
-    /// in the store's source (reads and `user_version` are skipped).
-    fn parse(text: &str) -> Option<Self> {
-        let mut set: Vec<(String, String)> = Vec::new();
-        let mut push = |name: &str, value: &str| {
-            let name = name.to_ascii_lowercase();
-            if name != "user_version" && !set.iter().any(|(n, _)| *n == name) {
-                set.push((name, value.to_owned()));
-            }
-        };
-        let mut rest = text;
-        while let Some(at) = rest.find("pragma_update(") {
-            rest = &rest[at + "pragma_update(".len()..];
-            let args = &rest[..rest.find(')').unwrap_or(rest.len())];
-            let literals: Vec<&str> = args.split('"').skip(1).step_by(2).collect();
-            if let [name, value, ..] = literals.as_slice() {
-                push(name, value);
-            }
-        }
-        let mut rest = text;
-        while let Some(at) = rest.find("PRAGMA ") {
-            rest = &rest[at + "PRAGMA ".len()..];
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            let after = rest[name.len()..].trim_start();
-            if let Some(value) = after.strip_prefix('=') {
-                let value: String = value
-                    .trim_start()
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-                    .collect();
-                if !value.is_empty() {
-                    push(&name, &value);
-                }
-            }
-        }
-        if set.is_empty() {
-            return None;
-        }
-        let busy_timeout = text
-            .find("BUSY_TIMEOUT: Duration = Duration::from_")
-            .and_then(|at| {
-                let rest = &text[at + "BUSY_TIMEOUT: Duration = Duration::from_".len()..];
-                let (unit, rest) = rest.split_once('(')?;
-                let number: u64 = rest.split_once(')')?.0.trim().replace('_', "").parse().ok()?;
-                match unit {
-                    "secs" => Some(Duration::from_secs(number)),
-                    "millis" => Some(Duration::from_millis(number)),
-                    _ => None,
-                }
-            })
-            .unwrap_or(Duration::from_secs(10));
-        Some(Self {
-            set,
-            busy_timeout,
-            source: String::new(),
-        })
     }
 
     fn describe(&self) -> String {
@@ -427,7 +370,11 @@ impl Drop for TempDir {
 }
 
 fn sqlite_ledger(path: &Path, clock: Option<FakeClock>) -> Result<Ledger> {
-    let builder = Ledger::builder(LedgerConfig::default()).store_url(format!("sqlite://{}", path.display()));
+    sqlite_ledger_with(path, LedgerConfig::default(), clock)
+}
+
+fn sqlite_ledger_with(path: &Path, config: LedgerConfig, clock: Option<FakeClock>) -> Result<Ledger> {
+    let builder = Ledger::builder(config).store_url(format!("sqlite://{}", path.display()));
     let builder = match clock {
         Some(clock) => builder.clock(clock),
         None => builder,
@@ -552,6 +499,7 @@ fn memory_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             baseline: Some(base_ns / 1e3),
             unit: "us/lifecycle",
             target: Target::AtMost(3.0),
+            paired_ratio: None,
             note: format!(
                 "begin+start+settle, 1 task, current-thread runtime; median of {} reps x {n}; \
                  baseline = Semaphore permit + Mutex<HashMap> insert/update/remove",
@@ -697,6 +645,7 @@ fn sqlite_lifecycle(plan: &Plan, dir: &Path, pragmas: &Pragmas) -> Result<Vec<Ca
             } else {
                 Target::Report
             },
+            paired_ratio: None,
             note: format!(
                 "{callers} {noun} (ours: tokio tasks; baseline: OS threads, own connections, one autocommit \
                  statement per transition); median of {} x {:.1}s; ours/baseline {:.2}x",
@@ -843,6 +792,7 @@ fn snapshot_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         baseline: Some(small),
         unit: "ms/snapshot",
         target: Target::AtMost(1.5),
+        paired_ratio: None,
         note: format!(
             "1,000 in flight; history {per_scale}; ours = {} rows, baseline = {} rows; median of {}; \
              default options (limit 100, since 24h){quick_note}",
@@ -946,6 +896,7 @@ fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         baseline: Some(small_ms),
         unit: "ms/pass",
         target: Target::AtMost(2.0),
+        paired_ratio: None,
         note: format!(
             "a pass reaping 10 expired among {} in flight (ours) vs among {} (baseline); SQLite, fake clock; \
              median of {}",
@@ -954,6 +905,212 @@ fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
             plan.reap_samples
         ),
         extra: serde_json::Map::new(),
+    }])
+}
+
+// ---------------------------------------------------------------------------
+// admission_scale
+// ---------------------------------------------------------------------------
+
+/// The capped lane of `admission_scale` (the lane of `spec()`), its cap, and
+/// the records in flight on it: half executing, half waiting.
+const ADMISSION_LANE: &str = "knowledge-base::ollama";
+const ADMISSION_CAP: u32 = 1_000;
+const ADMISSION_IN_FLIGHT: usize = 1_000;
+/// Pairs of decisions discarded before measuring, and the fewest measured
+/// pairs even once the time budget ran out.
+const ADMISSION_WARM_UP: usize = 5;
+const ADMISSION_MIN_PAIRS: usize = 11;
+
+/// Moves every other seeded history record (by `completed_at`) from the
+/// loader's lane `bench-history::ollama` to the capped lane, with its share
+/// of the counters, so that the capped lane has settled history of its own,
+/// interleaved with the other lane's: the rows a plan that misses the lane's
+/// partial index reads. Returns how many records moved.
+fn move_half_history_to_lane(path: &Path) -> Result<usize> {
+    let mut conn = rusqlite::Connection::open(path).context("open the seeded file")?;
+    let tx = conn.transaction()?;
+    let moved = tx.execute(
+        "UPDATE activities SET service = 'knowledge-base' \
+         WHERE service = 'bench-history' AND completed_at % 2 = 0",
+        [],
+    )?;
+    let n = i64::try_from(moved)?;
+    // `seed_history` counts every record alike (one success, the same
+    // waits), so the moved share of each sum is `sum / calls * n`.
+    tx.execute(
+        "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
+           calls, succeeded, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
+           execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
+         SELECT 'knowledge-base', operation_stage, class, provider, model, priority, admission, \
+           ?1, ?1, ?1, queue_wait_sum_ms / calls * ?1, queue_wait_max_ms, \
+           ?1, execution_sum_ms / calls * ?1, execution_max_ms, last_seen_at \
+         FROM aggregates WHERE service = 'bench-history'",
+        [n],
+    )?;
+    tx.execute(
+        "UPDATE aggregates SET calls = calls - ?1, succeeded = succeeded - ?1, \
+           queue_wait_count = queue_wait_count - ?1, \
+           queue_wait_sum_ms = queue_wait_sum_ms - queue_wait_sum_ms / calls * ?1, \
+           execution_count = execution_count - ?1, \
+           execution_sum_ms = execution_sum_ms - execution_sum_ms / calls * ?1 \
+         WHERE service = 'bench-history'",
+        [n],
+    )?;
+    tx.commit()?;
+    Ok(moved)
+}
+
+/// One side of `admission_scale`: `history` settled records (half on the
+/// capped lane, half on another), 500 records executing and 500 waiting on
+/// the capped lane, and the record whose start is measured, waiting behind
+/// them all. The ledger has the lane's cap and a clock stopped at `t0`, so
+/// nothing ever becomes due; the id is the measured record's.
+fn admission_store(
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+    history: usize,
+    t0: i64,
+) -> Result<(TempDir, Ledger, ActivityId)> {
+    let tmp = TempDir::new(dir, &format!("admission-{history}"))?;
+    let path = tmp.file("ours.db");
+    let loading = Instant::now();
+    // Settled over the hour before t0.
+    inflight::store::sqlite::seed_history(&path, history, t0).context("seed_history")?;
+    let on_lane = move_half_history_to_lane(&path)?;
+    eprintln!(
+        "  admission_scale: seeded {history} history rows ({on_lane} of them on {ADMISSION_LANE}) in {:.1}s",
+        loading.elapsed().as_secs_f64()
+    );
+    // Populated through a ledger without the cap: beginning an executing
+    // record on a capped lane is itself an admission decision, and setting
+    // up must not cost what is measured.
+    {
+        let ledger = sqlite_ledger(&path, Some(FakeClock::at(t0)))?;
+        runtime.block_on(async {
+            populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, long_lived(t0)).await?;
+            // Waiting since a second before the measured record.
+            let waiting = move || spec().deadline(LONG_DEADLINE).enqueued_at(t0 - 1_000);
+            populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, waiting).await
+        })?;
+    }
+    let config = LedgerConfig::default().with_lane_cap(ADMISSION_LANE, ADMISSION_CAP)?;
+    let ledger = sqlite_ledger_with(&path, config, Some(FakeClock::at(t0)))?;
+    let asker = runtime.block_on(async {
+        let record = ledger
+            .begin_record(spec().deadline(LONG_DEADLINE).enqueued_at(t0))
+            .await?;
+        let snapshot = ledger.snapshot(SnapshotOptions::default()).await?;
+        let lane = snapshot
+            .lane(ADMISSION_LANE)
+            .ok_or_else(|| anyhow!("the snapshot shows no lane {ADMISSION_LANE}"))?;
+        let expected = ADMISSION_IN_FLIGHT as i64 / 2;
+        if (lane.executing, lane.waiting) != (expected, expected + 1)
+            || snapshot.total_activities != (history + ADMISSION_IN_FLIGHT + 1) as i64
+        {
+            bail!(
+                "admission store at {history}: lane {} executing, {} waiting, {} activities in all",
+                lane.executing,
+                lane.waiting,
+                snapshot.total_activities
+            );
+        }
+        Ok::<_, anyhow::Error>(record.activity_id)
+    })?;
+    Ok((tmp, ledger, asker))
+}
+
+/// One admission decision: a start of the waiting record `id`, refused
+/// `lane_full` (500 executing plus 500 waiting ahead of it reach the cap),
+/// so nothing changes and every sample decides the same lane. Its time in
+/// microseconds.
+async fn refused_start(ledger: &Ledger, id: ActivityId) -> Result<f64> {
+    let started = Instant::now();
+    let decided = ledger.start(id, None).await;
+    let elapsed = started.elapsed().as_secs_f64() * 1e6;
+    match decided {
+        Err(err) if err.kind() == ErrorKind::LaneFull => Ok(elapsed),
+        Err(err) => Err(err.into()),
+        Ok(record) => bail!("the start of {id} was admitted ({:?}), not refused", record.state),
+    }
+}
+
+fn admission_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
+    let runtime = multi_thread()?;
+    let t0 = now_ms();
+    let (small, large) = plan.admission_scales;
+    let small_store = admission_store(&runtime, dir, small, t0)?;
+    let large_store = admission_store(&runtime, dir, large, t0)?;
+    // As in snapshot_scale: the seeded files written back before sampling.
+    flush_page_cache();
+    // Pairs of decisions, small then large, so both sides see the same
+    // machine; the ratio is the median of the pairs' ratios.
+    let (mut small_us, mut large_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let sampling = Instant::now();
+    runtime.block_on(async {
+        for round in 0..ADMISSION_WARM_UP + plan.admission_samples {
+            let s = refused_start(&small_store.1, small_store.2).await?;
+            let l = refused_start(&large_store.1, large_store.2).await?;
+            if round >= ADMISSION_WARM_UP {
+                small_us.push(s);
+                large_us.push(l);
+                ratios.push(l / s);
+                if ratios.len() >= ADMISSION_MIN_PAIRS && sampling.elapsed() >= plan.admission_budget {
+                    break;
+                }
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let sampled = sampling.elapsed();
+    drop((small_store, large_store));
+    let pairs = ratios.len();
+    let (s_min, small_med, s_max) = spread(&small_us);
+    let (l_min, large_med, l_max) = spread(&large_us);
+    let (r_min, ratio, r_max) = spread(&ratios);
+    eprintln!(
+        "  admission_scale: {small} history rows: median {small_med:.1} us (min {s_min:.1}, max {s_max:.1})"
+    );
+    eprintln!(
+        "  admission_scale: {large} history rows: median {large_med:.1} us (min {l_min:.1}, max {l_max:.1})"
+    );
+    eprintln!(
+        "  admission_scale: {pairs} pairs in {:.1}s; per-pair ratio median {ratio:.2}x (min {r_min:.2}, \
+         max {r_max:.2}); ratio of medians {:.2}x",
+        sampled.as_secs_f64(),
+        large_med / small_med
+    );
+    let cut_short = if pairs < plan.admission_samples {
+        format!(
+            "; stopped at the {:.0}s budget after {pairs} of {} pairs",
+            plan.admission_budget.as_secs_f64(),
+            plan.admission_samples
+        )
+    } else {
+        String::new()
+    };
+    Ok(vec![Case {
+        name: "admission_scale".into(),
+        ours: large_med,
+        baseline: Some(small_med),
+        unit: "us/decision",
+        target: Target::AtMost(1.5),
+        paired_ratio: Some(ratio),
+        note: format!(
+            "a start refused lane_full on a lane capped at {} with {} executing and {} waiting ahead; \
+             history {} (ours) vs {} (baseline) settled records, half on that lane; SQLite, fake clock; \
+             ratio = median of {pairs} interleaved pairs' ratios (ratio of medians {:.2}x){cut_short}",
+            human_count(ADMISSION_CAP as usize),
+            ADMISSION_IN_FLIGHT / 2,
+            ADMISSION_IN_FLIGHT / 2,
+            human_count(large),
+            human_count(small),
+            large_med / small_med
+        ),
+        extra: serde_json::Map::from_iter([
+            ("pairs".to_owned(), json!(pairs)),
+            ("ratio_of_medians".to_owned(), json!(round(large_med / small_med))),
+        ]),
     }])
 }
 
@@ -1048,6 +1205,7 @@ fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
             baseline: None,
             unit: "lifecycles/s",
             target: Target::Report,
+            paired_ratio: None,
             note: format!(
                 "{HTTP_CLIENTS} concurrent clients over loopback, SQLite store, {:.0}s; per request p50 {p50:.2} ms, \
                  p99 {p99:.2} ms ({} requests); client and server share the machine",
@@ -1106,6 +1264,7 @@ fn main() -> Result<()> {
         ),
         ("snapshot_scale", Box::new(|| snapshot_scale(&plan, &dir))),
         ("reap_scale", Box::new(|| reap_scale(&plan, &dir))),
+        ("admission_scale", Box::new(|| admission_scale(&plan, &dir))),
         ("http_lifecycle", Box::new(|| http_lifecycle(&plan, &dir))),
     ];
     for (name, run) in runners {
@@ -1133,25 +1292,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pragmas_are_read_from_the_store_source() {
-        let text = r#"
-const BUSY_TIMEOUT: Duration = Duration::from_millis(2_500);
-conn.pragma_update(None, "journal_mode", "WAL")
-conn.pragma_update(None, "synchronous", "FULL")
-tx.pragma_update(None, "user_version", (index + 1) as i64)
-tx.query_row("PRAGMA user_version", [], |row| row.get(0))
-conn.execute_batch("PRAGMA cache_size = -8000;")
-"#;
-        let pragmas = Pragmas::parse(text).unwrap();
-        assert_eq!(
-            pragmas.set,
-            vec![
-                ("journal_mode".to_owned(), "WAL".to_owned()),
-                ("synchronous".to_owned(), "FULL".to_owned()),
-                ("cache_size".to_owned(), "-8000".to_owned()),
-            ]
-        );
-        assert_eq!(pragmas.busy_timeout, Duration::from_millis(2_500));
+    fn the_baseline_takes_the_store_s_own_pragmas() {
+        let pragmas = Pragmas::load();
+        assert!(pragmas.set.iter().any(|(name, _)| name == "synchronous"));
+        assert_eq!(pragmas.busy_timeout, inflight::store::sqlite::BUSY_TIMEOUT);
     }
 
     #[test]
@@ -1163,5 +1307,23 @@ conn.execute_batch("PRAGMA cache_size = -8000;")
         assert!(Target::Report.ok(None));
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
+    }
+
+    #[test]
+    fn a_paired_ratio_replaces_the_ratio_of_medians() {
+        let case = |paired_ratio| Case {
+            name: "c".into(),
+            ours: 3.0,
+            baseline: Some(2.0),
+            unit: "us",
+            target: Target::AtMost(1.2),
+            paired_ratio,
+            note: String::new(),
+            extra: serde_json::Map::new(),
+        };
+        assert_eq!(case(None).ratio(), Some(1.5));
+        assert!(!case(None).ok());
+        assert_eq!(case(Some(1.1)).ratio(), Some(1.1));
+        assert!(case(Some(1.1)).ok());
     }
 }

@@ -38,7 +38,14 @@ mod sql;
 use sql::{Backfill, MIGRATIONS};
 
 /// How long a writer waits for another process's transaction to finish.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The pragmas every connection sets, in this order. WAL lets readers in
+/// other processes proceed during a write; FULL makes every acknowledged
+/// transition durable, even across a power loss, and group commit pays one
+/// sync for every command grouped into a transaction. Public so that a
+/// benchmark's baseline runs with exactly the same settings.
+pub const PRAGMAS: &[(&str, &str)] = &[("journal_mode", "WAL"), ("synchronous", "FULL")];
 /// The most commands grouped into one transaction.
 const MAX_GROUP: usize = 256;
 /// The longest a group waits for the callers of the previous one.
@@ -139,13 +146,10 @@ fn connect(path: &Path) -> Result<Connection, LedgerError> {
     let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(sql_error("cannot set busy_timeout"))?;
-    // WAL lets readers in other processes proceed during a write; FULL
-    // makes every acknowledged transition durable, even across a power loss.
-    // Group commit pays one sync for every command grouped into a transaction.
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(sql_error("cannot enable WAL"))?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(sql_error("cannot set synchronous"))?;
+    for (name, value) in PRAGMAS {
+        conn.pragma_update(None, name, value)
+            .map_err(|err| LedgerError::storage(&format!("cannot set PRAGMA {name} = {value}"), err))?;
+    }
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
