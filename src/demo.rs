@@ -9,14 +9,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::clock::FakeClock;
-use crate::config::LedgerConfig;
-use crate::domain::bounds::ReapPolicy;
-use crate::domain::record::{ActivityId, Disposition, FailureStage, Priority};
-use crate::domain::snapshot::{Snapshot, SnapshotOptions};
-use crate::domain::timestamp::{parse_rfc3339, Millis};
-use crate::error::LedgerError;
-use crate::ledger::{ActivitySpec, Ledger, Settlement};
+use inflight::clock::FakeClock;
+use inflight::config::LedgerConfig;
+use inflight::domain::bounds::ReapPolicy;
+use inflight::domain::record::{ActivityId, Disposition, FailureStage, Priority};
+use inflight::domain::snapshot::{Snapshot, SnapshotOptions};
+use inflight::domain::timestamp::{parse_rfc3339, Millis};
+use inflight::error::LedgerError;
+use inflight::{ActivitySpec, Ledger, Settlement};
 
 /// When the incident's snapshot was taken.
 pub const SNAPSHOT_AT: &str = "2026-08-13T19:59:00.000Z";
@@ -259,7 +259,7 @@ pub async fn replay_seed_incident() -> Result<IncidentReplay, LedgerError> {
     let defaults = LedgerConfig::default();
     // The replaced system: records never expire (a factor no clock reaches).
     let never = ReapPolicy::new(defaults.policy().classes().clone(), 1e9)
-        .map_err(|err| LedgerError::invalid(err.to_string()))?;
+        .map_err(|err| LedgerError::new(inflight::ErrorKind::InvalidInput, err.to_string()))?;
     let mut snapshots = Vec::new();
     for config in [LedgerConfig::new(never), defaults] {
         let clock = FakeClock::at(0);

@@ -1,50 +1,7 @@
-//! # inflight
-//!
-//! A ledger of in-flight AI provider calls that cannot drift.
-//!
-//! Services that call AI providers record every call: enqueued, started,
-//! settled. Executing and waiting counts per `service::provider` lane derive
-//! from those records. A record whose settle is lost (client abort, a
-//! provider timeout that strands work, a process that died) must not stay
-//! "in flight" forever, so here:
-//!
-//! - every in-flight record expires past a bound derived from its own
-//!   deadline class ([`domain::bounds`]), never one global TTL;
-//! - reaping happens on every read and on a timer ([`Ledger::spawn_reaper`]);
-//! - a reaped record stays as evidence, with its disposition (`abandoned` or
-//!   `unsettled`) and a count;
-//! - a late settle is absorbed, never counted as a completion.
-//!
-//! The layout follows the architecture: [`domain`] holds the rules (pure, no
-//! I/O), [`store`] persists what they decide (memory, SQLite), and
-//! [`Ledger`] is the API on top. `docs/semantics.md` explains each rule.
+//! The `inflight` command line, as a library so that its tests can reach
+//! it: `serve`, `snapshot`, `reap`, `check-config` and `demo` ([`cli`]),
+//! and the incident the demo replays ([`demo`]). The ledger itself is the
+//! [`inflight`] crate; the HTTP service is [`inflight_server`].
 
-pub mod admission;
 pub mod cli;
-pub mod clock;
-pub mod config;
 pub mod demo;
-pub mod domain;
-pub mod error;
-pub mod http;
-pub mod layer;
-mod lease;
-mod ledger;
-pub mod server;
-pub mod store;
-
-pub use admission::Permit;
-pub use clock::{Clock, FakeClock, SystemClock};
-pub use config::{ConfigError, LedgerConfig, Settings};
-pub use domain::{
-    ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Owner, OwnerId, OwnerState, Priority,
-    ReapReason, ReapedCounts, Since, Snapshot, SnapshotOptions, State,
-};
-pub use error::{ErrorKind, LedgerError};
-pub use lease::OwnerLease;
-pub use ledger::{ActivityHandle, ActivitySpec, Ledger, LedgerBuilder, Outcome, ReaperGuard, Settlement};
-
-/// The README's Rust examples, compiled by `cargo test --doc`.
-#[doc = include_str!("../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;

@@ -1,9 +1,9 @@
-//! The `inflight` binary: a thin shell over [`inflight::cli`].
+//! The `inflight` binary: a thin shell over [`inflight_cli::cli`].
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 fn main() -> ExitCode {
-    inflight::cli::run(inflight::cli::Cli::parse())
+    inflight_cli::cli::run(inflight_cli::cli::Cli::parse())
 }

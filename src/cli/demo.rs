@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::table::{human_duration, render_snapshot};
 use super::CliError;
 use crate::demo::{IncidentReplay, LAST_OLLAMA_TRAFFIC, SNAPSHOT_AT};
-use crate::domain::timestamp::parse_rfc3339;
+use inflight::domain::timestamp::parse_rfc3339;
 
 /// Renders the replay: the snapshot of a ledger that never expires anything,
 /// then inflight's at the same instant, then what changed lane by lane.

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::server::{self, Overrides, ServerSettings};
+use inflight_server::{self as server, Overrides, ServerSettings};
 
 pub mod client;
 pub mod demo;

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::domain::timestamp::parse_rfc3339;
+use inflight::domain::timestamp::parse_rfc3339;
 
 /// Formats milliseconds as the two most significant units: `35h 39m`,
 /// `4m 12s`, `850ms`; days only from a week on (`8d 3h`).

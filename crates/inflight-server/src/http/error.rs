@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::error::{ErrorKind, LedgerError};
+use inflight::error::{ErrorKind, LedgerError};
 
 /// An error the API answers with: a status, a stable code and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]

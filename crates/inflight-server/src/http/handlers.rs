@@ -14,13 +14,13 @@ use serde_json::{json, Value};
 use super::body::{parse_timestamp, JsonObject};
 use super::error::ApiError;
 use super::AppState;
-use crate::admission::MAX_START_WAIT;
-use crate::domain::counters::ReapedCounts;
-use crate::domain::owner::{self, Owner, OwnerId, DEFAULT_TTL_MS};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
-use crate::domain::snapshot::{Since, Snapshot, SnapshotOptions};
-use crate::error::LedgerError;
-use crate::ledger::{ActivitySpec, Settlement};
+use inflight::domain::counters::ReapedCounts;
+use inflight::domain::owner::{self, Owner, OwnerId, DEFAULT_TTL_MS};
+use inflight::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
+use inflight::domain::snapshot::{Since, Snapshot, SnapshotOptions};
+use inflight::error::LedgerError;
+use inflight::MAX_START_WAIT;
+use inflight::{ActivitySpec, Settlement};
 
 type Answer<T> = Result<T, ApiError>;
 

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::TcpListener;
 
-use crate::config::{ConfigError, LedgerConfig, Settings};
-use crate::error::ErrorKind;
 use crate::http::{app, AppState};
-use crate::ledger::Ledger;
+use inflight::config::{ConfigError, LedgerConfig, Settings};
+use inflight::error::ErrorKind;
+use inflight::Ledger;
 
 /// The address served on by default: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";

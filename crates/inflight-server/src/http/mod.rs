@@ -14,7 +14,7 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use subtle::ConstantTimeEq;
 
-use crate::ledger::Ledger;
+use inflight::Ledger;
 
 pub mod body;
 pub mod error;

@@ -1,6 +1,12 @@
 //! The public face of the library: [`Ledger`], [`ActivitySpec`] and the
 //! [`ActivityHandle`] that settles a record or cancels it when dropped.
 
+mod admit;
+mod lease;
+
+pub use admit::{Permit, MAX_START_WAIT};
+pub use lease::OwnerLease;
+
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
@@ -15,7 +21,7 @@ use std::sync::{Mutex, PoisonError, RwLock};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::admission::Line;
+use self::admit::Line;
 use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
@@ -153,6 +159,15 @@ pub struct LedgerBuilder {
     store_url: String,
     clock: Arc<dyn Clock>,
     owner: Option<(String, Duration)>,
+}
+
+impl fmt::Debug for LedgerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LedgerBuilder")
+            .field("store_url", &self.store_url)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LedgerBuilder {

@@ -8,11 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use inflight::layer::LedgerLayer;
 use inflight::{
     Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason, State,
 };
-use tower::{Service, ServiceExt};
 
 const LANE: &str = "knowledge-base::ollama";
 
@@ -41,8 +39,6 @@ against_every_store!(
     permit_drop_releases_capacity,
     admit_future_drop_while_waiting_leaves_the_line,
     panic_inside_guarded_call_releases_capacity,
-    tower_layer_settles_each_call,
-    response_future_drop_releases_capacity,
     direct_records_are_never_admission_controlled,
     owner_renewing_keeps_an_old_record_executing,
     owner_that_stops_renewing_is_reaped_as_owner_lost,
@@ -227,42 +223,6 @@ async fn panic_inside_guarded_call_releases_capacity(backend: Backend) {
     tokio::task::yield_now().await;
     assert_eq!(lane_counts(&h.ledger).await, before);
     assert_a_slot_is_free(&h.ledger).await;
-}
-
-async fn tower_layer_settles_each_call(backend: Backend) {
-    let h = Harness::new(backend, capped(2));
-    let embed = tower::service_fn(|text: &'static str| async move {
-        if text.is_empty() {
-            Err(std::io::Error::other("empty input"))
-        } else {
-            Ok(text.len())
-        }
-    });
-    let mut client = tower::ServiceBuilder::new()
-        .layer(LedgerLayer::new(h.ledger.clone(), embedding()))
-        .service(embed);
-    assert_eq!(client.ready().await.unwrap().call("hello").await.unwrap(), 5);
-    assert!(client.ready().await.unwrap().call("").await.is_err());
-    let snap = snapshot(&h.ledger).await;
-    let aggregate = &snap.aggregates[0];
-    assert_eq!(
-        (aggregate.calls, aggregate.successes, aggregate.failures),
-        (2, 1, 1)
-    );
-    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
-}
-
-async fn response_future_drop_releases_capacity(backend: Backend) {
-    let h = Harness::new(backend, capped(1));
-    let hang = tower::service_fn(|_: ()| std::future::pending::<Result<(), std::io::Error>>());
-    let mut client = tower::ServiceBuilder::new()
-        .layer(LedgerLayer::new(h.ledger.clone(), embedding()))
-        .service(hang);
-    let call = client.ready().await.unwrap().call(());
-    assert!(tokio::time::timeout(Duration::from_secs(5), call).await.is_err());
-    tokio::task::yield_now().await;
-    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
-    assert_eq!(snapshot(&h.ledger).await.aggregates[0].cancelled, 1);
 }
 
 async fn direct_records_are_never_admission_controlled(backend: Backend) {

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use crate::domain::timestamp::{parse_rfc3339, Millis};
+use inflight::domain::timestamp::{parse_rfc3339, Millis};
 
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

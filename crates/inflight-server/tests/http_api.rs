@@ -9,8 +9,8 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::Router;
 use http_body_util::BodyExt;
-use inflight::http::{app, ApiError, AppState};
 use inflight::{ErrorKind, FakeClock, Ledger, LedgerConfig, LedgerError, Settings};
+use inflight_server::http::{app, ApiError, AppState};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 

@@ -95,6 +95,7 @@ impl LedgerError {
         Self::new(ErrorKind::InvalidInput, message)
     }
 
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // only a store that can close
     pub(crate) fn closed() -> Self {
         Self::new(ErrorKind::Closed, "the ledger is shut down")
     }

@@ -11,9 +11,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::domain::owner::OwnerState as Owned;
-use crate::domain::record::{Disposition, State};
-use crate::domain::snapshot::Snapshot;
+use inflight::domain::owner::OwnerState as Owned;
+use inflight::domain::record::{Disposition, State};
+use inflight::domain::snapshot::Snapshot;
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -23,9 +23,11 @@ use crate::error::{ErrorKind, LedgerError};
 
 pub(crate) mod engine;
 pub mod memory;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
 /// A request to a store. Each runs atomically, at the time the store reads
@@ -237,7 +239,12 @@ pub fn open(
                 "sqlite:// needs a file path, e.g. sqlite://inflight.db",
             ));
         }
+        #[cfg(feature = "sqlite")]
         return Ok(Arc::new(SqliteStore::open(path, config, clock)?));
+        #[cfg(not(feature = "sqlite"))]
+        return Err(LedgerError::invalid(format!(
+            "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
+        )));
     }
     Err(LedgerError::invalid(format!(
         "unsupported store URL {url:?}: use \"memory:\" or \"sqlite://PATH\""

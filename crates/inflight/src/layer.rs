@@ -2,7 +2,7 @@
 //! admit, call, settle, in one line.
 //!
 //! The layer holds settings, the service holds logic, and the response future
-//! holds the [`Permit`](crate::admission::Permit): dropping the future (a
+//! holds the [`Permit`](crate::Permit): dropping the future (a
 //! client disconnect, a timeout layer above) drops the permit, which records
 //! the call `cancelled` and frees its slot.
 

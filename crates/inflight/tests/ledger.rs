@@ -20,7 +20,6 @@ against_every_store!(
     long_batch_inside_its_own_bound_is_never_reaped,
     switching_provider_leaves_no_residual_count_after_the_reap_interval,
     reaped_record_is_never_counted_as_a_completion_even_when_settled_late,
-    seed_incident_replay_clears_the_leaked_lanes_and_leaves_the_live_lane,
     unconfigured_class_is_reaped_only_past_the_widest_bound,
     settle_retry_is_harmless_and_a_different_outcome_conflicts,
     starting_an_abandoned_record_resurrects_it_and_unsettled_is_terminal,
@@ -230,37 +229,6 @@ async fn reaped_record_is_never_counted_as_a_completion_even_when_settled_late(b
         (0, 0, 0)
     );
     assert_eq!(aggregate.reaped.unsettled, 1);
-}
-
-async fn seed_incident_replay_clears_the_leaked_lanes_and_leaves_the_live_lane(backend: Backend) {
-    let h = Harness::default(backend);
-    let replayed = inflight::demo::replay_into(&h.ledger, &h.clock).await.unwrap();
-    assert_eq!(replayed.leaked.len(), 1 + 13 + 5);
-    assert_eq!(
-        (replayed.live_executing.len(), replayed.live_waiting.len()),
-        (3, 1)
-    );
-
-    let snap = snapshot(&h.ledger).await;
-    for lane in inflight::demo::LEAKED_LANES {
-        let view = snap.lane(lane).unwrap();
-        assert_eq!((view.executing, view.waiting), (0, 0), "{lane}");
-    }
-    assert_eq!(snap.lane("knowledge-base::ollama").unwrap().reaped.unsettled, 13);
-    let unknown = snap.lane("unknown::ollama").unwrap();
-    assert_eq!((unknown.reaped.unsettled, unknown.reaped.abandoned), (1, 4));
-    for (id, disposition) in &replayed.leaked {
-        let record = h.ledger.get(*id).await.unwrap();
-        assert_eq!(record.state, State::Reaped);
-        assert_eq!(record.disposition, Some(*disposition));
-    }
-    let live = snap.lane(inflight::demo::LIVE_LANE).unwrap();
-    assert_eq!((live.executing, live.waiting), (3, 1));
-    assert_eq!(live.reaped.total(), 0);
-    for id in replayed.live_executing {
-        assert_eq!(h.ledger.get(id).await.unwrap().state, State::Executing);
-    }
-    assert_eq!(snap.total_in_flight, 4);
 }
 
 async fn unconfigured_class_is_reaped_only_past_the_widest_bound(backend: Backend) {

@@ -1,0 +1,15 @@
+//! # inflight-server
+//!
+//! The HTTP service of [`inflight`]: the API that services in any language
+//! use ([`http::app`], testable in process with `tower::ServiceExt::oneshot`),
+//! `/metrics`, and `inflight serve` ([`serve`]), with its settings, its
+//! background reaper and its graceful shutdown. `docs/api.md` documents
+//! every route.
+
+pub mod http;
+mod server;
+
+pub use server::{
+    load_file, open_ledger, serve, serve_on, shutdown_signal, Overrides, ServeError, ServerSettings,
+    DEFAULT_LISTEN, DEFAULT_STORE,
+};
