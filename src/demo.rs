@@ -16,7 +16,7 @@ use inflight::domain::record::{ActivityId, Disposition, FailureStage, Priority};
 use inflight::domain::snapshot::{Snapshot, SnapshotOptions};
 use inflight::domain::timestamp::{parse_rfc3339, Millis};
 use inflight::error::LedgerError;
-use inflight::{ActivitySpec, Ledger, Settlement};
+use inflight::{ActivitySpec, Ledger, Outcome, Settlement};
 
 /// When the incident's snapshot was taken.
 pub const SNAPSHOT_AT: &str = "2026-08-13T19:59:00.000Z";
@@ -226,11 +226,11 @@ pub async fn replay_into(ledger: &Ledger, clock: &FakeClock) -> Result<Replayed,
                 }
             }
             Event::Settle { key } => {
-                let settlement = Settlement {
-                    success: key % 7 != 0,
-                    failure_stage: (key % 7 == 0).then_some(FailureStage::Provider),
-                    completed_at: None,
-                };
+                let settlement = Settlement::new(if key % 7 == 0 {
+                    Outcome::Failure(FailureStage::Provider)
+                } else {
+                    Outcome::Success
+                });
                 let id = ids[&key];
                 ledger.settle(id, settlement).await?;
                 replayed.live_executing.retain(|live| *live != id);

@@ -99,6 +99,14 @@ impl LedgerConfig {
         Ok(self)
     }
 
+    /// Declares `lane` with `cap` executing records. Take the lane from the
+    /// spec the calls use ([`ActivitySpec::lane`](crate::ActivitySpec::lane)),
+    /// so that the cap and the calls cannot be spelled apart.
+    pub fn with_cap(mut self, lane: &LaneKey, cap: std::num::NonZeroU32) -> Self {
+        self.caps.insert(lane.clone(), Some(cap.get()));
+        self
+    }
+
     /// Declares the lane `"service::provider"` with `cap` executing records.
     ///
     /// # Errors

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use inflight::{
-    Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason, State,
+    ActivitySpec, Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason,
+    State,
 };
 
 const LANE: &str = "knowledge-base::ollama";
@@ -56,8 +57,7 @@ async fn owner_id_in_any_spelling_is_stored_in_one(backend: Backend) {
         .register_owner("worker-g", Duration::from_secs(5))
         .await
         .unwrap();
-    let mut spec = embedding();
-    spec.owner_id = Some(owner.owner_id.as_str().to_uppercase());
+    let spec = embedding().owner_spelled(owner.owner_id.as_str().to_uppercase());
     let record = h.ledger.begin_record(spec.started_at(T0)).await.unwrap();
     assert_eq!(record.owner_id.as_deref(), Some(owner.owner_id.as_str()));
     h.clock.advance(Duration::from_secs(6));
@@ -246,7 +246,7 @@ async fn owner_renewing_keeps_an_old_record_executing(backend: Backend) {
         .await
         .unwrap();
     let mut spec = embedding().deadline(Duration::from_secs(3600));
-    spec.owner_id = Some(owner.owner_id.to_string());
+    spec = spec.owner(&owner.owner_id);
     let record = h.ledger.begin_record(spec.started_at(T0)).await.unwrap();
     assert_eq!(record.owner_id.as_deref(), Some(owner.owner_id.as_str()));
     for _ in 0..40 {
@@ -303,7 +303,7 @@ async fn owner_loss_frees_its_slot_for_the_next_start(backend: Backend) {
         .await
         .unwrap();
     let mut spec = embedding();
-    spec.owner_id = Some(dead.owner_id.to_string());
+    spec = spec.owner(&dead.owner_id);
     let _held = h.ledger.begin_record(spec.started_at(T0)).await.unwrap();
     let b = h.ledger.begin_record(embedding()).await.unwrap();
     assert_eq!(
@@ -345,10 +345,10 @@ async fn release_cancels_the_owners_in_flight_records(backend: Backend) {
 async fn unknown_owner_is_invalid_and_a_lost_owner_conflicts(backend: Backend) {
     let h = Harness::new(backend, capped(2));
     let mut spec = embedding();
-    spec.owner_id = Some(inflight::OwnerId::new().to_string());
+    spec = spec.owner(&inflight::OwnerId::new());
     let err = h.ledger.begin_record(spec.clone()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
-    spec.owner_id = Some("not-a-uuid".into());
+    spec = spec.owner_spelled("not-a-uuid");
     assert_eq!(
         h.ledger.begin_record(spec.clone()).await.unwrap_err().kind(),
         ErrorKind::InvalidInput
@@ -360,7 +360,7 @@ async fn unknown_owner_is_invalid_and_a_lost_owner_conflicts(backend: Backend) {
         .await
         .unwrap();
     h.clock.advance(Duration::from_secs(2));
-    spec.owner_id = Some(owner.owner_id.to_string());
+    spec = spec.owner(&owner.owner_id);
     assert_eq!(
         h.ledger.begin_record(spec).await.unwrap_err().kind(),
         ErrorKind::Conflict
@@ -482,4 +482,34 @@ async fn dropping_the_last_ledger_clone_releases_its_builder_owner() {
     let snap = snapshot(&observer).await;
     assert_eq!(snap.owners[0].state, OwnerState::Released);
     assert_eq!(snap.owners[0].cancelled_records, 1);
+}
+
+/// A cap declared from the spec the calls use cannot be spelled apart
+/// from them.
+#[tokio::test(start_paused = true)]
+async fn a_cap_declared_from_the_calls_spec_holds_for_those_calls() {
+    let spec = ActivitySpec::new("svc", "fake-provider");
+    let config = config().with_cap(&spec.lane().unwrap(), std::num::NonZeroU32::new(1).unwrap());
+    let h = Harness::new(Backend::Memory, config);
+    let first = h.ledger.try_admit(spec.clone()).await.unwrap();
+    let refused = h.ledger.try_admit(spec.clone()).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LaneFull);
+    first.settle(Outcome::Success).await.unwrap();
+    assert!(ActivitySpec::new("bad service!", "p").lane().is_err());
+}
+
+/// The Rust API speaks of durations, not of the HTTP body's `ttlMs`.
+#[tokio::test]
+async fn a_lease_out_of_range_is_refused_in_rust_words() {
+    let h = Harness::default(Backend::Memory);
+    let err = h
+        .ledger
+        .register_owner("w", Duration::from_millis(10))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert_eq!(
+        err.to_string(),
+        "an owner's lease must last between 100ms and 1h, got 10ms"
+    );
 }

@@ -1698,7 +1698,7 @@ impl Subject {
             })
             .collect();
         Snap {
-            status: snapshot.status.to_owned(),
+            status: snapshot.status.as_str().to_owned(),
             at: snapshot.at - T0,
             since: snapshot.since - T0,
             lanes: snapshot

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use inflight::{
-    ActivityId, ActivityRecord, ActivitySpec, FailureStage, Settlement, Since, SnapshotOptions, State,
+    ActivityId, ActivityRecord, ActivitySpec, FailureStage, Outcome, Settlement, Since, SnapshotOptions,
+    State,
 };
 use proptest::prelude::*;
 
@@ -74,11 +75,11 @@ async fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
             },
             Op::Settle(i, success) => match pick(i) {
                 Some(id) => {
-                    let settlement = Settlement {
-                        success,
-                        failure_stage: (!success).then_some(FailureStage::Provider),
-                        completed_at: None,
-                    };
+                    let settlement = Settlement::new(if success {
+                        Outcome::Success
+                    } else {
+                        Outcome::Failure(FailureStage::Provider)
+                    });
                     h.ledger.settle(id, settlement).await.map(drop)
                 }
                 None => Ok(()),

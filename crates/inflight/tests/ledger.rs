@@ -56,7 +56,7 @@ async fn executing_record_past_its_class_bound_is_reaped_and_leaves_the_counts(b
     assert_eq!(lane.reaped.unsettled, 1);
     assert_eq!(past.reaped_this_read.unsettled, 1);
     assert_eq!(past.total_in_flight, 0);
-    assert_eq!(past.status, "degraded");
+    assert_eq!(past.status, inflight::SnapshotStatus::Degraded);
     std::mem::forget(call); // a leak, as in the incident
 }
 
@@ -208,11 +208,7 @@ async fn reaped_record_is_never_counted_as_a_completion_even_when_settled_late(b
     assert!(late.late_settle);
     assert_eq!(late.success, None);
     // A retry of the late settle, a late failure and a late cancel change nothing more.
-    let failure = Settlement {
-        success: false,
-        failure_stage: Some(FailureStage::Provider),
-        completed_at: None,
-    };
+    let failure = Settlement::new(Outcome::Failure(FailureStage::Provider));
     assert_eq!(h.ledger.settle(id, failure).await.unwrap().state, State::Reaped);
     assert_eq!(h.ledger.cancel(id, None).await.unwrap().state, State::Reaped);
 
@@ -264,20 +260,13 @@ async fn settle_retry_is_harmless_and_a_different_outcome_conflicts(backend: Bac
     let h = Harness::new(backend, config());
     let record = h.ledger.begin_record(embedding().started_at(T0)).await.unwrap();
     let id = record.activity_id;
-    let success = Settlement {
-        success: true,
-        failure_stage: None,
-        completed_at: None,
-    };
+    let success = Settlement::new(Outcome::Success);
     h.clock.advance(MIN);
     let first = h.ledger.settle(id, success).await.unwrap();
     h.clock.advance(MIN);
     let retry = h.ledger.settle(id, success).await.unwrap();
     assert_eq!(first, retry, "a retry changes nothing, not even completedAt");
-    let failure = Settlement {
-        success: false,
-        ..success
-    };
+    let failure = Settlement::new(Outcome::Failure(FailureStage::Unknown));
     let err = h.ledger.settle(id, failure).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
     assert_eq!(
@@ -412,14 +401,7 @@ async fn operation_past_the_bound_sees_the_record_reaped_without_a_reaper_pass(b
     // No reap has run: the settle itself sees the bound has passed.
     let late = h
         .ledger
-        .settle(
-            executing.activity_id,
-            Settlement {
-                success: true,
-                failure_stage: None,
-                completed_at: None,
-            },
-        )
+        .settle(executing.activity_id, Settlement::new(Outcome::Success))
         .await
         .unwrap();
     assert_eq!((late.state, late.late_settle), (State::Reaped, true));
@@ -548,11 +530,7 @@ async fn records_report_when_they_become_reapable(backend: Backend) {
         .ledger
         .settle(
             started.activity_id,
-            Settlement {
-                success: false,
-                failure_stage: Some(FailureStage::Provider),
-                completed_at: None,
-            },
+            Settlement::new(Outcome::Failure(FailureStage::Provider)),
         )
         .await
         .unwrap();

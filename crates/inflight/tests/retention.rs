@@ -92,11 +92,7 @@ async fn a_million_lifecycles_through_a_short_retention_keep_storage_bounded_and
     let h = Harness::new(Backend::Memory, short_retention());
     let mut most_stored = 0;
     let mut leaks = 0;
-    let failure = Settlement {
-        success: false,
-        failure_stage: Some(inflight::FailureStage::Provider),
-        completed_at: None,
-    };
+    let failure = Settlement::new(Outcome::Failure(inflight::FailureStage::Provider));
     for i in 0..1_000_000_u32 {
         let id = h.ledger.begin_record(spec()).await.unwrap().activity_id;
         h.ledger.start(id, None).await.unwrap();

@@ -20,7 +20,7 @@ use inflight::domain::record::{ActivityId, ActivityRecord, Admission, FailureSta
 use inflight::domain::snapshot::{Since, Snapshot, SnapshotOptions};
 use inflight::error::LedgerError;
 use inflight::MAX_START_WAIT;
-use inflight::{ActivitySpec, Settlement};
+use inflight::{ActivitySpec, Outcome, Settlement};
 
 type Answer<T> = Result<T, ApiError>;
 
@@ -39,19 +39,37 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
 /// `POST /v1/activities`.
 pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> Answer<impl IntoResponse> {
     let body = body.require_body()?;
-    let spec = ActivitySpec {
-        service: body.required_string("service")?.into(),
-        provider: body.required_string("provider")?.into(),
-        class: body.string("class")?.map(Into::into),
-        operation_stage: body.string("operationStage")?.map(Into::into),
-        model: body.string("model")?.map(Into::into),
-        priority: body.wire::<Priority>("priority")?,
-        admission: body.wire::<Admission>("admission")?,
-        enqueued_at: body.timestamp("enqueuedAt")?,
-        started_at: body.timestamp("startedAt")?,
-        deadline_ms: body.integer("deadlineMs")?,
-        owner_id: body.string("ownerId")?,
-    };
+    let mut spec = ActivitySpec::new(
+        body.required_string("service")?,
+        body.required_string("provider")?,
+    );
+    if let Some(class) = body.string("class")? {
+        spec = spec.class(class);
+    }
+    if let Some(stage) = body.string("operationStage")? {
+        spec = spec.operation_stage(stage);
+    }
+    if let Some(model) = body.string("model")? {
+        spec = spec.model(model);
+    }
+    if let Some(priority) = body.wire::<Priority>("priority")? {
+        spec = spec.priority(priority);
+    }
+    if let Some(admission) = body.wire::<Admission>("admission")? {
+        spec = spec.admission(admission);
+    }
+    if let Some(at) = body.timestamp("enqueuedAt")? {
+        spec = spec.enqueued_at(at);
+    }
+    if let Some(at) = body.timestamp("startedAt")? {
+        spec = spec.started_at(at);
+    }
+    if let Some(ms) = body.integer("deadlineMs")? {
+        spec = spec.deadline_ms(ms);
+    }
+    if let Some(owner) = body.string("ownerId")? {
+        spec = spec.owner_spelled(owner);
+    }
     let record = state.ledger().begin_record(spec).await?;
     let location = format!("/v1/activities/{}", record.activity_id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(record)))
@@ -155,11 +173,18 @@ pub(super) async fn settle(
 ) -> Answer<Json<Arc<ActivityRecord>>> {
     let id = activity_id(path)?;
     let body = body.require_body()?;
-    let settlement = Settlement {
-        success: body.required_bool("success")?,
-        failure_stage: body.wire::<FailureStage>("failureStage")?,
-        completed_at: body.timestamp("completedAt")?,
+    let outcome = if body.required_bool("success")? {
+        Outcome::Success
+    } else {
+        Outcome::Failure(
+            body.wire::<FailureStage>("failureStage")?
+                .unwrap_or(FailureStage::Unknown),
+        )
     };
+    let mut settlement = Settlement::new(outcome);
+    if let Some(at) = body.timestamp("completedAt")? {
+        settlement = settlement.completed_at(at);
+    }
     Ok(Json(state.ledger().settle(id, settlement).await?))
 }
 

@@ -22,5 +22,5 @@ pub use owner::{Owner, OwnerId, OwnerState};
 pub use record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, LaneKey, Priority, ReapReason, State,
 };
-pub use snapshot::{Since, Snapshot, SnapshotOptions};
+pub use snapshot::{Since, Snapshot, SnapshotOptions, Status as SnapshotStatus};
 pub use timestamp::Millis;

@@ -132,12 +132,17 @@ pub struct Owner {
     pub cancelled_records: i64,
 }
 
-/// Checks a requested lease time-to-live.
+/// Whether a lease time-to-live of `ttl_ms` is accepted: 100 ms to 1 h.
+pub fn ttl_in_range(ttl_ms: i64) -> bool {
+    (MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms)
+}
+
+/// Checks a requested lease time-to-live, as the HTTP API names it.
 ///
 /// # Errors
-/// A TTL outside 100 ms to 1 h.
+/// A TTL outside 100 ms to 1 h ([`ttl_in_range`]).
 pub fn check_ttl(ttl_ms: i64) -> Result<i64, Refusal> {
-    if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
+    if !ttl_in_range(ttl_ms) {
         return Err(Refusal::Invalid(format!(
             "ttlMs must be between {MIN_TTL_MS} and {MAX_TTL_MS}, got {ttl_ms}"
         )));

@@ -120,6 +120,33 @@ pub struct SnapshotParts {
     pub owners: Vec<Owner>,
 }
 
+/// Whether the ledger has seen leaks lately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Nothing reaped within the window, and nothing by this read.
+    Ok,
+    /// A record reaped within the window is still reaped, or this read
+    /// reaped something: settles are being lost somewhere.
+    Degraded,
+}
+
+impl Status {
+    /// The name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Degraded => "degraded",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One lane of native admission.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -173,7 +200,7 @@ pub struct ReapedEntry {
 #[serde(rename_all = "camelCase")]
 pub struct Snapshot {
     /// `ok`, or `degraded` when records were reaped within the window.
-    pub status: &'static str,
+    pub status: Status,
     /// When it was taken.
     #[serde(serialize_with = "timestamp::serialize")]
     pub at: Millis,
@@ -282,9 +309,9 @@ impl Snapshot {
         let (recent_completions, recent_completions_truncated) = truncate(parts.recent_completions, limit);
         let (reaped, reaped_truncated) = truncate(parts.reaped, limit);
         let status = if reaped.is_empty() && reaped_this_read.total() == 0 {
-            "ok"
+            Status::Ok
         } else {
-            "degraded"
+            Status::Degraded
         };
         let aggregates = parts
             .aggregates

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::domain::labels::Label;
-use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::owner::{self, Owner, OwnerId};
 use crate::error::{ErrorKind, LedgerError};
 use crate::ledger::{Inner, Ledger};
 use crate::store::Command;
@@ -25,6 +25,17 @@ impl Ledger {
     pub async fn register_owner(&self, name: &str, ttl: Duration) -> Result<Owner, LedgerError> {
         let name = Label::new("name", name)?;
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        if !owner::ttl_in_range(ttl_ms) {
+            return Err(LedgerError::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "an owner's lease must last between {} and {}, got {}",
+                    humantime::format_duration(Duration::from_millis(owner::MIN_TTL_MS.unsigned_abs())),
+                    humantime::format_duration(Duration::from_millis(owner::MAX_TTL_MS.unsigned_abs())),
+                    humantime::format_duration(ttl)
+                ),
+            ));
+        }
         self.run(Command::RegisterOwner { name, ttl_ms })
             .await?
             .into_owner()

@@ -3,12 +3,12 @@
 
 mod admit;
 mod lease;
+mod spec;
 
 pub use admit::{Permit, MAX_START_WAIT};
 pub use lease::OwnerLease;
+pub use spec::{ActivitySpec, Outcome, Settlement};
 
-use std::borrow::Cow;
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -25,9 +25,9 @@ use self::admit::Line;
 use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
-use crate::domain::labels::{ActivityLabels, Label, LabelError, LabelInterner, RawLabels};
+use crate::domain::labels::{Label, LabelInterner};
 use crate::domain::owner::OwnerId;
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
+use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::{NewActivity, Transition};
@@ -77,7 +77,13 @@ pub(crate) struct Inner {
     pub(crate) auto_owner: Option<AutoOwner>,
     /// Label sets already validated, so a repeated call shares them.
     pub(crate) labels: Mutex<LabelInterner>,
+    /// Undeclared lanes already warned about (only when some lane is capped).
+    pub(crate) undeclared_lanes: Mutex<std::collections::HashSet<crate::domain::record::LaneKey>>,
 }
+
+/// The most undeclared lanes warned about: enough to show a misspelling,
+/// bounded whatever callers send.
+const MAX_UNDECLARED_WARNINGS: usize = 64;
 
 /// An owner registered on first use and renewed in the background; a new
 /// one replaces it if its lease is ever lost.
@@ -224,232 +230,9 @@ impl LedgerBuilder {
                 default_owner: RwLock::new(None),
                 auto_owner,
                 labels: Mutex::new(LabelInterner::default()),
+                undeclared_lanes: Mutex::default(),
             }),
         })
-    }
-}
-
-/// What a caller says about a call when it begins it.
-///
-/// Labels are validated by [`Ledger::begin`]; a missing optional label is
-/// `unknown`. They are `Cow`s so that a spec built from string literals,
-/// as most services' are, allocates nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ActivitySpec {
-    /// The calling service (required).
-    pub service: Cow<'static, str>,
-    /// The provider called (required).
-    pub provider: Cow<'static, str>,
-    /// The deadline class.
-    pub class: Option<Cow<'static, str>>,
-    /// The caller's stage.
-    pub operation_stage: Option<Cow<'static, str>>,
-    /// The model; redacted unless it looks like a model identifier.
-    pub model: Option<Cow<'static, str>>,
-    /// The caller's priority.
-    pub priority: Option<Priority>,
-    /// Queued (the default) or direct.
-    pub admission: Option<Admission>,
-    /// When it was enqueued; now when absent.
-    pub enqueued_at: Option<Millis>,
-    /// When it started, for a record begun already started.
-    pub started_at: Option<Millis>,
-    /// Its own execution deadline, in milliseconds.
-    pub deadline_ms: Option<i64>,
-    /// The owner (process lease) it belongs to.
-    pub owner_id: Option<String>,
-}
-
-impl ActivitySpec {
-    /// A call from `service` to `provider`.
-    #[inline(always)]
-    pub fn new(service: impl Into<Cow<'static, str>>, provider: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            service: service.into(),
-            provider: provider.into(),
-            ..Self::default()
-        }
-    }
-
-    /// Sets the deadline class.
-    #[inline(always)]
-    pub fn class(mut self, class: impl Into<Cow<'static, str>>) -> Self {
-        self.class = Some(class.into());
-        self
-    }
-
-    /// Sets the caller's stage.
-    #[inline(always)]
-    pub fn operation_stage(mut self, stage: impl Into<Cow<'static, str>>) -> Self {
-        self.operation_stage = Some(stage.into());
-        self
-    }
-
-    /// Sets the model.
-    #[inline(always)]
-    pub fn model(mut self, model: impl Into<Cow<'static, str>>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-
-    /// Sets the priority.
-    #[inline(always)]
-    pub fn priority(mut self, priority: Priority) -> Self {
-        self.priority = Some(priority);
-        self
-    }
-
-    /// Sets queued or direct admission.
-    #[inline(always)]
-    pub fn admission(mut self, admission: Admission) -> Self {
-        self.admission = Some(admission);
-        self
-    }
-
-    /// Declares the call's own execution deadline.
-    #[inline(always)]
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline_ms = Some(i64::try_from(deadline.as_millis()).unwrap_or(i64::MAX));
-        self
-    }
-
-    /// Sets when it was enqueued (epoch milliseconds).
-    #[inline(always)]
-    pub fn enqueued_at(mut self, at: Millis) -> Self {
-        self.enqueued_at = Some(at);
-        self
-    }
-
-    /// Begins it already started at `at` (epoch milliseconds).
-    #[inline(always)]
-    pub fn started_at(mut self, at: Millis) -> Self {
-        self.started_at = Some(at);
-        self
-    }
-
-    fn raw_labels(&self) -> RawLabels<'_> {
-        RawLabels {
-            service: &self.service,
-            provider: &self.provider,
-            class: self.class.as_deref(),
-            operation_stage: self.operation_stage.as_deref(),
-            model: self.model.as_deref(),
-        }
-    }
-
-    /// Where its labels are, when every one of them is a string literal (or
-    /// absent): the same addresses hold the same text, so a spec built from
-    /// the same literals is recognized without reading its labels.
-    fn literal_spelling(&self) -> Option<LiteralSpelling> {
-        fn at(label: Option<&Cow<'static, str>>) -> Option<(usize, usize)> {
-            match label {
-                None => Some((0, 0)),
-                Some(Cow::Borrowed(text)) => Some((text.as_ptr() as usize, text.len())),
-                Some(Cow::Owned(_)) => None,
-            }
-        }
-        Some([
-            at(Some(&self.service))?,
-            at(Some(&self.provider))?,
-            at(self.class.as_ref())?,
-            at(self.operation_stage.as_ref())?,
-            at(self.model.as_ref())?,
-        ])
-    }
-
-    fn validate(
-        &self,
-        activity_id: ActivityId,
-        interner: &Mutex<LabelInterner>,
-    ) -> Result<NewActivity, LedgerError> {
-        let intern = || {
-            interner
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .labels(&self.raw_labels())
-        };
-        let labels = match self.literal_spelling() {
-            // Most services begin every call from the same literals: the
-            // labels of the last such spec on this thread are reused without
-            // the interner's lock, hashing or comparing.
-            Some(spelling) => LAST_LITERAL_LABELS.with_borrow_mut(|last| match last {
-                Some((seen, labels)) if *seen == spelling => Ok(labels.clone()),
-                _ => {
-                    let labels = intern()?;
-                    *last = Some((spelling, labels.clone()));
-                    Ok::<_, LabelError>(labels)
-                }
-            })?,
-            None => intern()?,
-        };
-        Ok(NewActivity {
-            activity_id,
-            labels,
-            priority: self.priority.unwrap_or(Priority::Unknown),
-            admission: self.admission.unwrap_or(Admission::Queued),
-            enqueued_at: self.enqueued_at,
-            started_at: self.started_at,
-            deadline_ms: self.deadline_ms,
-            owner_id: self.owner_id.clone(),
-        })
-    }
-}
-
-/// The addresses and lengths of a spec's five labels, `(0, 0)` for one
-/// absent.
-type LiteralSpelling = [(usize, usize); 5];
-
-thread_local! {
-    /// The labels of the last spec made of literals validated on this
-    /// thread, by where its literals are.
-    static LAST_LITERAL_LABELS: RefCell<Option<(LiteralSpelling, ActivityLabels)>> =
-        const { RefCell::new(None) };
-}
-
-/// How a call ended, as its caller reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The provider answered.
-    Success,
-    /// It failed, at this stage.
-    Failure(FailureStage),
-}
-
-/// A settle as the HTTP API and other by-id callers express it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settlement {
-    /// Whether it succeeded.
-    pub success: bool,
-    /// Where it failed.
-    pub failure_stage: Option<FailureStage>,
-    /// When it completed; now when absent.
-    pub completed_at: Option<Millis>,
-}
-
-impl From<Settlement> for Transition {
-    fn from(settlement: Settlement) -> Self {
-        Self::Settle {
-            success: settlement.success,
-            failure_stage: settlement.failure_stage,
-            at: settlement.completed_at,
-        }
-    }
-}
-
-impl From<Outcome> for Settlement {
-    fn from(outcome: Outcome) -> Self {
-        match outcome {
-            Outcome::Success => Self {
-                success: true,
-                failure_stage: None,
-                completed_at: None,
-            },
-            Outcome::Failure(stage) => Self {
-                success: false,
-                failure_stage: Some(stage),
-                completed_at: None,
-            },
-        }
     }
 }
 
@@ -547,6 +330,9 @@ impl Ledger {
         id: ActivityId,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let mut new = spec.validate(id, &self.inner.labels)?;
+        if !self.inner.config.caps().is_empty() {
+            self.warn_if_undeclared(&new.labels);
+        }
         if new.owner_id.is_none() {
             new.owner_id = self
                 .inner
@@ -561,6 +347,34 @@ impl Ledger {
         // Rare, and a large future (it may register an owner): boxed, so the
         // common path's future stays small and cheap to move.
         Box::pin(self.begin_as_auto_owner(spec, new)).await
+    }
+
+    /// Says once per lane, as a warning, that a call runs on a lane the
+    /// configuration does not declare while it caps others: most often a
+    /// lane spelled one way in the cap and another in the calls, which
+    /// would silently admit every call.
+    fn warn_if_undeclared(&self, labels: &crate::domain::labels::LabelSet) {
+        let lane = crate::domain::record::LaneKey {
+            service: labels.service.clone(),
+            provider: labels.provider.clone(),
+        };
+        if self.inner.config.caps().contains_key(&lane) {
+            return;
+        }
+        let mut warned = self
+            .inner
+            .undeclared_lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if warned.len() < MAX_UNDECLARED_WARNINGS && warned.insert(lane.clone()) {
+            let capped: Vec<String> = self.inner.config.caps().keys().map(ToString::to_string).collect();
+            tracing::warn!(
+                lane = %lane,
+                capped = %capped.join(", "),
+                "a call runs on lane {lane}, which has no cap, next to capped lanes: check the lane's spelling \
+                 in the calls and in the configuration, or declare it without a cap"
+            );
+        }
     }
 
     async fn begin_as_auto_owner(
@@ -956,48 +770,34 @@ impl Drop for ActivityHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LedgerConfig;
 
-    fn labels_of(
-        spec: &ActivitySpec,
-        interner: &Mutex<LabelInterner>,
-    ) -> Result<ActivityLabels, LedgerError> {
-        spec.validate(ActivityId::new(), interner).map(|new| new.labels)
+    #[tokio::test]
+    async fn a_lane_next_to_capped_lanes_is_warned_about_once() {
+        let config = LedgerConfig::default()
+            .with_lane_cap("svc::fake-provider", 2)
+            .unwrap();
+        let ledger = Ledger::builder(config).build().unwrap();
+        for _ in 0..3 {
+            let call = ledger
+                .begin(ActivitySpec::new("svc", "fakeprovider"))
+                .await
+                .unwrap();
+            call.settle(Outcome::Success).await.unwrap();
+        }
+        let _capped = ledger
+            .begin(ActivitySpec::new("svc", "fake-provider"))
+            .await
+            .unwrap();
+        let warned = ledger.inner.undeclared_lanes.lock().unwrap();
+        let lanes: Vec<String> = warned.iter().map(ToString::to_string).collect();
+        assert_eq!(lanes, ["svc::fakeprovider"], "the capped lane is declared");
     }
 
-    #[test]
-    fn a_spec_of_literals_seen_last_shares_its_labels() {
-        let interner = Mutex::new(LabelInterner::default());
-        let spec = || {
-            ActivitySpec::new("kb", "ollama")
-                .class("embedding")
-                .model("nomic-embed-text")
-        };
-        let first = labels_of(&spec(), &interner).unwrap();
-        let again = labels_of(&spec(), &interner).unwrap();
-        assert!(again.is_shared_with(&first));
-        // Another literal in one place is another set.
-        let chat = labels_of(&spec().class("chat"), &interner).unwrap();
-        assert_eq!(chat.class.as_str(), "chat");
-        assert!(!chat.is_shared_with(&first));
-        // An owned spelling skips the literal cache and is validated.
-        let owned = labels_of(&ActivitySpec::new("kb".to_owned(), "ollama"), &interner).unwrap();
-        assert_eq!(owned.service.as_str(), "kb");
-        assert_eq!(owned.class.as_str(), "unknown");
-    }
-
-    #[test]
-    fn a_refused_spec_of_literals_is_not_remembered() {
-        let interner = Mutex::new(LabelInterner::default());
-        let bad = || ActivitySpec::new("bad service!", "ollama");
-        assert_eq!(
-            labels_of(&bad(), &interner).unwrap_err().kind(),
-            crate::ErrorKind::InvalidInput
-        );
-        assert_eq!(
-            labels_of(&bad(), &interner).unwrap_err().kind(),
-            crate::ErrorKind::InvalidInput
-        );
-        let good = labels_of(&ActivitySpec::new("kb", "ollama"), &interner).unwrap();
-        assert_eq!(good.provider.as_str(), "ollama");
+    #[tokio::test]
+    async fn without_caps_no_lane_is_tracked() {
+        let ledger = Ledger::builder(LedgerConfig::default()).build().unwrap();
+        let _call = ledger.begin(ActivitySpec::new("svc", "p")).await.unwrap();
+        assert!(ledger.inner.undeclared_lanes.lock().unwrap().is_empty());
     }
 }

@@ -193,6 +193,14 @@ impl fmt::Debug for StoreFuture {
 
 /// Where a ledger keeps its records.
 ///
+/// Sealed: only the stores of this crate implement it. A store runs the one
+/// engine (`store::engine`) over its own transactions and answers the
+/// engine's questions exactly as [`crate::domain::query`] defines them,
+/// which `tests/differential.rs` checks against a reference model. That
+/// inner seam is private while it settles, and a store outside the crate
+/// could only reimplement the rules, which is what this design forbids.
+/// New stores (PostgreSQL next) join behind a feature.
+///
 /// # Contract
 /// - A command is submitted when `execute` is called, not when the future is
 ///   first polled, and dropping the future does not withdraw it. This is what
@@ -201,7 +209,7 @@ impl fmt::Debug for StoreFuture {
 ///   persistent store).
 /// - Each command runs atomically, even against other processes sharing the
 ///   same database.
-pub trait Store: Send + Sync + fmt::Debug + 'static {
+pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     /// Submits `command`; the future resolves with its reply.
     fn execute(&self, command: Command) -> StoreFuture;
 
@@ -213,6 +221,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn close(&self) -> StoreFuture {
         StoreFuture::ready(Ok(Reply::Closed))
     }
+}
+
+mod sealed {
+    /// Implemented by this crate's stores only.
+    pub trait Sealed {}
+    impl Sealed for super::MemoryStore {}
+    #[cfg(feature = "sqlite")]
+    impl Sealed for super::SqliteStore {}
 }
 
 /// Opens the store named by `url` under `config`.

@@ -1,0 +1,328 @@
+//! What a caller says about a call: [`ActivitySpec`] when it begins it,
+//! [`Outcome`] and [`Settlement`] when it ends.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::domain::labels::{ActivityLabels, Label, LabelError, LabelInterner, RawLabels};
+use crate::domain::owner::OwnerId;
+use crate::domain::record::{ActivityId, Admission, FailureStage, LaneKey, Priority};
+use crate::domain::timestamp::Millis;
+use crate::domain::transition::{NewActivity, Transition};
+use crate::error::LedgerError;
+
+/// What a caller says about a call when it begins it.
+///
+/// Labels are validated by [`Ledger::begin`]; a missing optional label is
+/// `unknown`. They are `Cow`s so that a spec built from string literals,
+/// as most services' are, allocates nothing.
+///
+/// Built only through its methods, so that it can grow without breaking
+/// anyone: `ActivitySpec::new(service, provider)` and the setters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ActivitySpec {
+    service: Cow<'static, str>,
+    provider: Cow<'static, str>,
+    class: Option<Cow<'static, str>>,
+    operation_stage: Option<Cow<'static, str>>,
+    model: Option<Cow<'static, str>>,
+    priority: Option<Priority>,
+    admission: Option<Admission>,
+    enqueued_at: Option<Millis>,
+    started_at: Option<Millis>,
+    deadline_ms: Option<i64>,
+    owner_id: Option<String>,
+}
+
+impl ActivitySpec {
+    /// A call from `service` to `provider`.
+    #[inline(always)]
+    pub fn new(service: impl Into<Cow<'static, str>>, provider: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            service: service.into(),
+            provider: provider.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the deadline class.
+    #[inline(always)]
+    pub fn class(mut self, class: impl Into<Cow<'static, str>>) -> Self {
+        self.class = Some(class.into());
+        self
+    }
+
+    /// Sets the caller's stage.
+    #[inline(always)]
+    pub fn operation_stage(mut self, stage: impl Into<Cow<'static, str>>) -> Self {
+        self.operation_stage = Some(stage.into());
+        self
+    }
+
+    /// Sets the model.
+    #[inline(always)]
+    pub fn model(mut self, model: impl Into<Cow<'static, str>>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Sets the priority.
+    #[inline(always)]
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Sets queued or direct admission.
+    #[inline(always)]
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// Declares the call's own execution deadline.
+    #[inline(always)]
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline_ms = Some(i64::try_from(deadline.as_millis()).unwrap_or(i64::MAX));
+        self
+    }
+
+    /// Sets when it was enqueued (epoch milliseconds).
+    #[inline(always)]
+    pub fn enqueued_at(mut self, at: Millis) -> Self {
+        self.enqueued_at = Some(at);
+        self
+    }
+
+    /// Begins it already started at `at` (epoch milliseconds).
+    #[inline(always)]
+    pub fn started_at(mut self, at: Millis) -> Self {
+        self.started_at = Some(at);
+        self
+    }
+
+    /// Tags it with the owner (process lease) `owner`, instead of the one
+    /// this ledger joined as, if any.
+    pub fn owner(mut self, owner: &OwnerId) -> Self {
+        self.owner_id = Some(owner.to_string());
+        self
+    }
+
+    /// Declares its own execution deadline in milliseconds as a wire
+    /// caller sent it, checked by the ledger (positive) when it begins.
+    #[doc(hidden)]
+    pub fn deadline_ms(mut self, deadline_ms: i64) -> Self {
+        self.deadline_ms = Some(deadline_ms);
+        self
+    }
+
+    /// Tags it with an owner id as a caller spelled it (any case); the
+    /// ledger refuses it unless it names a live owner.
+    #[doc(hidden)]
+    pub fn owner_spelled(mut self, owner: impl Into<String>) -> Self {
+        self.owner_id = Some(owner.into());
+        self
+    }
+
+    /// The `service::provider` lane it runs on, to declare a cap with
+    /// ([`LedgerConfig::with_cap`](crate::LedgerConfig::with_cap)) from the
+    /// same spelling the calls use.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the
+    /// service or provider is not a valid label.
+    pub fn lane(&self) -> Result<LaneKey, LedgerError> {
+        Ok(LaneKey {
+            service: Label::new("service", &self.service)?,
+            provider: Label::new("provider", &self.provider)?,
+        })
+    }
+
+    fn raw_labels(&self) -> RawLabels<'_> {
+        RawLabels {
+            service: &self.service,
+            provider: &self.provider,
+            class: self.class.as_deref(),
+            operation_stage: self.operation_stage.as_deref(),
+            model: self.model.as_deref(),
+        }
+    }
+
+    /// Where its labels are, when every one of them is a string literal (or
+    /// absent): the same addresses hold the same text, so a spec built from
+    /// the same literals is recognized without reading its labels.
+    fn literal_spelling(&self) -> Option<LiteralSpelling> {
+        fn at(label: Option<&Cow<'static, str>>) -> Option<(usize, usize)> {
+            match label {
+                None => Some((0, 0)),
+                Some(Cow::Borrowed(text)) => Some((text.as_ptr() as usize, text.len())),
+                Some(Cow::Owned(_)) => None,
+            }
+        }
+        Some([
+            at(Some(&self.service))?,
+            at(Some(&self.provider))?,
+            at(self.class.as_ref())?,
+            at(self.operation_stage.as_ref())?,
+            at(self.model.as_ref())?,
+        ])
+    }
+
+    pub(super) fn validate(
+        &self,
+        activity_id: ActivityId,
+        interner: &Mutex<LabelInterner>,
+    ) -> Result<NewActivity, LedgerError> {
+        let intern = || {
+            interner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .labels(&self.raw_labels())
+        };
+        let labels = match self.literal_spelling() {
+            // Most services begin every call from the same literals: the
+            // labels of the last such spec on this thread are reused without
+            // the interner's lock, hashing or comparing.
+            Some(spelling) => LAST_LITERAL_LABELS.with_borrow_mut(|last| match last {
+                Some((seen, labels)) if *seen == spelling => Ok(labels.clone()),
+                _ => {
+                    let labels = intern()?;
+                    *last = Some((spelling, labels.clone()));
+                    Ok::<_, LabelError>(labels)
+                }
+            })?,
+            None => intern()?,
+        };
+        Ok(NewActivity {
+            activity_id,
+            labels,
+            priority: self.priority.unwrap_or(Priority::Unknown),
+            admission: self.admission.unwrap_or(Admission::Queued),
+            enqueued_at: self.enqueued_at,
+            started_at: self.started_at,
+            deadline_ms: self.deadline_ms,
+            owner_id: self.owner_id.clone(),
+        })
+    }
+}
+
+/// The addresses and lengths of a spec's five labels, `(0, 0)` for one
+/// absent.
+type LiteralSpelling = [(usize, usize); 5];
+
+thread_local! {
+    /// The labels of the last spec made of literals validated on this
+    /// thread, by where its literals are.
+    static LAST_LITERAL_LABELS: RefCell<Option<(LiteralSpelling, ActivityLabels)>> =
+        const { RefCell::new(None) };
+}
+
+/// How a call ended, as its caller reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The provider answered.
+    Success,
+    /// It failed, at this stage.
+    Failure(FailureStage),
+}
+
+/// A settle as the HTTP API and other by-id callers express it: an
+/// [`Outcome`] (so a success with a failure stage cannot be built), and
+/// when it completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    outcome: Outcome,
+    completed_at: Option<Millis>,
+}
+
+impl Settlement {
+    /// A settle with `outcome`, completed *now*.
+    pub fn new(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            completed_at: None,
+        }
+    }
+
+    /// Completed at `at` (epoch milliseconds) instead of *now*.
+    pub fn completed_at(mut self, at: Millis) -> Self {
+        self.completed_at = Some(at);
+        self
+    }
+
+    /// How it ended.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+}
+
+impl From<Settlement> for Transition {
+    fn from(settlement: Settlement) -> Self {
+        let (success, failure_stage) = match settlement.outcome {
+            Outcome::Success => (true, None),
+            Outcome::Failure(stage) => (false, Some(stage)),
+        };
+        Self::Settle {
+            success,
+            failure_stage,
+            at: settlement.completed_at,
+        }
+    }
+}
+
+impl From<Outcome> for Settlement {
+    fn from(outcome: Outcome) -> Self {
+        Self::new(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels_of(
+        spec: &ActivitySpec,
+        interner: &Mutex<LabelInterner>,
+    ) -> Result<ActivityLabels, LedgerError> {
+        spec.validate(ActivityId::new(), interner).map(|new| new.labels)
+    }
+
+    #[test]
+    fn a_spec_of_literals_seen_last_shares_its_labels() {
+        let interner = Mutex::new(LabelInterner::default());
+        let spec = || {
+            ActivitySpec::new("kb", "ollama")
+                .class("embedding")
+                .model("nomic-embed-text")
+        };
+        let first = labels_of(&spec(), &interner).unwrap();
+        let again = labels_of(&spec(), &interner).unwrap();
+        assert!(again.is_shared_with(&first));
+        // Another literal in one place is another set.
+        let chat = labels_of(&spec().class("chat"), &interner).unwrap();
+        assert_eq!(chat.class.as_str(), "chat");
+        assert!(!chat.is_shared_with(&first));
+        // An owned spelling skips the literal cache and is validated.
+        let owned = labels_of(&ActivitySpec::new("kb".to_owned(), "ollama"), &interner).unwrap();
+        assert_eq!(owned.service.as_str(), "kb");
+        assert_eq!(owned.class.as_str(), "unknown");
+    }
+
+    #[test]
+    fn a_refused_spec_of_literals_is_not_remembered() {
+        let interner = Mutex::new(LabelInterner::default());
+        let bad = || ActivitySpec::new("bad service!", "ollama");
+        assert_eq!(
+            labels_of(&bad(), &interner).unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            labels_of(&bad(), &interner).unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+        let good = labels_of(&ActivitySpec::new("kb", "ollama"), &interner).unwrap();
+        assert_eq!(good.provider.as_str(), "ollama");
+    }
+}
