@@ -173,13 +173,13 @@ pub(super) async fn settle(
 ) -> Answer<Json<Arc<ActivityRecord>>> {
     let id = activity_id(path)?;
     let body = body.require_body()?;
-    let outcome = if body.required_bool("success")? {
+    let success = body.required_bool("success")?;
+    // Checked whatever `success` says: a malformed field is refused.
+    let stage = body.wire::<FailureStage>("failureStage")?;
+    let outcome = if success {
         Outcome::Success
     } else {
-        Outcome::Failure(
-            body.wire::<FailureStage>("failureStage")?
-                .unwrap_or(FailureStage::Unknown),
-        )
+        Outcome::Failure(stage.unwrap_or(FailureStage::Unknown))
     };
     let mut settlement = Settlement::new(outcome);
     if let Some(at) = body.timestamp("completedAt")? {
