@@ -13,11 +13,73 @@
 //! - reaping happens on every read and on a timer ([`Ledger::spawn_reaper`]);
 //! - a reaped record stays as evidence, with its disposition (`abandoned` or
 //!   `unsettled`) and a count;
-//! - a late settle is absorbed, never counted as a completion.
+//! - a late settle is absorbed, never counted as a completion;
+//! - a lane's cap is enforced from the same records ([`Ledger::admit`]);
+//! - an owner lease reclaims a dead process's work in seconds
+//!   ([`Ledger::join_as_owner`]).
 //!
-//! The layout follows the architecture: [`domain`] holds the rules (pure, no
-//! I/O), [`store`] persists what they decide (memory, SQLite), and
-//! [`Ledger`] is the API on top. `docs/semantics.md` explains each rule.
+//! ## A call, from begin to settle
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), inflight::LedgerError> {
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//!
+//! use inflight::{ActivitySpec, FailureStage, Ledger, LedgerConfig, Outcome};
+//!
+//! let embed = ActivitySpec::new("knowledge-base", "ollama").class("embedding");
+//! // The cap is declared on the lane the calls use: no spelling can differ.
+//! let config = LedgerConfig::default().with_cap(&embed.lane()?, NonZeroU32::new(2).unwrap());
+//! let ledger = Ledger::builder(config).build()?; // `memory:`; `sqlite://FILE` with `sqlite`
+//! let _reaper = ledger.spawn_reaper();
+//!
+//! // This process as an owner: if it dies, its calls are reaped within the lease.
+//! let lease = ledger.join_as_owner("kb-worker", Duration::from_secs(30)).await?;
+//!
+//! // Waits in line, first come first served, for one of the lane's 2 slots.
+//! let permit = ledger.admit(embed.clone()).await?;
+//! // ... call the provider ...
+//! permit.settle(Outcome::Failure(FailureStage::Provider)).await?;
+//!
+//! // Dropped on any path (an error, a panic, a cancelled future): `cancelled`.
+//! let call = ledger.admit(embed).await?;
+//! drop(call);
+//!
+//! println!("{:?}", ledger.snapshot(Default::default()).await?.status);
+//! lease.release().await?;
+//! ledger.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With the feature `tower`, [`layer::LedgerLayer`] puts the same lifecycle
+//! in front of any `tower` service in one line.
+//!
+//! ## Features
+//!
+//! - `sqlite` (default): the embedded store on one SQLite file
+//!   ([`store::SqliteStore`], bundled SQLite), safe to share between
+//!   processes on one host.
+//! - `tower`: [`layer::LedgerLayer`].
+//!
+//! With no features the library holds the memory store only, and pulls in
+//! none of the server's dependencies.
+//!
+//! ## Runtime
+//!
+//! The ledger runs on Tokio and needs a runtime with its timers enabled
+//! (`rt` or `rt-multi-thread`, and `time`): waiting in line, owner leases
+//! and the background reaper use them. The SQLite store runs its writer on
+//! its own thread.
+//!
+//! ## Layout
+//!
+//! [`domain`] holds the rules (pure, no I/O), [`store`] persists what they
+//! decide, and [`Ledger`] is the API on top. `docs/semantics.md` explains
+//! each rule and where it lives; `docs/architecture.md` the layering.
+
+#![deny(missing_docs)]
 
 pub mod clock;
 pub mod config;

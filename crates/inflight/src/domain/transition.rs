@@ -30,24 +30,40 @@ pub enum Refusal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effect {
     /// A record was created (at its `enqueuedAt`).
-    Begun { at: Millis },
+    Begun {
+        /// Its `enqueuedAt`.
+        at: Millis,
+    },
     /// A record started executing after waiting `queue_wait_ms`.
-    Started { at: Millis, queue_wait_ms: i64 },
+    Started {
+        /// Its `startedAt`.
+        at: Millis,
+        /// `startedAt - enqueuedAt`.
+        queue_wait_ms: i64,
+    },
     /// A record settled (`Succeeded`, `Failed` or `Cancelled`).
     Settled {
+        /// Its `completedAt`.
         at: Millis,
+        /// The state it settled in.
         state: State,
+        /// `completedAt - startedAt`, if it had started.
         execution_ms: Option<i64>,
     },
     /// A record was reaped.
     Reaped {
+        /// How it had leaked.
         disposition: Disposition,
+        /// Why it was reaped.
         reason: ReapReason,
     },
     /// An abandoned record was started after all: it is live again.
     Resurrected,
     /// The first settle or cancel to arrive for a reaped record.
-    LateSettle { at: Millis },
+    LateSettle {
+        /// When the late settle counts as seen (clamped into the record's life).
+        at: Millis,
+    },
 }
 
 /// What one transition did: at most a reap, a resurrection, a start and a
@@ -114,16 +130,24 @@ impl NewActivity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
     /// It started executing at `at`.
-    Start { at: Option<Millis> },
+    Start {
+        /// When; *now* (never before `enqueuedAt`) when absent.
+        at: Option<Millis>,
+    },
     /// It settled with an outcome.
     Settle {
+        /// Whether it succeeded.
         success: bool,
+        /// Where it failed (`unknown` when a failure does not say).
         failure_stage: Option<FailureStage>,
+        /// When; *now* (never before its latest instant) when absent.
         at: Option<Millis>,
     },
     /// The caller aborted it.
     Cancel {
+        /// Why, as the caller said it (redacted like model names).
         reason: Option<String>,
+        /// When; *now* (never before its latest instant) when absent.
         at: Option<Millis>,
     },
 }
