@@ -117,8 +117,8 @@ impl LedgerConfig {
 
     /// Declares the lane `"service::provider"`, with a cap or without one.
     fn declare_lane(mut self, lane: &str, cap: Option<i64>) -> Result<Self, ConfigError> {
-        let key =
-            LaneKey::parse(lane).map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem))?;
+        let key = LaneKey::parse(lane)
+            .map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem.to_string()))?;
         let cap = match cap {
             None => None,
             Some(cap) => match u32::try_from(cap) {

@@ -131,7 +131,10 @@ impl JsonObject {
     ///
     /// # Errors
     /// `invalid_request` when it is present and not one of the names.
-    pub fn wire<T: FromStr<Err = String>>(&self, key: &str) -> Result<Option<T>, ApiError> {
+    pub fn wire<T: FromStr<Err = inflight::domain::ParseError>>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, ApiError> {
         self.string(key)?
             .map(|text| {
                 text.parse::<T>()

@@ -124,7 +124,8 @@ fn parse_wait(text: &str) -> Answer<Duration> {
 /// The owner id in the path.
 fn owner_id(path: Result<Path<String>, PathRejection>) -> Answer<OwnerId> {
     let Path(raw) = path.map_err(|rejection| ApiError::invalid(format!("bad path: {rejection}")))?;
-    raw.parse().map_err(ApiError::invalid)
+    raw.parse()
+        .map_err(|err: inflight::domain::ParseError| ApiError::invalid(err.to_string()))
 }
 
 /// `POST /v1/owners`: registers an owner with a lease.

@@ -9,6 +9,7 @@ pub mod bounds;
 pub mod counters;
 pub mod labels;
 pub mod owner;
+mod parse;
 pub mod query;
 pub mod record;
 pub mod snapshot;
@@ -19,6 +20,7 @@ pub use bounds::{ClassBounds, ReapPolicy};
 pub use counters::{AggregateKey, ReapedCounts, Totals};
 pub use labels::Label;
 pub use owner::{Owner, OwnerId, OwnerState};
+pub use parse::ParseError;
 pub use record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, LaneKey, Priority, ReapReason, State,
 };

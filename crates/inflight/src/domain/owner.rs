@@ -16,6 +16,7 @@ use uuid::Uuid;
 use super::labels::Label;
 use super::timestamp::{self, Millis};
 use super::transition::Refusal;
+use super::ParseError;
 
 /// The default lease time-to-live.
 pub const DEFAULT_TTL_MS: i64 = 30_000;
@@ -59,11 +60,11 @@ impl fmt::Display for OwnerId {
 }
 
 impl FromStr for OwnerId {
-    type Err = String;
+    type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Uuid::parse_str(s)
             .map(|id| Self(id.to_string()))
-            .map_err(|_| format!("{s:?} is not an owner id (a UUID)"))
+            .map_err(|_| ParseError::new(s, "an owner id (a UUID)"))
     }
 }
 
@@ -91,13 +92,13 @@ impl OwnerState {
 }
 
 impl FromStr for OwnerState {
-    type Err = String;
+    type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "live" => Ok(Self::Live),
             "lost" => Ok(Self::Lost),
             "released" => Ok(Self::Released),
-            other => Err(format!("{other:?} is not an owner state")),
+            other => Err(ParseError::new(other, "an owner state (live, lost, released)")),
         }
     }
 }

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::labels::{ActivityLabels, Label};
 use super::timestamp::{self, Millis};
+use super::ParseError;
 
 /// The opaque identity of one activity (one provider call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,13 +132,13 @@ macro_rules! wire_enum {
         }
 
         impl FromStr for $name {
-            type Err = String;
+            type Err = super::ParseError;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 match s {
                     $($wire => Ok(Self::$variant),)+
-                    other => Err(format!(
-                        "{other:?} is not one of {}",
-                        Self::NAMES.join(", ")
+                    other => Err(super::ParseError::new(
+                        other,
+                        format!("one of {}", Self::NAMES.join(", ")),
                     )),
                 }
             }
@@ -339,13 +340,16 @@ impl LaneKey {
     /// # Errors
     /// Says what is wrong when the separator is missing or either side is
     /// not a valid label.
-    pub fn parse(key: &str) -> Result<Self, String> {
+    pub fn parse(key: &str) -> Result<Self, ParseError> {
         let (service, provider) = key
             .split_once("::")
-            .ok_or_else(|| format!("{key:?} is not of the form \"service::provider\""))?;
+            .ok_or_else(|| ParseError::new(key, "of the form \"service::provider\""))?;
+        let label = |name, value| {
+            Label::new(name, value).map_err(|err| ParseError::new(key, format!("a lane ({err})")))
+        };
         Ok(Self {
-            service: Label::new("service", service).map_err(|e| e.to_string())?,
-            provider: Label::new("provider", provider).map_err(|e| e.to_string())?,
+            service: label("service", service)?,
+            provider: label("provider", provider)?,
         })
     }
 }

@@ -28,6 +28,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Prio
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
+use crate::domain::ParseError;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::engine::{self, Txn};
@@ -418,21 +419,21 @@ impl PendingCounts {
     }
 }
 
-fn parse_column<T: std::str::FromStr<Err = String>>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
+fn parse_column<T: std::str::FromStr<Err = ParseError>>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
     let text: String = row.get(index)?;
-    text.parse().map_err(|err: String| {
-        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, err.into())
+    text.parse().map_err(|err: ParseError| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(err))
     })
 }
 
-fn parse_optional<T: std::str::FromStr<Err = String>>(
+fn parse_optional<T: std::str::FromStr<Err = ParseError>>(
     row: &Row<'_>,
     index: usize,
 ) -> rusqlite::Result<Option<T>> {
     match row.get::<_, Option<String>>(index)? {
         None => Ok(None),
-        Some(text) => text.parse().map(Some).map_err(|err: String| {
-            rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, err.into())
+        Some(text) => text.parse().map(Some).map_err(|err: ParseError| {
+            rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(err))
         }),
     }
 }
