@@ -1,0 +1,120 @@
+//! Rows: records and owners read back from their columns (in the order
+//! `sql.rs` lists them), and the helpers that run a query for rows.
+
+use std::sync::Arc;
+
+use rusqlite::{Connection, Row};
+
+use crate::domain::labels::{ActivityLabels, Label, LabelSet};
+use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::record::ActivityRecord;
+use crate::domain::ParseError;
+use crate::error::LedgerError;
+
+use super::sql_error;
+
+pub(super) fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
+    Ok(Owner {
+        owner_id: OwnerId::trusted(row.get(0)?),
+        name: Label::trusted(row.get(1)?),
+        ttl_ms: row.get(2)?,
+        registered_at: row.get(3)?,
+        renewed_at: row.get(4)?,
+        expires_at: row.get(5)?,
+        state: parse_column(row, 6)?,
+        ended_at: row.get(7)?,
+        reaped_records: row.get(8)?,
+        cancelled_records: row.get(9)?,
+    })
+}
+
+pub(super) fn parse_column<T: std::str::FromStr<Err = ParseError>>(
+    row: &Row<'_>,
+    index: usize,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(index)?;
+    text.parse().map_err(|err: ParseError| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(err))
+    })
+}
+
+pub(super) fn parse_optional<T: std::str::FromStr<Err = ParseError>>(
+    row: &Row<'_>,
+    index: usize,
+) -> rusqlite::Result<Option<T>> {
+    match row.get::<_, Option<String>>(index)? {
+        None => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(|err: ParseError| {
+            rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(err))
+        }),
+    }
+}
+
+pub(super) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
+    let id: String = row.get(0)?;
+    let activity_id = id.parse().map_err(|err: uuid::Error| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
+    })?;
+    let mut record = ActivityRecord {
+        activity_id,
+        labels: ActivityLabels::new(LabelSet {
+            service: Label::trusted(row.get(1)?),
+            provider: Label::trusted(row.get(2)?),
+            class: Label::trusted(row.get(3)?),
+            operation_stage: Label::trusted(row.get(4)?),
+            model: row.get(5)?,
+        }),
+        priority: parse_column(row, 6)?,
+        admission: parse_column(row, 7)?,
+        state: parse_column(row, 8)?,
+        disposition: parse_optional(row, 9)?,
+        reap_reason: parse_optional(row, 10)?,
+        owner_id: row.get(11)?,
+        enqueued_at: row.get(12)?,
+        started_at: row.get(13)?,
+        completed_at: row.get(14)?,
+        reaped_at: row.get(15)?,
+        declared_deadline_ms: row.get(16)?,
+        deadline_ms: row.get(17)?,
+        reapable_at: row.get(18)?,
+        queue_wait_ms: None,
+        execution_ms: None,
+        success: row.get(19)?,
+        failure_stage: parse_optional(row, 20)?,
+        late_settle: row.get(21)?,
+        cancel_reason: row.get(22)?,
+    };
+    // Not stored: implied by the instants.
+    record.derive_durations();
+    Ok(record)
+}
+
+/// Runs a query and maps every row with `from_row`.
+pub(super) fn query_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    from_row: fn(&Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>, LedgerError> {
+    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
+    let rows = statement
+        .query_map(params, from_row)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(sql_error("cannot read rows"))?;
+    Ok(rows)
+}
+
+/// Records read for the engine, which shares what it reads.
+pub(super) fn shared(
+    records: Result<Vec<ActivityRecord>, LedgerError>,
+) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+    records.map(|records| records.into_iter().map(Arc::new).collect())
+}
+
+pub(super) fn query_records(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<ActivityRecord>, LedgerError> {
+    query_rows(conn, sql, params, record_from_row)
+}

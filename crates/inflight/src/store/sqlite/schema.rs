@@ -1,0 +1,87 @@
+//! The schema: opening a connection with the store's pragmas, versioned
+//! migrations (and the backfills they need), and the rebound of records in
+//! flight when the store opens.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::config::LedgerConfig;
+use crate::domain::query;
+use crate::domain::timestamp::Millis;
+use crate::error::{ErrorKind, LedgerError};
+use crate::store::engine;
+
+use super::rows::query_rows;
+use super::sql::{self, Backfill, MIGRATIONS};
+use super::txn::{PendingCounts, SqliteTxn};
+use super::{sql_error, BUSY_TIMEOUT, PRAGMAS};
+
+pub(super) fn connect(path: &Path) -> Result<Connection, LedgerError> {
+    let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(sql_error("cannot set busy_timeout"))?;
+    for (name, value) in PRAGMAS {
+        conn.pragma_update(None, name, value)
+            .map_err(|err| LedgerError::storage(&format!("cannot set PRAGMA {name} = {value}"), err))?;
+    }
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error("cannot begin the migration"))?;
+    let version: usize = tx
+        .query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))
+        .map_err(sql_error("cannot read the schema version"))? as usize;
+    if version > MIGRATIONS.len() {
+        return Err(LedgerError::new(
+            ErrorKind::Storage,
+            format!(
+                "the store's schema version {version} is newer than this build knows ({}); upgrade inflight",
+                MIGRATIONS.len()
+            ),
+        ));
+    }
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(version) {
+        tx.execute_batch(migration.sql)
+            .map_err(sql_error("cannot apply a migration"))?;
+        if let Some(backfill) = migration.backfill {
+            run_backfill(&tx, backfill)?;
+        }
+        tx.pragma_update(None, "user_version", (index + 1) as i64)
+            .map_err(sql_error("cannot record the schema version"))?;
+    }
+    tx.commit().map_err(sql_error("cannot commit the migration"))
+}
+
+/// Runs what a migration needs done in Rust after its schema change.
+pub(super) fn run_backfill(conn: &Connection, backfill: Backfill) -> Result<(), LedgerError> {
+    match backfill {
+        Backfill::CompletionMinutes => {
+            // Counted by the domain's minute, not restated in SQL.
+            let mut counts = PendingCounts::default();
+            let completed: Vec<Millis> = query_rows(conn, sql::COMPLETED_AT_ALL, [], |row| row.get(0))?;
+            for at in completed {
+                *counts
+                    .completions
+                    .entry(query::completion_minute(at))
+                    .or_default() += 1;
+            }
+            counts.write(conn)
+        }
+    }
+}
+
+/// Recomputes the bounds of in-flight records under `config`
+/// ([`engine::rebound`]), so that a configuration change (a longer deadline,
+/// a new factor) applies to work already in flight.
+pub(super) fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) -> Result<(), LedgerError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error("cannot begin"))?;
+    engine::rebound(&mut SqliteTxn::new(&tx), config.policy())?;
+    tx.commit().map_err(sql_error("cannot commit"))
+}

@@ -1,0 +1,430 @@
+//! The transaction: [`SqliteTxn`] implements the engine's `Txn` over one
+//! connection, with one statement of `sql.rs` per primitive and question,
+//! and adds up the counter changes of a group to write them once.
+
+use std::sync::Arc;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::domain::admission::LanePosition;
+use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::labels::{ActivityLabels, Label};
+use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::query::{LaneQuery, Retention, Window};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
+use crate::domain::snapshot::LaneLoad;
+use crate::domain::timestamp::Millis;
+use crate::domain::transition::Effect;
+use crate::error::{ErrorKind, LedgerError};
+use crate::store::engine::Txn;
+
+use super::rows::{owner_from_row, parse_column, query_records, query_rows, record_from_row, shared};
+use super::{sql, sql_error};
+
+pub(super) struct SqliteTxn<'c> {
+    conn: &'c Connection,
+    /// The record the last `peek` read, until anything writes.
+    peeked: Option<Arc<ActivityRecord>>,
+    /// The counter changes of this command, for its group to write.
+    pub(super) counts: PendingCounts,
+}
+
+impl<'c> SqliteTxn<'c> {
+    pub(super) fn new(conn: &'c Connection) -> Self {
+        Self {
+            conn,
+            peeked: None,
+            counts: PendingCounts::default(),
+        }
+    }
+}
+
+/// Counter changes not yet written: the totals of each aggregate and the
+/// completions of each minute. A group of commands that count into the same
+/// rows (most groups: concurrent calls on one lane) writes each row once
+/// instead of once per command.
+#[derive(Default)]
+pub(super) struct PendingCounts {
+    pub(super) totals: std::collections::HashMap<(ActivityLabels, Priority, Admission), Totals>,
+    pub(super) completions: std::collections::BTreeMap<i64, i64>,
+}
+
+impl PendingCounts {
+    pub(super) fn merge(&mut self, other: Self) {
+        for (key, totals) in other.totals {
+            self.totals.entry(key).or_default().add(&totals);
+        }
+        for (minute, completions) in other.completions {
+            *self.completions.entry(minute).or_default() += completions;
+        }
+    }
+
+    /// Writes them all and forgets them.
+    pub(super) fn write(&mut self, conn: &Connection) -> Result<(), LedgerError> {
+        for ((labels, priority, admission), totals) in self.totals.drain() {
+            add_to_aggregate(conn, &AggregateKey::new(&labels, priority, admission), &totals)?;
+        }
+        let mut statement = conn
+            .prepare_cached(sql::COUNT_COMPLETIONS)
+            .map_err(sql_error("cannot prepare"))?;
+        for (minute, completions) in std::mem::take(&mut self.completions) {
+            statement
+                .execute([minute, completions])
+                .map_err(sql_error("cannot count completions"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Adds `d` to the totals of `key`.
+pub(super) fn add_to_aggregate(conn: &Connection, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
+    let mut statement = conn
+        .prepare_cached(sql::ADD_TO_AGGREGATE)
+        .map_err(sql_error("cannot prepare"))?;
+    statement
+        .execute(params![
+            key.service,
+            key.operation_stage,
+            key.class,
+            key.provider,
+            key.model,
+            key.priority.as_str(),
+            key.admission.as_str(),
+            d.calls,
+            d.succeeded,
+            d.failed,
+            d.cancelled,
+            d.reaped_abandoned,
+            d.reaped_unsettled,
+            d.reaped_owner_lost,
+            d.late_settles,
+            d.resurrections,
+            d.in_flight,
+            d.queue_wait_count,
+            d.queue_wait_sum_ms,
+            d.queue_wait_max_ms,
+            d.execution_count,
+            d.execution_sum_ms,
+            d.execution_max_ms,
+            d.last_seen_at,
+        ])
+        .map_err(sql_error("cannot update counters"))?;
+    Ok(())
+}
+
+impl SqliteTxn<'_> {
+    /// Overwrites the stored row of `record`.
+    fn overwrite(&self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        self.write(sql::UPDATE_RECORD, record)
+    }
+
+    fn write(&self, sql: &str, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                record.activity_id.to_string(),
+                record.labels.service.as_str(),
+                record.labels.provider.as_str(),
+                record.labels.class.as_str(),
+                record.labels.operation_stage.as_str(),
+                record.labels.model,
+                record.priority.as_str(),
+                record.admission.as_str(),
+                record.state.as_str(),
+                record.disposition.map(|d| d.as_str()),
+                record.reap_reason.map(|r| r.as_str()),
+                record.owner_id,
+                record.enqueued_at,
+                record.started_at,
+                record.completed_at,
+                record.reaped_at,
+                record.declared_deadline_ms,
+                record.deadline_ms,
+                record.reapable_at,
+                record.success,
+                record.failure_stage.map(|s| s.as_str()),
+                record.late_settle,
+                record.cancel_reason,
+            ])
+            .map_err(|err| match err {
+                // The primary key: the id is taken. Stores agree on the kind.
+                rusqlite::Error::SqliteFailure(failure, _)
+                    if failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+                {
+                    LedgerError::new(
+                        ErrorKind::Conflict,
+                        format!("activity {} already exists", record.activity_id),
+                    )
+                }
+                other => LedgerError::storage("cannot write a record", other),
+            })?;
+        Ok(())
+    }
+}
+
+impl SqliteTxn<'_> {
+    /// Runs `sql` with `params` and reads one value.
+    fn value<T: rusqlite::types::FromSql>(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<T, LedgerError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut statement| statement.query_row(params, |row| row.get(0)))
+            .map_err(sql_error("cannot read"))
+    }
+
+    /// Runs `sql` with `params` for its changes.
+    fn run(&self, sql: &str, params: impl rusqlite::Params) -> Result<usize, LedgerError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut statement| statement.execute(params))
+            .map_err(sql_error("cannot write"))
+    }
+}
+
+impl Txn for SqliteTxn<'_> {
+    fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(sql::GET_RECORD)
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .query_row([id.to_string()], record_from_row)
+            .optional()
+            .map(|record| record.map(Arc::new))
+            .map_err(sql_error("cannot read a record"))
+    }
+
+    fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.peeked = None;
+        self.write(sql::INSERT_RECORD, record)
+    }
+
+    fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.peeked = None;
+        self.overwrite(record)
+    }
+
+    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
+        let Some(record) = self.get(id)? else {
+            return Ok(false);
+        };
+        look(&record);
+        // Kept for a modify that follows, which then reads no row again.
+        self.peeked = Some(record);
+        Ok(true)
+    }
+
+    fn modify(
+        &mut self,
+        id: ActivityId,
+        change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
+    ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        let peeked = self.peeked.take().filter(|record| record.activity_id == id);
+        let Some(mut record) = peeked.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
+            return Ok(None);
+        };
+        if change(Arc::make_mut(&mut record)) {
+            self.overwrite(&record)?;
+        }
+        Ok(Some(record))
+    }
+
+    fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
+        self.peeked = None;
+        let mut deleted = 0;
+        for id in ids {
+            deleted += self.run(sql::DELETE_RECORD, [id.to_string()])?;
+        }
+        Ok(deleted)
+    }
+
+    fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+        let key = (record.labels.clone(), record.priority, record.admission);
+        let totals = self.counts.totals.entry(key).or_default();
+        for effect in effects {
+            totals.count(effect);
+        }
+        Ok(())
+    }
+
+    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
+        *self.counts.completions.entry(minute).or_default() += 1;
+        Ok(())
+    }
+
+    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
+        // What this command counted (a reap on read) is part of what it reads.
+        self.counts.write(self.conn)?;
+        query_rows(self.conn, sql::AGGREGATES, [], |row| {
+            Ok((
+                AggregateKey {
+                    service: row.get(0)?,
+                    operation_stage: row.get(1)?,
+                    class: row.get(2)?,
+                    provider: row.get(3)?,
+                    model: row.get(4)?,
+                    priority: parse_column(row, 5)?,
+                    admission: parse_column(row, 6)?,
+                },
+                Totals {
+                    calls: row.get(7)?,
+                    succeeded: row.get(8)?,
+                    failed: row.get(9)?,
+                    cancelled: row.get(10)?,
+                    reaped_abandoned: row.get(11)?,
+                    reaped_unsettled: row.get(12)?,
+                    reaped_owner_lost: row.get(13)?,
+                    late_settles: row.get(14)?,
+                    resurrections: row.get(15)?,
+                    in_flight: row.get(16)?,
+                    queue_wait_count: row.get(17)?,
+                    queue_wait_sum_ms: row.get(18)?,
+                    queue_wait_max_ms: row.get(19)?,
+                    execution_count: row.get(20)?,
+                    execution_sum_ms: row.get(21)?,
+                    execution_max_ms: row.get(22)?,
+                    last_seen_at: row.get(23)?,
+                },
+            ))
+        })
+    }
+
+    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
+        self.counts.write(self.conn)?;
+        self.value(sql::COMPLETION_MINUTES_FROM, [minute])
+    }
+
+    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
+        self.counts.write(self.conn)?;
+        self.run(sql::DELETE_MINUTES_BEFORE, [minute]).map(|_| ())
+    }
+
+    fn stored_records(&mut self) -> Result<i64, LedgerError> {
+        self.value(sql::STORED_RECORDS, [])
+    }
+
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
+        Ok(query_rows(self.conn, sql::GET_OWNER, [id.as_str()], owner_from_row)?.pop())
+    }
+
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        self.run(
+            sql::PUT_OWNER,
+            params![
+                owner.owner_id.as_str(),
+                owner.name.as_str(),
+                owner.ttl_ms,
+                owner.registered_at,
+                owner.renewed_at,
+                owner.expires_at,
+                owner.state.as_str(),
+                owner.ended_at,
+                owner.reaped_records,
+                owner.cancelled_records,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        shared(query_records(self.conn, sql::DUE, params![now, limit as i64]))
+    }
+
+    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(sql::LANE_POSITION)
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .query_row(
+                params![
+                    query.lane.service.as_str(),
+                    query.lane.provider.as_str(),
+                    query.activity_id.to_string(),
+                    query.enqueued_at,
+                    query.newcomer
+                ],
+                |row| {
+                    Ok(LanePosition {
+                        executing: row.get(0)?,
+                        waiting_ahead: row.get(1)?,
+                    })
+                },
+            )
+            .map_err(sql_error("cannot read the lane"))
+    }
+
+    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        shared(query_records(self.conn, sql::IN_FLIGHT, [limit]))
+    }
+
+    fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
+        self.value(sql::IN_FLIGHT_COUNT, [])
+    }
+
+    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
+        query_rows(self.conn, sql::LANE_LOADS, [], |row| {
+            Ok(LaneLoad {
+                lane: LaneKey {
+                    service: Label::trusted(row.get(0)?),
+                    provider: Label::trusted(row.get(1)?),
+                },
+                executing: row.get(2)?,
+                waiting: row.get(3)?,
+                oldest_waiting_since: row.get(4)?,
+            })
+        })
+    }
+
+    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        query_records(self.conn, sql::COMPLETED, params![window.since, limit])
+    }
+
+    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
+        self.value(sql::COMPLETED_BETWEEN, [from, to])
+    }
+
+    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        query_records(self.conn, sql::REAPED, params![window.since, limit])
+    }
+
+    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
+        query_rows(self.conn, sql::LISTED_OWNERS, [window.since], owner_from_row)
+    }
+
+    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
+        query_rows(self.conn, sql::EXPIRED_OWNERS, [now], owner_from_row)
+    }
+
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        shared(query_records(self.conn, sql::OWNER_IN_FLIGHT, [id.as_str()]))
+    }
+
+    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        query_rows(
+            self.conn,
+            sql::PRUNABLE,
+            params![retention.before, limit],
+            |row| {
+                let id: String = row.get(0)?;
+                id.parse().map_err(|err: uuid::Error| {
+                    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
+                })
+            },
+        )
+    }
+
+    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
+        self.run(sql::PRUNE_OWNERS, [retention.before]).map(|_| ())
+    }
+}
