@@ -29,6 +29,8 @@ struct Server {
 #[derive(Default)]
 struct Launch<'a> {
     store: Option<&'a Path>,
+    /// The store's durability (`?synchronous=`), when not the default.
+    synchronous: Option<&'a str>,
     args: Vec<String>,
     env: Vec<(&'static str, String)>,
     token: Option<&'a str>,
@@ -53,7 +55,11 @@ impl Server {
         let mut command = inflight();
         command.args(["--log-format", "json", "serve"]);
         if let Some(store) = launch.store {
-            command.args(["--store", &format!("sqlite://{}", store.display())]);
+            let mut url = format!("sqlite://{}", store.display());
+            if let Some(synchronous) = launch.synchronous {
+                url.push_str(&format!("?synchronous={synchronous}"));
+            }
+            command.args(["--store", &url]);
         }
         command.args(&launch.args);
         command.env("RUST_LOG", "info");
@@ -184,6 +190,7 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
             ("INFLIGHT_TOKEN", "e2e-token".into()),
         ],
         token: Some("e2e-token"),
+        ..Launch::default()
     })
     .await;
 
@@ -281,10 +288,22 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_survive_kill_9_and_the_restarted_server_reaps_those_in_flight() {
+    records_survive_kill_9(None).await;
+}
+
+/// `synchronous = normal` loses nothing on a process crash either: only a
+/// power loss may cost it the last acknowledged transitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_kill_9_under_synchronous_normal() {
+    records_survive_kill_9(Some("normal")).await;
+}
+
+async fn records_survive_kill_9(synchronous: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let first = Server::start(Launch {
         store: Some(&store),
+        synchronous,
         args: vec!["--listen".into(), "127.0.0.1:0".into()],
         ..Launch::default()
     })
@@ -315,6 +334,7 @@ async fn records_survive_kill_9_and_the_restarted_server_reaps_those_in_flight()
     .unwrap();
     let mut second = Server::start(Launch {
         store: Some(&store),
+        synchronous,
         env: vec![
             ("INFLIGHT_CONFIG", config.display().to_string()),
             ("INFLIGHT_LISTEN", "127.0.0.1:0".into()),

@@ -296,12 +296,12 @@ impl Pragmas {
     /// The store's own settings, as it exports them.
     fn load() -> Self {
         Self {
-            set: inflight::store::sqlite::PRAGMAS
+            set: inflight::store::sqlite::pragmas(inflight::store::Synchronous::default())
                 .iter()
                 .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
                 .collect(),
             busy_timeout: inflight::store::sqlite::BUSY_TIMEOUT,
-            source: "inflight::store::sqlite::PRAGMAS".into(),
+            source: "inflight::store::sqlite::pragmas(Synchronous::default())".into(),
         }
     }
 

@@ -19,7 +19,7 @@ use inflight::Ledger;
 /// The address served on by default: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 /// The store used by default, relative to the working directory.
-pub const DEFAULT_STORE: &str = "sqlite://inflight.db";
+pub const DEFAULT_STORE: &str = inflight::store::DEFAULT_URL;
 
 /// Settings given as flags or environment variables; each wins over the file.
 #[derive(Clone, Default, PartialEq, Eq)]

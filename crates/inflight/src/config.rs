@@ -193,7 +193,8 @@ impl LedgerConfig {
 pub struct Settings {
     /// `listen`: the address to serve on.
     pub listen: Option<String>,
-    /// `store`: the store URL.
+    /// `store` (or `[store] url`): the store URL, with the file's
+    /// `[store] synchronous` folded in as its `?synchronous=` parameter.
     pub store: Option<String>,
     /// `token`: the bearer token the API requires.
     pub token: Option<String>,
@@ -205,12 +206,27 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 struct RawFile {
     listen: Option<String>,
-    store: Option<String>,
+    store: Option<RawStore>,
     token: Option<String>,
     reap: Option<RawReap>,
     retention: Option<RawRetention>,
     classes: Option<BTreeMap<String, RawClass>>,
     lanes: Option<BTreeMap<String, RawLane>>,
+}
+
+/// `store = "URL"`, or a `[store]` table.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawStore {
+    Url(String),
+    Table(RawStoreTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStoreTable {
+    url: Option<String>,
+    synchronous: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -330,9 +346,14 @@ impl Settings {
         for (lane, settings) in raw.lanes.unwrap_or_default() {
             ledger = ledger.declare_lane(&lane, settings.cap)?;
         }
+        let store = match raw.store {
+            None => None,
+            Some(RawStore::Url(url)) => Some(url),
+            Some(RawStore::Table(table)) => store_url(table)?,
+        };
         Ok(Self {
             listen: raw.listen,
-            store: raw.store,
+            store,
             token: raw.token,
             ledger,
         })
@@ -344,9 +365,65 @@ fn unknown_key_from(message: &str) -> Option<String> {
     Some(rest.split('`').next()?.to_owned())
 }
 
+/// The URL a `[store]` table describes: `synchronous` checked here, so
+/// that `check-config` names it, and folded into the URL.
+fn store_url(table: RawStoreTable) -> Result<Option<String>, ConfigError> {
+    let Some(synchronous) = table.synchronous else {
+        return Ok(table.url);
+    };
+    let synchronous: crate::store::Synchronous = synchronous
+        .parse()
+        .map_err(|err: crate::domain::ParseError| ConfigError::new("store.synchronous", err.to_string()))?;
+    let url = table.url.unwrap_or_else(|| crate::store::DEFAULT_URL.to_owned());
+    if !url.starts_with("sqlite://") {
+        return Err(ConfigError::new(
+            "store.synchronous",
+            format!("applies to a sqlite:// store, not {url:?}"),
+        ));
+    }
+    if url.contains("synchronous=") {
+        return Err(ConfigError::new(
+            "store.synchronous",
+            "is also set in store.url: say it once".to_owned(),
+        ));
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    Ok(Some(format!("{url}{separator}synchronous={synchronous}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_is_a_url_or_a_table_with_its_durability() {
+        let url = |text: &str| Settings::from_toml(text).map(|s| s.store);
+        assert_eq!(url("store = \"memory:\"\n").unwrap().as_deref(), Some("memory:"));
+        assert_eq!(
+            url("[store]\nurl = \"sqlite://x.db\"\nsynchronous = \"normal\"\n")
+                .unwrap()
+                .as_deref(),
+            Some("sqlite://x.db?synchronous=normal")
+        );
+        assert_eq!(
+            url("[store]\nsynchronous = \"full\"\n").unwrap().as_deref(),
+            Some("sqlite://inflight.db?synchronous=full")
+        );
+        assert_eq!(url("[store]\n").unwrap(), None);
+        for (text, key) in [
+            ("[store]\nsynchronous = \"off\"\n", "store.synchronous"),
+            (
+                "[store]\nurl = \"memory:\"\nsynchronous = \"normal\"\n",
+                "store.synchronous",
+            ),
+            (
+                "[store]\nurl = \"sqlite://x.db?synchronous=full\"\nsynchronous = \"normal\"\n",
+                "store.synchronous",
+            ),
+        ] {
+            assert_eq!(url(text).unwrap_err().key, key, "{text}");
+        }
+    }
 
     const EXAMPLE: &str = r#"
 listen = "127.0.0.1:7878"

@@ -231,16 +231,66 @@ mod sealed {
     impl Sealed for super::SqliteStore {}
 }
 
+/// How durable an acknowledged command is, for a store that syncs to disk:
+/// SQLite's `synchronous` in WAL mode. `Full` is the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Every commit syncs the log: nothing acknowledged is lost, even on a
+    /// power loss. Group commit shares one sync between every command of a
+    /// transaction.
+    #[default]
+    Full,
+    /// The log is synced at checkpoints only: nothing acknowledged is lost
+    /// when the process crashes (`kill -9`), but a power loss or an
+    /// operating-system crash may lose the last transitions acknowledged
+    /// before it.
+    Normal,
+}
+
+impl Synchronous {
+    /// Its name in a store URL (`?synchronous=normal`), a configuration
+    /// file and the `synchronous` pragma.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+        }
+    }
+}
+
+impl std::str::FromStr for Synchronous {
+    type Err = crate::domain::ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "full" => Ok(Self::Full),
+            "normal" => Ok(Self::Normal),
+            other => Err(crate::domain::ParseError::new(other, "one of full, normal")),
+        }
+    }
+}
+
+impl fmt::Display for Synchronous {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The store a server uses when none is named: the embedded SQLite file
+/// `inflight.db` in the working directory.
+pub const DEFAULT_URL: &str = "sqlite://inflight.db";
+
 /// Opens the store named by `url` under `config`.
 ///
 /// - `memory:` keeps everything in this process.
 /// - `sqlite://PATH` (relative to the working directory) or
 ///   `sqlite:///ABSOLUTE/PATH` is the embedded default; the file is created
-///   when missing.
+///   when missing. `?synchronous=normal` (or `full`, the default) sets its
+///   durability ([`Synchronous`]).
 ///
 /// # Errors
-/// An unknown scheme is [`ErrorKind::InvalidInput`]; a database that cannot
-/// be opened or migrated is [`ErrorKind::Storage`].
+/// An unknown scheme, query parameter or value is
+/// [`ErrorKind::InvalidInput`], named; a database that cannot be opened or
+/// migrated is [`ErrorKind::Storage`].
 pub fn open(
     url: &str,
     config: Arc<LedgerConfig>,
@@ -249,20 +299,83 @@ pub fn open(
     if url == "memory:" || url == "memory://" {
         return Ok(Arc::new(MemoryStore::new(config, clock)));
     }
-    if let Some(path) = url.strip_prefix("sqlite://") {
+    if let Some(rest) = url.strip_prefix("sqlite://") {
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         if path.is_empty() {
             return Err(LedgerError::invalid(
                 "sqlite:// needs a file path, e.g. sqlite://inflight.db",
             ));
         }
+        let mut synchronous = None;
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            match pair.split_once('=') {
+                Some(("synchronous", value)) => synchronous = Some(value),
+                _ => {
+                    return Err(LedgerError::invalid(format!(
+                        "store URL {url:?}: unknown parameter {pair:?}; the SQLite store takes synchronous=full|normal"
+                    )))
+                }
+            }
+        }
         #[cfg(feature = "sqlite")]
-        return Ok(Arc::new(SqliteStore::open(path, config, clock)?));
+        {
+            let synchronous: Synchronous = match synchronous {
+                Some(value) => value
+                    .parse()
+                    .map_err(|err| LedgerError::invalid(format!("store URL {url:?}: synchronous: {err}")))?,
+                None => Synchronous::default(),
+            };
+            return Ok(Arc::new(SqliteStore::open_with(
+                path,
+                synchronous,
+                config,
+                clock,
+            )?));
+        }
         #[cfg(not(feature = "sqlite"))]
-        return Err(LedgerError::invalid(format!(
-            "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
-        )));
+        {
+            let _ = synchronous;
+            return Err(LedgerError::invalid(format!(
+                "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
+            )));
+        }
     }
     Err(LedgerError::invalid(format!(
         "unsupported store URL {url:?}: use \"memory:\" or \"sqlite://PATH\""
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FakeClock;
+
+    fn opened(url: &str) -> Result<Arc<dyn Store>, LedgerError> {
+        open(url, Arc::new(LedgerConfig::default()), Arc::new(FakeClock::at(0)))
+    }
+
+    #[test]
+    fn a_store_url_names_what_is_wrong_with_it() {
+        let message = |url: &str| opened(url).unwrap_err().to_string();
+        assert!(message("postgres://x").contains("unsupported store URL"));
+        assert!(message("sqlite://").contains("needs a file path"));
+        assert!(message("sqlite://x.db?journal=wal").contains("unknown parameter \"journal=wal\""));
+        #[cfg(feature = "sqlite")]
+        assert!(message("sqlite://x.db?synchronous=off")
+            .contains("synchronous: \"off\" is not one of full, normal"));
+        #[cfg(not(feature = "sqlite"))]
+        assert!(message("sqlite://x.db").contains("needs the SQLite store"));
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_sqlite_url_takes_its_durability() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!(
+            "sqlite://{}?synchronous=normal",
+            dir.path().join("x.db").display()
+        );
+        opened(&url).unwrap();
+        assert!(dir.path().join("x.db").exists());
+    }
 }

@@ -41,12 +41,14 @@ use writer::{write_loop, Job};
 /// How long a writer waits for another process's transaction to finish.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The pragmas every connection sets, in this order. WAL lets readers in
-/// other processes proceed during a write; FULL makes every acknowledged
-/// transition durable, even across a power loss, and group commit pays one
-/// sync for every command grouped into a transaction. Public so that a
-/// benchmark's baseline runs with exactly the same settings.
-pub const PRAGMAS: &[(&str, &str)] = &[("journal_mode", "WAL"), ("synchronous", "FULL")];
+pub use super::Synchronous;
+
+/// The pragmas every connection sets under `synchronous`, in this order.
+/// WAL lets readers in other processes proceed during a write. Public so
+/// that a benchmark's baseline runs with exactly the same settings.
+pub fn pragmas(synchronous: Synchronous) -> [(&'static str, &'static str); 2] {
+    [("journal_mode", "WAL"), ("synchronous", synchronous.as_str())]
+}
 
 /// A ledger store in one SQLite file, safe to share between processes on one
 /// host.
@@ -72,8 +74,22 @@ impl SqliteStore {
         config: Arc<LedgerConfig>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, LedgerError> {
+        Self::open_with(path, Synchronous::default(), config, clock)
+    }
+
+    /// Like [`SqliteStore::open`], with the durability `synchronous`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Storage`](crate::ErrorKind::Storage) when the file
+    /// cannot be opened or migrated.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        synchronous: Synchronous,
+        config: Arc<LedgerConfig>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
-        let mut conn = connect(&path)?;
+        let mut conn = connect(&path, synchronous)?;
         migrate(&mut conn)?;
         rebound_in_flight(&mut conn, &config)?;
         let (jobs, queue) = mpsc::channel::<Job>();
@@ -124,7 +140,7 @@ fn sql_error(context: &str) -> impl FnOnce(rusqlite::Error) -> LedgerError + '_ 
 /// `Storage` when the database cannot be opened or written.
 #[doc(hidden)]
 pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(), LedgerError> {
-    let mut conn = connect(path)?;
+    let mut conn = connect(path, Synchronous::default())?;
     migrate(&mut conn)?;
     let tx = conn.transaction().map_err(sql_error("cannot begin"))?;
     let mut counts = PendingCounts::default();
@@ -195,7 +211,7 @@ mod tests {
     /// A migrated database in a directory that lives as long as it is used.
     fn database() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = connect(&dir.path().join("counts.db")).unwrap();
+        let mut conn = connect(&dir.path().join("counts.db"), Synchronous::Full).unwrap();
         migrate(&mut conn).unwrap();
         (dir, conn)
     }

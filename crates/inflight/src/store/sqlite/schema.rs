@@ -15,13 +15,13 @@ use crate::store::engine;
 use super::rows::query_rows;
 use super::sql::{self, Backfill, MIGRATIONS};
 use super::txn::{PendingCounts, SqliteTxn};
-use super::{sql_error, BUSY_TIMEOUT, PRAGMAS};
+use super::{pragmas, sql_error, Synchronous, BUSY_TIMEOUT};
 
-pub(super) fn connect(path: &Path) -> Result<Connection, LedgerError> {
+pub(super) fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection, LedgerError> {
     let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(sql_error("cannot set busy_timeout"))?;
-    for (name, value) in PRAGMAS {
+    for (name, value) in pragmas(synchronous) {
         conn.pragma_update(None, name, value)
             .map_err(|err| LedgerError::storage(&format!("cannot set PRAGMA {name} = {value}"), err))?;
     }
@@ -84,4 +84,21 @@ pub(super) fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) ->
         .map_err(sql_error("cannot begin"))?;
     engine::rebound(&mut SqliteTxn::new(&tx), config.policy())?;
     tx.commit().map_err(sql_error("cannot commit"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_takes_the_durability_it_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        for (synchronous, pragma) in [(Synchronous::Full, 2), (Synchronous::Normal, 1)] {
+            let conn = connect(&dir.path().join("durability.db"), synchronous).unwrap();
+            let set: i64 = conn
+                .query_row("PRAGMA synchronous", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(set, pragma, "{synchronous}");
+        }
+    }
 }

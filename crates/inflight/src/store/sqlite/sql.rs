@@ -434,7 +434,8 @@ mod tests {
     #[test]
     fn no_statement_on_a_hot_path_scans_history() {
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = super::super::connect(&dir.path().join("plans.db")).unwrap();
+        let mut conn =
+            super::super::connect(&dir.path().join("plans.db"), super::super::Synchronous::Full).unwrap();
         super::super::migrate(&mut conn).unwrap();
         let mut failures = Vec::new();
         for (name, sql, reach) in STATEMENTS {
@@ -456,7 +457,8 @@ mod tests {
     #[test]
     fn the_check_catches_a_lane_count_the_partial_index_cannot_serve() {
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = super::super::connect(&dir.path().join("plans.db")).unwrap();
+        let mut conn =
+            super::super::connect(&dir.path().join("plans.db"), super::super::Synchronous::Full).unwrap();
         super::super::migrate(&mut conn).unwrap();
         // The statement before the fix: `state = 'executing'` alone does
         // not imply the partial index's condition.
