@@ -176,7 +176,7 @@ impl ReapPolicy {
     }
 
     /// The instant past which `record` is reaped, or `None` when it is not in
-    /// flight. A record is reapable when `now > reapable_at`.
+    /// flight. A record is reapable once `now` is past it ([`crate::domain::query::is_past`]).
     ///
     /// An executing record's bound is its effective deadline
     /// (`deadline_ms`, as [`Self::effective_deadline_ms`] set it) times the

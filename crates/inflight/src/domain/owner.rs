@@ -170,7 +170,7 @@ impl Owner {
 
     /// Whether its lease has run out at `now` (strictly past `expiresAt`).
     pub fn is_expired(&self, now: Millis) -> bool {
-        self.state == OwnerState::Live && now > self.expires_at
+        self.state == OwnerState::Live && super::query::is_past(self.expires_at, now)
     }
 
     /// Marks it lost at `now`.

@@ -18,12 +18,20 @@ use super::timestamp::Millis;
 /// The grain of the per-minute completion counters.
 pub const MINUTE_MS: Millis = 60_000;
 
-/// Whether `record` is past its bound at `now`: in flight, and strictly
-/// past `reapableAt`. The question "which records are due" selects these,
-/// earliest `reapableAt` first ([`due_order`]).
+/// Whether `now` is past `bound`: strictly after it. A record is reapable
+/// *after* `reapableAt`, and an owner lost *after* `expiresAt`, never at
+/// the instant itself; every store and index asks this.
+#[inline]
+pub fn is_past(bound: Millis, now: Millis) -> bool {
+    now > bound
+}
+
+/// Whether `record` is past its bound at `now`: in flight, and
+/// [`is_past`] its `reapableAt`. The question "which records are due"
+/// selects these, earliest `reapableAt` first ([`due_order`]).
 #[inline]
 pub fn is_due(record: &ActivityRecord, now: Millis) -> bool {
-    record.state.is_in_flight() && record.reapable_at.is_some_and(|at| now > at)
+    record.state.is_in_flight() && record.reapable_at.is_some_and(|at| is_past(at, now))
 }
 
 /// The order of a reap pass: earliest bound first, then id.

@@ -294,7 +294,7 @@ impl DueIndex {
             let Some(&Reverse((at, id))) = self.heap.peek() else {
                 break;
             };
-            if at >= now {
+            if !query::is_past(at, now) {
                 break;
             }
             self.heap.pop();
