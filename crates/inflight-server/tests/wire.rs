@@ -1,7 +1,8 @@
 //! The wire, byte for byte: what the server answers for a scripted history
 //! on a fake clock, compared with the exact text `docs/api.md` documents
 //! (ids replaced by their names). A change of a field's name, order or
-//! shape fails here.
+//! shape fails here. Each answer also reads back as its `inflight_api`
+//! type, which writes it again byte for byte.
 
 use std::time::Duration;
 
@@ -10,7 +11,10 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use inflight::{FakeClock, Ledger, LedgerConfig};
+use inflight_api as api;
 use inflight_server::http::{app, AppState};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tower::ServiceExt;
 
 /// 2026-08-13T12:00:00.000Z.
@@ -86,9 +90,18 @@ impl Wire {
     }
 }
 
-fn assert_text(status: StatusCode, text: &str, want_status: StatusCode, want: &str) {
+/// Asserts the answer, and that it reads back as the wire type `T`, which
+/// writes it again byte for byte.
+fn assert_text<T: DeserializeOwned + Serialize>(
+    status: StatusCode,
+    text: &str,
+    want_status: StatusCode,
+    want: &str,
+) {
     assert_eq!(status, want_status, "{text}");
     assert_eq!(text, want, "\n got: {text}\nwant: {want}");
+    let typed: T = serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}: {text}"));
+    assert_eq!(serde_json::to_string(&typed).unwrap(), text);
 }
 
 #[tokio::test]
@@ -96,7 +109,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
     let mut wire = Wire::new();
 
     let (status, text) = wire.send(Method::GET, "/healthz", None).await;
-    assert_text(status, &text, StatusCode::OK, r#"{"status":"ok"}"#);
+    assert_text::<api::Health>(status, &text, StatusCode::OK, r#"{"status":"ok"}"#);
 
     let (status, text) = wire
         .send(
@@ -106,7 +119,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
         )
         .await;
     let text = wire.name(&text, "ownerId", "owner");
-    assert_text(
+    assert_text::<api::Owner>(
         status,
         &text,
         StatusCode::CREATED,
@@ -128,7 +141,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
         )
         .await;
     let text = wire.name(&text, "activityId", "a");
-    assert_text(
+    assert_text::<api::ActivityRecord>(
         status,
         &text,
         StatusCode::CREATED,
@@ -144,7 +157,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
 
     wire.clock.advance(Duration::from_secs(2));
     let (status, text) = wire.send(Method::POST, "/v1/activities/<a>/start", None).await;
-    assert_text(
+    assert_text::<api::ActivityRecord>(
         status,
         &text,
         StatusCode::OK,
@@ -174,7 +187,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             Some(r#"{"success":false,"failureStage":"provider"}"#),
         )
         .await;
-    assert_text(
+    assert_text::<api::ActivityRecord>(
         status,
         &text,
         StatusCode::OK,
@@ -204,7 +217,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             Some(r#"{"reason":"client went away"}"#),
         )
         .await;
-    assert_text(
+    assert_text::<api::ActivityRecord>(
         status,
         &text,
         StatusCode::OK,
@@ -248,7 +261,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             Some(r#"{"success":true}"#),
         )
         .await;
-    assert_text(
+    assert_text::<api::ActivityRecord>(
         status,
         &text,
         StatusCode::OK,
@@ -266,7 +279,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
     let (status, text) = wire
         .send(Method::GET, "/v1/snapshot?limit=5&since=1h", None)
         .await;
-    assert_text(
+    assert_text::<api::Snapshot>(
         status,
         &text,
         StatusCode::OK,
@@ -341,31 +354,31 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
     );
 
     let (status, text) = wire.send(Method::POST, "/v1/reap", None).await;
-    assert_text(status, &text, StatusCode::OK, r#"{"abandoned":0,"unsettled":0}"#);
+    assert_text::<api::ReapCounts>(status, &text, StatusCode::OK, r#"{"abandoned":0,"unsettled":0}"#);
 
     let (status, text) = wire.send(Method::GET, "/v1/nowhere", None).await;
-    assert_text(
+    assert_text::<api::ErrorBody>(
         status,
         &text,
         StatusCode::NOT_FOUND,
         r#"{"error":{"code":"not_found","message":"no route /v1/nowhere; see docs/api.md"}}"#,
     );
     let (status, text) = wire.send(Method::POST, "/v1/activities/<b>/cancel", None).await;
-    assert_text(
+    assert_text::<api::ErrorBody>(
         status,
         &text,
         StatusCode::CONFLICT,
         r#"{"error":{"code":"conflict","message":"activity <b> already settled as failed; refusing cancelled"}}"#,
     );
     let (status, text) = wire.send(Method::PUT, "/v1/snapshot", None).await;
-    assert_text(
+    assert_text::<api::ErrorBody>(
         status,
         &text,
         StatusCode::METHOD_NOT_ALLOWED,
         r#"{"error":{"code":"method_not_allowed","message":"this method is not allowed on this route; see docs/api.md"}}"#,
     );
     let (status, text) = wire.send(Method::POST, "/v1/activities", None).await;
-    assert_text(
+    assert_text::<api::ErrorBody>(
         status,
         &text,
         StatusCode::BAD_REQUEST,
@@ -374,7 +387,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
     let (status, text) = wire
         .send(Method::POST, "/v1/activities/<e>/settle", Some("[true]"))
         .await;
-    assert_text(
+    assert_text::<api::ErrorBody>(
         status,
         &text,
         StatusCode::BAD_REQUEST,
@@ -385,7 +398,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
         "x".repeat(64 * 1024)
     );
     let (status, text) = wire.send(Method::POST, "/v1/activities", Some(&big)).await;
-    assert_text(
+    assert_text::<api::ErrorBody>(
         status,
         &text,
         StatusCode::PAYLOAD_TOO_LARGE,

@@ -1,7 +1,6 @@
 //! The route handlers: parse the request, call the ledger, answer JSON.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -9,24 +8,27 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::body::{parse_timestamp, JsonObject};
+use super::convert::ToApi;
 use super::error::ApiError;
 use super::AppState;
-use inflight::domain::counters::ReapedCounts;
-use inflight::domain::owner::{self, Owner, OwnerId, DEFAULT_TTL_MS};
-use inflight::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
-use inflight::domain::snapshot::{Since, Snapshot, SnapshotOptions};
+use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
+use inflight::domain::record::{ActivityId, Admission, FailureStage, Priority};
+use inflight::domain::snapshot::{Since, SnapshotOptions};
 use inflight::error::LedgerError;
 use inflight::MAX_START_WAIT;
 use inflight::{ActivitySpec, Settlement};
+use inflight_api as api;
 
 type Answer<T> = Result<T, ApiError>;
 
 /// `GET /healthz`.
-pub(super) async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+pub(super) async fn healthz() -> Json<api::Health> {
+    Json(api::Health {
+        status: api::HealthStatus::Ok,
+    })
 }
 
 /// The activity id in the path.
@@ -54,16 +56,20 @@ pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> An
     };
     let record = state.ledger().begin_record(spec).await?;
     let location = format!("/v1/activities/{}", record.activity_id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(record)))
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(record.to_api()),
+    ))
 }
 
 /// `GET /v1/activities/{id}`.
 pub(super) async fn get(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
-    Ok(Json(state.ledger().get(id).await?))
+    Ok(Json(state.ledger().get(id).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/start[?wait=DURATION]`: an admission decision.
@@ -74,7 +80,7 @@ pub(super) async fn start(
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     body: JsonObject,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
     let Query(query) =
         query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
@@ -84,7 +90,7 @@ pub(super) async fn start(
         Some(wait) => state.ledger().start_waiting(id, started_at, Some(wait)).await?,
         None => state.ledger().start(id, started_at).await?,
     };
-    Ok(Json(record))
+    Ok(Json(record.to_api()))
 }
 
 /// `wait`: a duration of at most 30 s.
@@ -125,16 +131,20 @@ pub(super) async fn register_owner(
         .register_owner(&name, Duration::from_millis(ttl_ms.unsigned_abs()))
         .await?;
     let location = format!("/v1/owners/{}", owner.owner_id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(owner)))
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(owner.to_api()),
+    ))
 }
 
 /// `POST /v1/owners/{id}/renew`.
 pub(super) async fn renew_owner(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<Owner>> {
+) -> Answer<Json<api::Owner>> {
     let id = owner_id(path)?;
-    Ok(Json(state.ledger().renew_owner(&id).await?))
+    Ok(Json(state.ledger().renew_owner(&id).await?.to_api()))
 }
 
 /// `DELETE /v1/owners/{id}`: a clean shutdown; cancels its in-flight
@@ -142,9 +152,9 @@ pub(super) async fn renew_owner(
 pub(super) async fn release_owner(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<Owner>> {
+) -> Answer<Json<api::Owner>> {
     let id = owner_id(path)?;
-    Ok(Json(state.ledger().release_owner(&id).await?))
+    Ok(Json(state.ledger().release_owner(&id).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/settle`.
@@ -152,7 +162,7 @@ pub(super) async fn settle(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     body: JsonObject,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
     let body = body.require_body()?;
     let settlement = Settlement {
@@ -160,7 +170,7 @@ pub(super) async fn settle(
         failure_stage: body.wire::<FailureStage>("failureStage")?,
         completed_at: body.timestamp("completedAt")?,
     };
-    Ok(Json(state.ledger().settle(id, settlement).await?))
+    Ok(Json(state.ledger().settle(id, settlement).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/cancel`.
@@ -168,10 +178,10 @@ pub(super) async fn cancel(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     body: JsonObject,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
     let reason = body.string("reason")?;
-    Ok(Json(state.ledger().cancel(id, reason).await?))
+    Ok(Json(state.ledger().cancel(id, reason).await?.to_api()))
 }
 
 /// Reads `limit` and `since` from the query string.
@@ -209,11 +219,11 @@ fn parse_since(text: &str) -> Answer<Since> {
 pub(super) async fn snapshot(
     State(state): State<AppState>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Answer<Json<Snapshot>> {
+) -> Answer<Json<api::Snapshot>> {
     let Query(query) =
         query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
     let options = snapshot_options(&query)?;
-    Ok(Json(state.ledger().snapshot(options).await?))
+    Ok(Json(state.ledger().snapshot(options).await?.to_api()))
 }
 
 /// `GET /metrics`: the snapshot over the whole history, as OpenMetrics
@@ -231,8 +241,8 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoRe
 }
 
 /// `POST /v1/reap`.
-pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<ReapedCounts>> {
-    Ok(Json(state.ledger().reap().await?))
+pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<api::ReapCounts>> {
+    Ok(Json(state.ledger().reap().await?.to_api()))
 }
 
 #[cfg(test)]
