@@ -32,6 +32,69 @@
 
 #![deny(missing_docs)]
 
+/// A string enum of the wire: each variant's JSON name in one place.
+///
+/// It is read from a string only, so that a value of another JSON type is
+/// refused as a wrong type for the field (a derived enum would let JSON
+/// read `true` as a syntax error), and an unknown name lists the known ones.
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $wire:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// Every variant, in the order of the documentation.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// Every name on the wire, in the same order.
+            pub const NAMES: &'static [&'static str] = &[$($wire),+];
+
+            /// Its name on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $wire),+ }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Names;
+
+                impl ::serde::de::Visitor<'_> for Names {
+                    type Value = $name;
+
+                    fn expecting(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                        write!(f, "one of `{}`", $name::NAMES.join("`, `"))
+                    }
+
+                    fn visit_str<E: ::serde::de::Error>(self, name: &str) -> Result<$name, E> {
+                        match name {
+                            $($wire => Ok($name::$variant),)+
+                            other => Err(E::unknown_variant(other, $name::NAMES)),
+                        }
+                    }
+                }
+
+                deserializer.deserialize_str(Names)
+            }
+        }
+    };
+}
+
 pub mod error;
 pub mod request;
 pub mod response;

@@ -7,33 +7,6 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A string enum of the wire: each variant's JSON name in one place.
-macro_rules! wire_enum {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $wire:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub enum $name {
-            $($(#[$vmeta])* #[serde(rename = $wire)] $variant),+
-        }
-
-        impl $name {
-            /// Every variant, in the order of the documentation.
-            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
-
-            /// Its name on the wire.
-            pub fn as_str(self) -> &'static str {
-                match self { $(Self::$variant => $wire),+ }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
 wire_enum! {
     /// Where a record is in its life (`state`).
     State {

@@ -393,4 +393,19 @@ fn enums_refuse_names_they_do_not_know() {
         serde_json::from_str::<ReapReason>(r#""owner-lost""#).unwrap(),
         ReapReason::OwnerLost
     );
+    let err = serde_json::from_str::<Admission>(r#""vip""#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unknown variant `vip`, expected `queued` or `direct`"),
+        "{err}"
+    );
+    // Another JSON type is a wrong type for the field, not broken JSON.
+    let err = serde_json::from_str::<Admission>("true").unwrap_err();
+    assert_eq!(err.classify(), serde_json::error::Category::Data);
+    assert!(
+        err.to_string()
+            .contains("invalid type: boolean `true`, expected one of `queued`, `direct`"),
+        "{err}"
+    );
 }
