@@ -8,6 +8,7 @@
 //! how it is written.
 
 use inflight::domain::timestamp::Millis;
+use inflight::{ActivitySpec, Settlement};
 use inflight_api as api;
 
 /// The wire form of one of the ledger's types.
@@ -254,6 +255,92 @@ impl ToApi for inflight::Snapshot {
             aggregates: aggregates.collect(),
             owners: self.owners.iter().map(ToApi::to_api).collect(),
         }
+    }
+}
+
+/// The ledger's form of one of the wire's types.
+pub trait ToLedger {
+    /// The ledger's type.
+    type Ledger;
+
+    /// Converts to the ledger's type.
+    fn to_ledger(&self) -> Self::Ledger;
+}
+
+impl ToLedger for api::Priority {
+    type Ledger = inflight::Priority;
+
+    fn to_ledger(&self) -> inflight::Priority {
+        match self {
+            Self::Interactive => inflight::Priority::Interactive,
+            Self::Batch => inflight::Priority::Batch,
+            Self::Unknown => inflight::Priority::Unknown,
+        }
+    }
+}
+
+impl ToLedger for api::Admission {
+    type Ledger = inflight::Admission;
+
+    fn to_ledger(&self) -> inflight::Admission {
+        match self {
+            Self::Queued => inflight::Admission::Queued,
+            Self::Direct => inflight::Admission::Direct,
+        }
+    }
+}
+
+impl ToLedger for api::FailureStage {
+    type Ledger = inflight::FailureStage;
+
+    fn to_ledger(&self) -> inflight::FailureStage {
+        match self {
+            Self::Provider => inflight::FailureStage::Provider,
+            Self::Queue => inflight::FailureStage::Queue,
+            Self::Unknown => inflight::FailureStage::Unknown,
+        }
+    }
+}
+
+/// The call a begin asks for. The ledger validates it: labels, the skew of
+/// its timestamps, a positive deadline, a registered owner.
+pub fn activity_spec(request: api::BeginRequest) -> ActivitySpec {
+    let mut spec = ActivitySpec::new(request.service, request.provider);
+    if let Some(class) = request.class {
+        spec = spec.class(class);
+    }
+    if let Some(stage) = request.operation_stage {
+        spec = spec.operation_stage(stage);
+    }
+    if let Some(model) = request.model {
+        spec = spec.model(model);
+    }
+    if let Some(priority) = request.priority {
+        spec = spec.priority(priority.to_ledger());
+    }
+    if let Some(admission) = request.admission {
+        spec = spec.admission(admission.to_ledger());
+    }
+    if let Some(at) = request.enqueued_at {
+        spec = spec.enqueued_at(at.as_millis());
+    }
+    if let Some(at) = request.started_at {
+        spec = spec.started_at(at.as_millis());
+    }
+    // Set as sent, for the ledger to judge: a deadline that is not positive
+    // is refused by its rule (a `Duration` cannot carry it there), and an
+    // owner id is checked against the registered owners.
+    spec.deadline_ms = request.deadline_ms;
+    spec.owner_id = request.owner_id;
+    spec
+}
+
+/// The settle a request asks for.
+pub fn settlement(request: &api::SettleRequest) -> Settlement {
+    Settlement {
+        success: request.success,
+        failure_stage: request.failure_stage.as_ref().map(ToLedger::to_ledger),
+        completed_at: request.completed_at.map(api::Timestamp::as_millis),
     }
 }
 
