@@ -13,9 +13,8 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::error::Category;
-use serde_json::Value;
 
 use super::error::ApiError;
 
@@ -82,15 +81,21 @@ pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
     })
 }
 
-/// Why a body that does not start an object is refused.
+/// Why a body that does not start an object is refused: it is JSON of
+/// another type (told by its first byte), or not JSON.
 fn not_an_object(bytes: &[u8]) -> ApiError {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(value) => ApiError::invalid(format!(
-            "the request body must be a JSON object, got {}",
-            json_type(&value)
-        )),
-        Err(err) => not_json(err),
+    if let Err(err) = serde_json::from_slice::<IgnoredAny>(bytes) {
+        return not_json(err);
     }
+    let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
+    let got = match first {
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    };
+    ApiError::invalid(format!("the request body must be a JSON object, got {got}"))
 }
 
 fn not_json(err: serde_json::Error) -> ApiError {
@@ -115,17 +120,6 @@ fn field_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     } else {
         format!("`{path}`: {problem}")
     })
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// The body's bytes, within [`MAX_BODY_BYTES`].
@@ -208,6 +202,18 @@ mod tests {
         );
         assert!(refusal::<StartRequest>(b"{").starts_with("the request body is not valid JSON"));
         assert!(refusal::<StartRequest>(b"{} {}").starts_with("the request body is not valid JSON"));
+        for (body, got) in [
+            (&b" \"x\""[..], "a string"),
+            (b"true", "a boolean"),
+            (b"null", "null"),
+            (b"-1.5e3", "a number"),
+            (b"[1, {}]", "an array"),
+        ] {
+            assert_eq!(
+                refusal::<StartRequest>(body),
+                format!("the request body must be a JSON object, got {got}")
+            );
+        }
     }
 
     #[test]
