@@ -1333,6 +1333,11 @@ async fn each_refusal_names_the_field_at_fault() {
         ),
         ("/v1/activities/{id}/start", r#"{"startedAt": -1}"#, "`startedAt`"),
         ("/v1/activities/{id}/cancel", r#"{"reason": 42}"#, "`reason`"),
+        (
+            "/v1/activities/{id}/settle",
+            r#"{"success": true, "success": false}"#,
+            "`success`",
+        ),
     ];
     for (path, body, field) in cases.into_iter().chain(actions) {
         let reply = api.post(&uri(path), body).await;
