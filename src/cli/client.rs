@@ -1,8 +1,10 @@
-//! The HTTP client behind `inflight snapshot` and `inflight reap`.
+//! The HTTP client behind `inflight snapshot` and `inflight reap`: it sends
+//! and reads the wire types of [`inflight_api`].
 
 use std::time::Duration;
 
-use serde_json::Value;
+use inflight_api::{ErrorBody, ReapCounts, Snapshot, SnapshotQuery};
+use serde::de::DeserializeOwned;
 
 use super::CliError;
 
@@ -52,45 +54,48 @@ impl Client {
     /// `GET /v1/snapshot` with `query` (`limit`, `since`).
     ///
     /// # Errors
-    /// The server cannot be reached or refuses.
-    pub async fn snapshot(&self, query: &[(&str, String)]) -> Result<Value, CliError> {
+    /// The server cannot be reached, refuses, or answers no snapshot.
+    pub async fn snapshot(&self, query: &SnapshotQuery) -> Result<Snapshot, CliError> {
         let request = self.http.get(format!("{}/v1/snapshot", self.base)).query(query);
-        self.send(request).await
+        let text = self.send(request).await?;
+        self.decode(&text, "a snapshot")
     }
 
-    /// `POST /v1/reap`.
+    /// `POST /v1/reap`: what this call reaped.
     ///
     /// # Errors
-    /// The server cannot be reached or refuses.
-    pub async fn reap(&self) -> Result<Value, CliError> {
+    /// The server cannot be reached, refuses, or answers no reap counts.
+    pub async fn reap(&self) -> Result<ReapCounts, CliError> {
         let request = self.http.post(format!("{}/v1/reap", self.base));
-        self.send(request).await
+        let text = self.send(request).await?;
+        self.decode(&text, "reap counts")
     }
 
-    async fn send(&self, mut request: reqwest::RequestBuilder) -> Result<Value, CliError> {
+    /// Sends `request`; the body of a success, or the server's error.
+    async fn send(&self, mut request: reqwest::RequestBuilder) -> Result<String, CliError> {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
         let response = request.send().await.map_err(|err| self.unreachable(&err))?;
         let status = response.status();
         let text = response.text().await.map_err(|err| self.unreachable(&err))?;
-        let body: Option<Value> = serde_json::from_str(&text).ok();
-        if !status.is_success() {
-            let error = body.as_ref().and_then(|body| body.get("error"));
-            let field = |key: &str| error.and_then(|e| e.get(key)).and_then(Value::as_str);
-            return Err(CliError::Failed(match (field("code"), field("message")) {
-                (Some(code), Some(message)) => {
-                    format!(
-                        "the server at {} refused ({status}): {code}: {message}",
-                        self.base
-                    )
-                }
-                _ => format!("the server at {} answered {status}", self.base),
-            }));
+        if status.is_success() {
+            return Ok(text);
         }
-        body.ok_or_else(|| {
+        Err(CliError::Failed(match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(ErrorBody { error }) => format!(
+                "the server at {} refused ({status}): {}: {}",
+                self.base, error.code, error.message
+            ),
+            Err(_) => format!("the server at {} answered {status}", self.base),
+        }))
+    }
+
+    /// Reads an answer as `T`, which the route answers with (`what`).
+    fn decode<T: DeserializeOwned>(&self, text: &str, what: &str) -> Result<T, CliError> {
+        serde_json::from_str(text).map_err(|err| {
             CliError::Failed(format!(
-                "the server at {} did not answer JSON; is it an inflight server?",
+                "the server at {} did not answer with {what} ({err}); is it an inflight server?",
                 self.base
             ))
         })
@@ -111,5 +116,30 @@ impl Client {
         } else {
             format!("request to the server at {} failed: {err}", self.base)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_that_is_not_the_wire_type_is_refused_plainly() {
+        let client = Client::new("http://127.0.0.1:1", None).unwrap();
+        for text in ["{}", "null", "<html>", r#"{"abandoned": "x"}"#] {
+            let err = client.decode::<ReapCounts>(text, "reap counts").unwrap_err();
+            assert!(
+                err.to_string().contains("did not answer with reap counts"),
+                "{err}"
+            );
+        }
+        assert!(client.decode::<Snapshot>("{}", "a snapshot").is_err());
+        let counts: ReapCounts = client
+            .decode(
+                r#"{"abandoned": 1, "unsettled": 2, "newer": true}"#,
+                "reap counts",
+            )
+            .unwrap();
+        assert_eq!(counts.total(), 3);
     }
 }

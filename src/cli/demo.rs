@@ -2,31 +2,23 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
+use inflight_api::Lane;
+use inflight_server::http::convert::ToApi;
 
 use super::table::{human_duration, render_snapshot};
-use super::CliError;
 use crate::demo::{IncidentReplay, LAST_OLLAMA_TRAFFIC, SNAPSHOT_AT};
 use inflight::domain::timestamp::parse_rfc3339;
 
 /// Renders the replay: the snapshot of a ledger that never expires anything,
-/// then inflight's at the same instant, then what changed lane by lane.
-///
-/// # Errors
-/// A snapshot that cannot be serialized (never, in practice).
-pub fn render(replay: &IncidentReplay) -> Result<String, CliError> {
-    let to_json = |snapshot| {
-        serde_json::to_value(snapshot)
-            .map_err(|err| CliError::Failed(format!("cannot render the snapshot: {err}")))
-    };
-    let mut before = to_json(&replay.before)?;
-    let after = to_json(&replay.after)?;
+/// then inflight's at the same instant, then what changed lane by lane. The
+/// ledger's snapshots are shown as the server would send them.
+pub fn render(replay: &IncidentReplay) -> String {
+    let mut before = replay.before.to_api();
+    let after = replay.after.to_api();
     // The ledger inflight replaces never expires anything: show it that way
     // rather than as a bound no clock reaches.
-    if let Some(records) = before.get_mut("inFlight").and_then(Value::as_array_mut) {
-        for record in records {
-            record["reapableAt"] = Value::Null;
-        }
+    for row in &mut before.in_flight {
+        row.record.reapable_at = None;
     }
 
     let mut out = String::new();
@@ -47,36 +39,22 @@ pub fn render(replay: &IncidentReplay) -> Result<String, CliError> {
     out.push_str(&render_snapshot(&after));
 
     out.push_str("\n=== WHAT CHANGED ===\n\n");
-    let lanes = |snapshot: &Value| {
-        snapshot
-            .get("nativeAdmission")
-            .and_then(Value::as_object)
-            .cloned()
-    };
-    let (before_lanes, after_lanes) = (
-        lanes(&before).unwrap_or_default(),
-        lanes(&after).unwrap_or_default(),
-    );
-    let count = |lane: Option<&Value>, key: &str| {
-        lane.and_then(|lane| lane.get(key))
-            .and_then(Value::as_i64)
-            .unwrap_or(0)
-    };
+    let (before_lanes, after_lanes) = (&before.native_admission, &after.native_admission);
+    let count = |lane: Option<&Lane>, field: fn(&Lane) -> i64| lane.map_or(0, field);
     let mut keys: Vec<&String> = before_lanes.keys().chain(after_lanes.keys()).collect();
     keys.sort();
     keys.dedup();
     for key in keys {
         let (was, now) = (before_lanes.get(key), after_lanes.get(key));
-        let reaped = now.and_then(|lane| lane.get("reaped"));
         let _ = writeln!(
             out,
             "{key}: executing {} -> {}, waiting {} -> {}; reaped {} abandoned, {} unsettled",
-            count(was, "executing"),
-            count(now, "executing"),
-            count(was, "waiting"),
-            count(now, "waiting"),
-            count(reaped, "abandoned"),
-            count(reaped, "unsettled"),
+            count(was, |lane| lane.executing),
+            count(now, |lane| lane.executing),
+            count(was, |lane| lane.waiting),
+            count(now, |lane| lane.waiting),
+            count(now, |lane| lane.reaped.abandoned),
+            count(now, |lane| lane.reaped.unsettled),
         );
     }
     let _ = writeln!(
@@ -85,5 +63,5 @@ pub fn render(replay: &IncidentReplay) -> Result<String, CliError> {
          (abandoned: never started; unsettled: started, never settled). Live work on the lane the\n\
          role moved to is untouched, because each record's bound derives from its own class."
     );
-    Ok(out)
+    out
 }

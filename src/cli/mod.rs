@@ -90,12 +90,12 @@ pub struct SnapshotArgs {
     /// Where the server is.
     #[command(flatten)]
     pub client: ClientArgs,
-    /// Print the raw snapshot JSON instead of the table.
+    /// Print the snapshot as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
     /// Records listed per section (1 to 10000).
     #[arg(long)]
-    pub limit: Option<usize>,
+    pub limit: Option<u32>,
     /// History window: a duration (`24h`) or an RFC 3339 time.
     #[arg(long)]
     pub since: Option<String>,
@@ -175,13 +175,10 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Snapshot(args) => {
             init_logging(cli.log_format, "warn");
             let client = client::Client::new(&args.client.server, args.client.token.clone())?;
-            let mut query = Vec::new();
-            if let Some(limit) = args.limit {
-                query.push(("limit", limit.to_string()));
-            }
-            if let Some(since) = args.since {
-                query.push(("since", since));
-            }
+            let query = inflight_api::SnapshotQuery {
+                limit: args.limit,
+                since: args.since,
+            };
             let snapshot = runtime()?.block_on(client.snapshot(&query))?;
             if args.json {
                 let text = serde_json::to_string_pretty(&snapshot)
@@ -196,11 +193,9 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             init_logging(cli.log_format, "warn");
             let client = client::Client::new(&args.server, args.token)?;
             let counts = runtime()?.block_on(client.reap())?;
-            let count = |key: &str| counts.get(key).and_then(serde_json::Value::as_i64).unwrap_or(0);
             println!(
                 "reaped {} abandoned (never started) and {} unsettled (started, never settled)",
-                count("abandoned"),
-                count("unsettled")
+                counts.abandoned, counts.unsettled
             );
             Ok(())
         }
@@ -217,7 +212,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             let replay = runtime()?
                 .block_on(crate::demo::replay_seed_incident())
                 .map_err(|err| CliError::Failed(format!("the demo failed: {err}")))?;
-            print!("{}", demo::render(&replay)?);
+            print!("{}", demo::render(&replay));
             Ok(())
         }
     }

@@ -1,14 +1,13 @@
 //! The human-readable snapshot: lanes, the oldest in-flight records and the
 //! reaped evidence. `inflight snapshot` and `inflight demo` share it.
 //!
-//! It renders the snapshot's JSON (as the server sends it), so the client
-//! needs no type of its own and tolerates fields it does not know.
+//! It renders the wire's [`Snapshot`] (as the server sends it, or as the
+//! demo's ledger converts to it), so the table reads exactly the fields the
+//! API documents.
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
-
-use inflight::domain::timestamp::parse_rfc3339;
+use inflight_api::{ActivityRecord, OwnerState, Snapshot, Timestamp};
 
 /// Formats milliseconds as the two most significant units: `35h 39m`,
 /// `4m 12s`, `850ms`; days only from a week on (`8d 3h`).
@@ -45,18 +44,6 @@ pub fn human_duration(ms: i64) -> String {
         parts.pop();
     }
     parts.join(" ")
-}
-
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
-    value.get(key).and_then(Value::as_str).unwrap_or("-")
-}
-
-fn int(value: &Value, key: &str) -> i64 {
-    value.get(key).and_then(Value::as_i64).unwrap_or(0)
-}
-
-fn time(value: &Value, key: &str) -> Option<i64> {
-    value.get(key).and_then(Value::as_str).and_then(parse_rfc3339)
 }
 
 /// A plain text table: a header and rows, columns padded to fit. Columns
@@ -102,155 +89,138 @@ impl Table {
     }
 }
 
-fn short_id(record: &Value) -> String {
-    text(record, "activityId").chars().take(8).collect()
+fn short_id(id: &str) -> String {
+    id.chars().take(8).collect()
 }
 
-fn lane_of(record: &Value) -> String {
-    format!("{}::{}", text(record, "service"), text(record, "provider"))
+fn lane_of(record: &ActivityRecord) -> String {
+    format!("{}::{}", record.service, record.provider)
 }
 
-/// Renders a snapshot (its JSON) as the operator's table.
-pub fn render_snapshot(snapshot: &Value) -> String {
+fn time_or_dash(at: Option<Timestamp>) -> String {
+    at.map_or_else(|| "-".to_owned(), |at| at.to_string())
+}
+
+/// Renders a snapshot as the operator's table.
+pub fn render_snapshot(snapshot: &Snapshot) -> String {
     let mut out = String::new();
-    let at = time(snapshot, "at").unwrap_or(0);
+    let at = snapshot.at;
     let _ = writeln!(
         out,
-        "snapshot at {} (status: {}; history since {})",
-        text(snapshot, "at"),
-        text(snapshot, "status"),
-        text(snapshot, "since")
+        "snapshot at {at} (status: {}; history since {})",
+        snapshot.status, snapshot.since
     );
     let _ = writeln!(
         out,
         "{} activities, {} in flight, {} completed in the window, {} reaped, {} late settles, {} resurrections",
-        int(snapshot, "totalActivities"),
-        int(snapshot, "totalInFlight"),
-        int(snapshot, "totalRecentCompletions"),
-        int(snapshot, "totalReaped"),
-        int(snapshot, "totalLateSettles"),
-        int(snapshot, "totalResurrections"),
+        snapshot.total_activities,
+        snapshot.total_in_flight,
+        snapshot.total_recent_completions,
+        snapshot.total_reaped,
+        snapshot.total_late_settles,
+        snapshot.total_resurrections,
     );
-    if let Some(this_read) = snapshot.get("reapedThisRead") {
-        let (abandoned, unsettled) = (int(this_read, "abandoned"), int(this_read, "unsettled"));
-        if abandoned + unsettled > 0 {
-            let _ = writeln!(
-                out,
-                "this read reaped {abandoned} abandoned and {unsettled} unsettled records"
-            );
-        }
+    let this_read = snapshot.reaped_this_read;
+    if this_read.total() > 0 {
+        let _ = writeln!(
+            out,
+            "this read reaped {} abandoned and {} unsettled records",
+            this_read.abandoned, this_read.unsettled
+        );
     }
 
     out.push('\n');
-    let lanes = snapshot.get("nativeAdmission").and_then(Value::as_object);
-    match lanes {
-        Some(lanes) if !lanes.is_empty() => {
-            let mut table = Table::new(
-                vec![
-                    "LANE",
-                    "CAP",
-                    "EXECUTING",
-                    "WAITING",
-                    "REAPED ABANDONED",
-                    "REAPED UNSETTLED",
-                    "OWNER LOST",
-                    "LONGEST WAIT",
-                ],
-                vec![1, 2, 3, 4, 5, 6, 7],
-            );
-            for (key, lane) in lanes {
-                let reaped = lane.get("reaped").cloned().unwrap_or(Value::Null);
-                let cap = lane
-                    .get("cap")
-                    .and_then(Value::as_i64)
-                    .map_or_else(|| "-".to_owned(), |cap| cap.to_string());
-                let longest = int(lane, "longestWaitMs");
-                table.rows.push(vec![
-                    key.clone(),
-                    cap,
-                    int(lane, "executing").to_string(),
-                    int(lane, "waiting").to_string(),
-                    int(&reaped, "abandoned").to_string(),
-                    int(&reaped, "unsettled").to_string(),
-                    int(lane, "reapedOwnerLost").to_string(),
-                    if longest > 0 {
-                        human_duration(longest)
-                    } else {
-                        "-".to_owned()
-                    },
-                ]);
-            }
-            table.render(&mut out);
+    if snapshot.native_admission.is_empty() {
+        out.push_str("no lanes yet\n");
+    } else {
+        let mut table = Table::new(
+            vec![
+                "LANE",
+                "CAP",
+                "EXECUTING",
+                "WAITING",
+                "REAPED ABANDONED",
+                "REAPED UNSETTLED",
+                "OWNER LOST",
+                "LONGEST WAIT",
+            ],
+            vec![1, 2, 3, 4, 5, 6, 7],
+        );
+        for (key, lane) in &snapshot.native_admission {
+            table.rows.push(vec![
+                key.clone(),
+                lane.cap.map_or_else(|| "-".to_owned(), |cap| cap.to_string()),
+                lane.executing.to_string(),
+                lane.waiting.to_string(),
+                lane.reaped.abandoned.to_string(),
+                lane.reaped.unsettled.to_string(),
+                lane.reaped_owner_lost.to_string(),
+                if lane.longest_wait_ms > 0 {
+                    human_duration(lane.longest_wait_ms)
+                } else {
+                    "-".to_owned()
+                },
+            ]);
         }
-        _ => out.push_str("no lanes yet\n"),
+        table.render(&mut out);
     }
 
-    let in_flight = snapshot.get("inFlight").and_then(Value::as_array);
-    let truncated = snapshot
-        .get("inFlightTruncated")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
     out.push('\n');
-    match in_flight {
-        Some(records) if !records.is_empty() => {
-            let _ = writeln!(
-                out,
-                "in flight, oldest first ({} of {}{}):",
-                records.len(),
-                int(snapshot, "totalInFlight"),
-                if truncated { ", truncated" } else { "" }
-            );
-            let mut table = Table::new(
-                vec![
-                    "ACTIVITY",
-                    "LANE",
-                    "CLASS",
-                    "STATE",
-                    "AGE",
-                    "REAPABLE IN",
-                    "REAPABLE AT",
-                ],
-                vec![4, 5],
-            );
-            for record in records {
-                let age = record
-                    .get("elapsedMs")
-                    .and_then(Value::as_i64)
-                    .or_else(|| time(record, "enqueuedAt").map(|enqueued| at - enqueued))
-                    .unwrap_or(0);
-                let (reapable_in, reapable_at) = match time(record, "reapableAt") {
-                    Some(reapable) => (
-                        human_duration((reapable - at).max(0)),
-                        text(record, "reapableAt").to_owned(),
-                    ),
-                    None => ("never".to_owned(), "-".to_owned()),
-                };
-                table.rows.push(vec![
-                    short_id(record),
-                    lane_of(record),
-                    text(record, "class").to_owned(),
-                    text(record, "state").to_owned(),
-                    human_duration(age),
-                    reapable_in,
-                    reapable_at,
-                ]);
+    if snapshot.in_flight.is_empty() {
+        out.push_str("nothing in flight\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "in flight, oldest first ({} of {}{}):",
+            snapshot.in_flight.len(),
+            snapshot.total_in_flight,
+            if snapshot.in_flight_truncated {
+                ", truncated"
+            } else {
+                ""
             }
-            table.render(&mut out);
+        );
+        let mut table = Table::new(
+            vec![
+                "ACTIVITY",
+                "LANE",
+                "CLASS",
+                "STATE",
+                "AGE",
+                "REAPABLE IN",
+                "REAPABLE AT",
+            ],
+            vec![4, 5],
+        );
+        for row in &snapshot.in_flight {
+            let record = &row.record;
+            let reapable_in = record.reapable_at.map_or_else(
+                || "never".to_owned(),
+                |reapable| human_duration(reapable.millis_since(at).max(0)),
+            );
+            table.rows.push(vec![
+                short_id(&record.activity_id),
+                lane_of(record),
+                record.class.clone(),
+                record.state.to_string(),
+                human_duration(row.elapsed_ms),
+                reapable_in,
+                time_or_dash(record.reapable_at),
+            ]);
         }
-        _ => out.push_str("nothing in flight\n"),
+        table.render(&mut out);
     }
 
-    let reaped = snapshot.get("reaped").and_then(Value::as_array);
-    if let Some(records) = reaped.filter(|records| !records.is_empty()) {
-        let truncated = snapshot
-            .get("reapedTruncated")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+    if !snapshot.reaped.is_empty() {
         let _ = writeln!(
             out,
             "\nreaped in the window, newest first ({}{}), kept as evidence:",
-            records.len(),
-            if truncated { ", truncated" } else { "" }
+            snapshot.reaped.len(),
+            if snapshot.reaped_truncated {
+                ", truncated"
+            } else {
+                ""
+            }
         );
         let mut table = Table::new(
             vec![
@@ -265,27 +235,27 @@ pub fn render_snapshot(snapshot: &Value) -> String {
             ],
             vec![5],
         );
-        for record in records {
+        for row in &snapshot.reaped {
+            let record = &row.record;
             table.rows.push(vec![
-                short_id(record),
+                short_id(&record.activity_id),
                 lane_of(record),
-                text(record, "class").to_owned(),
-                text(record, "disposition").to_owned(),
-                text(record, "reapReason").to_owned(),
-                human_duration(int(record, "ageMs")),
-                text(record, "reapedAt").to_owned(),
-                if record.get("lateSettle").and_then(Value::as_bool).unwrap_or(false) {
-                    "yes".to_owned()
-                } else {
-                    "no".to_owned()
-                },
+                record.class.clone(),
+                record
+                    .disposition
+                    .map_or_else(|| "-".to_owned(), |d| d.to_string()),
+                record
+                    .reap_reason
+                    .map_or_else(|| "-".to_owned(), |r| r.to_string()),
+                human_duration(row.age_ms),
+                time_or_dash(record.reaped_at),
+                if record.late_settle { "yes" } else { "no" }.to_owned(),
             ]);
         }
         table.render(&mut out);
     }
 
-    let owners = snapshot.get("owners").and_then(Value::as_array);
-    if let Some(owners) = owners.filter(|owners| !owners.is_empty()) {
+    if !snapshot.owners.is_empty() {
         let _ = writeln!(out, "\nowners (live, and lost or released in the window):");
         let mut table = Table::new(
             vec![
@@ -298,18 +268,19 @@ pub fn render_snapshot(snapshot: &Value) -> String {
             ],
             vec![3, 4, 5],
         );
-        for owner in owners {
-            let expires_in = match (text(owner, "state"), time(owner, "expiresAt")) {
-                ("live", Some(expires)) => human_duration((expires - at).max(0)),
-                _ => "-".to_owned(),
+        for owner in &snapshot.owners {
+            let expires_in = if owner.state == OwnerState::Live {
+                human_duration(owner.expires_at.millis_since(at).max(0))
+            } else {
+                "-".to_owned()
             };
             table.rows.push(vec![
-                text(owner, "ownerId").chars().take(8).collect(),
-                text(owner, "name").to_owned(),
-                text(owner, "state").to_owned(),
+                short_id(&owner.owner_id),
+                owner.name.clone(),
+                owner.state.to_string(),
                 expires_in,
-                int(owner, "reapedRecords").to_string(),
-                int(owner, "cancelledRecords").to_string(),
+                owner.reaped_records.to_string(),
+                owner.cancelled_records.to_string(),
             ]);
         }
         table.render(&mut out);
@@ -319,8 +290,13 @@ pub fn render_snapshot(snapshot: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
-    use serde_json::json;
+    use inflight_api::{
+        Admission, Disposition, InFlightRecord, Lane, Owner, Priority, ReapCounts, ReapReason, ReapedRecord,
+        SnapshotStatus, State,
+    };
 
     #[test]
     fn durations_read_like_people_write_them() {
@@ -335,46 +311,137 @@ mod tests {
         assert_eq!(human_duration(-1_500), "-1s");
     }
 
+    /// An instant on 2026-08-13 (UTC), from its time of day.
+    fn at(time: &str) -> Timestamp {
+        format!("2026-08-13T{time}Z").parse().unwrap()
+    }
+
+    fn record(id: &str, state: State) -> ActivityRecord {
+        ActivityRecord {
+            activity_id: id.to_owned(),
+            service: "knowledge-base".to_owned(),
+            provider: "ollama".to_owned(),
+            class: "embedding".to_owned(),
+            operation_stage: "unknown".to_owned(),
+            model: "unknown".to_owned(),
+            priority: Priority::Unknown,
+            admission: Admission::Queued,
+            state,
+            disposition: None,
+            reap_reason: None,
+            owner_id: None,
+            enqueued_at: at("19:57:00.000"),
+            started_at: None,
+            completed_at: None,
+            reaped_at: None,
+            deadline_ms: 300_000,
+            reapable_at: None,
+            queue_wait_ms: None,
+            execution_ms: None,
+            success: None,
+            failure_stage: None,
+            late_settle: false,
+            cancel_reason: None,
+        }
+    }
+
+    fn owner(id: &str, name: &str, state: OwnerState, expires: &str, reaped: i64) -> Owner {
+        Owner {
+            owner_id: id.to_owned(),
+            name: name.to_owned(),
+            ttl_ms: 30_000,
+            registered_at: at("19:00:00.000"),
+            renewed_at: at("19:00:00.000"),
+            expires_at: at(expires),
+            state,
+            ended_at: None,
+            reaped_records: reaped,
+            cancelled_records: 0,
+        }
+    }
+
+    fn empty() -> Snapshot {
+        Snapshot {
+            status: SnapshotStatus::Ok,
+            at: at("19:59:00.000"),
+            since: Timestamp::from_millis(at("19:59:00.000").as_millis() - 86_400_000),
+            native_admission: BTreeMap::new(),
+            total_activities: 0,
+            total_in_flight: 0,
+            total_recent_completions: 0,
+            total_reaped: 0,
+            total_reaped_owner_lost: 0,
+            total_late_settles: 0,
+            total_resurrections: 0,
+            reaped_this_read: ReapCounts::default(),
+            in_flight: Vec::new(),
+            recent_completions: Vec::new(),
+            reaped: Vec::new(),
+            in_flight_truncated: false,
+            recent_completions_truncated: false,
+            reaped_truncated: false,
+            aggregates: Vec::new(),
+            owners: Vec::new(),
+        }
+    }
+
     #[test]
     fn the_table_shows_lanes_in_flight_and_reaped() {
-        let snapshot = json!({
-            "status": "degraded",
-            "at": "2026-08-13T19:59:00.000Z",
-            "since": "2026-08-12T19:59:00.000Z",
-            "totalActivities": 3,
-            "totalInFlight": 1,
-            "nativeAdmission": {
-                "knowledge-base::ollama": {
-                    "cap": 4, "executing": 1, "waiting": 0,
-                    "reaped": {"abandoned": 1, "unsettled": 2}, "longestWaitMs": 0
-                }
+        let lane = Lane {
+            service: "knowledge-base".to_owned(),
+            provider: "ollama".to_owned(),
+            cap: Some(4),
+            executing: 1,
+            waiting: 0,
+            reaped: ReapCounts {
+                abandoned: 1,
+                unsettled: 2,
             },
-            "inFlight": [{
-                "activityId": "0123456789abcdef", "service": "knowledge-base", "provider": "ollama",
-                "class": "embedding", "state": "executing", "elapsedMs": 120_000,
-                "reapableAt": "2026-08-13T20:17:00.000Z"
+            reaped_owner_lost: 1,
+            late_settles: 0,
+            resurrections: 0,
+            longest_wait_ms: 0,
+        };
+        let executing = ActivityRecord {
+            started_at: Some(at("19:57:00.000")),
+            reapable_at: Some(at("20:17:00.000")),
+            ..record("0123456789abcdef", State::Executing)
+        };
+        let reaped = ActivityRecord {
+            disposition: Some(Disposition::Unsettled),
+            reap_reason: Some(ReapReason::OwnerLost),
+            reaped_at: Some(at("19:59:00.000")),
+            ..record("fedcba9876543210", State::Reaped)
+        };
+        let snapshot = Snapshot {
+            status: SnapshotStatus::Degraded,
+            total_activities: 3,
+            total_in_flight: 1,
+            native_admission: BTreeMap::from([("knowledge-base::ollama".to_owned(), lane)]),
+            in_flight: vec![InFlightRecord {
+                record: executing,
+                elapsed_ms: 120_000,
             }],
-            "reaped": [{
-                "activityId": "fedcba9876543210", "service": "knowledge-base", "provider": "ollama",
-                "class": "embedding", "disposition": "unsettled", "ageMs": 128_340_000,
-                "reapedAt": "2026-08-13T19:59:00.000Z", "lateSettle": false, "reapReason": "owner-lost"
+            reaped: vec![ReapedRecord {
+                record: reaped,
+                age_ms: 128_340_000,
             }],
-            "owners": [{
-                "ownerId": "aaaabbbb-cccc", "name": "worker-a", "state": "lost",
-                "expiresAt": "2026-08-13T19:58:00.000Z", "reapedRecords": 1, "cancelledRecords": 0
-            }, {
-                "ownerId": "ddddeeee-ffff", "name": "worker-b", "state": "live",
-                "expiresAt": "2026-08-13T19:59:20.000Z", "reapedRecords": 0, "cancelledRecords": 0
-            }]
-        });
+            owners: vec![
+                owner("aaaabbbb-cccc", "worker-a", OwnerState::Lost, "19:58:00.000", 1),
+                owner("ddddeeee-ffff", "worker-b", OwnerState::Live, "19:59:20.000", 0),
+            ],
+            ..empty()
+        };
         let table = render_snapshot(&snapshot);
         assert!(
             table.contains("knowledge-base::ollama    4          1        0"),
             "{table}"
         );
+        assert!(table.contains("status: degraded"), "{table}");
         assert!(table.contains("01234567"), "{table}");
         assert!(table.contains("2m"), "{table}");
         assert!(table.contains("18m"), "{table}");
+        assert!(table.contains("2026-08-13T20:17:00.000Z"), "{table}");
         assert!(table.contains("unsettled"), "{table}");
         assert!(table.contains("35h 39m"), "{table}");
         assert!(table.contains("owner-lost"), "{table}");
@@ -383,8 +450,13 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_or_foreign_snapshot_does_not_panic() {
-        assert!(render_snapshot(&json!({})).contains("nothing in flight"));
-        assert!(render_snapshot(&json!(null)).contains("no lanes"));
+    fn an_empty_snapshot_says_so() {
+        let table = render_snapshot(&empty());
+        assert!(table.contains("nothing in flight"), "{table}");
+        assert!(table.contains("no lanes"), "{table}");
+        assert!(
+            table.starts_with("snapshot at 2026-08-13T19:59:00.000Z (status: ok;"),
+            "{table}"
+        );
     }
 }

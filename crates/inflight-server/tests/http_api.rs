@@ -1246,3 +1246,130 @@ async fn an_owner_ttl_out_of_range_is_named_as_sent() {
         reply.body
     );
 }
+
+#[tokio::test]
+async fn each_refusal_names_the_field_at_fault() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let cases = [
+        ("/v1/activities", r#"{"provider": "o"}"#, "`service`"),
+        (
+            "/v1/activities",
+            r#"{"service": 7, "provider": "o"}"#,
+            "`service`",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "a b", "provider": "o"}"#,
+            "service",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "class": "a/b"}"#,
+            "class",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "priority": "urgent"}"#,
+            "`priority`",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "admission": true}"#,
+            "`admission`",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "enqueuedAt": "yesterday"}"#,
+            "`enqueuedAt`",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "startedAt": 1.5}"#,
+            "`startedAt`",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "deadlineMs": "5m"}"#,
+            "`deadlineMs`",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "deadlineMs": 0}"#,
+            "deadlineMs",
+        ),
+        (
+            "/v1/activities",
+            r#"{"service": "kb", "provider": "o", "ownerId": 5}"#,
+            "`ownerId`",
+        ),
+        ("/v1/owners", r#"{"ttlMs": 1000}"#, "`name`"),
+        ("/v1/owners", r#"{"name": "w", "ttlMs": "x"}"#, "`ttlMs`"),
+        ("/v1/owners", r#"{"name": "w", "ttlMs": 5}"#, "ttlMs"),
+    ];
+    let uri = |path: &str| path.replace("{id}", &id);
+    let actions = [
+        ("/v1/activities/{id}/settle", r#"{"success": "yes"}"#, "`success`"),
+        ("/v1/activities/{id}/settle", r#"{"success": null}"#, "`success`"),
+        (
+            "/v1/activities/{id}/settle",
+            r#"{"failureStage": "provider"}"#,
+            "`success`",
+        ),
+        (
+            "/v1/activities/{id}/settle",
+            r#"{"success": false, "failureStage": "network"}"#,
+            "`failureStage`",
+        ),
+        (
+            "/v1/activities/{id}/settle",
+            r#"{"success": true, "completedAt": "noon"}"#,
+            "`completedAt`",
+        ),
+        (
+            "/v1/activities/{id}/start",
+            r#"{"startedAt": "soon"}"#,
+            "`startedAt`",
+        ),
+        ("/v1/activities/{id}/start", r#"{"startedAt": -1}"#, "`startedAt`"),
+        ("/v1/activities/{id}/cancel", r#"{"reason": 42}"#, "`reason`"),
+        (
+            "/v1/activities/{id}/settle",
+            r#"{"success": true, "success": false}"#,
+            "`success`",
+        ),
+    ];
+    for (path, body, field) in cases.into_iter().chain(actions) {
+        let reply = api.post(&uri(path), body).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", body);
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{path} {body}: {message}");
+    }
+    // The documented example, word for word.
+    let reply = api
+        .post(&uri("/v1/activities/{id}/settle"), r#"{"success": "yes"}"#)
+        .await;
+    assert_eq!(
+        reply.body["error"]["message"],
+        "`success`: invalid type: string \"yes\", expected a boolean"
+    );
+    for (query, field) in [
+        ("/v1/snapshot?limit=ten", "`limit`"),
+        ("/v1/snapshot?limit=0", "limit"),
+        ("/v1/snapshot?since=yesterday", "`since`"),
+        ("/v1/snapshot?limit=1&limit=2", "`limit`"),
+    ] {
+        let reply = api.get(query).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", query);
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{query}: {message}");
+    }
+    let reply = api.post(&uri("/v1/activities/{id}/start?wait=soon"), "{}").await;
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`wait`"), "{message}");
+    assert_eq!(
+        api.get(&format!("/v1/activities/{id}")).await.body["state"],
+        "waiting",
+        "no refusal changed the record"
+    );
+}

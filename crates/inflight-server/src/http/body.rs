@@ -1,256 +1,273 @@
-//! Request parsing: bodies, fields, timestamps and query parameters, so that
-//! every malformed request is a JSON `invalid_request` (or
-//! `payload_too_large`) and never a framework's plain-text rejection.
-
-use std::str::FromStr;
+//! Reading requests into the wire types of [`inflight_api`]: bodies and
+//! query strings, so that every malformed request is a JSON
+//! `invalid_request` naming the field at fault (or `payload_too_large`), and
+//! never a framework's plain-text rejection.
+//!
+//! A body is one JSON object (`Content-Type` is not checked); unknown fields
+//! are ignored and `null` is the same as a missing field, as the wire types
+//! say. A body that is empty (or only whitespace) is refused where the route
+//! needs fields ([`RequiredBody`]) and read as `{}` where it does not
+//! ([`OptionalBody`]).
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
-use serde_json::{Map, Value};
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde_json::error::Category;
 
 use super::error::ApiError;
-use inflight::domain::timestamp::{parse_rfc3339, Millis};
 
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The latest timestamp accepted: 9999-12-31T23:59:59.999Z.
-const MAX_TIMESTAMP_MS: Millis = 253_402_300_799_999;
+/// A body the route needs: one JSON object, read as `T`.
+#[derive(Debug, Clone)]
+pub struct RequiredBody<T>(pub T);
 
-/// A request body that is a JSON object, or empty.
-///
-/// Unknown fields are kept and ignored by the handlers, so older servers
-/// accept newer clients. A `null` field is the same as a missing one.
-#[derive(Debug, Clone, Default)]
-pub struct JsonObject {
-    fields: Map<String, Value>,
-    empty: bool,
+/// A body the route may go without: one JSON object, or empty (the same as
+/// `{}`), read as `T`.
+#[derive(Debug, Clone)]
+pub struct OptionalBody<T>(pub T);
+
+/// The query string, read as `T`.
+#[derive(Debug, Clone)]
+pub struct QueryString<T>(pub T);
+
+/// Whether `bytes` hold no body: empty or only whitespace.
+fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(u8::is_ascii_whitespace)
 }
 
-impl JsonObject {
-    /// Parses `bytes`: empty (or only whitespace) or one JSON object.
-    ///
-    /// # Errors
-    /// `invalid_request` for anything else.
-    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Self {
-                fields: Map::new(),
-                empty: true,
-            });
-        }
-        match serde_json::from_slice::<Value>(bytes) {
-            Ok(Value::Object(fields)) => Ok(Self { fields, empty: false }),
-            Ok(other) => Err(ApiError::invalid(format!(
-                "the request body must be a JSON object, got {}",
-                json_type(&other)
-            ))),
-            Err(err) => Err(ApiError::invalid(format!(
-                "the request body is not valid JSON: {err}"
-            ))),
-        }
+/// Reads `bytes`, one JSON object, as `T`.
+///
+/// # Errors
+/// `invalid_request` for anything that is not a JSON object, and for an
+/// object whose fields `T` refuses, naming the field.
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(not_an_object(bytes));
     }
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut json).map_err(field_error)?;
+    json.end().map_err(not_json)?;
+    Ok(value)
+}
 
-    /// Refuses an empty body, for routes that need fields.
-    ///
-    /// # Errors
-    /// `invalid_request` when the body was empty.
-    pub fn require_body(self) -> Result<Self, ApiError> {
-        if self.empty {
+/// Reads `bytes` as `T`, an empty body as `{}`.
+///
+/// # Errors
+/// As [`parse_body`].
+pub fn parse_optional_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    parse_body(if is_blank(bytes) { b"{}" } else { bytes })
+}
+
+/// Reads a query string (`limit=20&since=1h`) as `T`.
+///
+/// # Errors
+/// `invalid_request` naming the parameter `T` refuses.
+pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
+    let pairs = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+    serde_path_to_error::deserialize(pairs).map_err(|err| {
+        let at_root = err.path().iter().next().is_none();
+        let path = err.path().to_string();
+        let problem = err.into_inner();
+        ApiError::invalid(if at_root {
+            format!("bad query string: {problem}")
+        } else {
+            format!("`{path}`: {problem}")
+        })
+    })
+}
+
+/// Why a body that does not start an object is refused: it is JSON of
+/// another type (told by its first byte), or not JSON.
+fn not_an_object(bytes: &[u8]) -> ApiError {
+    if let Err(err) = serde_json::from_slice::<IgnoredAny>(bytes) {
+        return not_json(err);
+    }
+    let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
+    let got = match first {
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    };
+    ApiError::invalid(format!("the request body must be a JSON object, got {got}"))
+}
+
+fn not_json(err: serde_json::Error) -> ApiError {
+    ApiError::invalid(format!("the request body is not valid JSON: {err}"))
+}
+
+/// A field the wire type refused, named by its path (`success`), or the
+/// whole body (`missing field `service``); or JSON that breaks off.
+fn field_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let at_root = err.path().iter().next().is_none();
+    let path = err.path().to_string();
+    let err = err.into_inner();
+    if err.classify() != Category::Data {
+        return not_json(err);
+    }
+    // The path names the field; where it sits in the text adds nothing.
+    let text = err.to_string();
+    let position = format!(" at line {} column {}", err.line(), err.column());
+    let problem = text.strip_suffix(&position).unwrap_or(&text);
+    ApiError::invalid(if at_root {
+        problem.to_owned()
+    } else {
+        format!("`{path}`: {problem}")
+    })
+}
+
+/// The body's bytes, within [`MAX_BODY_BYTES`].
+async fn read_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(MAX_BODY_BYTES)
+        } else {
+            ApiError::invalid(format!("the request body could not be read: {rejection}"))
+        }
+    })
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for RequiredBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = read_bytes(req, state).await?;
+        if is_blank(&bytes) {
             return Err(ApiError::invalid(
                 "the request body must be a JSON object; it was empty",
             ));
         }
-        Ok(self)
-    }
-
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.fields.get(key).filter(|value| !value.is_null())
-    }
-
-    /// The optional string field `key`.
-    ///
-    /// # Errors
-    /// `invalid_request` when it is present and not a string.
-    pub fn string(&self, key: &str) -> Result<Option<String>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::String(text)) => Ok(Some(text.clone())),
-            Some(other) => Err(ApiError::invalid(format!(
-                "`{key}` must be a string, got {}",
-                json_type(other)
-            ))),
-        }
-    }
-
-    /// The required string field `key`.
-    ///
-    /// # Errors
-    /// `invalid_request` when it is missing or not a string.
-    pub fn required_string(&self, key: &str) -> Result<String, ApiError> {
-        self.string(key)?
-            .ok_or_else(|| ApiError::invalid(format!("`{key}` is required")))
-    }
-
-    /// The required boolean field `key`.
-    ///
-    /// # Errors
-    /// `invalid_request` when it is missing or not a boolean.
-    pub fn required_bool(&self, key: &str) -> Result<bool, ApiError> {
-        match self.get(key) {
-            None => Err(ApiError::invalid(format!("`{key}` is required (true or false)"))),
-            Some(Value::Bool(value)) => Ok(*value),
-            Some(other) => Err(ApiError::invalid(format!(
-                "`{key}` must be a boolean (true or false), got {}",
-                json_type(other)
-            ))),
-        }
-    }
-
-    /// The optional integer field `key`.
-    ///
-    /// # Errors
-    /// `invalid_request` when it is present and not an integer that fits in
-    /// 64 bits.
-    pub fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Number(number)) => number
-                .as_i64()
-                .map(Some)
-                .ok_or_else(|| ApiError::invalid(format!("`{key}` must be a whole number, got {number}"))),
-            Some(other) => Err(ApiError::invalid(format!(
-                "`{key}` must be a whole number, got {}",
-                json_type(other)
-            ))),
-        }
-    }
-
-    /// The optional field `key`, parsed from one of its wire names.
-    ///
-    /// # Errors
-    /// `invalid_request` when it is present and not one of the names.
-    pub fn wire<T: FromStr<Err = inflight::domain::ParseError>>(
-        &self,
-        key: &str,
-    ) -> Result<Option<T>, ApiError> {
-        self.string(key)?
-            .map(|text| {
-                text.parse::<T>()
-                    .map_err(|problem| ApiError::invalid(format!("`{key}`: {problem}")))
-            })
-            .transpose()
-    }
-
-    /// The optional timestamp field `key`: epoch milliseconds or RFC 3339.
-    ///
-    /// # Errors
-    /// `invalid_request` when it is present and neither, or out of range.
-    pub fn timestamp(&self, key: &str) -> Result<Option<Millis>, ApiError> {
-        self.get(key).map(|value| parse_timestamp(key, value)).transpose()
+        parse_body(&bytes).map(Self)
     }
 }
 
-/// Parses a timestamp: an integer of epoch milliseconds, or an RFC 3339
-/// string. Only the years 1970 to 9999 are accepted.
-///
-/// # Errors
-/// `invalid_request`, naming `key`.
-pub fn parse_timestamp(key: &str, value: &Value) -> Result<Millis, ApiError> {
-    let at = match value {
-        Value::Number(number) => number.as_i64().ok_or_else(|| {
-            ApiError::invalid(format!(
-                "`{key}` must be whole epoch milliseconds or an RFC 3339 time, got {number}"
-            ))
-        })?,
-        Value::String(text) => parse_rfc3339(text).ok_or_else(|| {
-            ApiError::invalid(format!(
-                "`{key}` {text:?} is not an RFC 3339 time (e.g. \"2026-08-12T08:20:48.562Z\")"
-            ))
-        })?,
-        other => {
-            return Err(ApiError::invalid(format!(
-                "`{key}` must be epoch milliseconds or an RFC 3339 time, got {}",
-                json_type(other)
-            )))
-        }
-    };
-    if !(0..=MAX_TIMESTAMP_MS).contains(&at) {
-        return Err(ApiError::invalid(format!(
-            "`{key}` is out of range: times from 1970 to 9999 are accepted"
-        )));
-    }
-    Ok(at)
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-impl<S: Send + Sync> FromRequest<S> for JsonObject {
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::payload_too_large(MAX_BODY_BYTES)
-            } else {
-                ApiError::invalid(format!("the request body could not be read: {rejection}"))
-            }
-        })?;
-        Self::parse(&bytes)
+        let bytes = read_bytes(req, state).await?;
+        parse_optional_body(&bytes).map(Self)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryString<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parse_query(parts.uri.query().unwrap_or_default()).map(Self)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use inflight_api::{BeginRequest, SettleRequest, SnapshotQuery, StartRequest};
+
+    fn refusal<T: DeserializeOwned + std::fmt::Debug>(bytes: &[u8]) -> String {
+        let err = parse_body::<T>(bytes).unwrap_err();
+        assert_eq!(err.code(), "invalid_request");
+        err.message().to_owned()
+    }
 
     #[test]
-    fn timestamps_are_milliseconds_or_rfc3339_within_range() {
-        assert_eq!(parse_timestamp("t", &json!(1_000)).unwrap(), 1_000);
+    fn bodies_are_objects_or_empty_where_allowed() {
         assert_eq!(
-            parse_timestamp("t", &json!("1970-01-01T00:00:01.5Z")).unwrap(),
-            1_500
+            parse_optional_body::<StartRequest>(b" \n").unwrap(),
+            StartRequest::default()
+        );
+        assert_eq!(
+            parse_body::<StartRequest>(b"{}").unwrap(),
+            StartRequest::default()
         );
         for bad in [
-            json!(-1),
-            json!(1.5),
-            json!("soon"),
-            json!(true),
-            json!(i64::MAX),
-            json!(u64::MAX),
+            &b"[]"[..],
+            b"null",
+            b"{",
+            b"\"x\"",
+            b"{\"a\":1}x",
+            b"[{}]",
+            b"[null]",
         ] {
-            let err = parse_timestamp("t", &bad).unwrap_err();
-            assert_eq!(err.code(), "invalid_request", "{bad}");
+            refusal::<StartRequest>(bad);
+        }
+        assert_eq!(
+            refusal::<StartRequest>(b"[null]"),
+            "the request body must be a JSON object, got an array"
+        );
+        assert!(refusal::<StartRequest>(b"{").starts_with("the request body is not valid JSON"));
+        assert!(refusal::<StartRequest>(b"{} {}").starts_with("the request body is not valid JSON"));
+        for (body, got) in [
+            (&b" \"x\""[..], "a string"),
+            (b"true", "a boolean"),
+            (b"null", "null"),
+            (b"-1.5e3", "a number"),
+            (b"[1, {}]", "an array"),
+        ] {
+            assert_eq!(
+                refusal::<StartRequest>(body),
+                format!("the request body must be a JSON object, got {got}")
+            );
         }
     }
 
     #[test]
-    fn bodies_are_objects_or_empty() {
-        assert!(JsonObject::parse(b"").unwrap().require_body().is_err());
-        assert!(JsonObject::parse(b" \n").is_ok());
-        assert!(JsonObject::parse(b"{}").unwrap().require_body().is_ok());
-        for bad in [&b"[]"[..], b"null", b"{", b"\"x\"", b"{\"a\":1}x"] {
-            assert_eq!(JsonObject::parse(bad).unwrap_err().code(), "invalid_request");
-        }
+    fn a_refused_field_is_named() {
+        let says = |body: &str, field: &str| {
+            let message = refusal::<BeginRequest>(body.as_bytes());
+            assert!(message.contains(field), "{body}: {message}");
+            message
+        };
+        says(r#"{"provider": "o"}"#, "missing field `service`");
+        says(r#"{"service": null, "provider": "o"}"#, "`service`");
+        says(r#"{"service": 7, "provider": "o"}"#, "`service`");
+        says(
+            r#"{"service": "kb", "provider": "o", "priority": "urgent"}"#,
+            "`priority`",
+        );
+        says(
+            r#"{"service": "kb", "provider": "o", "deadlineMs": "5m"}"#,
+            "`deadlineMs`",
+        );
+        let message = says(
+            r#"{"service": "kb", "provider": "o", "enqueuedAt": "yesterday"}"#,
+            "`enqueuedAt`",
+        );
+        assert!(message.contains("not an RFC 3339 time"), "{message}");
+        assert!(
+            !message.contains("line 1"),
+            "the field is named, not the column: {message}"
+        );
+        let message = refusal::<SettleRequest>(br#"{"success": "yes"}"#);
+        assert_eq!(
+            message,
+            "`success`: invalid type: string \"yes\", expected a boolean"
+        );
     }
 
     #[test]
-    fn null_fields_are_missing_fields() {
-        let body = JsonObject::parse(br#"{"service": null, "n": 3, "b": "yes"}"#).unwrap();
-        assert!(body.string("service").unwrap().is_none());
-        assert!(body.required_string("service").is_err());
-        assert_eq!(body.integer("n").unwrap(), Some(3));
-        assert!(body.required_bool("b").is_err());
+    fn null_fields_are_missing_fields_and_unknown_ones_are_ignored() {
+        let begin: BeginRequest =
+            parse_body(br#"{"service": "kb", "provider": "o", "class": null, "n": 3, "b": {"c": []}}"#)
+                .unwrap();
+        assert_eq!(begin, BeginRequest::new("kb", "o"));
+    }
+
+    #[test]
+    fn query_strings_name_the_parameter() {
+        let query: SnapshotQuery = parse_query("limit=5&since=1h&other=x").unwrap();
+        assert_eq!((query.limit, query.since.as_deref()), (Some(5), Some("1h")));
+        assert_eq!(
+            parse_query::<SnapshotQuery>("").unwrap(),
+            SnapshotQuery::default()
+        );
+        let err = parse_query::<SnapshotQuery>("limit=ten").unwrap_err();
+        assert_eq!(err.message(), "`limit`: must be a whole number, got \"ten\"");
+        assert!(parse_query::<SnapshotQuery>("limit=1&limit=2").is_err());
     }
 }

@@ -7,15 +7,15 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
 use inflight::error::{ErrorKind, LedgerError};
+use inflight_api::{ErrorBody, ErrorCode};
 
-/// An error the API answers with: a status, a stable code and a message.
+/// An error the API answers with: a stable code (which says the status) and
+/// a message; its body is an [`ErrorBody`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
@@ -23,9 +23,8 @@ pub struct ApiError {
 const INTERNAL_MESSAGE: &str = "internal error; the details are in the server's log";
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
             code,
             message: message.into(),
         }
@@ -33,64 +32,66 @@ impl ApiError {
 
     /// 400 `invalid_request`: malformed JSON, a missing or invalid field.
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        Self::new(ErrorCode::InvalidRequest, message)
     }
 
     /// 401 `unauthorized`: a missing or wrong bearer token.
     pub fn unauthorized() -> Self {
         Self::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "this route requires the header `Authorization: Bearer <token>` with the server's token",
         )
     }
 
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::new(ErrorCode::NotFound, message)
     }
 
     /// 405 `method_not_allowed`.
     pub fn method_not_allowed() -> Self {
         Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "this method is not allowed on this route; see docs/api.md",
         )
     }
 
     /// 409 `conflict`: the request contradicts what the record says.
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        Self::new(ErrorCode::Conflict, message)
     }
 
     /// 413 `payload_too_large`: a body over the limit.
     pub fn payload_too_large(limit: usize) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             format!("the request body exceeds the limit of {limit} bytes"),
         )
     }
 
     /// 429 `lane_full`: the lane is at its cap.
     pub fn lane_full(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::TOO_MANY_REQUESTS, "lane_full", message)
+        Self::new(ErrorCode::LaneFull, message)
     }
 
     /// 500 `internal`, with a generic message. Log the cause before
     /// answering with it.
     pub fn internal() -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", INTERNAL_MESSAGE)
+        Self::new(ErrorCode::Internal, INTERNAL_MESSAGE)
     }
 
-    /// The HTTP status.
+    /// The HTTP status, as its code says.
     pub fn status(&self) -> StatusCode {
-        self.status
+        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    /// The stable error code (`invalid_request`, `not_found`, ...).
+    /// The stable error code's name (`invalid_request`, `not_found`, ...).
     pub fn code(&self) -> &'static str {
+        self.code.as_str()
+    }
+
+    /// The stable error code.
+    pub fn error_code(&self) -> ErrorCode {
         self.code
     }
 
@@ -123,9 +124,9 @@ impl From<LedgerError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
-        let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        let status = self.status();
+        let mut response = (status, Json(ErrorBody::new(self.code, self.message))).into_response();
+        if self.code == ErrorCode::LaneFull {
             // A hint, not a promise: capacity may come back sooner.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

@@ -1,32 +1,32 @@
-//! The route handlers: parse the request, call the ledger, answer JSON.
+//! The route handlers: read the request as its wire type, call the ledger,
+//! answer with the wire type of what it returned.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::{json, Value};
 
-use super::body::{parse_timestamp, JsonObject};
+use super::body::{OptionalBody, QueryString, RequiredBody};
+use super::convert::{self, ToApi};
 use super::error::ApiError;
 use super::AppState;
-use inflight::domain::counters::ReapedCounts;
-use inflight::domain::owner::{self, Owner, OwnerId, DEFAULT_TTL_MS};
-use inflight::domain::record::{ActivityId, ActivityRecord, Admission, FailureStage, Priority};
-use inflight::domain::snapshot::{Since, Snapshot, SnapshotOptions};
+use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
+use inflight::domain::record::ActivityId;
+use inflight::domain::snapshot::{Since, SnapshotOptions};
 use inflight::error::LedgerError;
 use inflight::MAX_START_WAIT;
-use inflight::{ActivitySpec, Outcome, Settlement};
+use inflight_api as api;
 
 type Answer<T> = Result<T, ApiError>;
 
 /// `GET /healthz`.
-pub(super) async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+pub(super) async fn healthz() -> Json<api::Health> {
+    Json(api::Health {
+        status: api::HealthStatus::Ok,
+    })
 }
 
 /// The activity id in the path.
@@ -37,40 +37,15 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
 }
 
 /// `POST /v1/activities`.
-pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> Answer<impl IntoResponse> {
-    let body = body.require_body()?;
-    let mut spec = ActivitySpec::new(
-        body.required_string("service")?,
-        body.required_string("provider")?,
-    );
-    if let Some(class) = body.string("class")? {
-        spec = spec.class(class);
-    }
-    if let Some(stage) = body.string("operationStage")? {
-        spec = spec.operation_stage(stage);
-    }
-    if let Some(model) = body.string("model")? {
-        spec = spec.model(model);
-    }
-    if let Some(priority) = body.wire::<Priority>("priority")? {
-        spec = spec.priority(priority);
-    }
-    if let Some(admission) = body.wire::<Admission>("admission")? {
-        spec = spec.admission(admission);
-    }
-    if let Some(at) = body.timestamp("enqueuedAt")? {
-        spec = spec.enqueued_at(at);
-    }
-    if let Some(at) = body.timestamp("startedAt")? {
-        spec = spec.started_at(at);
-    }
-    if let Some(ms) = body.integer("deadlineMs")? {
-        spec = spec.deadline_ms(ms);
-    }
-    if let Some(owner) = body.string("ownerId")? {
-        spec = spec.owner_spelled(owner);
-    }
-    let record = state.ledger().begin_record(spec).await?;
+pub(super) async fn begin(
+    State(state): State<AppState>,
+    RequiredBody(request): RequiredBody<api::BeginRequest>,
+) -> Answer<impl IntoResponse> {
+    let record = state
+        .ledger()
+        .begin_record(convert::activity_spec(request))
+        .await?
+        .to_api();
     let location = format!("/v1/activities/{}", record.activity_id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(record)))
 }
@@ -79,9 +54,9 @@ pub(super) async fn begin(State(state): State<AppState>, body: JsonObject) -> An
 pub(super) async fn get(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
-    Ok(Json(state.ledger().get(id).await?))
+    Ok(Json(state.ledger().get(id).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/start[?wait=DURATION]`: an admission decision.
@@ -90,19 +65,17 @@ pub(super) async fn get(
 pub(super) async fn start(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
-    body: JsonObject,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+    QueryString(query): QueryString<api::StartQuery>,
+    OptionalBody(request): OptionalBody<api::StartRequest>,
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
-    let Query(query) =
-        query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
-    let wait = query.get("wait").map(|wait| parse_wait(wait)).transpose()?;
-    let started_at = body.timestamp("startedAt")?;
+    let wait = query.wait.as_deref().map(parse_wait).transpose()?;
+    let started_at = request.started_at.map(api::Timestamp::as_millis);
     let record = match wait {
         Some(wait) => state.ledger().start_waiting(id, started_at, Some(wait)).await?,
         None => state.ledger().start(id, started_at).await?,
     };
-    Ok(Json(record))
+    Ok(Json(record.to_api()))
 }
 
 /// `wait`: a duration of at most 30 s.
@@ -131,18 +104,16 @@ fn owner_id(path: Result<Path<String>, PathRejection>) -> Answer<OwnerId> {
 /// `POST /v1/owners`: registers an owner with a lease.
 pub(super) async fn register_owner(
     State(state): State<AppState>,
-    body: JsonObject,
+    RequiredBody(request): RequiredBody<api::RegisterOwnerRequest>,
 ) -> Answer<impl IntoResponse> {
-    let body = body.require_body()?;
-    let name = body.required_string("name")?;
     // Checked by the domain's rule before it becomes a `Duration`, so that
     // a negative value is named as sent.
-    let ttl_ms =
-        owner::check_ttl(body.integer("ttlMs")?.unwrap_or(DEFAULT_TTL_MS)).map_err(LedgerError::from)?;
+    let ttl_ms = owner::check_ttl(request.ttl_ms.unwrap_or(DEFAULT_TTL_MS)).map_err(LedgerError::from)?;
     let owner = state
         .ledger()
-        .register_owner(&name, Duration::from_millis(ttl_ms.unsigned_abs()))
-        .await?;
+        .register_owner(&request.name, Duration::from_millis(ttl_ms.unsigned_abs()))
+        .await?
+        .to_api();
     let location = format!("/v1/owners/{}", owner.owner_id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(owner)))
 }
@@ -151,9 +122,9 @@ pub(super) async fn register_owner(
 pub(super) async fn renew_owner(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<Owner>> {
+) -> Answer<Json<api::Owner>> {
     let id = owner_id(path)?;
-    Ok(Json(state.ledger().renew_owner(&id).await?))
+    Ok(Json(state.ledger().renew_owner(&id).await?.to_api()))
 }
 
 /// `DELETE /v1/owners/{id}`: a clean shutdown; cancels its in-flight
@@ -161,57 +132,40 @@ pub(super) async fn renew_owner(
 pub(super) async fn release_owner(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<Owner>> {
+) -> Answer<Json<api::Owner>> {
     let id = owner_id(path)?;
-    Ok(Json(state.ledger().release_owner(&id).await?))
+    Ok(Json(state.ledger().release_owner(&id).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/settle`.
 pub(super) async fn settle(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    body: JsonObject,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+    RequiredBody(request): RequiredBody<api::SettleRequest>,
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
-    let body = body.require_body()?;
-    let success = body.required_bool("success")?;
-    // Checked whatever `success` says: a malformed field is refused.
-    let stage = body.wire::<FailureStage>("failureStage")?;
-    let outcome = if success {
-        Outcome::Success
-    } else {
-        Outcome::Failure(stage.unwrap_or(FailureStage::Unknown))
-    };
-    let mut settlement = Settlement::new(outcome);
-    if let Some(at) = body.timestamp("completedAt")? {
-        settlement = settlement.completed_at(at);
-    }
-    Ok(Json(state.ledger().settle(id, settlement).await?))
+    let settlement = convert::settlement(&request);
+    Ok(Json(state.ledger().settle(id, settlement).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/cancel`.
 pub(super) async fn cancel(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    body: JsonObject,
-) -> Answer<Json<Arc<ActivityRecord>>> {
+    OptionalBody(request): OptionalBody<api::CancelRequest>,
+) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
-    let reason = body.string("reason")?;
-    Ok(Json(state.ledger().cancel(id, reason).await?))
+    Ok(Json(state.ledger().cancel(id, request.reason).await?.to_api()))
 }
 
-/// Reads `limit` and `since` from the query string.
-fn snapshot_options(query: &HashMap<String, String>) -> Answer<SnapshotOptions> {
+/// What the snapshot's query string asks for; the ledger bounds `limit`.
+fn snapshot_options(query: &api::SnapshotQuery) -> Answer<SnapshotOptions> {
     let mut options = SnapshotOptions::default();
-    if let Some(limit) = query.get("limit") {
-        let limit: usize = limit.trim().parse().map_err(|_| {
-            ApiError::invalid(format!(
-                "`limit` must be a whole number from 1 to 10000, got {limit:?}"
-            ))
-        })?;
+    if let Some(limit) = query.limit {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         options = options.with_limit(limit).map_err(ApiError::invalid)?;
     }
-    if let Some(since) = query.get("since") {
+    if let Some(since) = &query.since {
         options = options.with_since(parse_since(since)?);
     }
     Ok(options)
@@ -222,8 +176,8 @@ fn parse_since(text: &str) -> Answer<Since> {
     if let Ok(ago) = humantime::parse_duration(text.trim()) {
         return Ok(Since::Ago(ago));
     }
-    parse_timestamp("since", &Value::String(text.to_owned()))
-        .map(Since::At)
+    text.parse::<api::Timestamp>()
+        .map(|at| Since::At(at.as_millis()))
         .map_err(|_| {
             ApiError::invalid(format!(
                 "`since` must be a duration such as \"24h\" or an RFC 3339 time, got {text:?}"
@@ -234,12 +188,10 @@ fn parse_since(text: &str) -> Answer<Since> {
 /// `GET /v1/snapshot?limit=&since=`.
 pub(super) async fn snapshot(
     State(state): State<AppState>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Answer<Json<Snapshot>> {
-    let Query(query) =
-        query.map_err(|rejection| ApiError::invalid(format!("bad query string: {rejection}")))?;
+    QueryString(query): QueryString<api::SnapshotQuery>,
+) -> Answer<Json<api::Snapshot>> {
     let options = snapshot_options(&query)?;
-    Ok(Json(state.ledger().snapshot(options).await?))
+    Ok(Json(state.ledger().snapshot(options).await?.to_api()))
 }
 
 /// `GET /metrics`: the snapshot over the whole history, as OpenMetrics
@@ -257,8 +209,8 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoRe
 }
 
 /// `POST /v1/reap`.
-pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<ReapedCounts>> {
-    Ok(Json(state.ledger().reap().await?))
+pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<api::ReapCounts>> {
+    Ok(Json(state.ledger().reap().await?.to_api()))
 }
 
 #[cfg(test)]
@@ -286,10 +238,13 @@ mod tests {
 
     #[test]
     fn limit_is_bounded() {
-        let query = |limit: &str| HashMap::from([("limit".to_owned(), limit.to_owned())]);
-        assert_eq!(snapshot_options(&query("5")).unwrap().limit(), 5);
-        for bad in ["0", "10001", "-1", "many", ""] {
-            assert!(snapshot_options(&query(bad)).is_err(), "{bad}");
+        let query = |limit: &str| {
+            super::super::body::parse_query::<api::SnapshotQuery>(&format!("limit={limit}"))
+                .and_then(|query| snapshot_options(&query))
+        };
+        assert_eq!(query("5").unwrap().limit(), 5);
+        for bad in ["0", "10001", "-1", "many", "", "4294967296"] {
+            assert!(query(bad).is_err(), "{bad}");
         }
     }
 }

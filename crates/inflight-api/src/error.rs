@@ -1,0 +1,71 @@
+//! Every error the server answers with has one shape:
+//! `{"error": {"code": "invalid_request", "message": "..."}}`.
+
+use serde::{Deserialize, Serialize};
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+impl ErrorBody {
+    /// The body for `code` with `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorDetail {
+                code,
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// The error inside an [`ErrorBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// The stable code, for programs.
+    pub code: ErrorCode,
+    /// What happened, for people; never internal details.
+    pub message: String,
+}
+
+wire_enum! {
+    /// The stable error codes, each with its HTTP status
+    /// ([`ErrorCode::http_status`]).
+    ErrorCode {
+        /// 400: malformed JSON, a missing or invalid field, parameter or id.
+        InvalidRequest => "invalid_request",
+        /// 401: a token is configured and the request lacks it.
+        Unauthorized => "unauthorized",
+        /// 404: no such activity, owner or route.
+        NotFound => "not_found",
+        /// 405: the route exists but not with that method.
+        MethodNotAllowed => "method_not_allowed",
+        /// 409: the request contradicts the record or the owner.
+        Conflict => "conflict",
+        /// 413: a body over 64 KiB.
+        PayloadTooLarge => "payload_too_large",
+        /// 429: the lane is at its cap for this record.
+        LaneFull => "lane_full",
+        /// 500: the store failed; the details are in the server's log.
+        Internal => "internal",
+    }
+}
+
+impl ErrorCode {
+    /// The HTTP status it is answered with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Self::InvalidRequest => 400,
+            Self::Unauthorized => 401,
+            Self::NotFound => 404,
+            Self::MethodNotAllowed => 405,
+            Self::Conflict => 409,
+            Self::PayloadTooLarge => 413,
+            Self::LaneFull => 429,
+            Self::Internal => 500,
+        }
+    }
+}

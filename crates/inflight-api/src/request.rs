@@ -1,0 +1,124 @@
+//! What a client sends: request bodies and query strings.
+//!
+//! Bodies are JSON objects. Unknown fields are ignored, so older servers
+//! accept newer clients, and a field set to `null` is the same as a missing
+//! one. Serializing leaves out every field that is not set.
+
+use serde::{Deserialize, Serialize};
+
+use crate::values::{whole_number, Admission, FailureStage, Priority, Timestamp};
+
+/// `POST /v1/activities`: begins a record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BeginRequest {
+    /// The calling service: a label, required.
+    pub service: String,
+    /// The provider called: a label, required.
+    pub provider: String,
+    /// The deadline class its bounds derive from: a label (default `unknown`,
+    /// which gets the widest class's deadline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// The caller's stage: a label (default `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_stage: Option<String>,
+    /// The model: free text, kept only when it looks like a model identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The caller's priority (default `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    /// Queued (the default) or direct.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+    /// When it was enqueued (default: now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_at: Option<Timestamp>,
+    /// When it started: the record is begun already executing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// The call's own execution deadline, in milliseconds (positive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
+    /// The `ownerId` of a registered, live owner, as registration returned it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+}
+
+impl BeginRequest {
+    /// A call from `service` to `provider`, every other field unset.
+    pub fn new(service: impl Into<String>, provider: impl Into<String>) -> Self {
+        Self {
+            service: service.into(),
+            provider: provider.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// `POST /v1/activities/{id}/start`; an empty body is the same as `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartRequest {
+    /// When it started (default: now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+}
+
+/// `POST /v1/activities/{id}/settle`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SettleRequest {
+    /// Whether the call succeeded: `true` or `false`, required.
+    pub success: bool,
+    /// Where a failure happened (default `unknown` for a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_stage: Option<FailureStage>,
+    /// When it completed (default: now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+}
+
+/// `POST /v1/activities/{id}/cancel`; an empty body is the same as `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelRequest {
+    /// Why the caller cancelled (kept only when it carries no credential,
+    /// endpoint or path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/owners`: registers an owner with a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisterOwnerRequest {
+    /// What the owner calls itself: a label, required.
+    pub name: String,
+    /// The lease's time-to-live in milliseconds, 100 to 3600000 (default
+    /// 30000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
+}
+
+/// The query string of `POST /v1/activities/{id}/start`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartQuery {
+    /// How long to hold the request for the record's turn on a full lane: a
+    /// duration (`500ms`, `5s`), at most `30s`. Unset: answer at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<String>,
+}
+
+/// The query string of `GET /v1/snapshot`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotQuery {
+    /// Records listed per section, 1 to 10000 (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "whole_number")]
+    pub limit: Option<u32>,
+    /// The start of the history window for completions and reaps: a duration
+    /// before now (`90m`, `24h`) or an RFC 3339 time (default `24h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}

@@ -1,0 +1,269 @@
+//! What the server answers: the record, the snapshot, owners, reap counts.
+//!
+//! Fields are written in the order documented in `docs/api.md`; an unset
+//! optional field is written as `null` (except [`ActivityRecord::cancel_reason`],
+//! which is left out).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::values::{
+    Admission, Disposition, FailureStage, HealthStatus, OwnerState, Priority, ReapReason, SnapshotStatus,
+    State, Timestamp,
+};
+
+/// One activity (a provider call) as the ledger knows it: every activity
+/// route answers with it. No payload is ever part of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivityRecord {
+    /// Its opaque id (a UUID).
+    pub activity_id: String,
+    /// The calling service; with `provider`, the lane `service::provider`.
+    pub service: String,
+    /// The provider called.
+    pub provider: String,
+    /// The deadline class its bounds derive from.
+    pub class: String,
+    /// The caller's stage.
+    pub operation_stage: String,
+    /// The model, or `unknown`, or `redacted`.
+    pub model: String,
+    /// The caller's priority.
+    pub priority: Priority,
+    /// `queued` (counts in its lane) or `direct` (observed only).
+    pub admission: Admission,
+    /// Where it is in its life.
+    pub state: State,
+    /// How it leaked, when reaped.
+    pub disposition: Option<Disposition>,
+    /// Why it was reaped, when reaped.
+    pub reap_reason: Option<ReapReason>,
+    /// The owner it belongs to, as given at begin.
+    pub owner_id: Option<String>,
+    /// When it was enqueued.
+    pub enqueued_at: Timestamp,
+    /// When it started executing.
+    pub started_at: Option<Timestamp>,
+    /// When it settled.
+    pub completed_at: Option<Timestamp>,
+    /// When it was reaped.
+    pub reaped_at: Option<Timestamp>,
+    /// The effective execution deadline: its own, else its class's.
+    pub deadline_ms: i64,
+    /// While in flight, the instant past which it is reaped.
+    pub reapable_at: Option<Timestamp>,
+    /// `startedAt - enqueuedAt`, once started.
+    pub queue_wait_ms: Option<i64>,
+    /// `completedAt - startedAt`, once settled after a start.
+    pub execution_ms: Option<i64>,
+    /// `true` or `false` once succeeded or failed; unset in flight, cancelled
+    /// or reaped.
+    pub success: Option<bool>,
+    /// Where a failure happened.
+    pub failure_stage: Option<FailureStage>,
+    /// A settle or cancel arrived after it was reaped.
+    pub late_settle: bool,
+    /// Why the caller cancelled, when it said so (redacted like models);
+    /// left out of the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+}
+
+/// An in-flight record in the snapshot: the record and its age.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InFlightRecord {
+    /// The record, its fields inline.
+    #[serde(flatten)]
+    pub record: ActivityRecord,
+    /// How long ago it was enqueued (the snapshot's `at - enqueuedAt`).
+    pub elapsed_ms: i64,
+}
+
+/// A reaped record in the snapshot: the record and its age.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReapedRecord {
+    /// The record, its fields inline.
+    #[serde(flatten)]
+    pub record: ActivityRecord,
+    /// How long ago it was enqueued (the snapshot's `at - enqueuedAt`).
+    pub age_ms: i64,
+}
+
+/// Counts of reaped records by disposition: `POST /v1/reap`'s answer, and
+/// part of lanes, aggregates and the snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReapCounts {
+    /// Never started.
+    pub abandoned: i64,
+    /// Started, never settled.
+    pub unsettled: i64,
+}
+
+impl ReapCounts {
+    /// Both dispositions together.
+    pub fn total(&self) -> i64 {
+        self.abandoned + self.unsettled
+    }
+}
+
+/// One lane of native admission, over its `queued` records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lane {
+    /// The calling service.
+    pub service: String,
+    /// The provider.
+    pub provider: String,
+    /// The enforced cap, or unset when none is declared.
+    pub cap: Option<u32>,
+    /// Records executing.
+    pub executing: i64,
+    /// Records waiting.
+    pub waiting: i64,
+    /// Records that ended reaped, ever, by disposition.
+    pub reaped: ReapCounts,
+    /// Of those, records reaped because their owner's lease ran out.
+    pub reaped_owner_lost: i64,
+    /// Settles absorbed after a reap.
+    pub late_settles: i64,
+    /// Abandoned records started after all.
+    pub resurrections: i64,
+    /// How long its oldest waiting record has waited (`0` when none waits).
+    pub longest_wait_ms: i64,
+}
+
+/// The counters of one combination of service, stage, class, provider,
+/// model, priority and admission.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Aggregate {
+    /// The calling service.
+    pub service: String,
+    /// The caller's stage.
+    pub operation_stage: String,
+    /// The deadline class.
+    pub class: String,
+    /// The provider.
+    pub provider: String,
+    /// The model (sanitized).
+    pub model: String,
+    /// The priority.
+    pub priority: Priority,
+    /// Queued or direct.
+    pub admission: Admission,
+    /// Records begun.
+    pub calls: i64,
+    /// Settled with success.
+    pub successes: i64,
+    /// Settled with failure.
+    pub failures: i64,
+    /// Cancelled by the caller.
+    pub cancelled: i64,
+    /// Reaped, by disposition.
+    pub reaped: ReapCounts,
+    /// Late settles absorbed.
+    pub late_settles: i64,
+    /// In flight now.
+    pub in_flight: i64,
+    /// Average queue wait in milliseconds, when any record started.
+    pub avg_queue_wait_ms: Option<i64>,
+    /// Longest queue wait in milliseconds, when any record started.
+    pub max_queue_wait_ms: Option<i64>,
+    /// Average execution time in milliseconds, when any record settled after
+    /// a start.
+    pub avg_execution_ms: Option<i64>,
+    /// Longest execution time in milliseconds, likewise.
+    pub max_execution_ms: Option<i64>,
+    /// Its last caller-observed event.
+    pub last_seen_at: Option<Timestamp>,
+}
+
+/// A registered owner and its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Owner {
+    /// Its id (a UUID, lowercase with hyphens).
+    pub owner_id: String,
+    /// Its label.
+    pub name: String,
+    /// Its lease's time-to-live, in milliseconds.
+    pub ttl_ms: i64,
+    /// When it registered.
+    pub registered_at: Timestamp,
+    /// When it last renewed.
+    pub renewed_at: Timestamp,
+    /// When its lease runs out unless renewed; it is lost strictly after.
+    pub expires_at: Timestamp,
+    /// Live, lost or released.
+    pub state: OwnerState,
+    /// When it was lost or released.
+    pub ended_at: Option<Timestamp>,
+    /// Records its loss reaped.
+    pub reaped_records: i64,
+    /// Records its release cancelled.
+    pub cancelled_records: i64,
+}
+
+/// `GET /v1/snapshot`: the ledger as operators read it, reaped first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    /// `ok`, or `degraded` when records were reaped within the window.
+    pub status: SnapshotStatus,
+    /// When it was taken.
+    pub at: Timestamp,
+    /// The start of the history window.
+    pub since: Timestamp,
+    /// Lanes keyed `service::provider`, over `queued` records.
+    pub native_admission: BTreeMap<String, Lane>,
+    /// Records ever begun.
+    pub total_activities: i64,
+    /// Records in flight now, queued and direct.
+    pub total_in_flight: i64,
+    /// Completions within the window.
+    pub total_recent_completions: i64,
+    /// Records that ended reaped, ever.
+    pub total_reaped: i64,
+    /// Of those, records reaped because their owner's lease ran out.
+    pub total_reaped_owner_lost: i64,
+    /// Settles absorbed after a reap, ever.
+    pub total_late_settles: i64,
+    /// Abandoned records started after all, ever.
+    pub total_resurrections: i64,
+    /// What this read's own reap found past its bound.
+    pub reaped_this_read: ReapCounts,
+    /// In-flight records, oldest first.
+    pub in_flight: Vec<InFlightRecord>,
+    /// Records settled within the window, newest first.
+    pub recent_completions: Vec<ActivityRecord>,
+    /// Records reaped within the window, newest first.
+    pub reaped: Vec<ReapedRecord>,
+    /// More in-flight records exist than listed.
+    pub in_flight_truncated: bool,
+    /// More completions exist than listed.
+    pub recent_completions_truncated: bool,
+    /// More reaped records exist than listed.
+    pub reaped_truncated: bool,
+    /// Counters per aggregate, for those in flight or seen within the window.
+    pub aggregates: Vec<Aggregate>,
+    /// Every live owner, and the owners lost or released within the window.
+    pub owners: Vec<Owner>,
+}
+
+impl Snapshot {
+    /// The lane keyed `service::provider`, if it shows one.
+    pub fn lane(&self, key: &str) -> Option<&Lane> {
+        self.native_admission.get(key)
+    }
+}
+
+/// `GET /healthz`'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: HealthStatus,
+}

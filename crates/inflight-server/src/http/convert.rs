@@ -1,0 +1,363 @@
+//! The one place the server converts between the ledger's types and the
+//! wire's ([`inflight_api`]): the answers it writes, and the requests it
+//! reads.
+//!
+//! Both sides are foreign to this crate, so the conversions are the local
+//! trait [`ToApi`] rather than `From`. Every enum is matched exhaustively:
+//! a variant added to the ledger fails to compile here until the wire says
+//! how it is written.
+
+use inflight::domain::timestamp::Millis;
+use inflight::{ActivitySpec, Outcome, Settlement};
+use inflight_api as api;
+
+/// The wire form of one of the ledger's types.
+pub trait ToApi {
+    /// The wire type.
+    type Api;
+
+    /// Converts to the wire type.
+    fn to_api(&self) -> Self::Api;
+}
+
+fn timestamp(at: Millis) -> api::Timestamp {
+    api::Timestamp::from_millis(at)
+}
+
+fn timestamp_opt(at: Option<Millis>) -> Option<api::Timestamp> {
+    at.map(timestamp)
+}
+
+impl ToApi for inflight::State {
+    type Api = api::State;
+
+    fn to_api(&self) -> api::State {
+        match self {
+            Self::Waiting => api::State::Waiting,
+            Self::Executing => api::State::Executing,
+            Self::Succeeded => api::State::Succeeded,
+            Self::Failed => api::State::Failed,
+            Self::Cancelled => api::State::Cancelled,
+            Self::Reaped => api::State::Reaped,
+        }
+    }
+}
+
+impl ToApi for inflight::Disposition {
+    type Api = api::Disposition;
+
+    fn to_api(&self) -> api::Disposition {
+        match self {
+            Self::Abandoned => api::Disposition::Abandoned,
+            Self::Unsettled => api::Disposition::Unsettled,
+        }
+    }
+}
+
+impl ToApi for inflight::ReapReason {
+    type Api = api::ReapReason;
+
+    fn to_api(&self) -> api::ReapReason {
+        match self {
+            Self::Deadline => api::ReapReason::Deadline,
+            Self::OwnerLost => api::ReapReason::OwnerLost,
+        }
+    }
+}
+
+impl ToApi for inflight::Priority {
+    type Api = api::Priority;
+
+    fn to_api(&self) -> api::Priority {
+        match self {
+            Self::Interactive => api::Priority::Interactive,
+            Self::Batch => api::Priority::Batch,
+            Self::Unknown => api::Priority::Unknown,
+        }
+    }
+}
+
+impl ToApi for inflight::Admission {
+    type Api = api::Admission;
+
+    fn to_api(&self) -> api::Admission {
+        match self {
+            Self::Queued => api::Admission::Queued,
+            Self::Direct => api::Admission::Direct,
+        }
+    }
+}
+
+impl ToApi for inflight::FailureStage {
+    type Api = api::FailureStage;
+
+    fn to_api(&self) -> api::FailureStage {
+        match self {
+            Self::Provider => api::FailureStage::Provider,
+            Self::Queue => api::FailureStage::Queue,
+            Self::Unknown => api::FailureStage::Unknown,
+        }
+    }
+}
+
+impl ToApi for inflight::OwnerState {
+    type Api = api::OwnerState;
+
+    fn to_api(&self) -> api::OwnerState {
+        match self {
+            Self::Live => api::OwnerState::Live,
+            Self::Lost => api::OwnerState::Lost,
+            Self::Released => api::OwnerState::Released,
+        }
+    }
+}
+
+impl ToApi for inflight::ReapedCounts {
+    type Api = api::ReapCounts;
+
+    fn to_api(&self) -> api::ReapCounts {
+        api::ReapCounts {
+            abandoned: self.abandoned,
+            unsettled: self.unsettled,
+        }
+    }
+}
+
+impl ToApi for inflight::ActivityRecord {
+    type Api = api::ActivityRecord;
+
+    fn to_api(&self) -> api::ActivityRecord {
+        let labels = &*self.labels;
+        api::ActivityRecord {
+            activity_id: self.activity_id.to_string(),
+            service: labels.service.to_string(),
+            provider: labels.provider.to_string(),
+            class: labels.class.to_string(),
+            operation_stage: labels.operation_stage.to_string(),
+            model: labels.model.to_string(),
+            priority: self.priority.to_api(),
+            admission: self.admission.to_api(),
+            state: self.state.to_api(),
+            disposition: self.disposition.as_ref().map(ToApi::to_api),
+            reap_reason: self.reap_reason.as_ref().map(ToApi::to_api),
+            owner_id: self.owner_id.clone(),
+            enqueued_at: timestamp(self.enqueued_at),
+            started_at: timestamp_opt(self.started_at),
+            completed_at: timestamp_opt(self.completed_at),
+            reaped_at: timestamp_opt(self.reaped_at),
+            deadline_ms: self.deadline_ms,
+            reapable_at: timestamp_opt(self.reapable_at),
+            queue_wait_ms: self.queue_wait_ms,
+            execution_ms: self.execution_ms,
+            success: self.success,
+            failure_stage: self.failure_stage.as_ref().map(ToApi::to_api),
+            late_settle: self.late_settle,
+            cancel_reason: self.cancel_reason.clone(),
+        }
+    }
+}
+
+impl ToApi for inflight::Owner {
+    type Api = api::Owner;
+
+    fn to_api(&self) -> api::Owner {
+        api::Owner {
+            owner_id: self.owner_id.to_string(),
+            name: self.name.to_string(),
+            ttl_ms: self.ttl_ms,
+            registered_at: timestamp(self.registered_at),
+            renewed_at: timestamp(self.renewed_at),
+            expires_at: timestamp(self.expires_at),
+            state: self.state.to_api(),
+            ended_at: timestamp_opt(self.ended_at),
+            reaped_records: self.reaped_records,
+            cancelled_records: self.cancelled_records,
+        }
+    }
+}
+
+impl ToApi for inflight::Snapshot {
+    type Api = api::Snapshot;
+
+    fn to_api(&self) -> api::Snapshot {
+        let lanes = self.native_admission.iter().map(|(key, lane)| {
+            let lane = api::Lane {
+                service: lane.service.clone(),
+                provider: lane.provider.clone(),
+                cap: lane.cap,
+                executing: lane.executing,
+                waiting: lane.waiting,
+                reaped: lane.reaped.to_api(),
+                reaped_owner_lost: lane.reaped_owner_lost,
+                late_settles: lane.late_settles,
+                resurrections: lane.resurrections,
+                longest_wait_ms: lane.longest_wait_ms,
+            };
+            (key.clone(), lane)
+        });
+        let aggregates = self.aggregates.iter().map(|aggregate| {
+            let key = &aggregate.key;
+            api::Aggregate {
+                service: key.service.to_string(),
+                operation_stage: key.operation_stage.to_string(),
+                class: key.class.to_string(),
+                provider: key.provider.to_string(),
+                model: key.model.to_string(),
+                priority: key.priority.to_api(),
+                admission: key.admission.to_api(),
+                calls: aggregate.calls,
+                successes: aggregate.successes,
+                failures: aggregate.failures,
+                cancelled: aggregate.cancelled,
+                reaped: aggregate.reaped.to_api(),
+                late_settles: aggregate.late_settles,
+                in_flight: aggregate.in_flight,
+                avg_queue_wait_ms: aggregate.avg_queue_wait_ms,
+                max_queue_wait_ms: aggregate.max_queue_wait_ms,
+                avg_execution_ms: aggregate.avg_execution_ms,
+                max_execution_ms: aggregate.max_execution_ms,
+                last_seen_at: timestamp_opt(aggregate.last_seen_at),
+            }
+        });
+        api::Snapshot {
+            status: snapshot_status(self.status),
+            at: timestamp(self.at),
+            since: timestamp(self.since),
+            native_admission: lanes.collect(),
+            total_activities: self.total_activities,
+            total_in_flight: self.total_in_flight,
+            total_recent_completions: self.total_recent_completions,
+            total_reaped: self.total_reaped,
+            total_reaped_owner_lost: self.total_reaped_owner_lost,
+            total_late_settles: self.total_late_settles,
+            total_resurrections: self.total_resurrections,
+            reaped_this_read: self.reaped_this_read.to_api(),
+            in_flight: self
+                .in_flight
+                .iter()
+                .map(|entry| api::InFlightRecord {
+                    record: entry.record.to_api(),
+                    elapsed_ms: entry.elapsed_ms,
+                })
+                .collect(),
+            recent_completions: self.recent_completions.iter().map(ToApi::to_api).collect(),
+            reaped: self
+                .reaped
+                .iter()
+                .map(|entry| api::ReapedRecord {
+                    record: entry.record.to_api(),
+                    age_ms: entry.age_ms,
+                })
+                .collect(),
+            in_flight_truncated: self.in_flight_truncated,
+            recent_completions_truncated: self.recent_completions_truncated,
+            reaped_truncated: self.reaped_truncated,
+            aggregates: aggregates.collect(),
+            owners: self.owners.iter().map(ToApi::to_api).collect(),
+        }
+    }
+}
+
+/// The ledger's form of one of the wire's types.
+pub trait ToLedger {
+    /// The ledger's type.
+    type Ledger;
+
+    /// Converts to the ledger's type.
+    fn to_ledger(&self) -> Self::Ledger;
+}
+
+impl ToLedger for api::Priority {
+    type Ledger = inflight::Priority;
+
+    fn to_ledger(&self) -> inflight::Priority {
+        match self {
+            Self::Interactive => inflight::Priority::Interactive,
+            Self::Batch => inflight::Priority::Batch,
+            Self::Unknown => inflight::Priority::Unknown,
+        }
+    }
+}
+
+impl ToLedger for api::Admission {
+    type Ledger = inflight::Admission;
+
+    fn to_ledger(&self) -> inflight::Admission {
+        match self {
+            Self::Queued => inflight::Admission::Queued,
+            Self::Direct => inflight::Admission::Direct,
+        }
+    }
+}
+
+impl ToLedger for api::FailureStage {
+    type Ledger = inflight::FailureStage;
+
+    fn to_ledger(&self) -> inflight::FailureStage {
+        match self {
+            Self::Provider => inflight::FailureStage::Provider,
+            Self::Queue => inflight::FailureStage::Queue,
+            Self::Unknown => inflight::FailureStage::Unknown,
+        }
+    }
+}
+
+/// The call a begin asks for. The ledger validates it: labels, the skew of
+/// its timestamps, a positive deadline, a registered owner.
+pub fn activity_spec(request: api::BeginRequest) -> ActivitySpec {
+    let mut spec = ActivitySpec::new(request.service, request.provider);
+    if let Some(class) = request.class {
+        spec = spec.class(class);
+    }
+    if let Some(stage) = request.operation_stage {
+        spec = spec.operation_stage(stage);
+    }
+    if let Some(model) = request.model {
+        spec = spec.model(model);
+    }
+    if let Some(priority) = request.priority {
+        spec = spec.priority(priority.to_ledger());
+    }
+    if let Some(admission) = request.admission {
+        spec = spec.admission(admission.to_ledger());
+    }
+    if let Some(at) = request.enqueued_at {
+        spec = spec.enqueued_at(at.as_millis());
+    }
+    if let Some(at) = request.started_at {
+        spec = spec.started_at(at.as_millis());
+    }
+    // Set as sent, for the ledger to judge: a deadline that is not positive
+    // is refused by its rule (a `Duration` cannot carry it there), and an
+    // owner id is checked against the registered owners.
+    if let Some(deadline_ms) = request.deadline_ms {
+        spec = spec.deadline_ms(deadline_ms);
+    }
+    if let Some(owner) = request.owner_id {
+        spec = spec.owner_spelled(owner);
+    }
+    spec
+}
+
+/// The settle a request asks for.
+pub fn settlement(request: &api::SettleRequest) -> Settlement {
+    let outcome = if request.success {
+        Outcome::Success
+    } else {
+        let stage = request.failure_stage.as_ref().map(ToLedger::to_ledger);
+        Outcome::Failure(stage.unwrap_or(inflight::FailureStage::Unknown))
+    };
+    let settlement = Settlement::new(outcome);
+    match request.completed_at {
+        Some(at) => settlement.completed_at(at.as_millis()),
+        None => settlement,
+    }
+}
+
+/// The snapshot's status.
+fn snapshot_status(status: inflight::SnapshotStatus) -> api::SnapshotStatus {
+    match status {
+        inflight::SnapshotStatus::Ok => api::SnapshotStatus::Ok,
+        inflight::SnapshotStatus::Degraded => api::SnapshotStatus::Degraded,
+    }
+}
