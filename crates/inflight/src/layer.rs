@@ -1,6 +1,6 @@
 //! A `tower` layer that puts the ledger in front of any service: each call is
-//! begun, waits in line for a slot of its lane, runs, and is settled by its
-//! result.
+//! begun, waits in line for a slot of its lane, runs, and is settled as a
+//! classifier says.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -73,12 +73,56 @@
 //! future). Whatever that instance reserved when it said ready stays
 //! reserved while the call waits in line.
 //!
-//! # Settling
+//! # Classifying results
 //!
-//! Once the inner service answers, the call is settled: `Ok` as a success,
-//! `Err` as a failure at [`FailureStage::Provider`]. The result goes back to
-//! the caller as it was. A settle that fails is logged and does not change
-//! the result.
+//! Once the inner service answers, a [`Classify`] turns its result into a
+//! [`Verdict`]: the call succeeded, failed at a [`FailureStage`], or was
+//! cancelled. The default, [`ErrorsAsFailures`], counts `Ok` as a success
+//! and `Err` as a provider failure. Pass your own with
+//! [`LedgerLayer::classify_with`]: a closure over `&Result<Response, Error>`
+//! or any type that implements [`Classify`].
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use std::io;
+//!
+//! use inflight::layer::{LedgerLayer, Verdict};
+//! use inflight::{ActivitySpec, FailureStage, Ledger, LedgerConfig, SnapshotOptions};
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! let ledger = Ledger::builder(LedgerConfig::default()).build()?;
+//! // A client that answers with the provider's HTTP status, and fails with
+//! // `Interrupted` when the user gave up.
+//! let chat = service_fn(|prompt: &'static str| async move {
+//!     match prompt {
+//!         "" => Err(io::Error::from(io::ErrorKind::Interrupted)),
+//!         "too much" => Ok(429_u16),
+//!         _ => Ok(200),
+//!     }
+//! });
+//! let classify = |result: &Result<u16, io::Error>| match result {
+//!     Ok(200) => Verdict::Success,
+//!     Ok(_) => Verdict::Failure(FailureStage::Provider), // rate limited
+//!     Err(err) if err.kind() == io::ErrorKind::Interrupted => Verdict::Cancelled,
+//!     Err(_) => Verdict::Failure(FailureStage::Provider),
+//! };
+//! let spec = ActivitySpec::new("assistant", "openai").class("chat");
+//! let mut client = ServiceBuilder::new()
+//!     .layer(LedgerLayer::new(ledger.clone(), spec).classify_with(classify))
+//!     .service(chat);
+//! for prompt in ["hello", "too much", ""] {
+//!     let _ = client.ready().await?.call(prompt).await;
+//! }
+//! let snapshot = ledger.snapshot(SnapshotOptions::default()).await?;
+//! let chats = &snapshot.aggregates[0];
+//! assert_eq!((chats.successes, chats.failures, chats.cancelled), (1, 1, 1));
+//! # Ok::<(), tower::BoxError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! The verdict settles the call, and the result goes back to the caller as it
+//! was: a response classified as a failure is still the caller's response. A
+//! settle that fails is logged and does not change the result.
 //!
 //! # Errors
 //!
@@ -99,6 +143,55 @@ use tower::{BoxError, Layer, Service};
 use crate::domain::record::FailureStage;
 use crate::error::LedgerError;
 use crate::ledger::{ActivitySpec, Ledger, Outcome, Permit};
+
+/// The reason recorded on a call its classifier judged [`Verdict::Cancelled`].
+const CLASSIFIED_CANCELLED: &str = "classified cancelled";
+
+/// How a call that ran ended, as its [`Classify`] judges its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// It succeeded: settled as a success.
+    Success,
+    /// It failed at this stage: settled as a failure.
+    Failure(FailureStage),
+    /// It was called off (the user gave up, say): recorded `cancelled`, with
+    /// the reason `classified cancelled`; neither a success nor a failure.
+    Cancelled,
+}
+
+/// Judges the result of the inner service: which results count as failures,
+/// and at which stage.
+///
+/// Implemented by [`ErrorsAsFailures`] (the default) and by every closure
+/// `Fn(&Result<T, E>) -> Verdict`; see [the module docs](self) for an
+/// example.
+pub trait Classify<T, E> {
+    /// The verdict on `result`, which then goes back to the caller unchanged.
+    fn classify(&self, result: &Result<T, E>) -> Verdict;
+}
+
+impl<F, T, E> Classify<T, E> for F
+where
+    F: Fn(&Result<T, E>) -> Verdict,
+{
+    fn classify(&self, result: &Result<T, E>) -> Verdict {
+        self(result)
+    }
+}
+
+/// The default classifier: `Ok` is a success, `Err` a failure at
+/// [`FailureStage::Provider`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ErrorsAsFailures;
+
+impl<T, E> Classify<T, E> for ErrorsAsFailures {
+    fn classify(&self, result: &Result<T, E>) -> Verdict {
+        match result {
+            Ok(_) => Verdict::Success,
+            Err(_) => Verdict::Failure(FailureStage::Provider),
+        }
+    }
+}
 
 /// Derives the [`ActivitySpec`] a request is recorded with (so its lane).
 ///
@@ -176,14 +269,16 @@ impl<E: Error + 'static> Error for LayerError<E> {
 /// Wraps a service so that every call is recorded, admitted and settled by a
 /// ledger. See [the module docs](self).
 ///
-/// `D` describes each request ([`Describe`]).
+/// `D` describes each request ([`Describe`]), `C` classifies each result
+/// ([`Classify`]).
 #[derive(Clone)]
-pub struct LedgerLayer<D = ActivitySpec> {
+pub struct LedgerLayer<D = ActivitySpec, C = ErrorsAsFailures> {
     ledger: Ledger,
     describe: D,
+    classify: C,
 }
 
-impl<D> fmt::Debug for LedgerLayer<D> {
+impl<D, C> fmt::Debug for LedgerLayer<D, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LedgerLayer")
             .field("ledger", &self.ledger)
@@ -197,6 +292,7 @@ impl LedgerLayer {
         Self {
             ledger,
             describe: spec,
+            classify: ErrorsAsFailures,
         }
     }
 }
@@ -222,31 +318,50 @@ impl<D> LedgerLayer<D> {
     where
         D: Fn(&Req) -> ActivitySpec,
     {
-        Self { ledger, describe }
+        Self {
+            ledger,
+            describe,
+            classify: ErrorsAsFailures,
+        }
     }
 }
 
-impl<S, D: Clone> Layer<S> for LedgerLayer<D> {
-    type Service = LedgerService<S, D>;
+impl<D, C> LedgerLayer<D, C> {
+    /// Classifies each result with `classify` instead of the default
+    /// [`ErrorsAsFailures`]: a closure `Fn(&Result<T, E>) -> Verdict`, or any
+    /// [`Classify`]. See [the module docs](self) for an example.
+    pub fn classify_with<C2>(self, classify: C2) -> LedgerLayer<D, C2> {
+        LedgerLayer {
+            ledger: self.ledger,
+            describe: self.describe,
+            classify,
+        }
+    }
+}
+
+impl<S, D: Clone, C: Clone> Layer<S> for LedgerLayer<D, C> {
+    type Service = LedgerService<S, D, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         LedgerService {
             inner,
             ledger: self.ledger.clone(),
             describe: self.describe.clone(),
+            classify: self.classify.clone(),
         }
     }
 }
 
 /// The service [`LedgerLayer`] produces.
 #[derive(Clone)]
-pub struct LedgerService<S, D = ActivitySpec> {
+pub struct LedgerService<S, D = ActivitySpec, C = ErrorsAsFailures> {
     inner: S,
     ledger: Ledger,
     describe: D,
+    classify: C,
 }
 
-impl<S: fmt::Debug, D> fmt::Debug for LedgerService<S, D> {
+impl<S: fmt::Debug, D, C> fmt::Debug for LedgerService<S, D, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LedgerService")
             .field("inner", &self.inner)
@@ -255,7 +370,7 @@ impl<S: fmt::Debug, D> fmt::Debug for LedgerService<S, D> {
     }
 }
 
-impl<S, D> LedgerService<S, D> {
+impl<S, D, C> LedgerService<S, D, C> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -277,14 +392,15 @@ impl<S, D> LedgerService<S, D> {
     }
 }
 
-impl<S, Req, D> Service<Req> for LedgerService<S, D>
+impl<S, Req, D, C> Service<Req> for LedgerService<S, D, C>
 where
     S: Service<Req> + Clone,
     D: Describe<Req>,
+    C: Classify<S::Response, S::Error> + Clone,
 {
     type Response = S::Response;
     type Error = LayerError<S::Error>;
-    type Future = ResponseFuture<S, Req>;
+    type Future = ResponseFuture<S, Req, C>;
 
     /// Ready when the inner service is. Nothing is reserved in the ledger:
     /// a call waits for its slot in its [`ResponseFuture`] (see [the module
@@ -317,6 +433,7 @@ where
                 inner,
                 request,
             },
+            classify: self.classify.clone(),
         }
     }
 }
@@ -329,10 +446,15 @@ async fn admit(ledger: Ledger, spec: ActivitySpec) -> Result<Permit, LedgerError
     ledger.admit(spec).await
 }
 
-async fn settle(permit: Permit, outcome: Outcome) {
+async fn settle(permit: Permit, verdict: Verdict) {
     let id = permit.id();
-    if let Err(err) = permit.settle(outcome).await {
-        tracing::warn!(activity_id = %id, ?outcome, error = %err, "could not settle a call");
+    let settled = match verdict {
+        Verdict::Success => permit.settle(Outcome::Success).await,
+        Verdict::Failure(stage) => permit.settle(Outcome::Failure(stage)).await,
+        Verdict::Cancelled => permit.cancel(Some(CLASSIFIED_CANCELLED.to_owned())).await,
+    };
+    if let Err(err) = settled {
+        tracing::warn!(activity_id = %id, ?verdict, error = %err, "could not settle a call");
     }
 }
 
@@ -340,7 +462,7 @@ pin_project! {
     /// The future of one call through a [`LedgerService`]: it records the
     /// call and waits in line for a slot, then calls the inner service and
     /// holds the [`Permit`] while the inner future runs, then settles the
-    /// call by its result and returns that result.
+    /// call as its [`Classify`] judges the result and returns that result.
     ///
     /// The inner service's future is held as it is; only the ledger's own
     /// two steps (waiting in line, settling) are boxed.
@@ -361,12 +483,13 @@ pin_project! {
     /// has been submitted and lands ([`Permit::settle`]); only the response
     /// is lost.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, Req, C>
     where
         S: Service<Req>,
     {
         #[pin]
         stage: Stage<S, Req, S::Future, Result<S::Response, S::Error>>,
+        classify: C,
     }
 }
 
@@ -392,7 +515,7 @@ pin_project! {
     }
 }
 
-impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+impl<S, Req, C> fmt::Debug for ResponseFuture<S, Req, C>
 where
     S: Service<Req>,
 {
@@ -409,9 +532,10 @@ where
     }
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req>
+impl<S, Req, C> Future for ResponseFuture<S, Req, C>
 where
     S: Service<Req>,
+    C: Classify<S::Response, S::Error>,
 {
     type Output = Result<S::Response, LayerError<S::Error>>;
 
@@ -433,16 +557,13 @@ where
                 }
                 StageProj::Calling { future, .. } => {
                     let result = ready!(future.poll(cx));
-                    let outcome = match &result {
-                        Ok(_) => Outcome::Success,
-                        Err(_) => Outcome::Failure(FailureStage::Provider),
-                    };
+                    let verdict = this.classify.classify(&result);
                     let StageOwned::Calling { permit, .. } = this.stage.as_mut().project_replace(Stage::Done)
                     else {
                         unreachable!("the stage was Calling")
                     };
                     this.stage.set(Stage::Settling {
-                        settle: Box::pin(settle(permit, outcome)),
+                        settle: Box::pin(settle(permit, verdict)),
                         result,
                     });
                 }
@@ -466,6 +587,17 @@ mod tests {
     use std::io;
 
     use super::*;
+
+    #[test]
+    fn the_default_classifier_counts_errors_as_provider_failures() {
+        let ok: Result<(), io::Error> = Ok(());
+        let err: Result<(), io::Error> = Err(io::Error::other("boom"));
+        assert_eq!(ErrorsAsFailures.classify(&ok), Verdict::Success);
+        assert_eq!(
+            ErrorsAsFailures.classify(&err),
+            Verdict::Failure(FailureStage::Provider)
+        );
+    }
 
     #[test]
     fn a_layer_error_names_its_side_and_keeps_the_error_as_its_source() {

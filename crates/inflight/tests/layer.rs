@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use common::*;
 use futures_util::FutureExt;
-use inflight::layer::{LayerError, LedgerLayer, LedgerService};
+use inflight::layer::{LayerError, LedgerLayer, LedgerService, Verdict};
 use inflight::{ActivitySpec, ErrorKind, FailureStage, Ledger, LedgerConfig, Outcome, State};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -128,6 +128,7 @@ against_every_store!(
     capacity_is_never_taken_when_poll_ready_was_called_but_call_never_was,
     calls_wait_in_line_first_come_first_served_while_poll_ready_stays_ready,
     readiness_and_its_errors_are_the_inner_services,
+    a_classifier_decides_success_failure_or_cancelled,
     a_request_the_ledger_refuses_never_reaches_the_inner_service,
     each_request_waits_on_the_lane_its_description_names,
 );
@@ -334,6 +335,47 @@ async fn readiness_and_its_errors_are_the_inner_services(backend: Backend) {
         other => panic!("expected the inner service's error, got {:?}", other.err()),
     }
     assert_eq!(outcomes(&h.ledger).await, (2, 2, 0, 0));
+}
+
+async fn a_classifier_decides_success_failure_or_cancelled(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    // The provider's HTTP status, or `Interrupted` when the user gave up.
+    let chat = tower::service_fn(|prompt: &'static str| async move {
+        match prompt {
+            "" => Err(io::Error::from(io::ErrorKind::Interrupted)),
+            "too much" => Ok(429_u16),
+            _ => Ok(200),
+        }
+    });
+    let classify = |result: &Result<u16, io::Error>| match result {
+        Ok(200) => Verdict::Success,
+        Ok(_) => Verdict::Failure(FailureStage::Provider),
+        Err(err) if err.kind() == io::ErrorKind::Interrupted => Verdict::Cancelled,
+        Err(_) => Verdict::Failure(FailureStage::Provider),
+    };
+    let mut client = LedgerLayer::new(h.ledger.clone(), embedding())
+        .classify_with(classify)
+        .layer(chat);
+    assert_eq!(client.ready().await.unwrap().call("hello").await.unwrap(), 200);
+    // A response judged a failure is still the caller's response.
+    assert_eq!(client.ready().await.unwrap().call("too much").await.unwrap(), 429);
+    let interrupted = client.ready().await.unwrap().call("").await.unwrap_err();
+    assert!(matches!(interrupted, LayerError::Inner(err) if err.kind() == io::ErrorKind::Interrupted));
+
+    assert_eq!(outcomes(&h.ledger).await, (3, 1, 1, 1));
+    assert_eq!(lane_counts(&h.ledger).await, (0, 0));
+    let snap = snapshot(&h.ledger).await;
+    let ended = |state| {
+        snap.recent_completions
+            .iter()
+            .find(|record| record.state == state)
+            .unwrap()
+    };
+    assert_eq!(ended(State::Failed).failure_stage, Some(FailureStage::Provider));
+    assert_eq!(
+        ended(State::Cancelled).cancel_reason.as_deref(),
+        Some("classified cancelled")
+    );
 }
 
 async fn a_request_the_ledger_refuses_never_reaches_the_inner_service(backend: Backend) {
