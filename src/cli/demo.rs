@@ -2,12 +2,12 @@
 
 use std::fmt::Write as _;
 
+use inflight::wire::ToApi;
 use inflight_api::Lane;
-use inflight_server::http::convert::ToApi;
 
-use super::table::{human_duration, render_snapshot};
 use crate::demo::{IncidentReplay, LAST_OLLAMA_TRAFFIC, SNAPSHOT_AT};
 use inflight::domain::timestamp::parse_rfc3339;
+use inflight_api::{human_duration, render_snapshot};
 
 /// Renders the replay: the snapshot of a ledger that never expires anything,
 /// then inflight's at the same instant, then what changed lane by lane. The

@@ -14,7 +14,6 @@ use inflight_server::{self as server, Overrides, ServerSettings};
 
 pub mod client;
 pub mod demo;
-pub mod table;
 
 /// The default server the client commands talk to.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7878";
@@ -185,7 +184,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
                     .map_err(|err| CliError::Failed(format!("cannot print the snapshot: {err}")))?;
                 println!("{text}");
             } else {
-                print!("{}", table::render_snapshot(&snapshot));
+                print!("{}", snapshot);
             }
             Ok(())
         }
@@ -236,14 +235,16 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
         format!(
             "reap factor {}, interval {}",
             policy.factor(),
-            table::human_duration(i64::try_from(ledger.reap_interval().as_millis()).unwrap_or(i64::MAX))
+            inflight_api::human_duration(
+                i64::try_from(ledger.reap_interval().as_millis()).unwrap_or(i64::MAX)
+            )
         ),
     ];
     for (name, bounds) in policy.classes() {
         lines.push(format!(
             "class {name}: deadline {}, max queue wait {}",
-            table::human_duration(bounds.deadline_ms()),
-            table::human_duration(bounds.max_queue_wait_ms())
+            inflight_api::human_duration(bounds.deadline_ms()),
+            inflight_api::human_duration(bounds.max_queue_wait_ms())
         ));
     }
     for (lane, cap) in ledger.caps() {

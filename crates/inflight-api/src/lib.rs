@@ -98,6 +98,7 @@ macro_rules! wire_enum {
 pub mod error;
 pub mod request;
 pub mod response;
+pub mod table;
 pub mod values;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
@@ -107,6 +108,7 @@ pub use request::{
 pub use response::{
     ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,
 };
+pub use table::{human_duration, render_snapshot};
 pub use values::{
     Admission, Disposition, FailureStage, HealthStatus, OwnerState, Priority, ReapReason, SnapshotStatus,
     State, Timestamp,

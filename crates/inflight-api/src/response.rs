@@ -222,6 +222,15 @@ pub struct Snapshot {
     pub native_admission: BTreeMap<String, Lane>,
     /// Records ever begun.
     pub total_activities: i64,
+    /// Records ever settled as succeeded (absent from older servers: 0).
+    #[serde(default)]
+    pub total_succeeded: i64,
+    /// Records ever settled as failed (absent from older servers: 0).
+    #[serde(default)]
+    pub total_failed: i64,
+    /// Records ever cancelled by their caller (absent from older servers: 0).
+    #[serde(default)]
+    pub total_cancelled: i64,
     /// Records in flight now, queued and direct.
     pub total_in_flight: i64,
     /// Completions within the window.

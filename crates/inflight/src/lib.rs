@@ -89,6 +89,7 @@ pub mod error;
 pub mod layer;
 mod ledger;
 pub mod store;
+pub mod wire;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use config::{ConfigError, LedgerConfig, Settings};

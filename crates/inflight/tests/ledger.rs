@@ -666,3 +666,29 @@ async fn close_lands_the_cancels_of_dropped_handles_and_closes_the_store() {
         assert_eq!(reopened.get(id).await.unwrap().state, State::Cancelled);
     }
 }
+
+/// A snapshot prints as the operator's table, with its outcome counts.
+#[tokio::test]
+async fn a_snapshot_prints_as_the_operators_table() {
+    let h = Harness::new(Backend::Memory, config());
+    let ok = h.ledger.begin(embedding()).await.unwrap();
+    ok.settle(Outcome::Success).await.unwrap();
+    let failed = h.ledger.begin(embedding()).await.unwrap();
+    failed
+        .settle(Outcome::Failure(FailureStage::Provider))
+        .await
+        .unwrap();
+    drop(h.ledger.begin(embedding()).await.unwrap());
+    let snap = snapshot(&h.ledger).await;
+    assert_eq!(
+        (snap.total_succeeded, snap.total_failed, snap.total_cancelled),
+        (1, 1, 1)
+    );
+    let table = snap.to_string();
+    assert!(
+        table.contains("ever: 1 succeeded, 1 failed, 1 cancelled, 0 reaped"),
+        "{table}"
+    );
+    assert!(table.contains("knowledge-base::ollama"), "{table}");
+    assert!(table.lines().count() < 40, "readable at a glance:\n{table}");
+}

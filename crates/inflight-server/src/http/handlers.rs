@@ -10,13 +10,13 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::body::{OptionalBody, QueryString, RequiredBody};
-use super::convert::{self, ToApi};
 use super::error::ApiError;
 use super::AppState;
 use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
 use inflight::domain::record::ActivityId;
 use inflight::domain::snapshot::{Since, SnapshotOptions};
 use inflight::error::LedgerError;
+use inflight::wire::{self as convert, ToApi};
 use inflight::MAX_START_WAIT;
 use inflight_api as api;
 

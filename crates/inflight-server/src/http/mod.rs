@@ -17,7 +17,6 @@ use subtle::ConstantTimeEq;
 use inflight::Ledger;
 
 pub mod body;
-pub mod convert;
 pub mod error;
 mod handlers;
 pub mod metrics;

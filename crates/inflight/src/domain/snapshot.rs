@@ -211,6 +211,12 @@ pub struct Snapshot {
     pub native_admission: BTreeMap<String, LaneView>,
     /// Records ever begun.
     pub total_activities: i64,
+    /// Records ever settled as succeeded.
+    pub total_succeeded: i64,
+    /// Records ever settled as failed.
+    pub total_failed: i64,
+    /// Records ever cancelled by their caller.
+    pub total_cancelled: i64,
     /// Records in flight now (queued and direct).
     pub total_in_flight: i64,
     /// Completions within the window.
@@ -331,6 +337,9 @@ impl Snapshot {
                 .map(|(key, view)| (key.to_string(), view))
                 .collect(),
             total_activities: everything.calls,
+            total_succeeded: everything.succeeded,
+            total_failed: everything.failed,
+            total_cancelled: everything.cancelled,
             total_in_flight: parts.in_flight_total,
             total_recent_completions: parts.recent_completions_total,
             total_reaped: everything.reaped(),

@@ -15,7 +15,7 @@ use crate::error::LedgerError;
 
 /// What a caller says about a call when it begins it.
 ///
-/// Labels are validated by [`Ledger::begin`]; a missing optional label is
+/// Labels are validated by [`Ledger::begin`](crate::Ledger::begin); a missing optional label is
 /// `unknown`. They are `Cow`s so that a spec built from string literals,
 /// as most services' are, allocates nothing.
 ///

@@ -68,7 +68,7 @@ impl SqliteStore {
     /// recomputes the bounds of in-flight records under `config`.
     ///
     /// # Errors
-    /// [`ErrorKind::Storage`] when the file cannot be opened or migrated.
+    /// [`ErrorKind::Storage`](crate::ErrorKind::Storage) when the file cannot be opened or migrated.
     pub fn open(
         path: impl AsRef<Path>,
         config: Arc<LedgerConfig>,

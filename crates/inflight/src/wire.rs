@@ -1,15 +1,16 @@
-//! The one place the server converts between the ledger's types and the
-//! wire's ([`inflight_api`]): the answers it writes, and the requests it
-//! reads.
+//! The one place the ledger's types meet the wire's ([`inflight_api`]):
+//! what the server answers (and the CLI prints), and what it reads.
 //!
-//! Both sides are foreign to this crate, so the conversions are the local
-//! trait [`ToApi`] rather than `From`. Every enum is matched exhaustively:
-//! a variant added to the ledger fails to compile here until the wire says
-//! how it is written.
+//! The conversions are the trait [`ToApi`] and the functions
+//! [`activity_spec`] and [`settlement`]. Every enum is matched
+//! exhaustively: a variant added to the ledger fails to compile here until
+//! the wire says how it is written.
 
-use inflight::domain::timestamp::Millis;
-use inflight::{ActivitySpec, Outcome, Settlement};
 use inflight_api as api;
+
+use crate as inflight;
+use crate::domain::timestamp::Millis;
+use crate::{ActivitySpec, Outcome, Settlement};
 
 /// The wire form of one of the ledger's types.
 pub trait ToApi {
@@ -225,6 +226,9 @@ impl ToApi for inflight::Snapshot {
             since: timestamp(self.since),
             native_admission: lanes.collect(),
             total_activities: self.total_activities,
+            total_succeeded: self.total_succeeded,
+            total_failed: self.total_failed,
+            total_cancelled: self.total_cancelled,
             total_in_flight: self.total_in_flight,
             total_recent_completions: self.total_recent_completions,
             total_reaped: self.total_reaped,
@@ -359,5 +363,13 @@ fn snapshot_status(status: inflight::SnapshotStatus) -> api::SnapshotStatus {
     match status {
         inflight::SnapshotStatus::Ok => api::SnapshotStatus::Ok,
         inflight::SnapshotStatus::Degraded => api::SnapshotStatus::Degraded,
+    }
+}
+
+/// The operator's table ([`inflight_api::render_snapshot`]): lanes,
+/// outcomes, the oldest records in flight, the reaped evidence and owners.
+impl std::fmt::Display for crate::Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.to_api(), f)
     }
 }

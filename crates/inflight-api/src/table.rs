@@ -1,13 +1,18 @@
-//! The human-readable snapshot: lanes, the oldest in-flight records and the
-//! reaped evidence. `inflight snapshot` and `inflight demo` share it.
-//!
-//! It renders the wire's [`Snapshot`] (as the server sends it, or as the
-//! demo's ledger converts to it), so the table reads exactly the fields the
-//! API documents.
+//! The human-readable snapshot: lanes, outcomes, the oldest in-flight
+//! records and the reaped evidence, as operators read it. It is the
+//! snapshot's `Display`: `inflight snapshot` prints it, and so does
+//! `println!("{snapshot}")` on the library's own snapshot, which converts to
+//! this one first.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
-use inflight_api::{ActivityRecord, OwnerState, Snapshot, Timestamp};
+use crate::{ActivityRecord, OwnerState, Snapshot, Timestamp};
+
+impl fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&render_snapshot(self))
+    }
+}
 
 /// Formats milliseconds as the two most significant units: `35h 39m`,
 /// `4m 12s`, `850ms`; days only from a week on (`8d 3h`).
@@ -119,6 +124,15 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
         snapshot.total_reaped,
         snapshot.total_late_settles,
         snapshot.total_resurrections,
+    );
+    let _ = writeln!(
+        out,
+        "ever: {} succeeded, {} failed, {} cancelled, {} reaped ({} of them for a lost owner)",
+        snapshot.total_succeeded,
+        snapshot.total_failed,
+        snapshot.total_cancelled,
+        snapshot.total_reaped,
+        snapshot.total_reaped_owner_lost,
     );
     let this_read = snapshot.reaped_this_read;
     if this_read.total() > 0 {
@@ -293,7 +307,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use inflight_api::{
+    use crate::{
         Admission, Disposition, InFlightRecord, Lane, Owner, Priority, ReapCounts, ReapReason, ReapedRecord,
         SnapshotStatus, State,
     };
@@ -367,6 +381,9 @@ mod tests {
             since: Timestamp::from_millis(at("19:59:00.000").as_millis() - 86_400_000),
             native_admission: BTreeMap::new(),
             total_activities: 0,
+            total_succeeded: 0,
+            total_failed: 0,
+            total_cancelled: 0,
             total_in_flight: 0,
             total_recent_completions: 0,
             total_reaped: 0,
