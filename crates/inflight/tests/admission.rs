@@ -9,21 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use inflight::{
-    ActivitySpec, Admission, Disposition, ErrorKind, Ledger, LedgerConfig, Outcome, OwnerState, ReapReason,
-    State,
+    ActivitySpec, Admission, Disposition, ErrorKind, Ledger, Outcome, OwnerState, ReapReason, State,
 };
-
-const LANE: &str = "knowledge-base::ollama";
-
-fn capped(cap: u32) -> LedgerConfig {
-    config().with_lane_cap(LANE, cap).unwrap()
-}
-
-async fn lane_counts(ledger: &Ledger) -> (i64, i64) {
-    let snap = snapshot(ledger).await;
-    let lane = snap.lane(LANE).unwrap();
-    (lane.executing, lane.waiting)
-}
 
 /// A newcomer is admitted at once, then settles.
 async fn assert_a_slot_is_free(ledger: &Ledger) {

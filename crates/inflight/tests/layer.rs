@@ -18,22 +18,10 @@ use std::task::{Context, Poll};
 use common::*;
 use futures_util::FutureExt;
 use inflight::layer::{LayerError, LedgerLayer, LedgerService, Verdict};
-use inflight::{ActivitySpec, ErrorKind, FailureStage, Ledger, LedgerConfig, Outcome, State};
+use inflight::{ActivitySpec, ErrorKind, FailureStage, Ledger, Outcome, State};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tower::{Layer, Service, ServiceExt};
-
-const LANE: &str = "knowledge-base::ollama";
-
-fn capped(cap: u32) -> LedgerConfig {
-    config().with_lane_cap(LANE, cap).unwrap()
-}
-
-async fn lane_counts(ledger: &Ledger) -> (i64, i64) {
-    let snap = snapshot(ledger).await;
-    let lane = snap.lane(LANE).unwrap();
-    (lane.executing, lane.waiting)
-}
 
 /// Yields until the lane shows `counts` (a spawned call has got that far).
 async fn wait_for_lane(ledger: &Ledger, counts: (i64, i64)) {

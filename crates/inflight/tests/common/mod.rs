@@ -70,6 +70,21 @@ pub fn embedding() -> ActivitySpec {
         .model("nomic-embed-text")
 }
 
+/// The lane `embedding()` runs on.
+pub const LANE: &str = "knowledge-base::ollama";
+
+/// `config()` with `LANE` capped at `cap`.
+pub fn capped(cap: u32) -> LedgerConfig {
+    config().with_lane_cap(LANE, cap).unwrap()
+}
+
+/// `LANE`'s executing and waiting counts, from a snapshot.
+pub async fn lane_counts(ledger: &Ledger) -> (i64, i64) {
+    let snap = snapshot(ledger).await;
+    let lane = snap.lane(LANE).unwrap();
+    (lane.executing, lane.waiting)
+}
+
 pub async fn snapshot(ledger: &Ledger) -> inflight::Snapshot {
     ledger.snapshot(SnapshotOptions::default()).await.unwrap()
 }
