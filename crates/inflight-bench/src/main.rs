@@ -24,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
+use inflight::store::Synchronous;
 use inflight::{
     ActivityId, ActivitySpec, ErrorKind, FakeClock, Ledger, LedgerConfig, Outcome, SnapshotOptions,
 };
@@ -55,6 +56,62 @@ struct Args {
     /// Use a disk-backed directory: on tmpfs an fsync costs nothing.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Instead of the cases: run this many lifecycles with one caller on
+    /// one side only, for a profiler (`valgrind --tool=callgrind`, `perf`).
+    #[arg(long, value_name = "N", hide = true)]
+    profile_lifecycles: Option<usize>,
+    /// The side `--profile-lifecycles` runs: `ours` or `baseline`.
+    #[arg(long, value_name = "SIDE", default_value = "ours", hide = true)]
+    profile_side: String,
+    /// The durability `--profile-lifecycles` runs under.
+    #[arg(long, value_name = "SYNC", default_value = "normal", hide = true)]
+    profile_synchronous: Synchronous,
+}
+
+/// `--profile-lifecycles`: `n` lifecycles with one caller on `side`, after
+/// a warm-up of `n / 10`, and nothing else.
+fn profile_lifecycles(dir: &Path, n: usize, side: &str, synchronous: Synchronous) -> Result<()> {
+    let tmp = TempDir::new(dir, "profile")?;
+    let started;
+    match side {
+        "ours" => {
+            let runtime = multi_thread()?;
+            let ledger = sqlite_ledger_at(&tmp.file("ours.db"), synchronous)?;
+            runtime.block_on(async {
+                for _ in 0..n / 10 {
+                    ledger_lifecycle(&ledger).await?;
+                }
+                Ok::<_, anyhow::Error>(())
+            })?;
+            started = Instant::now();
+            runtime.block_on(async {
+                for _ in 0..n {
+                    ledger_lifecycle(&ledger).await?;
+                }
+                Ok::<_, anyhow::Error>(())
+            })?;
+        }
+        "baseline" => {
+            let pragmas = Pragmas::load(synchronous);
+            let conn = pragmas.connect(&tmp.file("baseline.db"))?;
+            conn.execute_batch(BASELINE_TABLE)?;
+            for _ in 0..n / 10 {
+                baseline_lifecycle(&conn)?;
+            }
+            started = Instant::now();
+            for _ in 0..n {
+                baseline_lifecycle(&conn)?;
+            }
+        }
+        other => bail!("--profile-side {other:?}: ours or baseline"),
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "{side}, synchronous={synchronous}: {n} lifecycles in {elapsed:.3}s, {:.0}/s, {:.1} us each",
+        n as f64 / elapsed,
+        elapsed * 1e6 / n as f64
+    );
+    Ok(())
 }
 
 /// How much each case does.
@@ -66,7 +123,8 @@ struct Plan {
     reps: usize,
     /// How long each `sqlite_lifecycle` repetition runs.
     sqlite_window: Duration,
-    sqlite_reps: usize,
+    /// Interleaved pairs of windows (baseline, ours) per configuration.
+    sqlite_pairs: usize,
     /// Completed records of history in `snapshot_scale`.
     snapshot_scales: Vec<usize>,
     snapshot_samples: usize,
@@ -89,8 +147,8 @@ impl Plan {
             Self {
                 memory_ops: 20_000,
                 reps: 5,
-                sqlite_window: Duration::from_millis(1_000),
-                sqlite_reps: 3,
+                sqlite_window: Duration::from_millis(300),
+                sqlite_pairs: 5,
                 snapshot_scales: vec![10_000, 100_000],
                 snapshot_samples: 51,
                 reap_scales: (1_000, 100_000),
@@ -104,8 +162,8 @@ impl Plan {
             Self {
                 memory_ops: 50_000,
                 reps: 9,
-                sqlite_window: Duration::from_secs(3),
-                sqlite_reps: 5,
+                sqlite_window: Duration::from_secs(1),
+                sqlite_pairs: 9,
                 snapshot_scales: vec![10_000, 100_000, 1_000_000],
                 snapshot_samples: 201,
                 reap_scales: (1_000, 100_000),
@@ -293,15 +351,15 @@ struct Pragmas {
 }
 
 impl Pragmas {
-    /// The store's own settings, as it exports them.
-    fn load() -> Self {
+    /// The store's own settings under `synchronous`, as it exports them.
+    fn load(synchronous: Synchronous) -> Self {
         Self {
-            set: inflight::store::sqlite::pragmas(inflight::store::Synchronous::default())
+            set: inflight::store::sqlite::pragmas(synchronous)
                 .iter()
                 .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
                 .collect(),
             busy_timeout: inflight::store::sqlite::BUSY_TIMEOUT,
-            source: "inflight::store::sqlite::pragmas(Synchronous::default())".into(),
+            source: format!("inflight::store::sqlite::pragmas(Synchronous::{synchronous:?})"),
         }
     }
 
@@ -367,6 +425,14 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A SQLite ledger on the system clock with the durability `synchronous`.
+fn sqlite_ledger_at(path: &Path, synchronous: Synchronous) -> Result<Ledger> {
+    Ledger::builder(LedgerConfig::default())
+        .store_url(format!("sqlite://{}?synchronous={synchronous}", path.display()))
+        .build()
+        .context("open the SQLite ledger")
 }
 
 fn sqlite_ledger(path: &Path, clock: Option<FakeClock>) -> Result<Ledger> {
@@ -607,55 +673,79 @@ fn baseline_sqlite_rate(path: &Path, pragmas: &Pragmas, callers: usize, window: 
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
-fn sqlite_lifecycle(plan: &Plan, dir: &Path, pragmas: &Pragmas) -> Result<Vec<Case>> {
+/// The caller counts of `sqlite_lifecycle`, each under both settings.
+const SQLITE_CALLERS: [usize; 3] = [1, 8, 64];
+
+/// The target of `sqlite_lifecycle` with `callers` under `synchronous`.
+fn sqlite_target(synchronous: Synchronous, callers: usize) -> Target {
+    match (synchronous, callers) {
+        (_, 1) => Target::AtLeast(0.8),
+        (Synchronous::Full, 8) => Target::AtLeast(4.0),
+        (Synchronous::Full, _) => Target::AtLeast(10.0),
+        (Synchronous::Normal, 64) => Target::AtLeast(2.0),
+        _ => Target::Report,
+    }
+}
+
+fn sqlite_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     let runtime = multi_thread()?;
     let mut cases = Vec::new();
-    for callers in [1_usize, 8] {
-        let tmp = TempDir::new(dir, &format!("sqlite-{callers}"))?;
-        let ledger = sqlite_ledger(&tmp.file("ours.db"), None)?;
-        let base_path = tmp.file("baseline.db");
-        pragmas.connect(&base_path)?.execute_batch(BASELINE_TABLE)?;
-        // Warm-up: page cache, statement caches, the WAL file.
-        let warm = plan.sqlite_window / 4;
-        ours_sqlite_rate(&runtime, &ledger, callers, warm)?;
-        baseline_sqlite_rate(&base_path, pragmas, callers, warm)?;
-        let (mut ours, mut base) = (Vec::new(), Vec::new());
-        for _ in 0..plan.sqlite_reps {
-            base.push(baseline_sqlite_rate(
-                &base_path,
-                pragmas,
-                callers,
-                plan.sqlite_window,
-            )?);
-            ours.push(ours_sqlite_rate(&runtime, &ledger, callers, plan.sqlite_window)?);
+    for synchronous in [Synchronous::Full, Synchronous::Normal] {
+        let pragmas = Pragmas::load(synchronous);
+        for callers in SQLITE_CALLERS {
+            let tmp = TempDir::new(dir, &format!("sqlite-{synchronous}-{callers}"))?;
+            let ledger = sqlite_ledger_at(&tmp.file("ours.db"), synchronous)?;
+            let base_path = tmp.file("baseline.db");
+            pragmas.connect(&base_path)?.execute_batch(BASELINE_TABLE)?;
+            // Warm-up: page cache, statement caches, the WAL file.
+            let warm = plan.sqlite_window / 2;
+            baseline_sqlite_rate(&base_path, &pragmas, callers, warm)?;
+            ours_sqlite_rate(&runtime, &ledger, callers, warm)?;
+            // Pairs of windows, baseline then ours, so that a slow spell of
+            // the shared machine hits both sides of a pair alike; the ratio
+            // is the median of the pairs' ratios.
+            let (mut ours, mut base, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..plan.sqlite_pairs {
+                let b = baseline_sqlite_rate(&base_path, &pragmas, callers, plan.sqlite_window)?;
+                let o = ours_sqlite_rate(&runtime, &ledger, callers, plan.sqlite_window)?;
+                base.push(b);
+                ours.push(o);
+                ratios.push(o / b);
+            }
+            drop(ledger);
+            let name = format!("sqlite_lifecycle_{synchronous}_{callers}");
+            let (o_min, ours, o_max) = spread(&ours);
+            let (b_min, base, b_max) = spread(&base);
+            let (r_min, ratio, r_max) = spread(&ratios);
+            eprintln!(
+                "  {name}: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median \
+                 {base:.0}/s (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x \
+                 (min {r_min:.2}, max {r_max:.2})"
+            );
+            let noun = if callers == 1 { "caller" } else { "callers" };
+            cases.push(Case {
+                name,
+                ours,
+                baseline: Some(base),
+                unit: "lifecycles/s",
+                target: sqlite_target(synchronous, callers),
+                paired_ratio: Some(ratio),
+                note: format!(
+                    "synchronous={synchronous}, {callers} {noun} (ours: tokio tasks; baseline: OS threads, own \
+                     connections, one autocommit statement per transition); ratio = median of {} interleaved \
+                     pairs of {:.1}s windows (min {r_min:.2}x, max {r_max:.2}x)",
+                    plan.sqlite_pairs,
+                    plan.sqlite_window.as_secs_f64(),
+                ),
+                extra: serde_json::Map::from_iter([
+                    ("callers".to_owned(), json!(callers)),
+                    ("synchronous".to_owned(), json!(synchronous.as_str())),
+                    ("pairs".to_owned(), json!(plan.sqlite_pairs)),
+                    ("ratio_min".to_owned(), json!(round(r_min))),
+                    ("ratio_max".to_owned(), json!(round(r_max))),
+                ]),
+            });
         }
-        let (ours, base) = (median(ours), median(base));
-        let noun = if callers == 1 { "caller" } else { "callers" };
-        cases.push(Case {
-            name: if callers == 8 {
-                "sqlite_lifecycle".into()
-            } else {
-                "sqlite_lifecycle_1caller".into()
-            },
-            ours,
-            baseline: Some(base),
-            unit: "lifecycles/s",
-            target: if callers == 8 {
-                Target::AtLeast(3.0)
-            } else {
-                Target::Report
-            },
-            paired_ratio: None,
-            note: format!(
-                "{callers} {noun} (ours: tokio tasks; baseline: OS threads, own connections, one autocommit \
-                 statement per transition); median of {} x {:.1}s; ours/baseline {:.2}x",
-                plan.sqlite_reps,
-                plan.sqlite_window.as_secs_f64(),
-                ours / base
-            ),
-            extra: serde_json::Map::from_iter([("callers".to_owned(), json!(callers))]),
-        });
-        drop(ledger);
     }
     Ok(cases)
 }
@@ -1233,7 +1323,10 @@ fn main() -> Result<()> {
     let selected = |name: &str| args.cases.is_empty() || args.cases.iter().any(|c| c == name);
     let plan = Plan::new(args.quick);
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let pragmas = Pragmas::load();
+    if let Some(n) = args.profile_lifecycles {
+        return profile_lifecycles(&dir, n, &args.profile_side, args.profile_synchronous);
+    }
+    let pragmas = Pragmas::load(Synchronous::default());
     let started = Instant::now();
 
     println!(
@@ -1247,7 +1340,7 @@ fn main() -> Result<()> {
         cpu_model()
     );
     println!(
-        "sqlite {}: {} (read from {}); files under {}",
+        "sqlite {}: {} (read from {}; the sqlite_lifecycle cases run under both settings); files under {}",
         rusqlite::version(),
         pragmas.describe(),
         pragmas.source,
@@ -1258,10 +1351,7 @@ fn main() -> Result<()> {
     type Runner<'a> = Box<dyn Fn() -> Result<Vec<Case>> + 'a>;
     let runners: Vec<(&str, Runner<'_>)> = vec![
         ("memory_lifecycle", Box::new(|| memory_lifecycle(&plan))),
-        (
-            "sqlite_lifecycle",
-            Box::new(|| sqlite_lifecycle(&plan, &dir, &pragmas)),
-        ),
+        ("sqlite_lifecycle", Box::new(|| sqlite_lifecycle(&plan, &dir))),
         ("snapshot_scale", Box::new(|| snapshot_scale(&plan, &dir))),
         ("reap_scale", Box::new(|| reap_scale(&plan, &dir))),
         ("admission_scale", Box::new(|| admission_scale(&plan, &dir))),
@@ -1293,7 +1383,10 @@ mod tests {
 
     #[test]
     fn the_baseline_takes_the_store_s_own_pragmas() {
-        let pragmas = Pragmas::load();
+        let pragmas = Pragmas::load(Synchronous::Normal);
+        assert!(pragmas
+            .set
+            .contains(&("synchronous".to_owned(), "normal".to_owned())));
         assert!(pragmas.set.iter().any(|(name, _)| name == "synchronous"));
         assert_eq!(pragmas.busy_timeout, inflight::store::sqlite::BUSY_TIMEOUT);
     }

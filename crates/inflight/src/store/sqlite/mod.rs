@@ -181,7 +181,7 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
                 ..Totals::default()
             },
         );
-        counts.write(&tx)?;
+        counts.write(&mut rows::Statements::new(&tx))?;
     }
     tx.commit().map_err(sql_error("cannot commit"))
 }
@@ -231,12 +231,17 @@ mod tests {
 
     #[test]
     fn a_group_writes_its_counts_once_and_a_snapshot_in_it_sees_them() {
-        let (_dir, mut conn) = database();
+        let (_dir, conn) = database();
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
         let (a, b) = (ActivityId::new(), ActivityId::new());
 
-        let results = run_group(&mut conn, &config, &clock, vec![begin(a), begin(b), snapshot()]);
+        let results = run_group(
+            &mut rows::Statements::new(&conn),
+            &config,
+            &clock,
+            vec![begin(a), begin(b), snapshot()],
+        );
         assert_eq!(
             snapshot_of(&results[2]).total_activities,
             2,
@@ -252,12 +257,22 @@ mod tests {
                 at: None,
             },
         };
-        let results = run_group(&mut conn, &config, &clock, vec![settle, snapshot()]);
+        let results = run_group(
+            &mut rows::Statements::new(&conn),
+            &config,
+            &clock,
+            vec![settle, snapshot()],
+        );
         assert!(results[0].is_ok());
         assert_eq!(snapshot_of(&results[1]).total_recent_completions, 1);
 
         // Written at the commit: a later group reads them from the file.
-        let results = run_group(&mut conn, &config, &clock, vec![snapshot()]);
+        let results = run_group(
+            &mut rows::Statements::new(&conn),
+            &config,
+            &clock,
+            vec![snapshot()],
+        );
         let after = snapshot_of(&results[0]);
         assert_eq!((after.total_activities, after.total_in_flight), (2, 1));
         assert_eq!(after.total_recent_completions, 1);
@@ -265,13 +280,13 @@ mod tests {
 
     #[test]
     fn a_refused_begin_in_a_group_counts_nothing() {
-        let (_dir, mut conn) = database();
+        let (_dir, conn) = database();
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
         let (a, b) = (ActivityId::new(), ActivityId::new());
         let duplicate = begin(a);
         let results = run_group(
-            &mut conn,
+            &mut rows::Statements::new(&conn),
             &config,
             &clock,
             vec![begin(a), duplicate, begin(b), snapshot()],

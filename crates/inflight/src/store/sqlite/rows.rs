@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::{Connection, Row};
+use rusqlite::{Connection, Row, Statement};
 
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
@@ -89,14 +89,58 @@ pub(super) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord>
     Ok(record)
 }
 
+/// The statements of `sql.rs` prepared on one connection, each once, found
+/// again by the address of its text. rusqlite's own `prepare_cached` hashes
+/// the whole text of a statement to find it, and again to put it back: for
+/// the long record and counter statements that was about a tenth of a
+/// lifecycle's instructions.
+pub(super) struct Statements<'c> {
+    conn: &'c Connection,
+    prepared: Vec<(usize, usize, Statement<'c>)>,
+}
+
+impl<'c> Statements<'c> {
+    pub(super) fn new(conn: &'c Connection) -> Self {
+        Self {
+            conn,
+            prepared: Vec::with_capacity(48),
+        }
+    }
+
+    /// The connection.
+    pub(super) fn conn(&self) -> &'c Connection {
+        self.conn
+    }
+
+    /// `sql`, prepared the first time it is asked for. A statement is
+    /// reset after each use by rusqlite (`execute`, `query_row`, a dropped
+    /// `Rows`), so it is ready for the next.
+    pub(super) fn prepare(&mut self, sql: &'static str) -> rusqlite::Result<&mut Statement<'c>> {
+        let key = (sql.as_ptr() as usize, sql.len());
+        let found = self
+            .prepared
+            .iter()
+            .position(|(address, len, _)| (*address, *len) == key);
+        let index = match found {
+            Some(index) => index,
+            None => {
+                let statement = self.conn.prepare(sql)?;
+                self.prepared.push((key.0, key.1, statement));
+                self.prepared.len() - 1
+            }
+        };
+        Ok(&mut self.prepared[index].2)
+    }
+}
+
 /// Runs a query and maps every row with `from_row`.
 pub(super) fn query_rows<T>(
-    conn: &Connection,
-    sql: &str,
+    statements: &mut Statements<'_>,
+    sql: &'static str,
     params: impl rusqlite::Params,
     from_row: fn(&Row<'_>) -> rusqlite::Result<T>,
 ) -> Result<Vec<T>, LedgerError> {
-    let mut statement = conn.prepare_cached(sql).map_err(sql_error("cannot prepare"))?;
+    let statement = statements.prepare(sql).map_err(sql_error("cannot prepare"))?;
     let rows = statement
         .query_map(params, from_row)
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
@@ -112,9 +156,9 @@ pub(super) fn shared(
 }
 
 pub(super) fn query_records(
-    conn: &Connection,
-    sql: &str,
+    statements: &mut Statements<'_>,
+    sql: &'static str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<ActivityRecord>, LedgerError> {
-    query_rows(conn, sql, params, record_from_row)
+    query_rows(statements, sql, params, record_from_row)
 }

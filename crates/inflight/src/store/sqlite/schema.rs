@@ -12,7 +12,7 @@ use crate::domain::timestamp::Millis;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
 
-use super::rows::query_rows;
+use super::rows::{query_rows, Statements};
 use super::sql::{self, Backfill, MIGRATIONS};
 use super::txn::{PendingCounts, SqliteTxn};
 use super::{pragmas, sql_error, Synchronous, BUSY_TIMEOUT};
@@ -63,14 +63,15 @@ pub(super) fn run_backfill(conn: &Connection, backfill: Backfill) -> Result<(), 
         Backfill::CompletionMinutes => {
             // Counted by the domain's minute, not restated in SQL.
             let mut counts = PendingCounts::default();
-            let completed: Vec<Millis> = query_rows(conn, sql::COMPLETED_AT_ALL, [], |row| row.get(0))?;
+            let mut st = Statements::new(conn);
+            let completed: Vec<Millis> = query_rows(&mut st, sql::COMPLETED_AT_ALL, [], |row| row.get(0))?;
             for at in completed {
                 *counts
                     .completions
                     .entry(query::completion_minute(at))
                     .or_default() += 1;
             }
-            counts.write(conn)
+            counts.write(&mut st)
         }
     }
 }
@@ -82,7 +83,10 @@ pub(super) fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) ->
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_error("cannot begin"))?;
-    engine::rebound(&mut SqliteTxn::new(&tx), config.policy())?;
+    {
+        let mut st = Statements::new(&tx);
+        engine::rebound(&mut SqliteTxn::new(&mut st), config.policy())?;
+    }
     tx.commit().map_err(sql_error("cannot commit"))
 }
 

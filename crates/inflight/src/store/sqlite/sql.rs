@@ -151,6 +151,9 @@ CREATE TABLE completion_minutes (
     },
 ];
 
+pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+pub(super) const COMMIT: &str = "COMMIT";
+pub(super) const ROLLBACK: &str = "ROLLBACK";
 pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
 pub(super) const RELEASE: &str = "RELEASE command";
 pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO command";
@@ -356,13 +359,16 @@ pub(super) enum Reach {
     Indexed,
     /// Meant to walk history (statistics, migrations, the bulk loader).
     WalksHistory,
-    /// Not a query (savepoints).
+    /// Not a query (transactions and savepoints).
     Control,
 }
 
 /// Every statement above, by name, with how it may read the tables.
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
+    ("BEGIN_IMMEDIATE", BEGIN_IMMEDIATE, Reach::Control),
+    ("COMMIT", COMMIT, Reach::Control),
+    ("ROLLBACK", ROLLBACK, Reach::Control),
     ("SAVEPOINT", SAVEPOINT, Reach::Control),
     ("RELEASE", RELEASE, Reach::Control),
     ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
@@ -18,21 +18,23 @@ use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine::Txn;
 
-use super::rows::{owner_from_row, parse_column, query_records, query_rows, record_from_row, shared};
+use super::rows::{
+    owner_from_row, parse_column, query_records, query_rows, record_from_row, shared, Statements,
+};
 use super::{sql, sql_error};
 
-pub(super) struct SqliteTxn<'c> {
-    conn: &'c Connection,
+pub(super) struct SqliteTxn<'t, 'c> {
+    st: &'t mut Statements<'c>,
     /// The record the last `peek` read, until anything writes.
     peeked: Option<Arc<ActivityRecord>>,
     /// The counter changes of this command, for its group to write.
     pub(super) counts: PendingCounts,
 }
 
-impl<'c> SqliteTxn<'c> {
-    pub(super) fn new(conn: &'c Connection) -> Self {
+impl<'t, 'c> SqliteTxn<'t, 'c> {
+    pub(super) fn new(st: &'t mut Statements<'c>) -> Self {
         Self {
-            conn,
+            st,
             peeked: None,
             counts: PendingCounts::default(),
         }
@@ -60,12 +62,15 @@ impl PendingCounts {
     }
 
     /// Writes them all and forgets them.
-    pub(super) fn write(&mut self, conn: &Connection) -> Result<(), LedgerError> {
+    pub(super) fn write(&mut self, st: &mut Statements<'_>) -> Result<(), LedgerError> {
         for ((labels, priority, admission), totals) in self.totals.drain() {
-            add_to_aggregate(conn, &AggregateKey::new(&labels, priority, admission), &totals)?;
+            add_to_aggregate(st, &AggregateKey::new(&labels, priority, admission), &totals)?;
         }
-        let mut statement = conn
-            .prepare_cached(sql::COUNT_COMPLETIONS)
+        if self.completions.is_empty() {
+            return Ok(());
+        }
+        let statement = st
+            .prepare(sql::COUNT_COMPLETIONS)
             .map_err(sql_error("cannot prepare"))?;
         for (minute, completions) in std::mem::take(&mut self.completions) {
             statement
@@ -77,9 +82,13 @@ impl PendingCounts {
 }
 
 /// Adds `d` to the totals of `key`.
-pub(super) fn add_to_aggregate(conn: &Connection, key: &AggregateKey, d: &Totals) -> Result<(), LedgerError> {
-    let mut statement = conn
-        .prepare_cached(sql::ADD_TO_AGGREGATE)
+pub(super) fn add_to_aggregate(
+    st: &mut Statements<'_>,
+    key: &AggregateKey,
+    d: &Totals,
+) -> Result<(), LedgerError> {
+    let statement = st
+        .prepare(sql::ADD_TO_AGGREGATE)
         .map_err(sql_error("cannot prepare"))?;
     statement
         .execute(params![
@@ -112,17 +121,14 @@ pub(super) fn add_to_aggregate(conn: &Connection, key: &AggregateKey, d: &Totals
     Ok(())
 }
 
-impl SqliteTxn<'_> {
+impl SqliteTxn<'_, '_> {
     /// Overwrites the stored row of `record`.
-    fn overwrite(&self, record: &ActivityRecord) -> Result<(), LedgerError> {
+    fn overwrite(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
         self.write(sql::UPDATE_RECORD, record)
     }
 
-    fn write(&self, sql: &str, record: &ActivityRecord) -> Result<(), LedgerError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(sql)
-            .map_err(sql_error("cannot prepare"))?;
+    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let statement = self.st.prepare(sql).map_err(sql_error("cannot prepare"))?;
         statement
             .execute(params![
                 record.activity_id.to_string(),
@@ -165,33 +171,33 @@ impl SqliteTxn<'_> {
     }
 }
 
-impl SqliteTxn<'_> {
+impl SqliteTxn<'_, '_> {
     /// Runs `sql` with `params` and reads one value.
     fn value<T: rusqlite::types::FromSql>(
-        &self,
-        sql: &str,
+        &mut self,
+        sql: &'static str,
         params: impl rusqlite::Params,
     ) -> Result<T, LedgerError> {
-        self.conn
-            .prepare_cached(sql)
-            .and_then(|mut statement| statement.query_row(params, |row| row.get(0)))
+        self.st
+            .prepare(sql)
+            .and_then(|statement| statement.query_row(params, |row| row.get(0)))
             .map_err(sql_error("cannot read"))
     }
 
     /// Runs `sql` with `params` for its changes.
-    fn run(&self, sql: &str, params: impl rusqlite::Params) -> Result<usize, LedgerError> {
-        self.conn
-            .prepare_cached(sql)
-            .and_then(|mut statement| statement.execute(params))
+    fn run(&mut self, sql: &'static str, params: impl rusqlite::Params) -> Result<usize, LedgerError> {
+        self.st
+            .prepare(sql)
+            .and_then(|statement| statement.execute(params))
             .map_err(sql_error("cannot write"))
     }
 }
 
-impl Txn for SqliteTxn<'_> {
+impl Txn for SqliteTxn<'_, '_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(sql::GET_RECORD)
+        let statement = self
+            .st
+            .prepare(sql::GET_RECORD)
             .map_err(sql_error("cannot prepare"))?;
         statement
             .query_row([id.to_string()], record_from_row)
@@ -260,8 +266,8 @@ impl Txn for SqliteTxn<'_> {
 
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
         // What this command counted (a reap on read) is part of what it reads.
-        self.counts.write(self.conn)?;
-        query_rows(self.conn, sql::AGGREGATES, [], |row| {
+        self.counts.write(self.st)?;
+        query_rows(self.st, sql::AGGREGATES, [], |row| {
             Ok((
                 AggregateKey {
                     service: row.get(0)?,
@@ -296,12 +302,12 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
-        self.counts.write(self.conn)?;
+        self.counts.write(self.st)?;
         self.value(sql::COMPLETION_MINUTES_FROM, [minute])
     }
 
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
-        self.counts.write(self.conn)?;
+        self.counts.write(self.st)?;
         self.run(sql::DELETE_MINUTES_BEFORE, [minute]).map(|_| ())
     }
 
@@ -310,7 +316,7 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
-        Ok(query_rows(self.conn, sql::GET_OWNER, [id.as_str()], owner_from_row)?.pop())
+        Ok(query_rows(self.st, sql::GET_OWNER, [id.as_str()], owner_from_row)?.pop())
     }
 
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
@@ -333,13 +339,13 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        shared(query_records(self.conn, sql::DUE, params![now, limit as i64]))
+        shared(query_records(self.st, sql::DUE, params![now, limit as i64]))
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(sql::LANE_POSITION)
+        let statement = self
+            .st
+            .prepare(sql::LANE_POSITION)
             .map_err(sql_error("cannot prepare"))?;
         statement
             .query_row(
@@ -362,7 +368,7 @@ impl Txn for SqliteTxn<'_> {
 
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        shared(query_records(self.conn, sql::IN_FLIGHT, [limit]))
+        shared(query_records(self.st, sql::IN_FLIGHT, [limit]))
     }
 
     fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
@@ -370,7 +376,7 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
-        query_rows(self.conn, sql::LANE_LOADS, [], |row| {
+        query_rows(self.st, sql::LANE_LOADS, [], |row| {
             Ok(LaneLoad {
                 lane: LaneKey {
                     service: Label::trusted(row.get(0)?),
@@ -385,7 +391,7 @@ impl Txn for SqliteTxn<'_> {
 
     fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        query_records(self.conn, sql::COMPLETED, params![window.since, limit])
+        query_records(self.st, sql::COMPLETED, params![window.since, limit])
     }
 
     fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
@@ -394,34 +400,29 @@ impl Txn for SqliteTxn<'_> {
 
     fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        query_records(self.conn, sql::REAPED, params![window.since, limit])
+        query_records(self.st, sql::REAPED, params![window.since, limit])
     }
 
     fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
-        query_rows(self.conn, sql::LISTED_OWNERS, [window.since], owner_from_row)
+        query_rows(self.st, sql::LISTED_OWNERS, [window.since], owner_from_row)
     }
 
     fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
-        query_rows(self.conn, sql::EXPIRED_OWNERS, [now], owner_from_row)
+        query_rows(self.st, sql::EXPIRED_OWNERS, [now], owner_from_row)
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        shared(query_records(self.conn, sql::OWNER_IN_FLIGHT, [id.as_str()]))
+        shared(query_records(self.st, sql::OWNER_IN_FLIGHT, [id.as_str()]))
     }
 
     fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        query_rows(
-            self.conn,
-            sql::PRUNABLE,
-            params![retention.before, limit],
-            |row| {
-                let id: String = row.get(0)?;
-                id.parse().map_err(|err: uuid::Error| {
-                    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
-                })
-            },
-        )
+        query_rows(self.st, sql::PRUNABLE, params![retention.before, limit], |row| {
+            let id: String = row.get(0)?;
+            id.parse().map_err(|err: uuid::Error| {
+                rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
+            })
+        })
     }
 
     fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {

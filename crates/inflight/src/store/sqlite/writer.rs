@@ -6,7 +6,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
@@ -15,6 +15,7 @@ use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
+use super::rows::Statements;
 use super::sql;
 use super::txn::{PendingCounts, SqliteTxn};
 
@@ -33,11 +34,12 @@ pub(super) enum Job {
 }
 
 pub(super) fn write_loop(
-    mut conn: Connection,
+    conn: Connection,
     config: &LedgerConfig,
     clock: &dyn Clock,
     queue: &mpsc::Receiver<Job>,
 ) {
+    let mut statements = Statements::new(&conn);
     let mut last_group = 1;
     let mut closing = None;
     while let Ok(first) = queue.recv() {
@@ -65,7 +67,7 @@ pub(super) fn write_loop(
         }
         last_group = group.commands.len().max(1);
         if !group.commands.is_empty() {
-            let results = run_group(&mut conn, config, clock, group.commands);
+            let results = run_group(&mut statements, config, clock, group.commands);
             for (reply, result) in group.replies.into_iter().zip(results) {
                 // A caller that went away still had its command committed.
                 let _ = reply.send(result);
@@ -77,6 +79,7 @@ pub(super) fn write_loop(
     }
     // Closed before the caller of `close` hears of it; commands queued
     // after the close are dropped, and their callers told the store closed.
+    drop(statements);
     drop(conn);
     if let Some(done) = closing {
         let _ = done.send(());
@@ -118,56 +121,127 @@ pub(super) fn drain(
     }
 }
 
-/// Runs `commands` in one transaction, each inside its own savepoint so that
-/// a storage failure in one leaves the others intact.
+/// Runs `commands` in one transaction and answers each.
+///
+/// A storage failure must undo only the command it hit. A group of one
+/// needs no savepoint for that: the failure rolls the whole transaction
+/// back. A larger group first runs without savepoints too, which is what
+/// nearly every group does; only if a command hits a storage failure is the
+/// whole transaction rolled back (nothing was answered yet) and the group
+/// run again with a savepoint per command, so that the failure undoes that
+/// command alone.
 pub(super) fn run_group(
-    conn: &mut Connection,
+    conn: &mut Statements<'_>,
     config: &LedgerConfig,
     clock: &dyn Clock,
     commands: Vec<Command>,
 ) -> Vec<Result<Reply, LedgerError>> {
     let count = commands.len();
-    let failed_all = |err: LedgerError| -> Vec<Result<Reply, LedgerError>> {
-        tracing::error!(error = %err, "SQLite transaction failed");
-        (0..count)
-            .map(|_| Err(LedgerError::new(ErrorKind::Storage, err.message().to_owned())))
-            .collect()
-    };
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(err) => return failed_all(LedgerError::storage("cannot begin a transaction", err)),
-    };
-    let mut results = Vec::with_capacity(count);
+    if count == 1 {
+        return match run_transaction(conn, config, clock, commands, Isolation::Whole) {
+            Ok(results) => results,
+            Err(Failed::Command(err)) => vec![Err(err)],
+            Err(Failed::Transaction(err)) => failed_all(count, &err),
+        };
+    }
+    let again = commands.clone();
+    match run_transaction(conn, config, clock, commands, Isolation::Whole) {
+        Ok(results) => results,
+        Err(Failed::Command(_)) => match run_transaction(conn, config, clock, again, Isolation::PerCommand) {
+            Ok(results) => results,
+            Err(Failed::Command(err) | Failed::Transaction(err)) => failed_all(count, &err),
+        },
+        Err(Failed::Transaction(err)) => failed_all(count, &err),
+    }
+}
+
+/// How a transaction undoes a command's storage failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    /// The whole transaction rolls back.
+    Whole,
+    /// The command's savepoint rolls back.
+    PerCommand,
+}
+
+/// Why a transaction was rolled back.
+enum Failed {
+    /// A command hit a storage failure under [`Isolation::Whole`]: its
+    /// error.
+    Command(LedgerError),
+    /// The transaction itself failed (begin, counters, commit).
+    Transaction(LedgerError),
+}
+
+fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>> {
+    tracing::error!(error = %err, "SQLite transaction failed");
+    (0..count)
+        .map(|_| Err(LedgerError::new(ErrorKind::Storage, err.message().to_owned())))
+        .collect()
+}
+
+/// Runs `commands` in one `BEGIN IMMEDIATE` transaction and commits it;
+/// rolled back when it fails.
+fn run_transaction(
+    conn: &mut Statements<'_>,
+    config: &LedgerConfig,
+    clock: &dyn Clock,
+    commands: Vec<Command>,
+    isolation: Isolation,
+) -> Result<Vec<Result<Reply, LedgerError>>, Failed> {
+    control(conn, sql::BEGIN_IMMEDIATE)
+        .map_err(|err| Failed::Transaction(LedgerError::storage("cannot begin a transaction", err)))?;
+    let run = run_commands(conn, config, clock, commands, isolation);
+    if run.is_err() {
+        rollback(conn);
+    }
+    run
+}
+
+/// The body of [`run_transaction`], from its first command to its commit.
+fn run_commands(
+    conn: &mut Statements<'_>,
+    config: &LedgerConfig,
+    clock: &dyn Clock,
+    commands: Vec<Command>,
+    isolation: Isolation,
+) -> Result<Vec<Result<Reply, LedgerError>>, Failed> {
+    let mut results = Vec::with_capacity(commands.len());
     // Counter changes of the commands kept so far, written once per counter
     // row: before a command that reads the counters, and before the commit.
     let mut counts = PendingCounts::default();
     for command in commands {
         if matches!(command, Command::Snapshot { .. }) {
-            if let Err(err) = counts.write(&tx) {
-                drop(tx);
-                return failed_all(err);
-            }
+            counts.write(conn).map_err(Failed::Transaction)?;
         }
-        // A savepoint per command, by prepared statements: rusqlite's
-        // `Savepoint` formats and parses its statements every time.
-        if let Err(err) = savepoint(&tx, sql::SAVEPOINT) {
-            results.push(Err(LedgerError::storage("cannot open a savepoint", err)));
-            continue;
+        if isolation == Isolation::PerCommand {
+            // By prepared statements: rusqlite's `Savepoint` formats and
+            // parses its statements every time.
+            if let Err(err) = control(conn, sql::SAVEPOINT) {
+                results.push(Err(LedgerError::storage("cannot open a savepoint", err)));
+                continue;
+            }
         }
         // Read once the write lock is held: timestamps follow commit order.
         let now = clock.now();
-        let mut txn = SqliteTxn::new(&tx);
+        let mut txn = SqliteTxn::new(conn);
         let result = engine::execute(&mut txn, config, command, now);
         let pending = std::mem::take(&mut txn.counts);
         // A refusal keeps what time forced (a reap); a storage failure keeps
         // nothing, its counts included.
         let keep = !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
-        let released = if keep {
-            savepoint(&tx, sql::RELEASE)
-        } else {
-            savepoint(&tx, sql::ROLLBACK_TO).and_then(|()| savepoint(&tx, sql::RELEASE))
+        let ended = match isolation {
+            Isolation::Whole if keep => Ok(()),
+            Isolation::Whole => {
+                let err = result.expect_err("a storage failure");
+                return Err(Failed::Command(err));
+            }
+            Isolation::PerCommand if keep => control(conn, sql::RELEASE),
+            Isolation::PerCommand => {
+                control(conn, sql::ROLLBACK_TO).and_then(|()| control(conn, sql::RELEASE))
+            }
         };
-        results.push(match released {
+        results.push(match ended {
             Ok(()) => {
                 if keep {
                     counts.merge(pending);
@@ -177,18 +251,25 @@ pub(super) fn run_group(
             Err(err) => Err(LedgerError::storage("cannot release a savepoint", err)),
         });
     }
-    if let Err(err) = counts.write(&tx) {
-        drop(tx);
-        return failed_all(err);
-    }
-    match tx.commit() {
-        Ok(()) => results,
-        Err(err) => failed_all(LedgerError::storage("cannot commit", err)),
+    counts.write(conn).map_err(Failed::Transaction)?;
+    control(conn, sql::COMMIT)
+        .map_err(|err| Failed::Transaction(LedgerError::storage("cannot commit", err)))?;
+    Ok(results)
+}
+
+/// Rolls back the open transaction, if any (a failed `COMMIT` may have
+/// ended it already).
+fn rollback(conn: &mut Statements<'_>) {
+    if !conn.conn().is_autocommit() {
+        if let Err(err) = control(conn, sql::ROLLBACK) {
+            tracing::error!(error = %err, "SQLite rollback failed");
+        }
     }
 }
 
-/// Runs one of the statements that open, release or roll back a command's
-/// savepoint, prepared once per connection.
-pub(super) fn savepoint(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+/// Runs one of the statements that begin, commit or roll back a
+/// transaction, or open, release or roll back a command's savepoint,
+/// prepared once per connection.
+pub(super) fn control(conn: &mut Statements<'_>, sql: &'static str) -> rusqlite::Result<()> {
+    conn.prepare(sql)?.execute([]).map(|_| ())
 }
