@@ -2,11 +2,17 @@
 //! [`ActivityHandle`] that settles a record or cancels it when dropped.
 
 mod admit;
+mod builder;
+mod handle;
 mod lease;
+mod reaper;
 mod spec;
 
 pub use admit::{Permit, MAX_START_WAIT};
+pub use builder::LedgerBuilder;
+pub use handle::ActivityHandle;
 pub use lease::OwnerLease;
+pub use reaper::ReaperGuard;
 pub use spec::{ActivitySpec, Outcome, Settlement};
 
 use std::fmt;
@@ -18,11 +24,10 @@ use std::time::Duration;
 
 use std::sync::{Mutex, PoisonError, RwLock};
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use self::admit::Line;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
 use crate::domain::labels::{Label, LabelInterner};
@@ -158,94 +163,11 @@ impl Future for RecordReply<'_> {
     }
 }
 
-/// Builds a [`Ledger`]: its configuration, store and clock.
-#[must_use = "a builder does nothing until `build` is called"]
-pub struct LedgerBuilder {
-    config: LedgerConfig,
-    store_url: String,
-    clock: Arc<dyn Clock>,
-    owner: Option<(String, Duration)>,
-}
-
-impl fmt::Debug for LedgerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LedgerBuilder")
-            .field("store_url", &self.store_url)
-            .field("owner", &self.owner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LedgerBuilder {
-    /// Keeps records in the store at `url` (`memory:`, `sqlite://PATH`).
-    /// The default is `memory:`.
-    pub fn store_url(mut self, url: impl Into<String>) -> Self {
-        self.store_url = url.into();
-        self
-    }
-
-    /// Reads time from `clock` instead of the system clock.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// Makes the ledger register this process as an owner named `name` with
-    /// a lease of `ttl` on its first record, renew it in the background, tag
-    /// every record with it, and release it when the last clone of the
-    /// ledger is dropped. If the process dies, its in-flight records are
-    /// reaped as `owner-lost` within `ttl` plus one reap interval.
-    pub fn owner(mut self, name: impl Into<String>, ttl: Duration) -> Self {
-        self.owner = Some((name.into(), ttl));
-        self
-    }
-
-    /// Opens the store and returns the ledger.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an
-    /// unsupported store URL, [`ErrorKind::Storage`](crate::ErrorKind::Storage)
-    /// when the store cannot be opened or migrated.
-    pub fn build(self) -> Result<Ledger, LedgerError> {
-        let auto_owner = match self.owner {
-            None => None,
-            Some((name, ttl)) => {
-                let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-                crate::domain::owner::check_ttl(ttl_ms)?;
-                Some(AutoOwner {
-                    name: Label::new("owner name", &name)?,
-                    ttl,
-                    current: tokio::sync::Mutex::new(None),
-                })
-            }
-        };
-        let config = Arc::new(self.config);
-        let store = store::open(&self.store_url, Arc::clone(&config), Arc::clone(&self.clock))?;
-        Ok(Ledger {
-            inner: Arc::new(Inner {
-                store,
-                config,
-                clock: self.clock,
-                capacity_changed: Line::default(),
-                default_owner: RwLock::new(None),
-                auto_owner,
-                labels: Mutex::new(LabelInterner::default()),
-                undeclared_lanes: Mutex::default(),
-            }),
-        })
-    }
-}
-
 impl Ledger {
     /// Starts building a ledger under `config`, on `memory:` and the system
     /// clock unless told otherwise.
     pub fn builder(config: LedgerConfig) -> LedgerBuilder {
-        LedgerBuilder {
-            config,
-            store_url: "memory:".to_owned(),
-            clock: Arc::new(SystemClock),
-            owner: None,
-        }
+        LedgerBuilder::new(config)
     }
 
     /// The configuration it runs under.
@@ -562,40 +484,6 @@ impl Ledger {
         Ok(())
     }
 
-    /// Runs a reaper pass (then a prune of records past their retention)
-    /// every configured interval until the returned guard is dropped, so
-    /// records expire with no reader at all. Must be called
-    /// within a Tokio runtime.
-    pub fn spawn_reaper(&self) -> ReaperGuard {
-        let ledger = self.clone();
-        let interval = self.inner.config.reap_interval();
-        let (passes_tx, passes) = watch::channel(0_u64);
-        let task = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks.tick().await;
-            loop {
-                ticks.tick().await;
-                match ledger.reap().await {
-                    Ok(counts) if counts.total() > 0 => tracing::info!(
-                        abandoned = counts.abandoned,
-                        unsettled = counts.unsettled,
-                        "reaper pass reaped leaked records"
-                    ),
-                    Ok(_) => {}
-                    Err(err) => tracing::warn!(error = %err, "reaper pass failed; will retry next interval"),
-                }
-                match ledger.prune().await {
-                    Ok(0) => {}
-                    Ok(pruned) => tracing::debug!(pruned, "pruned records past their retention"),
-                    Err(err) => tracing::warn!(error = %err, "pruning failed; will retry next interval"),
-                }
-                passes_tx.send_modify(|passes| *passes += 1);
-            }
-        });
-        ReaperGuard { task, passes }
-    }
-
     pub(crate) fn cancel_detached(&self, id: ActivityId) {
         self.run_detached(Command::Transition {
             id,
@@ -642,124 +530,6 @@ struct BeginGuard<'a> {
 }
 
 impl Drop for BeginGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.ledger.cancel_detached(self.id);
-        }
-    }
-}
-
-/// Stops the background reaper when dropped.
-#[must_use = "the reaper stops when this guard is dropped"]
-#[derive(Debug)]
-pub struct ReaperGuard {
-    task: JoinHandle<()>,
-    passes: watch::Receiver<u64>,
-}
-
-impl ReaperGuard {
-    /// How many passes the reaper has completed.
-    pub fn passes(&self) -> u64 {
-        *self.passes.borrow()
-    }
-
-    /// Waits until the reaper has completed at least `count` passes.
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub async fn wait_for_passes(&mut self, count: u64) {
-        // The sender lives as long as the task; if it ended, stop waiting.
-        let _ = self.passes.wait_for(|passes| *passes >= count).await;
-    }
-}
-
-impl Drop for ReaperGuard {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// A record this process began. Settle it, or it is recorded `cancelled`
-/// when dropped: never a silent leak inside the process.
-#[must_use = "dropping the handle cancels the activity"]
-pub struct ActivityHandle {
-    pub(crate) ledger: Ledger,
-    pub(crate) id: ActivityId,
-    pub(crate) record: Option<Arc<ActivityRecord>>,
-    /// Whether dropping the handle must still cancel the record.
-    armed: bool,
-}
-
-impl fmt::Debug for ActivityHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ActivityHandle").field("id", &self.id).finish()
-    }
-}
-
-impl ActivityHandle {
-    /// The record's identity.
-    pub fn id(&self) -> ActivityId {
-        self.id
-    }
-
-    /// The record as of the handle's last operation, or `None` when its
-    /// last operation failed or was dropped before it answered: ask
-    /// [`Ledger::get`] for the record as it is now.
-    pub fn record(&self) -> Option<&ActivityRecord> {
-        self.record.as_deref()
-    }
-
-    /// Marks it executing now.
-    ///
-    /// # Errors
-    /// As [`Ledger::start`].
-    ///
-    /// # Cancel safety
-    /// The start is submitted when first polled; the handle still cancels
-    /// the record when dropped.
-    pub async fn start(&mut self) -> Result<&ActivityRecord, LedgerError> {
-        // Let go of the old version first: once the store replaces it, it is
-        // freed at once rather than kept alive by this handle.
-        self.record = None;
-        let record = self
-            .ledger
-            .transition(self.id, Transition::Start { at: None })
-            .await?;
-        Ok(self.record.insert(record))
-    }
-
-    /// Settles it with `outcome`, consuming the handle.
-    ///
-    /// # Errors
-    /// As [`Ledger::settle`].
-    ///
-    /// # Cancel safety
-    /// Once first polled, the settle is submitted: if the future is dropped
-    /// after that, the settle still lands and no cancel follows. A future
-    /// dropped before its first poll cancels the record, like the handle.
-    pub async fn settle(mut self, outcome: Outcome) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.armed = false;
-        self.record = None;
-        self.ledger
-            .transition(self.id, Settlement::from(outcome).into())
-            .await
-    }
-
-    /// Cancels it, consuming the handle.
-    ///
-    /// # Errors
-    /// As [`Ledger::cancel`].
-    ///
-    /// # Cancel safety
-    /// As [`ActivityHandle::settle`].
-    pub async fn cancel(mut self, reason: Option<String>) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.armed = false;
-        self.record = None;
-        self.ledger.cancel(self.id, reason).await
-    }
-}
-
-impl Drop for ActivityHandle {
     fn drop(&mut self) {
         if self.armed {
             self.ledger.cancel_detached(self.id);
