@@ -55,6 +55,11 @@ struct Args {
     /// Use a disk-backed directory: on tmpfs an fsync costs nothing.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Instead of the cases: run `memory_lifecycle`'s two sides N times
+    /// each, untimed, in the functions `count_ours` and `count_baseline`,
+    /// for an instruction counter to read (see docs/performance.md).
+    #[arg(long, value_name = "N", hide = true)]
+    count_lifecycles: Option<usize>,
 }
 
 /// How much each case does.
@@ -461,6 +466,55 @@ async fn ledger_lifecycle(ledger: &Ledger) -> Result<()> {
     let mut call = ledger.begin(spec()).await?;
     call.start().await?;
     black_box(call.settle(Outcome::Success).await?);
+    Ok(())
+}
+
+/// `n` ledger lifecycles, on their own, for an instruction counter
+/// (`valgrind --tool=callgrind`): the inclusive cost of this function
+/// divided by `n` is the instructions of one lifecycle.
+#[inline(never)]
+fn count_ours(runtime: &tokio::runtime::Runtime, ledger: &Ledger, n: usize) -> Result<()> {
+    runtime.block_on(async {
+        for _ in 0..n {
+            ledger_lifecycle(ledger).await?;
+        }
+        Ok(())
+    })
+}
+
+/// `n` baseline lifecycles, as [`count_ours`] does ours.
+#[inline(never)]
+fn count_baseline(runtime: &tokio::runtime::Runtime, hand: &HandLedger, n: usize) -> Result<()> {
+    runtime.block_on(async {
+        for _ in 0..n {
+            hand.lifecycle().await?;
+        }
+        Ok(())
+    })
+}
+
+/// The hidden `--count-lifecycles N` mode: `memory_lifecycle`'s set-up and
+/// warm-up, then each side `n` times in its own function.
+fn count_lifecycles(n: usize) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let ledger = runtime.block_on(async {
+        Ledger::builder(LedgerConfig::default())
+            .store_url("memory:")
+            .build()
+    })?;
+    let hand = HandLedger::new();
+    runtime.block_on(async {
+        for _ in 0..n / 4 {
+            ledger_lifecycle(&ledger).await?;
+            hand.lifecycle().await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    count_ours(&runtime, &ledger, n)?;
+    count_baseline(&runtime, &hand, n)?;
+    eprintln!("{n} lifecycles a side after a warm-up of {}", n / 4);
     Ok(())
 }
 
@@ -1225,6 +1279,9 @@ fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(n) = args.count_lifecycles {
+        return count_lifecycles(n);
+    }
     for case in &args.cases {
         if !CASES.contains(&case.as_str()) {
             bail!("unknown case {case:?}; the cases are {}", CASES.join(", "));
