@@ -11,29 +11,9 @@ use super::timestamp::{self, Millis};
 use super::ParseError;
 
 /// The opaque identity of one activity (one provider call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ActivityId(Uuid);
-
-// Compared and hashed as one 128-bit integer: the same order as the UUID's
-// bytes, without a byte-wise comparison on every step of an index search.
-impl Ord for ActivityId {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.as_u128().cmp(&other.0.as_u128())
-    }
-}
-
-impl PartialOrd for ActivityId {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl std::hash::Hash for ActivityId {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u128(self.0.as_u128());
-    }
-}
 
 impl ActivityId {
     /// A fresh identity: a UUIDv7, random but ordered by creation time, so
