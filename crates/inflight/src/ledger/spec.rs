@@ -144,6 +144,11 @@ impl ActivitySpec {
     /// Where its labels are, when every one of them is a string literal (or
     /// absent): the same addresses hold the same text, so a spec built from
     /// the same literals is recognized without reading its labels.
+    ///
+    /// A trick that stays because it was measured to buy more than 5 %
+    /// (docs/performance.md, "Tricks measured"): without it, a lifecycle of
+    /// `memory_lifecycle` ran 5,154 instructions instead of 4,866 (5.9 %
+    /// more) at b02b459, and 5 to 11 % more wall-clock time.
     fn literal_spelling(&self) -> Option<LiteralSpelling> {
         fn at(label: Option<&Cow<'static, str>>) -> Option<(usize, usize)> {
             match label {
