@@ -109,6 +109,10 @@ impl Drop for TempDir {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Ledgers
+// ---------------------------------------------------------------------------
+
 /// A SQLite ledger on the system clock with the durability `synchronous`.
 pub(crate) fn sqlite_ledger_at(path: &Path, synchronous: Synchronous) -> Result<Ledger> {
     Ledger::builder(LedgerConfig::default())
