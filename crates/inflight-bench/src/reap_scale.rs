@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use inflight::{FakeClock, Ledger};
+use serde_json::json;
 
-use crate::report::{human_count, ms, spread, Case, Target};
+use crate::report::{human_count, ms, round, spread, Case, Target};
 use crate::sqlite_env::{long_lived, multi_thread, now_ms, populate_in_flight, spec, sqlite_ledger, TempDir};
 use crate::Plan;
 
@@ -56,8 +57,9 @@ pub(crate) fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     let (small, large) = plan.reap_scales;
     let small_store = reap_store(&runtime, dir, small)?;
     let large_store = reap_store(&runtime, dir, large)?;
-    // Alternate small and large passes so both see the same machine.
-    let (mut small_times, mut large_times) = (Vec::new(), Vec::new());
+    // Pairs of passes, small then large, so both sides see the same
+    // machine; the ratio is the median of the pairs' ratios.
+    let (mut small_times, mut large_times, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     runtime.block_on(async {
         for round in 0..plan.reap_samples + 2 {
             let s = reap_ten(&small_store.1, &small_store.2, small).await?;
@@ -65,6 +67,7 @@ pub(crate) fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
             if round >= 2 {
                 small_times.push(s);
                 large_times.push(l);
+                ratios.push(l / s);
             }
         }
         Ok::<_, anyhow::Error>(())
@@ -74,20 +77,33 @@ pub(crate) fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     let (l_min, large_ms, l_max) = spread(&large_times);
     eprintln!("  reap_scale: {small} in flight: median {small_ms:.3} ms (min {s_min:.3}, max {s_max:.3})");
     eprintln!("  reap_scale: {large} in flight: median {large_ms:.3} ms (min {l_min:.3}, max {l_max:.3})");
+    let (r_min, ratio, r_max) = spread(&ratios);
+    let pairs = ratios.len();
+    eprintln!(
+        "  reap_scale: {pairs} pairs; per-pair ratio median {ratio:.2}x (min {r_min:.2}, max {r_max:.2}); \
+         ratio of medians {:.2}x",
+        large_ms / small_ms
+    );
     Ok(vec![Case {
         name: "reap_scale".into(),
         ours: large_ms,
         baseline: Some(small_ms),
         unit: "ms/pass",
         target: Target::AtMost(2.0),
-        paired_ratio: None,
+        paired_ratio: Some(ratio),
         note: format!(
             "a pass reaping 10 expired among {} in flight (ours) vs among {} (baseline); SQLite, fake clock; \
-             median of {}",
+             median of {}; ratio = median of {pairs} interleaved pairs' ratios (ratio of medians {:.2}x)",
             human_count(large),
             human_count(small),
-            plan.reap_samples
+            plan.reap_samples,
+            large_ms / small_ms
         ),
-        extra: serde_json::Map::new(),
+        extra: serde_json::Map::from_iter([
+            ("pairs".to_owned(), json!(pairs)),
+            ("ratio_of_medians".to_owned(), json!(round(large_ms / small_ms))),
+            ("ratio_min".to_owned(), json!(round(r_min))),
+            ("ratio_max".to_owned(), json!(round(r_max))),
+        ]),
     }])
 }

@@ -44,7 +44,8 @@ pub(crate) struct Case {
     pub(crate) unit: &'static str,
     pub(crate) target: Target,
     /// The ratio when it is not `ours / baseline`: the median of the ratios
-    /// of interleaved pairs of samples (`admission_scale`).
+    /// of interleaved pairs of samples (every case with a baseline but
+    /// `http_lifecycle`, which has none).
     pub(crate) paired_ratio: Option<f64>,
     /// Human detail, also in the JSON as `note`.
     pub(crate) note: String,

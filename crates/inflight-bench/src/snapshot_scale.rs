@@ -75,6 +75,23 @@ pub(crate) fn snapshot_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     drop(stores);
     let (small_scale, small) = latencies[0];
     let (large_scale, large) = *latencies.last().expect("a scale");
+    // Every round samples each scale once, smallest first, so the smallest
+    // and the largest scale's samples of a round form a pair that saw the
+    // same machine; the ratio is the median of the pairs' ratios.
+    let ratios: Vec<f64> = samples[0]
+        .iter()
+        .zip(samples.last().expect("a scale"))
+        .map(|(s, l)| l / s)
+        .collect();
+    let pairs = ratios.len();
+    let (r_min, ratio, r_max) = spread(&ratios);
+    eprintln!(
+        "  snapshot_scale: {pairs} pairs ({} vs {} rows); per-pair ratio median {ratio:.2}x (min {r_min:.2}, \
+         max {r_max:.2}); ratio of medians {:.2}x",
+        human_count(large_scale),
+        human_count(small_scale),
+        large / small
+    );
     let per_scale = latencies
         .iter()
         .map(|(scale, ms)| format!("{}: {ms:.3} ms", human_count(*scale)))
@@ -91,22 +108,30 @@ pub(crate) fn snapshot_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         baseline: Some(small),
         unit: "ms/snapshot",
         target: Target::AtMost(1.5),
-        paired_ratio: None,
+        paired_ratio: Some(ratio),
         note: format!(
             "1,000 in flight; history {per_scale}; ours = {} rows, baseline = {} rows; median of {}; \
-             default options (limit 100, since 24h){quick_note}",
+             default options (limit 100, since 24h); ratio = median of {pairs} interleaved pairs' ratios \
+             (ratio of medians {:.2}x){quick_note}",
             human_count(large_scale),
             human_count(small_scale),
-            plan.snapshot_samples
+            plan.snapshot_samples,
+            large / small
         ),
-        extra: serde_json::Map::from_iter([(
-            "latency_ms_by_history".to_owned(),
-            Value::Object(
-                latencies
-                    .iter()
-                    .map(|(scale, ms)| (scale.to_string(), json!(round(*ms))))
-                    .collect(),
+        extra: serde_json::Map::from_iter([
+            (
+                "latency_ms_by_history".to_owned(),
+                Value::Object(
+                    latencies
+                        .iter()
+                        .map(|(scale, ms)| (scale.to_string(), json!(round(*ms))))
+                        .collect(),
+                ),
             ),
-        )]),
+            ("pairs".to_owned(), json!(pairs)),
+            ("ratio_of_medians".to_owned(), json!(round(large / small))),
+            ("ratio_min".to_owned(), json!(round(r_min))),
+            ("ratio_max".to_owned(), json!(round(r_max))),
+        ]),
     }])
 }
