@@ -58,6 +58,19 @@ macro_rules! wire_enum {
             }
         }
 
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::ParseError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($wire => Ok(Self::$variant),)+
+                    other => Err($crate::ParseError::new(
+                        other,
+                        format!("one of {}", Self::NAMES.join(", ")),
+                    )),
+                }
+            }
+        }
+
         impl ::std::fmt::Display for $name {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.as_str())
@@ -96,12 +109,14 @@ macro_rules! wire_enum {
 }
 
 pub mod error;
+mod parse;
 pub mod request;
 pub mod response;
 pub mod table;
 pub mod values;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use parse::ParseError;
 pub use request::{
     BeginRequest, CancelRequest, RegisterOwnerRequest, SettleRequest, SnapshotQuery, StartQuery, StartRequest,
 };

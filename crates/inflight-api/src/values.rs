@@ -25,6 +25,18 @@ wire_enum! {
     }
 }
 
+impl State {
+    /// Whether it is still in flight: waiting or executing.
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, Self::Waiting | Self::Executing)
+    }
+
+    /// Whether it settled: succeeded, failed or cancelled.
+    pub fn is_settled(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
 wire_enum! {
     /// How a reaped record had leaked (`disposition`).
     Disposition {

@@ -29,90 +29,6 @@ fn timestamp_opt(at: Option<Millis>) -> Option<api::Timestamp> {
     at.map(timestamp)
 }
 
-impl ToApi for inflight::State {
-    type Api = api::State;
-
-    fn to_api(&self) -> api::State {
-        match self {
-            Self::Waiting => api::State::Waiting,
-            Self::Executing => api::State::Executing,
-            Self::Succeeded => api::State::Succeeded,
-            Self::Failed => api::State::Failed,
-            Self::Cancelled => api::State::Cancelled,
-            Self::Reaped => api::State::Reaped,
-        }
-    }
-}
-
-impl ToApi for inflight::Disposition {
-    type Api = api::Disposition;
-
-    fn to_api(&self) -> api::Disposition {
-        match self {
-            Self::Abandoned => api::Disposition::Abandoned,
-            Self::Unsettled => api::Disposition::Unsettled,
-        }
-    }
-}
-
-impl ToApi for inflight::ReapReason {
-    type Api = api::ReapReason;
-
-    fn to_api(&self) -> api::ReapReason {
-        match self {
-            Self::Deadline => api::ReapReason::Deadline,
-            Self::OwnerLost => api::ReapReason::OwnerLost,
-        }
-    }
-}
-
-impl ToApi for inflight::Priority {
-    type Api = api::Priority;
-
-    fn to_api(&self) -> api::Priority {
-        match self {
-            Self::Interactive => api::Priority::Interactive,
-            Self::Batch => api::Priority::Batch,
-            Self::Unknown => api::Priority::Unknown,
-        }
-    }
-}
-
-impl ToApi for inflight::Admission {
-    type Api = api::Admission;
-
-    fn to_api(&self) -> api::Admission {
-        match self {
-            Self::Queued => api::Admission::Queued,
-            Self::Direct => api::Admission::Direct,
-        }
-    }
-}
-
-impl ToApi for inflight::FailureStage {
-    type Api = api::FailureStage;
-
-    fn to_api(&self) -> api::FailureStage {
-        match self {
-            Self::Provider => api::FailureStage::Provider,
-            Self::Queue => api::FailureStage::Queue,
-            Self::Unknown => api::FailureStage::Unknown,
-        }
-    }
-}
-
-impl ToApi for inflight::OwnerState {
-    type Api = api::OwnerState;
-
-    fn to_api(&self) -> api::OwnerState {
-        match self {
-            Self::Live => api::OwnerState::Live,
-            Self::Lost => api::OwnerState::Lost,
-            Self::Released => api::OwnerState::Released,
-        }
-    }
-}
-
 impl ToApi for inflight::ReapedCounts {
     type Api = api::ReapCounts;
 
@@ -136,11 +52,11 @@ impl ToApi for inflight::ActivityRecord {
             class: labels.class.to_string(),
             operation_stage: labels.operation_stage.to_string(),
             model: labels.model.to_string(),
-            priority: self.priority.to_api(),
-            admission: self.admission.to_api(),
-            state: self.state.to_api(),
-            disposition: self.disposition.as_ref().map(ToApi::to_api),
-            reap_reason: self.reap_reason.as_ref().map(ToApi::to_api),
+            priority: self.priority,
+            admission: self.admission,
+            state: self.state,
+            disposition: self.disposition,
+            reap_reason: self.reap_reason,
             owner_id: self.owner_id.clone(),
             enqueued_at: timestamp(self.enqueued_at),
             started_at: timestamp_opt(self.started_at),
@@ -151,7 +67,7 @@ impl ToApi for inflight::ActivityRecord {
             queue_wait_ms: self.queue_wait_ms,
             execution_ms: self.execution_ms,
             success: self.success,
-            failure_stage: self.failure_stage.as_ref().map(ToApi::to_api),
+            failure_stage: self.failure_stage,
             late_settle: self.late_settle,
             cancel_reason: self.cancel_reason.clone(),
         }
@@ -169,7 +85,7 @@ impl ToApi for inflight::Owner {
             registered_at: timestamp(self.registered_at),
             renewed_at: timestamp(self.renewed_at),
             expires_at: timestamp(self.expires_at),
-            state: self.state.to_api(),
+            state: self.state,
             ended_at: timestamp_opt(self.ended_at),
             reaped_records: self.reaped_records,
             cancelled_records: self.cancelled_records,
@@ -204,8 +120,8 @@ impl ToApi for inflight::Snapshot {
                 class: key.class.to_string(),
                 provider: key.provider.to_string(),
                 model: key.model.to_string(),
-                priority: key.priority.to_api(),
-                admission: key.admission.to_api(),
+                priority: key.priority,
+                admission: key.admission,
                 calls: aggregate.calls,
                 successes: aggregate.successes,
                 failures: aggregate.failures,
@@ -221,7 +137,7 @@ impl ToApi for inflight::Snapshot {
             }
         });
         api::Snapshot {
-            status: snapshot_status(self.status),
+            status: self.status,
             at: timestamp(self.at),
             since: timestamp(self.since),
             native_admission: lanes.collect(),
@@ -262,50 +178,6 @@ impl ToApi for inflight::Snapshot {
     }
 }
 
-/// The ledger's form of one of the wire's types.
-pub trait ToLedger {
-    /// The ledger's type.
-    type Ledger;
-
-    /// Converts to the ledger's type.
-    fn to_ledger(&self) -> Self::Ledger;
-}
-
-impl ToLedger for api::Priority {
-    type Ledger = inflight::Priority;
-
-    fn to_ledger(&self) -> inflight::Priority {
-        match self {
-            Self::Interactive => inflight::Priority::Interactive,
-            Self::Batch => inflight::Priority::Batch,
-            Self::Unknown => inflight::Priority::Unknown,
-        }
-    }
-}
-
-impl ToLedger for api::Admission {
-    type Ledger = inflight::Admission;
-
-    fn to_ledger(&self) -> inflight::Admission {
-        match self {
-            Self::Queued => inflight::Admission::Queued,
-            Self::Direct => inflight::Admission::Direct,
-        }
-    }
-}
-
-impl ToLedger for api::FailureStage {
-    type Ledger = inflight::FailureStage;
-
-    fn to_ledger(&self) -> inflight::FailureStage {
-        match self {
-            Self::Provider => inflight::FailureStage::Provider,
-            Self::Queue => inflight::FailureStage::Queue,
-            Self::Unknown => inflight::FailureStage::Unknown,
-        }
-    }
-}
-
 /// The call a begin asks for. The ledger validates it: labels, the skew of
 /// its timestamps, a positive deadline, a registered owner.
 pub fn activity_spec(request: api::BeginRequest) -> ActivitySpec {
@@ -320,10 +192,10 @@ pub fn activity_spec(request: api::BeginRequest) -> ActivitySpec {
         spec = spec.model(model);
     }
     if let Some(priority) = request.priority {
-        spec = spec.priority(priority.to_ledger());
+        spec = spec.priority(priority);
     }
     if let Some(admission) = request.admission {
-        spec = spec.admission(admission.to_ledger());
+        spec = spec.admission(admission);
     }
     if let Some(at) = request.enqueued_at {
         spec = spec.enqueued_at(at.as_millis());
@@ -348,21 +220,13 @@ pub fn settlement(request: &api::SettleRequest) -> Settlement {
     let outcome = if request.success {
         Outcome::Success
     } else {
-        let stage = request.failure_stage.as_ref().map(ToLedger::to_ledger);
+        let stage = request.failure_stage;
         Outcome::Failure(stage.unwrap_or(inflight::FailureStage::Unknown))
     };
     let settlement = Settlement::new(outcome);
     match request.completed_at {
         Some(at) => settlement.completed_at(at.as_millis()),
         None => settlement,
-    }
-}
-
-/// The snapshot's status.
-fn snapshot_status(status: inflight::SnapshotStatus) -> api::SnapshotStatus {
-    match status {
-        inflight::SnapshotStatus::Ok => api::SnapshotStatus::Ok,
-        inflight::SnapshotStatus::Degraded => api::SnapshotStatus::Degraded,
     }
 }
 

@@ -9,7 +9,6 @@ pub mod bounds;
 pub mod counters;
 pub mod labels;
 pub mod owner;
-mod parse;
 pub mod query;
 pub mod record;
 pub mod snapshot;
@@ -18,9 +17,9 @@ pub mod transition;
 
 pub use bounds::{ClassBounds, ReapPolicy};
 pub use counters::{AggregateKey, ReapedCounts, Totals};
+pub use inflight_api::ParseError;
 pub use labels::Label;
 pub use owner::{Owner, OwnerId, OwnerState};
-pub use parse::ParseError;
 pub use record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, LaneKey, Priority, ReapReason, State,
 };

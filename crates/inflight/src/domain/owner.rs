@@ -68,40 +68,8 @@ impl FromStr for OwnerId {
     }
 }
 
-/// Where an owner is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OwnerState {
-    /// Renewing its lease.
-    Live,
-    /// Its lease expired unrenewed; its in-flight records were reaped.
-    Lost,
-    /// It released its lease on a clean shutdown.
-    Released,
-}
-
-impl OwnerState {
-    /// The name used on the wire and in stores.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Live => "live",
-            Self::Lost => "lost",
-            Self::Released => "released",
-        }
-    }
-}
-
-impl FromStr for OwnerState {
-    type Err = ParseError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "live" => Ok(Self::Live),
-            "lost" => Ok(Self::Lost),
-            "released" => Ok(Self::Released),
-            other => Err(ParseError::new(other, "an owner state (live, lost, released)")),
-        }
-    }
-}
+// Where an owner is in its life: the wire's own enum.
+pub use inflight_api::OwnerState;
 
 /// A registered owner and its lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

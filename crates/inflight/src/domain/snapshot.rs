@@ -120,32 +120,8 @@ pub struct SnapshotParts {
     pub owners: Vec<Owner>,
 }
 
-/// Whether the ledger has seen leaks lately.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    /// Nothing reaped within the window, and nothing by this read.
-    Ok,
-    /// A record reaped within the window is still reaped, or this read
-    /// reaped something: settles are being lost somewhere.
-    Degraded,
-}
-
-impl Status {
-    /// The name used on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Degraded => "degraded",
-        }
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+// Whether the ledger has seen leaks lately: the wire's own enum.
+pub use inflight_api::SnapshotStatus as Status;
 
 /// One lane of native admission.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,4 +1,5 @@
-//! The one error of every `FromStr` and `parse` of the domain.
+//! The one error of every `FromStr` of the wire's values and the ledger's
+//! domain: the text refused, and what was expected instead.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -14,7 +15,7 @@ pub struct ParseError {
 impl ParseError {
     /// `input` is not `expected` (which reads after "is not": "one of a, b",
     /// "an owner id (a UUID)").
-    pub(crate) fn new(input: &str, expected: impl Into<Cow<'static, str>>) -> Self {
+    pub fn new(input: &str, expected: impl Into<Cow<'static, str>>) -> Self {
         Self {
             input: input.to_owned(),
             expected: expected.into(),
