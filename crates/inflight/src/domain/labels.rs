@@ -281,9 +281,19 @@ impl LabelInterner {
     /// # Errors
     /// As [`ActivityLabels::validate`]; a refused spelling is not remembered.
     pub fn labels(&mut self, raw: &RawLabels<'_>) -> Result<ActivityLabels, LabelError> {
+        self.intern(raw).map(|(labels, _)| labels)
+    }
+
+    /// Like [`LabelInterner::labels`], and says whether the set was newly
+    /// validated (`true`) rather than remembered: what a caller checks once
+    /// per label set, not once per call.
+    ///
+    /// # Errors
+    /// As [`ActivityLabels::validate`].
+    pub fn intern(&mut self, raw: &RawLabels<'_>) -> Result<(ActivityLabels, bool), LabelError> {
         let key = self.sets.hasher().hash_one(raw);
         if let Some(interned) = self.sets.get(&key).filter(|interned| interned.matches(raw)) {
-            return Ok(interned.labels.clone());
+            return Ok((interned.labels.clone(), false));
         }
         let labels = ActivityLabels::validate(raw)?;
         if self.sets.len() >= MAX_INTERNED {
@@ -297,7 +307,7 @@ impl LabelInterner {
                 labels: labels.clone(),
             },
         );
-        Ok(labels)
+        Ok((labels, true))
     }
 }
 

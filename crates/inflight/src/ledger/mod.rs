@@ -251,10 +251,7 @@ impl Ledger {
         spec: &ActivitySpec,
         id: ActivityId,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
-        let mut new = spec.validate(id, &self.inner.labels)?;
-        if !self.inner.config.caps().is_empty() {
-            self.warn_if_undeclared(&new.labels);
-        }
+        let mut new = spec.validate(id, &self.inner.labels, &|labels| self.warn_if_undeclared(labels))?;
         if new.owner_id.is_none() {
             new.owner_id = self
                 .inner
@@ -274,8 +271,12 @@ impl Ledger {
     /// Says once per lane, as a warning, that a call runs on a lane the
     /// configuration does not declare while it caps others: most often a
     /// lane spelled one way in the cap and another in the calls, which
-    /// would silently admit every call.
+    /// would silently admit every call. Called for a label set the first
+    /// time it is validated, so a call with known labels pays nothing.
     fn warn_if_undeclared(&self, labels: &crate::domain::labels::LabelSet) {
+        if self.inner.config.caps().is_empty() {
+            return;
+        }
         let lane = crate::domain::record::LaneKey {
             service: labels.service.clone(),
             provider: labels.provider.clone(),
@@ -312,7 +313,8 @@ impl Ledger {
             // this process is alive, so it registers anew and begins again.
             Err(err) if err.kind() == crate::ErrorKind::Conflict => {
                 self.forget_auto_owner(&owner).await;
-                let mut new = spec.validate(id, &self.inner.labels)?;
+                let mut new =
+                    spec.validate(id, &self.inner.labels, &|labels| self.warn_if_undeclared(labels))?;
                 new.owner_id = Some(self.auto_owner_id().await?.to_string());
                 self.run(Command::Begin { new }).await?.into_record()
             }

@@ -166,16 +166,24 @@ impl ActivitySpec {
         ])
     }
 
+    /// The validated call, with `activity_id`. `first_seen` is shown a
+    /// label set the first time the interner validates it, so that checks
+    /// on a set run once per set, never on every call.
     pub(super) fn validate(
         &self,
         activity_id: ActivityId,
         interner: &Mutex<LabelInterner>,
+        first_seen: &dyn Fn(&ActivityLabels),
     ) -> Result<NewActivity, LedgerError> {
         let intern = || {
-            interner
+            let (labels, new) = interner
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .labels(&self.raw_labels())
+                .intern(&self.raw_labels())?;
+            if new {
+                first_seen(&labels);
+            }
+            Ok::<_, LabelError>(labels)
         };
         let labels = match self.literal_spelling() {
             // Most services begin every call from the same literals: the
@@ -282,7 +290,8 @@ mod tests {
         spec: &ActivitySpec,
         interner: &Mutex<LabelInterner>,
     ) -> Result<ActivityLabels, LedgerError> {
-        spec.validate(ActivityId::new(), interner).map(|new| new.labels)
+        spec.validate(ActivityId::new(), interner, &|_| {})
+            .map(|new| new.labels)
     }
 
     #[test]
