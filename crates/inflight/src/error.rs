@@ -122,6 +122,12 @@ impl From<LabelError> for LedgerError {
     }
 }
 
+impl From<crate::domain::ParseError> for LedgerError {
+    fn from(err: crate::domain::ParseError) -> Self {
+        Self::new(ErrorKind::InvalidInput, err.to_string())
+    }
+}
+
 impl From<Refusal> for LedgerError {
     fn from(refusal: Refusal) -> Self {
         match refusal {

@@ -120,9 +120,7 @@ pub(crate) fn execute(
     match command {
         Command::Begin { mut new } => {
             if let Some(owner_id) = &new.owner_id {
-                let id: OwnerId = owner_id
-                    .parse()
-                    .map_err(|err: crate::domain::ParseError| LedgerError::invalid(err.to_string()))?;
+                let id: OwnerId = owner_id.parse()?;
                 // Stored in one spelling, so loss and release find it.
                 new.owner_id = Some(id.to_string());
                 let owner = txn
