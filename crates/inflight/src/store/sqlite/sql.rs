@@ -1,5 +1,5 @@
 //! Every statement the SQLite store prepares, in one place, so that a test
-//! can show the query plan of each ([`STATEMENTS`]) and none slips past it.
+//! can show the query plan of each (`STATEMENTS`, in the tests) and none slips past it.
 //!
 //! Each query answers one question of [`crate::domain::query`]; its doc
 //! names the reference it must agree with. Conditions a partial index is

@@ -1,7 +1,9 @@
 //! The writer thread: one per process, owning the connection. Commands that
 //! arrive while a transaction is being written are grouped into the next
-//! one (group commit), each in its own savepoint, and each is acknowledged
-//! only once that transaction committed.
+//! one (group commit), and each is acknowledged only once that transaction
+//! committed. A group runs without savepoints; one that meets a storage
+//! failure is rolled back and run again with a savepoint per command
+//! ([`run_group`]).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
