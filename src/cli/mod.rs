@@ -70,6 +70,16 @@ pub struct ServeArgs {
     /// Bearer token required on /v1 routes and /metrics [default: none].
     #[arg(long, env = "INFLIGHT_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Also expose /metrics series per aggregate, with all seven labels
+    /// (high cardinality) [default: false].
+    #[arg(
+        long,
+        env = "INFLIGHT_METRICS_AGGREGATES",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub metrics_aggregates: Option<bool>,
 }
 
 /// Where a client command finds the server.
@@ -166,6 +176,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
                 listen: args.listen,
                 store: args.store,
                 token: args.token,
+                metrics_aggregates: args.metrics_aggregates,
             };
             let settings = ServerSettings::resolve(&overrides)?;
             runtime()?.block_on(server::serve(settings))?;

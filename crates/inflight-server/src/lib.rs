@@ -10,6 +10,6 @@ pub mod http;
 mod server;
 
 pub use server::{
-    load_file, open_ledger, serve, serve_on, shutdown_signal, Overrides, ServeError, ServerSettings,
-    DEFAULT_LISTEN, DEFAULT_STORE,
+    load_file, open_ledger, serve, serve_on, serve_state, shutdown_signal, Overrides, ServeError,
+    ServerSettings, DEFAULT_LISTEN, DEFAULT_STORE,
 };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::TcpListener;
 
-use crate::http::{app, AppState};
+use crate::http::{app, AppState, MetricsOptions};
 use inflight::config::{ConfigError, LedgerConfig, Settings};
 use inflight::error::ErrorKind;
 use inflight::Ledger;
@@ -32,6 +32,8 @@ pub struct Overrides {
     pub store: Option<String>,
     /// `--token` / `INFLIGHT_TOKEN`.
     pub token: Option<String>,
+    /// `--metrics-aggregates` / `INFLIGHT_METRICS_AGGREGATES`.
+    pub metrics_aggregates: Option<bool>,
 }
 
 impl fmt::Debug for Overrides {
@@ -41,6 +43,7 @@ impl fmt::Debug for Overrides {
             .field("listen", &self.listen)
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("metrics_aggregates", &self.metrics_aggregates)
             .finish()
     }
 }
@@ -54,6 +57,8 @@ pub struct ServerSettings {
     pub store: String,
     /// The bearer token the API requires, if any.
     pub token: Option<String>,
+    /// What `/metrics` exposes beyond the standard series.
+    pub metrics: MetricsOptions,
     /// The ledger's classes, factor, reap interval and lanes.
     pub ledger: LedgerConfig,
 }
@@ -64,6 +69,7 @@ impl fmt::Debug for ServerSettings {
             .field("listen", &self.listen)
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("metrics", &self.metrics)
             .field("ledger", &self.ledger)
             .finish()
     }
@@ -174,10 +180,17 @@ impl ServerSettings {
         if store.trim().is_empty() {
             return Err(config_error("store", "must not be empty".to_owned()));
         }
+        let metrics = MetricsOptions {
+            aggregates: overrides
+                .metrics_aggregates
+                .or(file.metrics_aggregates)
+                .unwrap_or(false),
+        };
         Ok(Self {
             listen,
             store,
             token,
+            metrics,
             ledger: file.ledger,
         })
     }
@@ -233,7 +246,10 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
             source,
         })?;
     let local = listener.local_addr().map_err(ServeError::Serve)?;
-    serve_on(listener, ledger, settings.token, shutdown_signal()).await?;
+    let state = AppState::new(ledger)
+        .with_token(settings.token)
+        .with_metrics(settings.metrics);
+    serve_state(listener, state, shutdown_signal()).await?;
     tracing::info!(addr = %local, "stopped");
     Ok(())
 }
@@ -249,6 +265,21 @@ pub async fn serve_on(
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_state(listener, AppState::new(ledger).with_token(token), shutdown).await
+}
+
+/// Serves the API over `state` on `listener` until `shutdown` resolves,
+/// with the background reaper running; in-flight requests finish first.
+///
+/// # Errors
+/// [`ServeError::Serve`] when the listener fails.
+pub async fn serve_state(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let ledger = state.ledger().clone();
+    let token = state.has_token();
     let local = listener.local_addr().map_err(ServeError::Serve)?;
     let reaper = ledger.spawn_reaper();
     let classes: Vec<String> = ledger
@@ -260,13 +291,14 @@ pub async fn serve_on(
         .collect();
     tracing::info!(
         addr = %local,
-        auth = if token.is_some() { "bearer token" } else { "none" },
+        auth = if token { "bearer token" } else { "none" },
+        metrics_aggregates = state.metrics().aggregates,
         classes = %classes.join(","),
         factor = ledger.config().policy().factor(),
         reap_interval_ms = u64::try_from(ledger.config().reap_interval().as_millis()).unwrap_or(u64::MAX),
         "listening on http://{local}"
     );
-    let router = app(AppState::new(ledger.clone()).with_token(token));
+    let router = app(state);
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
@@ -318,6 +350,7 @@ mod tests {
             listen: listen.map(str::to_owned),
             store: store.map(str::to_owned),
             token: token.map(str::to_owned),
+            metrics_aggregates: None,
         }
     }
 

@@ -1118,13 +1118,10 @@ async fn metrics_expose_lanes_reaps_and_outcomes_in_openmetrics_text() {
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     let lane = r#"service="knowledge-base",provider="ollama""#;
     for line in [
-        format!("inflight_lane_executing{{{lane}}} 1"),
+        format!(r#"inflight_in_flight{{{lane},state="executing"}} 1"#),
         format!("inflight_lane_cap{{{lane}}} 4"),
-        format!(r#"inflight_lane_reaped_total{{{lane},disposition="unsettled"}} 1"#),
-        format!(r#"inflight_lane_reaped_total{{{lane},disposition="abandoned"}} 0"#),
-        "inflight_activities_total 3".to_owned(),
-        // The admission decision for `live` already reaped the leak.
-        "inflight_reaped_this_scrape 0".to_owned(),
+        format!(r#"inflight_reaped_total{{{lane},disposition="unsettled",reason="deadline"}} 1"#),
+        format!(r#"inflight_reaped_total{{{lane},disposition="abandoned",reason="deadline"}} 0"#),
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }

@@ -198,6 +198,9 @@ pub struct Settings {
     pub store: Option<String>,
     /// `token`: the bearer token the API requires.
     pub token: Option<String>,
+    /// `[metrics] aggregates`: whether `/metrics` also exposes the series
+    /// per aggregate, with all seven labels (off when unset).
+    pub metrics_aggregates: Option<bool>,
     /// The ledger's own settings.
     pub ledger: LedgerConfig,
 }
@@ -212,6 +215,13 @@ struct RawFile {
     retention: Option<RawRetention>,
     classes: Option<BTreeMap<String, RawClass>>,
     lanes: Option<BTreeMap<String, RawLane>>,
+    metrics: Option<RawMetrics>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    aggregates: Option<bool>,
 }
 
 /// `store = "URL"`, or a `[store]` table.
@@ -355,6 +365,7 @@ impl Settings {
             listen: raw.listen,
             store,
             token: raw.token,
+            metrics_aggregates: raw.metrics.and_then(|metrics| metrics.aggregates),
             ledger,
         })
     }

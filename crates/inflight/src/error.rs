@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::domain::labels::LabelError;
+use crate::domain::record::LaneKey;
 use crate::domain::transition::Refusal;
 
 /// Why a ledger operation failed.
@@ -50,6 +51,8 @@ struct Inner {
     kind: ErrorKind,
     message: String,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// The lane a `LaneFull` refusal is about.
+    lane: Option<LaneKey>,
 }
 
 impl fmt::Debug for LedgerError {
@@ -69,6 +72,7 @@ impl LedgerError {
             kind,
             message: message.into(),
             source: None,
+            lane: None,
         }))
     }
 
@@ -78,6 +82,7 @@ impl LedgerError {
             kind: ErrorKind::Storage,
             message: format!("{context}: {source}"),
             source: Some(Box::new(source)),
+            lane: None,
         }))
     }
 
@@ -89,6 +94,18 @@ impl LedgerError {
     /// The message, for people.
     pub fn message(&self) -> &str {
         &self.0.message
+    }
+
+    /// The lane a [`ErrorKind::LaneFull`] refusal is about.
+    pub fn lane(&self) -> Option<&LaneKey> {
+        self.0.lane.as_ref()
+    }
+
+    /// A [`ErrorKind::LaneFull`] refusal on `lane`.
+    pub(crate) fn lane_full(lane: LaneKey, message: impl Into<String>) -> Self {
+        let mut err = Self::new(ErrorKind::LaneFull, message);
+        err.0.lane = Some(lane);
+        err
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {

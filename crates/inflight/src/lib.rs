@@ -88,6 +88,7 @@ pub mod error;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod ledger;
+pub mod stats;
 pub mod store;
 pub mod wire;
 

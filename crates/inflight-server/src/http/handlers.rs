@@ -202,9 +202,10 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoRe
         .with_limit(1)
         .map_err(ApiError::invalid)?;
     let snapshot = state.ledger().snapshot(options).await?;
+    let stats = state.ledger().stats();
     Ok((
         [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
-        super::metrics::render(&snapshot),
+        super::metrics::render(&snapshot, &stats, state.metrics),
     ))
 }
 

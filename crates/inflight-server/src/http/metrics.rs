@@ -1,34 +1,102 @@
-//! `GET /metrics`: the snapshot in the OpenMetrics text format, for
-//! Prometheus.
+//! `GET /metrics`: the ledger in the OpenMetrics text format, for
+//! Prometheus. `docs/api.md` lists every series and how to aggregate it.
 //!
 //! Every scrape takes a snapshot, so it reaps first like every other read:
 //! a scrape never reports a count the ledger can already see is stale.
+//! Two kinds of series come out of it:
+//!
+//! - **store-wide**: the lanes' gauges, the owners, and the counters read
+//!   from the store's own counters ([`Totals`]), which survive restarts and
+//!   pruning; every instance on one store reports the same values
+//!   (aggregate with `max`);
+//! - **per instance**: what this process saw ([`StatsSnapshot`]): refused
+//!   admissions, queue-wait and execution histograms, reaper passes
+//!   (aggregate with `sum`).
 
+use std::collections::BTreeMap;
+
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use inflight::domain::counters::Totals;
 use inflight::domain::owner::OwnerState as Owned;
-use inflight::domain::record::{Disposition, State};
+use inflight::domain::record::{Disposition, ReapReason, State};
 use inflight::domain::snapshot::Snapshot;
+use inflight::stats::{Histogram, LaneClass, Rejection, StatsSnapshot};
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// What `/metrics` exposes beyond the standard series.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricsOptions {
+    /// Also expose the series per aggregate, with all seven labels
+    /// (`service`, `operation_stage`, `class`, `provider`, `model`,
+    /// `priority`, `admission`). Off by default: their cardinality is the
+    /// product of every label callers send.
+    pub aggregates: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct Lane {
     service: String,
     provider: String,
 }
 
+impl Lane {
+    fn of(lane: &inflight::domain::record::LaneKey) -> Self {
+        Self {
+            service: lane.service.to_string(),
+            provider: lane.provider.to_string(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LaneDisposition {
+struct LaneState {
+    #[prometheus(flatten)]
+    lane: Lane,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneReap {
     #[prometheus(flatten)]
     lane: Lane,
     disposition: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneOutcome {
+    #[prometheus(flatten)]
+    lane: Lane,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneRejection {
+    #[prometheus(flatten)]
+    lane: Lane,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneClassLabels {
+    #[prometheus(flatten)]
+    lane: Lane,
+    class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OwnerState {
+    state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,97 +118,271 @@ struct AggregateOutcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OwnerState {
-    state: &'static str,
+struct AggregateReap {
+    #[prometheus(flatten)]
+    aggregate: Aggregate,
+    disposition: &'static str,
+    reason: &'static str,
 }
 
-fn counter(value: i64) -> Counter {
-    let counter = Counter::default();
-    counter.inc_by(u64::try_from(value).unwrap_or(0));
-    counter
+const DISPOSITIONS: [Disposition; 2] = [Disposition::Abandoned, Disposition::Unsettled];
+const REASONS: [ReapReason; 2] = [ReapReason::Deadline, ReapReason::OwnerLost];
+const REJECTIONS: [Rejection; 2] = [Rejection::LaneFull, Rejection::WaitTimeout];
+
+fn count(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
 }
 
-fn gauge(value: i64) -> Gauge {
-    let gauge = Gauge::default();
-    gauge.set(value);
-    gauge
+#[allow(clippy::cast_precision_loss)] // milliseconds: exact in an f64
+fn seconds(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// The outcomes a record settles with, and its count of each in `totals`.
+fn outcomes(totals: &Totals) -> [(&'static str, i64); 3] {
+    [
+        (State::Succeeded.as_str(), totals.succeeded),
+        (State::Failed.as_str(), totals.failed),
+        (State::Cancelled.as_str(), totals.cancelled),
+    ]
 }
 
 /// Renders `snapshot` (taken with the whole history window, so that every
-/// aggregate is listed) as OpenMetrics text.
-pub fn render(snapshot: &Snapshot) -> String {
+/// aggregate is listed) and this process's `stats` as OpenMetrics text.
+pub fn render(snapshot: &Snapshot, stats: &StatsSnapshot, options: MetricsOptions) -> String {
     let mut registry = Registry::with_prefix("inflight");
+    register_lanes(&mut registry, snapshot);
+    register_counters(&mut registry, snapshot, stats);
+    register_owners(&mut registry, snapshot);
+    register_stats(&mut registry, stats);
+    if options.aggregates {
+        register_aggregates(&mut registry, snapshot);
+    }
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    text
+}
 
-    let executing = Family::<Lane, Gauge>::default();
-    let waiting = Family::<Lane, Gauge>::default();
+/// The lanes' gauges (store-wide), over `queued` records as admission
+/// counts them.
+fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
+    let in_flight = Family::<LaneState, Gauge>::default();
     let cap = Family::<Lane, Gauge>::default();
-    let longest_wait = Family::<Lane, Gauge>::default();
-    let reaped = Family::<LaneDisposition, Counter>::default();
-    let owner_lost = Family::<Lane, Counter>::default();
-    let late_settles = Family::<Lane, Counter>::default();
-    for lane in snapshot.native_admission.values() {
-        let key = Lane {
-            service: lane.service.clone(),
-            provider: lane.provider.clone(),
+    let longest_wait = Family::<Lane, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let reap_in = Family::<Lane, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for view in snapshot.native_admission.values() {
+        let lane = Lane {
+            service: view.service.clone(),
+            provider: view.provider.clone(),
         };
-        executing.get_or_create(&key).set(lane.executing);
-        waiting.get_or_create(&key).set(lane.waiting);
-        if let Some(lane_cap) = lane.cap {
-            cap.get_or_create(&key).set(i64::from(lane_cap));
-        }
-        longest_wait.get_or_create(&key).set(lane.longest_wait_ms);
-        for (disposition, count) in [
-            (Disposition::Abandoned.as_str(), lane.reaped.abandoned),
-            (Disposition::Unsettled.as_str(), lane.reaped.unsettled),
+        for (state, value) in [
+            (State::Executing.as_str(), view.executing),
+            (State::Waiting.as_str(), view.waiting),
         ] {
-            let labels = LaneDisposition {
-                lane: key.clone(),
-                disposition,
-            };
-            reaped
-                .get_or_create(&labels)
-                .inc_by(u64::try_from(count).unwrap_or(0));
+            in_flight
+                .get_or_create(&LaneState {
+                    lane: lane.clone(),
+                    state,
+                })
+                .set(value);
         }
-        owner_lost
-            .get_or_create(&key)
-            .inc_by(u64::try_from(lane.reaped_owner_lost).unwrap_or(0));
-        late_settles
-            .get_or_create(&key)
-            .inc_by(u64::try_from(lane.late_settles).unwrap_or(0));
+        if let Some(lane_cap) = view.cap {
+            cap.get_or_create(&lane).set(i64::from(lane_cap));
+        }
+        longest_wait
+            .get_or_create(&lane)
+            .set(seconds(view.longest_wait_ms));
+        if let Some(ms) = view.next_waiting_reap_in_ms {
+            reap_in.get_or_create(&lane).set(seconds(ms));
+        }
     }
     registry.register(
-        "lane_executing",
-        "Queued records executing on the lane",
-        executing,
+        "in_flight",
+        "Queued records in flight on the lane, by state (executing or waiting)",
+        in_flight,
     );
-    registry.register("lane_waiting", "Queued records waiting on the lane", waiting);
-    registry.register("lane_cap", "The lane's declared cap", cap);
+    registry.register("lane_cap", "The lane's declared cap on executing records", cap);
     registry.register(
-        "lane_longest_wait_milliseconds",
-        "How long the lane's oldest waiting record has waited",
+        "lane_longest_wait_seconds",
+        "How long the lane's oldest waiting record has waited (0 when none waits)",
         longest_wait,
     );
     registry.register(
-        "lane_reaped",
-        "Queued records that ended reaped, by disposition",
+        "lane_waiting_reap_in_seconds",
+        "Seconds until the first of the lane's waiting records is reaped abandoned unless it starts (absent when none waits)",
+        reap_in,
+    );
+}
+
+/// The store's counters (store-wide), per lane over every record of the
+/// lane, `queued` and `direct`.
+fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &StatsSnapshot) {
+    let mut lanes: BTreeMap<Lane, Totals> = BTreeMap::new();
+    for view in snapshot.native_admission.values() {
+        let lane = Lane {
+            service: view.service.clone(),
+            provider: view.provider.clone(),
+        };
+        lanes.entry(lane).or_default();
+    }
+    for aggregate in &snapshot.aggregates {
+        let lane = Lane {
+            service: aggregate.key.service.to_string(),
+            provider: aggregate.key.provider.to_string(),
+        };
+        lanes.entry(lane).or_default().add(&aggregate.totals);
+    }
+    let reaped = Family::<LaneReap, Counter>::default();
+    let settled = Family::<LaneOutcome, Counter>::default();
+    let late_settles = Family::<Lane, Counter>::default();
+    let resurrections = Family::<Lane, Counter>::default();
+    for (lane, totals) in &lanes {
+        for disposition in DISPOSITIONS {
+            for reason in REASONS {
+                let labels = LaneReap {
+                    lane: lane.clone(),
+                    disposition: disposition.as_str(),
+                    reason: reason.as_str(),
+                };
+                reaped
+                    .get_or_create(&labels)
+                    .inc_by(count(totals.reaps_ever(disposition, reason)));
+            }
+        }
+        for (outcome, value) in outcomes(totals) {
+            let labels = LaneOutcome {
+                lane: lane.clone(),
+                outcome,
+            };
+            settled.get_or_create(&labels).inc_by(count(value));
+        }
+        late_settles
+            .get_or_create(lane)
+            .inc_by(count(totals.late_settles));
+        resurrections
+            .get_or_create(lane)
+            .inc_by(count(totals.resurrections));
+    }
+    registry.register(
+        "reaped",
+        "Records reaped on the lane, ever, by disposition (abandoned: never started; unsettled: started, never settled) and reason (deadline or owner-lost)",
         reaped,
     );
     registry.register(
-        "lane_reaped_owner_lost",
-        "Queued records reaped because their owner's lease expired",
-        owner_lost,
+        "settled",
+        "Records settled on the lane, ever, by outcome (succeeded, failed, cancelled)",
+        settled,
     );
     registry.register(
-        "lane_late_settles",
-        "Settles or cancels absorbed after the record was reaped",
+        "late_settles",
+        "Settles or cancels absorbed on the lane after their record was reaped",
         late_settles,
     );
+    registry.register(
+        "resurrections",
+        "Abandoned records on the lane that started after all",
+        resurrections,
+    );
 
+    // Per instance: every capped lane, and every lane this process refused
+    // on, so that a rate starts from zero.
+    let rejected = Family::<LaneRejection, Counter>::default();
+    let capped = snapshot
+        .native_admission
+        .values()
+        .filter(|view| view.cap.is_some())
+        .map(|view| Lane {
+            service: view.service.clone(),
+            provider: view.provider.clone(),
+        });
+    for lane in capped {
+        for why in REJECTIONS {
+            let labels = LaneRejection {
+                lane: lane.clone(),
+                reason: why.as_str(),
+            };
+            rejected.get_or_create(&labels).inc_by(0);
+        }
+    }
+    for ((lane, why), value) in &stats.rejected {
+        let labels = LaneRejection {
+            lane: Lane::of(lane),
+            reason: why.as_str(),
+        };
+        rejected.get_or_create(&labels).inc_by(*value);
+    }
+    registry.register(
+        "admission_rejected",
+        "Admissions this instance refused on the lane, by reason (lane_full: at once; wait_timeout: after waiting in line)",
+        rejected,
+    );
+}
+
+fn register_owners(registry: &mut Registry, snapshot: &Snapshot) {
+    let owners = Family::<OwnerState, Gauge>::default();
+    for state in [Owned::Live, Owned::Lost, Owned::Released] {
+        let count = snapshot.owners.iter().filter(|o| o.state == state).count();
+        owners
+            .get_or_create(&OwnerState {
+                state: state.as_str(),
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "owners",
+        "Owners the store holds, by state (live; lost or released within the retention period)",
+        owners,
+    );
+}
+
+/// This process's own statistics (per instance).
+fn register_stats(registry: &mut Registry, stats: &StatsSnapshot) {
+    let runs = Counter::<u64>::default();
+    runs.inc_by(stats.reaper_runs);
+    registry.register(
+        "reaper_runs",
+        "Background reaper passes this instance completed",
+        runs,
+    );
+    let by_lane_class = |histograms: &BTreeMap<LaneClass, Histogram>| {
+        histograms
+            .iter()
+            .map(|(key, histogram)| {
+                let labels = LaneClassLabels {
+                    lane: Lane::of(&key.lane),
+                    class: key.class.to_string(),
+                };
+                (Some(labels), histogram.clone())
+            })
+            .collect::<Vec<_>>()
+    };
+    registry.register_collector(Box::new(Histograms {
+        name: "queue_wait_seconds",
+        help: "How long calls this instance started waited in line (startedAt - enqueuedAt)",
+        series: by_lane_class(&stats.queue_wait),
+    }));
+    registry.register_collector(Box::new(Histograms {
+        name: "execution_seconds",
+        help: "How long calls this instance settled ran (completedAt - startedAt)",
+        series: by_lane_class(&stats.execution),
+    }));
+    registry.register_collector(Box::new(Histograms::<Lane> {
+        name: "reap_duration_seconds",
+        help: "How long each background reaper pass of this instance took",
+        series: vec![(None, stats.reap_duration.clone())],
+    }));
+}
+
+/// The optional series per aggregate (store-wide), with all seven labels.
+fn register_aggregates(registry: &mut Registry, snapshot: &Snapshot) {
     let calls = Family::<Aggregate, Counter>::default();
-    let outcomes = Family::<AggregateOutcome, Counter>::default();
     let in_flight = Family::<Aggregate, Gauge>::default();
+    let settled = Family::<AggregateOutcome, Counter>::default();
+    let reaped = Family::<AggregateReap, Counter>::default();
     for aggregate in &snapshot.aggregates {
         let key = &aggregate.key;
+        let totals = &aggregate.totals;
         let labels = Aggregate {
             service: key.service.to_string(),
             operation_stage: key.operation_stage.to_string(),
@@ -150,52 +392,72 @@ pub fn render(snapshot: &Snapshot) -> String {
             priority: key.priority.as_str(),
             admission: key.admission.as_str(),
         };
-        calls
-            .get_or_create(&labels)
-            .inc_by(u64::try_from(aggregate.calls).unwrap_or(0));
-        in_flight.get_or_create(&labels).set(aggregate.in_flight);
-        for (outcome, count) in [
-            (State::Succeeded.as_str(), aggregate.successes),
-            (State::Failed.as_str(), aggregate.failures),
-            (State::Cancelled.as_str(), aggregate.cancelled),
-            (State::Reaped.as_str(), aggregate.reaped.total()),
-        ] {
-            let labels = AggregateOutcome {
+        calls.get_or_create(&labels).inc_by(count(totals.calls));
+        in_flight.get_or_create(&labels).set(totals.in_flight);
+        for (outcome, value) in outcomes(totals) {
+            let outcome = AggregateOutcome {
                 aggregate: labels.clone(),
                 outcome,
             };
-            outcomes
-                .get_or_create(&labels)
-                .inc_by(u64::try_from(count).unwrap_or(0));
+            settled.get_or_create(&outcome).inc_by(count(value));
+        }
+        for disposition in DISPOSITIONS {
+            for reason in REASONS {
+                let reap = AggregateReap {
+                    aggregate: labels.clone(),
+                    disposition: disposition.as_str(),
+                    reason: reason.as_str(),
+                };
+                reaped
+                    .get_or_create(&reap)
+                    .inc_by(count(totals.reaps_ever(disposition, reason)));
+            }
         }
     }
-    registry.register("calls", "Records begun", calls);
-    registry.register("outcomes", "Records that ended, by outcome", outcomes);
-    registry.register("in_flight", "Records in flight now", in_flight);
+    registry.register("aggregate_calls", "Records begun, per aggregate", calls);
+    registry.register(
+        "aggregate_in_flight",
+        "Records in flight now, per aggregate",
+        in_flight,
+    );
+    registry.register(
+        "aggregate_settled",
+        "Records settled, per aggregate and outcome",
+        settled,
+    );
+    registry.register(
+        "aggregate_reaped",
+        "Records reaped, per aggregate, disposition and reason",
+        reaped,
+    );
+}
 
-    let owners = Family::<OwnerState, Gauge>::default();
-    for state in [Owned::Live, Owned::Lost, Owned::Released] {
-        let count = snapshot.owners.iter().filter(|o| o.state == state).count();
-        owners
-            .get_or_create(&OwnerState {
-                state: state.as_str(),
-            })
-            .set(count as i64);
+/// One histogram family, from histograms counted elsewhere (the library
+/// keeps them; it depends on no metrics crate). A series without labels
+/// has `None`.
+#[derive(Debug)]
+struct Histograms<S> {
+    name: &'static str,
+    help: &'static str,
+    series: Vec<(Option<S>, Histogram)>,
+}
+
+impl<S: EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static> Collector for Histograms<S> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.series.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(self.name, self.help, None, MetricType::Histogram)?;
+        for (labels, histogram) in &self.series {
+            let buckets: Vec<(f64, u64)> = histogram.buckets().collect();
+            let (sum, count) = (histogram.sum(), histogram.count());
+            match labels {
+                Some(labels) => family
+                    .encode_family(labels)?
+                    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?,
+                None => family.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?,
+            }
+        }
+        Ok(())
     }
-    registry.register("owners", "Owners registered with this ledger, by state", owners);
-    registry.register(
-        "reaped_this_scrape",
-        "Records this scrape's own reap found past their bound",
-        gauge(snapshot.reaped_this_read.total()),
-    );
-    registry.register(
-        "activities",
-        "Records ever begun",
-        counter(snapshot.total_activities),
-    );
-
-    let mut text = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut text, &registry);
-    text
 }

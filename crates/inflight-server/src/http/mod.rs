@@ -23,18 +23,31 @@ pub mod metrics;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
+pub use metrics::MetricsOptions;
 
-/// What every request handler shares: the ledger and the bearer token.
+/// What every request handler shares: the ledger, the bearer token, and
+/// what `/metrics` exposes.
 #[derive(Clone)]
 pub struct AppState {
     ledger: Ledger,
     token: Option<Arc<str>>,
+    metrics: MetricsOptions,
 }
 
 impl AppState {
     /// Serves `ledger` with no token required.
     pub fn new(ledger: Ledger) -> Self {
-        Self { ledger, token: None }
+        Self {
+            ledger,
+            token: None,
+            metrics: MetricsOptions::default(),
+        }
+    }
+
+    /// What `/metrics` exposes beyond the standard series.
+    pub fn with_metrics(mut self, metrics: MetricsOptions) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` on every `/v1` route and on
@@ -48,6 +61,16 @@ impl AppState {
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
+
+    /// Whether a token is required.
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// What `/metrics` exposes beyond the standard series.
+    pub fn metrics(&self) -> MetricsOptions {
+        self.metrics
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -55,6 +78,7 @@ impl std::fmt::Debug for AppState {
         f.debug_struct("AppState")
             .field("ledger", &self.ledger)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("metrics", &self.metrics)
             .finish()
     }
 }

@@ -71,6 +71,11 @@ pub struct Totals {
     pub reaped_unsettled: i64,
     /// Reaps (of either disposition) because the owner's lease expired.
     pub reaped_owner_lost: i64,
+    /// Of those, reaps of records that had not started (`abandoned`),
+    /// ever: a resurrection does not take one back out, so that reaps by
+    /// disposition and reason can be told apart
+    /// ([`Totals::reaps_ever`]).
+    pub reaped_owner_lost_abandoned: i64,
     /// Records that received a settle or cancel after being reaped.
     pub late_settles: i64,
     /// Abandoned records started after all.
@@ -137,7 +142,9 @@ impl Totals {
                 }
                 self.seen(at);
             }
-            Effect::Reaped { disposition, reason } => {
+            Effect::Reaped {
+                disposition, reason, ..
+            } => {
                 self.in_flight -= 1;
                 match disposition {
                     Disposition::Abandoned => self.reaped_abandoned += 1,
@@ -145,6 +152,9 @@ impl Totals {
                 }
                 if reason == ReapReason::OwnerLost {
                     self.reaped_owner_lost += 1;
+                    if disposition == Disposition::Abandoned {
+                        self.reaped_owner_lost_abandoned += 1;
+                    }
                 }
             }
             Effect::Resurrected => {
@@ -172,6 +182,7 @@ impl Totals {
         self.reaped_abandoned += delta.reaped_abandoned;
         self.reaped_unsettled += delta.reaped_unsettled;
         self.reaped_owner_lost += delta.reaped_owner_lost;
+        self.reaped_owner_lost_abandoned += delta.reaped_owner_lost_abandoned;
         self.late_settles += delta.late_settles;
         self.resurrections += delta.resurrections;
         self.in_flight += delta.in_flight;
@@ -189,6 +200,27 @@ impl Totals {
     /// Reaps of either disposition.
     pub fn reaped(&self) -> i64 {
         self.reaped_abandoned + self.reaped_unsettled
+    }
+
+    /// Every reap ever counted here with `disposition` and `reason`,
+    /// resurrected records included: unlike [`Totals::reaped_abandoned`]
+    /// (records that *ended* reaped), these never go down, which is what a
+    /// monitoring counter needs. (Counters from a store written before
+    /// owner-lost reaps were split by disposition may attribute a few old
+    /// reaps to `unsettled`; never below zero.)
+    pub fn reaps_ever(&self, disposition: Disposition, reason: ReapReason) -> i64 {
+        let owner_lost_abandoned = self.reaped_owner_lost_abandoned.min(self.reaped_owner_lost);
+        let owner_lost_unsettled = self.reaped_owner_lost - owner_lost_abandoned;
+        let count = match (disposition, reason) {
+            (Disposition::Abandoned, ReapReason::OwnerLost) => owner_lost_abandoned,
+            (Disposition::Unsettled, ReapReason::OwnerLost) => owner_lost_unsettled,
+            // A resurrection only ever takes back an abandoned reap.
+            (Disposition::Abandoned, ReapReason::Deadline) => {
+                self.reaped_abandoned + self.resurrections - owner_lost_abandoned
+            }
+            (Disposition::Unsettled, ReapReason::Deadline) => self.reaped_unsettled - owner_lost_unsettled,
+        };
+        count.max(0)
     }
 }
 
@@ -224,6 +256,10 @@ pub struct AggregateView {
     /// Last caller-observed event.
     #[serde(serialize_with = "timestamp::serialize_opt")]
     pub last_seen_at: Option<Millis>,
+    /// The counters it was made from, whole (not on the wire): `/metrics`
+    /// reads what the view leaves out, such as reaps by reason.
+    #[serde(skip)]
+    pub totals: Totals,
 }
 
 impl AggregateView {
@@ -248,6 +284,7 @@ impl AggregateView {
             avg_execution_ms: avg(totals.execution_sum_ms, totals.execution_count),
             max_execution_ms: max(totals.execution_max_ms, totals.execution_count),
             last_seen_at: totals.last_seen_at,
+            totals: *totals,
         }
     }
 }

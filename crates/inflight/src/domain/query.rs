@@ -121,6 +121,7 @@ pub fn lane_loads<'a>(in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -
             executing: 0,
             waiting: 0,
             oldest_waiting_since: None,
+            next_waiting_reapable_at: None,
         });
         if record.state == State::Executing {
             load.executing += 1;
@@ -128,6 +129,10 @@ pub fn lane_loads<'a>(in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -
             load.waiting += 1;
             let oldest = load.oldest_waiting_since.get_or_insert(record.enqueued_at);
             *oldest = (*oldest).min(record.enqueued_at);
+            if let Some(at) = record.reapable_at {
+                let next = load.next_waiting_reapable_at.get_or_insert(at);
+                *next = (*next).min(at);
+            }
         }
     }
     loads.into_values().collect()

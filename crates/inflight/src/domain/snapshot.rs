@@ -97,6 +97,9 @@ pub struct LaneLoad {
     pub waiting: i64,
     /// The `enqueuedAt` of its oldest waiting record.
     pub oldest_waiting_since: Option<Millis>,
+    /// The soonest `reapableAt` of its waiting records: when the first of
+    /// them is reaped `abandoned` unless it starts.
+    pub next_waiting_reapable_at: Option<Millis>,
 }
 
 /// What a store gathers for a snapshot, after reaping.
@@ -147,6 +150,11 @@ pub struct LaneView {
     pub resurrections: i64,
     /// How long its oldest waiting record has waited.
     pub longest_wait_ms: i64,
+    /// How long until the first of its waiting records is reaped
+    /// `abandoned` unless it starts; `None` when none waits. Not on the
+    /// wire: `/metrics` reads it.
+    #[serde(skip)]
+    pub next_waiting_reap_in_ms: Option<i64>,
 }
 
 /// An in-flight record, with how long ago it was enqueued.
@@ -257,6 +265,7 @@ impl Snapshot {
                 late_settles: 0,
                 resurrections: 0,
                 longest_wait_ms: 0,
+                next_waiting_reap_in_ms: None,
             }
         };
         for key in caps.keys() {
@@ -285,6 +294,7 @@ impl Snapshot {
             view.longest_wait_ms = load
                 .oldest_waiting_since
                 .map_or(0, |enqueued| (now - enqueued).max(0));
+            view.next_waiting_reap_in_ms = load.next_waiting_reapable_at.map(|at| (at - now).max(0));
         }
 
         let (in_flight, in_flight_truncated) = truncate(parts.in_flight, limit);

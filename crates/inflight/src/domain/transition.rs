@@ -56,6 +56,11 @@ pub enum Effect {
         disposition: Disposition,
         /// Why it was reaped.
         reason: ReapReason,
+        /// How long it had been in its state when reaped: since its start
+        /// when `unsettled`, since its enqueue when `abandoned`.
+        age_ms: i64,
+        /// Its bound, from the same instant: past this age it is due.
+        bound_ms: i64,
     },
     /// An abandoned record was started after all: it is live again.
     Resurrected,
@@ -298,12 +303,21 @@ fn mark_reaped(record: &mut ActivityRecord, now: Millis, reason: ReapReason) -> 
     } else {
         Disposition::Unsettled
     };
+    // The instant its bound counts from (`ReapPolicy::reapable_at`).
+    let since = record.started_at.unwrap_or(record.enqueued_at);
+    let bound_ms = record.reapable_at.map_or(0, |bound| bound.saturating_sub(since));
     record.state = State::Reaped;
     record.disposition = Some(disposition);
     record.reap_reason = Some(reason);
     record.reaped_at = Some(default_at(record, now));
     record.reapable_at = None;
-    Effect::Reaped { disposition, reason }
+    let age_ms = record.reaped_at.unwrap_or(now).saturating_sub(since);
+    Effect::Reaped {
+        disposition,
+        reason,
+        age_ms,
+        bound_ms,
+    }
 }
 
 /// Applies `transition` to `record` at `now`, in place, reaping it first if
@@ -534,7 +548,9 @@ mod tests {
             effects.as_slice(),
             [Effect::Reaped {
                 disposition: Disposition::Abandoned,
-                reason: ReapReason::Deadline
+                reason: ReapReason::Deadline,
+                age_ms: now - record.enqueued_at,
+                bound_ms: now - 1 - record.enqueued_at,
             }]
         );
     }

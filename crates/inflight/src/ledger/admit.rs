@@ -18,6 +18,7 @@ use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::timestamp::Millis;
 use crate::error::{ErrorKind, LedgerError};
 use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
+use crate::stats::Rejection;
 
 /// How often a record waiting in line asks again, for capacity freed by
 /// another process sharing the store (this process's own settles wake it at
@@ -204,11 +205,11 @@ impl Ledger {
             let woken = in_line.woken();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            match self.start(id, at).await {
+            match self.try_start(id, at).await {
                 Err(err) if err.kind() == ErrorKind::LaneFull => {
                     let now = Instant::now();
                     if give_up.is_some_and(|give_up| now >= give_up) {
-                        return Err(err);
+                        return self.count_refusal(Err(err), Rejection::WaitTimeout);
                     }
                     let poll = give_up.map_or(POLL_INTERVAL, |give_up| (give_up - now).min(POLL_INTERVAL));
                     tokio::select! {

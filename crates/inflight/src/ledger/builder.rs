@@ -8,6 +8,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::LedgerConfig;
 use crate::domain::labels::{Label, LabelInterner};
 use crate::error::LedgerError;
+use crate::stats::LedgerStats;
 use crate::store;
 
 use super::admit::Line;
@@ -84,7 +85,13 @@ impl LedgerBuilder {
             }
         };
         let config = Arc::new(self.config);
-        let store = store::open(&self.store_url, Arc::clone(&config), Arc::clone(&self.clock))?;
+        let stats = Arc::new(LedgerStats::default());
+        let store = store::open_observed(
+            &self.store_url,
+            Arc::clone(&config),
+            Arc::clone(&self.clock),
+            Arc::clone(&stats),
+        )?;
         Ok(Ledger {
             inner: Arc::new(Inner {
                 store,
@@ -95,6 +102,7 @@ impl LedgerBuilder {
                 auto_owner,
                 labels: Mutex::new(LabelInterner::default()),
                 undeclared_lanes: Mutex::default(),
+                stats,
             }),
         })
     }

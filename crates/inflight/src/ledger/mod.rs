@@ -37,6 +37,7 @@ use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::LedgerError;
+use crate::stats::{LedgerStats, Rejection, StatsSnapshot};
 use crate::store::{self, Command, Store};
 
 /// How many records one prune transaction deletes at most.
@@ -84,6 +85,9 @@ pub(crate) struct Inner {
     pub(crate) labels: Mutex<LabelInterner>,
     /// Undeclared lanes already warned about (only when some lane is capped).
     pub(crate) undeclared_lanes: Mutex<std::collections::HashSet<crate::domain::record::LaneKey>>,
+    /// What this process saw happen, shared with the store, which
+    /// publishes to it what each command did once it landed.
+    pub(crate) stats: Arc<LedgerStats>,
 }
 
 /// The most undeclared lanes warned about: enough to show a misspelling,
@@ -260,12 +264,38 @@ impl Ledger {
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
         }
-        if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
-            return self.run(Command::Begin { new }).await?.into_record();
+        let begun = if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
+            self.run(Command::Begin { new })
+                .await
+                .and_then(store::Reply::into_record)
+        } else {
+            // Rare, and a large future (it may register an owner): boxed, so
+            // the common path's future stays small and cheap to move.
+            Box::pin(self.begin_as_auto_owner(spec, new)).await
+        };
+        // A begin already started is an admission decision, taken at once.
+        self.count_refusal(begun, Rejection::LaneFull)
+    }
+
+    /// Counts `result` in the statistics if it is a `LaneFull` refusal.
+    pub(crate) fn count_refusal<T>(
+        &self,
+        result: Result<T, LedgerError>,
+        why: Rejection,
+    ) -> Result<T, LedgerError> {
+        if let Err(err) = &result {
+            if let Some(lane) = err.lane() {
+                self.inner.stats.rejected(lane.clone(), why);
+            }
         }
-        // Rare, and a large future (it may register an owner): boxed, so the
-        // common path's future stays small and cheap to move.
-        Box::pin(self.begin_as_auto_owner(spec, new)).await
+        result
+    }
+
+    /// What this process saw happen: its calls' queue waits and execution
+    /// times, the admissions it refused, its reaper's passes. Per process;
+    /// the store's counters (in the [`Snapshot`]) are the ledger's own.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
     }
 
     /// Says once per lane, as a warning, that a call runs on a lane the
@@ -339,7 +369,18 @@ impl Ledger {
         id: ActivityId,
         at: Option<Millis>,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.transition(id, Transition::Start { at }).await
+        let started = self.transition(id, Transition::Start { at }).await;
+        self.count_refusal(started, Rejection::LaneFull)
+    }
+
+    /// One attempt to start `id`, its refusal not counted: the caller
+    /// waits in line and counts only the refusal it gives up on.
+    pub(crate) fn try_start(
+        &self,
+        id: ActivityId,
+        at: Option<Millis>,
+    ) -> impl Future<Output = Result<Arc<ActivityRecord>, LedgerError>> + '_ {
+        self.transition(id, Transition::Start { at })
     }
 
     /// Settles the record `id`. A settle for a reaped record is absorbed as

@@ -17,6 +17,7 @@ use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::{self, Effect, Effects, Transition};
 use crate::error::{ErrorKind, LedgerError};
+use crate::stats::Landed;
 
 use super::{Command, Reply, StoreStats};
 
@@ -71,6 +72,10 @@ pub(crate) trait Txn {
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
     /// Stores a new owner, or overwrites one.
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
+    /// Keeps `landed` for the store to publish
+    /// ([`LedgerStats::publish`](crate::stats::LedgerStats::publish)) once
+    /// this command is committed, and drops it if the command is undone.
+    fn landed(&mut self, landed: Landed);
 
     // The questions of `domain::query`.
 
@@ -313,13 +318,13 @@ fn admit(
     reap_all(txn, now)?;
     match admission::decide(Some(cap), txn.lane_position(&LaneQuery::of(record, newcomer))?) {
         Decision::Admit => Ok(()),
-        Decision::LaneFull { cap } => Err(LedgerError::new(
-            ErrorKind::LaneFull,
-            format!(
+        Decision::LaneFull { cap } => {
+            let message = format!(
                 "lane {lane} is full (cap {cap}); activity {} keeps its place in line",
                 record.activity_id
-            ),
-        )),
+            );
+            Err(LedgerError::lane_full(lane, message))
+        }
     }
 }
 
@@ -416,6 +421,9 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
     for effect in effects {
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(query::completion_minute(*at))?;
+        }
+        if let Some(landed) = Landed::of(record, effect) {
+            txn.landed(landed);
         }
     }
     if effects.is_empty() {

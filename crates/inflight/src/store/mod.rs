@@ -20,6 +20,7 @@ use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
+use crate::stats::LedgerStats;
 
 pub(crate) mod engine;
 pub mod memory;
@@ -296,8 +297,18 @@ pub fn open(
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn Store>, LedgerError> {
+    open_observed(url, config, clock, Arc::default())
+}
+
+/// Like [`open`], publishing what lands to `stats`.
+pub(crate) fn open_observed(
+    url: &str,
+    config: Arc<LedgerConfig>,
+    clock: Arc<dyn Clock>,
+    stats: Arc<LedgerStats>,
+) -> Result<Arc<dyn Store>, LedgerError> {
     if url == "memory:" || url == "memory://" {
-        return Ok(Arc::new(MemoryStore::new(config, clock)));
+        return Ok(Arc::new(MemoryStore::observed(config, clock, stats)));
     }
     if let Some(rest) = url.strip_prefix("sqlite://") {
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -325,16 +336,17 @@ pub fn open(
                     .map_err(|err| LedgerError::invalid(format!("store URL {url:?}: synchronous: {err}")))?,
                 None => Synchronous::default(),
             };
-            return Ok(Arc::new(SqliteStore::open_with(
+            return Ok(Arc::new(SqliteStore::open_observed(
                 path,
                 synchronous,
                 config,
                 clock,
+                stats,
             )?));
         }
         #[cfg(not(feature = "sqlite"))]
         {
-            let _ = synchronous;
+            let _ = (synchronous, stats);
             return Err(LedgerError::invalid(format!(
                 "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
             )));

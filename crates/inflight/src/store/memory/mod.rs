@@ -18,6 +18,7 @@ use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
+use crate::stats::{Landed, LedgerStats};
 
 use super::engine::{self, Txn};
 use super::{Command, Store, StoreFuture};
@@ -33,6 +34,7 @@ use history::History;
 pub struct MemoryStore {
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
+    stats: Arc<LedgerStats>,
     state: Mutex<MemoryState>,
 }
 
@@ -45,9 +47,19 @@ impl fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// An empty store under `config`, reading time from `clock`.
     pub fn new(config: Arc<LedgerConfig>, clock: Arc<dyn Clock>) -> Self {
+        Self::observed(config, clock, Arc::default())
+    }
+
+    /// An empty store that publishes what lands to `stats`.
+    pub(crate) fn observed(
+        config: Arc<LedgerConfig>,
+        clock: Arc<dyn Clock>,
+        stats: Arc<LedgerStats>,
+    ) -> Self {
         Self {
             config,
             clock,
+            stats,
             state: Mutex::new(MemoryState::default()),
         }
     }
@@ -59,6 +71,12 @@ impl Store for MemoryStore {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let result = engine::execute(&mut *state, &self.config, command, now);
+        // Nothing to roll back here: what the engine did is what landed,
+        // refusals included (they keep the reaps time forced).
+        if !state.landed.is_empty() {
+            self.stats.publish(&state.landed);
+            state.landed.clear();
+        }
         StoreFuture::ready(result)
     }
 }
@@ -77,6 +95,9 @@ struct MemoryState {
     owners: BTreeMap<OwnerId, Owner>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
+    /// What the running command did, to publish once it is done; its
+    /// buffer is kept from one command to the next.
+    landed: Vec<Landed>,
 }
 
 /// The records. Those in flight live in a small hash map that stays in
@@ -480,6 +501,10 @@ impl Txn for MemoryState {
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
         self.owners.insert(owner.owner_id.clone(), owner.clone());
         Ok(())
+    }
+
+    fn landed(&mut self, landed: Landed) {
+        self.landed.push(landed);
     }
 
     fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {

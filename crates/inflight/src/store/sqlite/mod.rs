@@ -25,6 +25,7 @@ use crate::domain::query;
 use crate::domain::record::{ActivityId, Admission, Priority};
 use crate::domain::timestamp::Millis;
 use crate::error::LedgerError;
+use crate::stats::LedgerStats;
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -88,6 +89,17 @@ impl SqliteStore {
         config: Arc<LedgerConfig>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, LedgerError> {
+        Self::open_observed(path, synchronous, config, clock, Arc::default())
+    }
+
+    /// Like [`SqliteStore::open_with`], publishing what lands to `stats`.
+    pub(crate) fn open_observed(
+        path: impl AsRef<Path>,
+        synchronous: Synchronous,
+        config: Arc<LedgerConfig>,
+        clock: Arc<dyn Clock>,
+        stats: Arc<LedgerStats>,
+    ) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let mut conn = connect(&path, synchronous)?;
         migrate(&mut conn)?;
@@ -95,7 +107,7 @@ impl SqliteStore {
         let (jobs, queue) = mpsc::channel::<Job>();
         thread::Builder::new()
             .name("inflight-sqlite".into())
-            .spawn(move || write_loop(conn, &config, clock.as_ref(), &queue))
+            .spawn(move || write_loop(conn, &config, clock.as_ref(), &stats, &queue))
             .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
         Ok(Self { path, jobs })
     }
@@ -240,6 +252,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
+            &LedgerStats::default(),
             vec![begin(a), begin(b), snapshot()],
         );
         assert_eq!(
@@ -261,6 +274,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
+            &LedgerStats::default(),
             vec![settle, snapshot()],
         );
         assert!(results[0].is_ok());
@@ -271,6 +285,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
+            &LedgerStats::default(),
             vec![snapshot()],
         );
         let after = snapshot_of(&results[0]);
@@ -289,6 +304,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
+            &LedgerStats::default(),
             vec![begin(a), duplicate, begin(b), snapshot()],
         );
         assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);

@@ -149,6 +149,23 @@ CREATE TABLE completion_minutes (
 "#,
         backfill: Some(Backfill::CompletionMinutes),
     },
+    Migration {
+        sql: r#"
+-- Owner-lost reaps split by disposition, so that reaps are counted by
+-- disposition and reason (`Totals::reaps_ever`). Counted from the records
+-- still stored: older ones, already pruned, count as `unsettled`.
+ALTER TABLE aggregates ADD COLUMN reaped_owner_lost_abandoned INTEGER NOT NULL DEFAULT 0;
+UPDATE aggregates SET reaped_owner_lost_abandoned = MIN(reaped_owner_lost, (
+    SELECT COUNT(*) FROM activities AS a
+    WHERE a.service = aggregates.service AND a.operation_stage = aggregates.operation_stage
+      AND a.class = aggregates.class AND a.provider = aggregates.provider
+      AND a.model = aggregates.model AND a.priority = aggregates.priority
+      AND a.admission = aggregates.admission
+      AND a.state = 'reaped' AND a.disposition = 'abandoned' AND a.reap_reason = 'owner-lost'))
+WHERE reaped_owner_lost > 0;
+"#,
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -184,15 +201,16 @@ pub(super) const ADD_TO_AGGREGATE: &str =
     "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
      calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
-     execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
+     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24) \
+     ?20, ?21, ?22, ?23, ?24, ?25) \
      ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
      calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
      failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
      reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
      reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
      reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
+     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + excluded.reaped_owner_lost_abandoned, \
      late_settles = late_settles + excluded.late_settles, \
      resurrections = resurrections + excluded.resurrections, \
      in_flight = in_flight + excluded.in_flight, \
@@ -209,7 +227,8 @@ pub(super) const AGGREGATES: &str =
     "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
      succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
-     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at \
+     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
+     reaped_owner_lost_abandoned \
      FROM aggregates";
 
 pub(super) const COUNT_COMPLETIONS: &str =
@@ -270,7 +289,8 @@ pub(super) const IN_FLIGHT_COUNT: &str = concat!("SELECT COUNT(*) FROM activitie
 /// `query::lane_loads`.
 pub(super) const LANE_LOADS: &str = concat!(
     "SELECT service, provider, SUM(state = 'executing'), SUM(state = 'waiting'), \
-     MIN(CASE WHEN state = 'waiting' THEN enqueued_at END) \
+     MIN(CASE WHEN state = 'waiting' THEN enqueued_at END), \
+     MIN(CASE WHEN state = 'waiting' THEN reapable_at END) \
      FROM activities WHERE ",
     in_flight!(),
     " AND admission = 'queued' GROUP BY service, provider"

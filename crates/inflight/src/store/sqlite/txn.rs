@@ -16,6 +16,7 @@ use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Millis;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
+use crate::stats::Landed;
 use crate::store::engine::Txn;
 
 use super::rows::{
@@ -29,6 +30,8 @@ pub(super) struct SqliteTxn<'t, 'c> {
     peeked: Option<Arc<ActivityRecord>>,
     /// The counter changes of this command, for its group to write.
     pub(super) counts: PendingCounts,
+    /// What this command did, to publish once its group is committed.
+    pub(super) landed: Vec<Landed>,
 }
 
 impl<'t, 'c> SqliteTxn<'t, 'c> {
@@ -37,6 +40,7 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
             st,
             peeked: None,
             counts: PendingCounts::default(),
+            landed: Vec::new(),
         }
     }
 }
@@ -116,6 +120,7 @@ pub(super) fn add_to_aggregate(
             d.execution_sum_ms,
             d.execution_max_ms,
             d.last_seen_at,
+            d.reaped_owner_lost_abandoned,
         ])
         .map_err(sql_error("cannot update counters"))?;
     Ok(())
@@ -296,6 +301,7 @@ impl Txn for SqliteTxn<'_, '_> {
                     execution_sum_ms: row.get(21)?,
                     execution_max_ms: row.get(22)?,
                     last_seen_at: row.get(23)?,
+                    reaped_owner_lost_abandoned: row.get(24)?,
                 },
             ))
         })
@@ -317,6 +323,10 @@ impl Txn for SqliteTxn<'_, '_> {
 
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
         Ok(query_rows(self.st, sql::GET_OWNER, [id.as_str()], owner_from_row)?.pop())
+    }
+
+    fn landed(&mut self, landed: Landed) {
+        self.landed.push(landed);
     }
 
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
@@ -385,6 +395,7 @@ impl Txn for SqliteTxn<'_, '_> {
                 executing: row.get(2)?,
                 waiting: row.get(3)?,
                 oldest_waiting_since: row.get(4)?,
+                next_waiting_reapable_at: row.get(5)?,
             })
         })
     }

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::{ErrorKind, LedgerError};
+use crate::stats::{Landed, LedgerStats};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
@@ -39,6 +40,7 @@ pub(super) fn write_loop(
     conn: Connection,
     config: &LedgerConfig,
     clock: &dyn Clock,
+    stats: &LedgerStats,
     queue: &mpsc::Receiver<Job>,
 ) {
     let mut statements = Statements::new(&conn);
@@ -69,7 +71,7 @@ pub(super) fn write_loop(
         }
         last_group = group.commands.len().max(1);
         if !group.commands.is_empty() {
-            let results = run_group(&mut statements, config, clock, group.commands);
+            let results = run_group(&mut statements, config, clock, stats, group.commands);
             for (reply, result) in group.replies.into_iter().zip(results) {
                 // A caller that went away still had its command committed.
                 let _ = reply.send(result);
@@ -136,20 +138,29 @@ pub(super) fn run_group(
     conn: &mut Statements<'_>,
     config: &LedgerConfig,
     clock: &dyn Clock,
+    stats: &LedgerStats,
     commands: Vec<Command>,
 ) -> Vec<Result<Reply, LedgerError>> {
     let count = commands.len();
+    let run = |conn: &mut Statements<'_>, commands, isolation| {
+        let (results, landed) = run_transaction(conn, config, clock, commands, isolation)?;
+        // Committed: what landed is published, each command's apart.
+        for landed in landed.iter().filter(|landed| !landed.is_empty()) {
+            stats.publish(landed);
+        }
+        Ok(results)
+    };
     if count == 1 {
-        return match run_transaction(conn, config, clock, commands, Isolation::Whole) {
+        return match run(conn, commands, Isolation::Whole) {
             Ok(results) => results,
             Err(Failed::Command(err)) => vec![Err(err)],
             Err(Failed::Transaction(err)) => failed_all(count, &err),
         };
     }
     let again = commands.clone();
-    match run_transaction(conn, config, clock, commands, Isolation::Whole) {
+    match run(conn, commands, Isolation::Whole) {
         Ok(results) => results,
-        Err(Failed::Command(_)) => match run_transaction(conn, config, clock, again, Isolation::PerCommand) {
+        Err(Failed::Command(_)) => match run(conn, again, Isolation::PerCommand) {
             Ok(results) => results,
             Err(Failed::Command(err) | Failed::Transaction(err)) => failed_all(count, &err),
         },
@@ -182,6 +193,10 @@ fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>
         .collect()
 }
 
+/// What a committed transaction answers, and what each of its commands
+/// did that landed.
+type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
+
 /// Runs `commands` in one `BEGIN IMMEDIATE` transaction and commits it;
 /// rolled back when it fails.
 fn run_transaction(
@@ -190,7 +205,7 @@ fn run_transaction(
     clock: &dyn Clock,
     commands: Vec<Command>,
     isolation: Isolation,
-) -> Result<Vec<Result<Reply, LedgerError>>, Failed> {
+) -> Result<Committed, Failed> {
     control(conn, sql::BEGIN_IMMEDIATE)
         .map_err(|err| Failed::Transaction(LedgerError::storage("cannot begin a transaction", err)))?;
     let run = run_commands(conn, config, clock, commands, isolation);
@@ -207,8 +222,9 @@ fn run_commands(
     clock: &dyn Clock,
     commands: Vec<Command>,
     isolation: Isolation,
-) -> Result<Vec<Result<Reply, LedgerError>>, Failed> {
+) -> Result<Committed, Failed> {
     let mut results = Vec::with_capacity(commands.len());
+    let mut landed = Vec::with_capacity(commands.len());
     // Counter changes of the commands kept so far, written once per counter
     // row: before a command that reads the counters, and before the commit.
     let mut counts = PendingCounts::default();
@@ -229,6 +245,7 @@ fn run_commands(
         let mut txn = SqliteTxn::new(conn);
         let result = engine::execute(&mut txn, config, command, now);
         let pending = std::mem::take(&mut txn.counts);
+        let did = std::mem::take(&mut txn.landed);
         // A refusal keeps what time forced (a reap); a storage failure keeps
         // nothing, its counts included.
         let keep = !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
@@ -247,6 +264,7 @@ fn run_commands(
             Ok(()) => {
                 if keep {
                     counts.merge(pending);
+                    landed.push(did);
                 }
                 result
             }
@@ -256,7 +274,7 @@ fn run_commands(
     counts.write(conn).map_err(Failed::Transaction)?;
     control(conn, sql::COMMIT)
         .map_err(|err| Failed::Transaction(LedgerError::storage("cannot commit", err)))?;
-    Ok(results)
+    Ok((results, landed))
 }
 
 /// Rolls back the open transaction, if any (a failed `COMMIT` may have
