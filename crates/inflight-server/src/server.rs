@@ -393,6 +393,21 @@ mod tests {
     }
 
     #[test]
+    fn series_per_aggregate_are_off_unless_the_file_or_a_flag_turns_them_on() {
+        let off = ServerSettings::merge(&Overrides::default(), Settings::default()).unwrap();
+        assert!(!off.metrics.aggregates);
+        let file = Settings::from_toml("[metrics]\naggregates = true\n").unwrap();
+        let on = ServerSettings::merge(&Overrides::default(), file.clone()).unwrap();
+        assert!(on.metrics.aggregates);
+        let over = Overrides {
+            metrics_aggregates: Some(false),
+            ..Overrides::default()
+        };
+        assert!(!ServerSettings::merge(&over, file).unwrap().metrics.aggregates);
+        assert!(Settings::from_toml("[metrics]\nseries = 1\n").is_err());
+    }
+
+    #[test]
     fn bad_overrides_name_the_key() {
         for (over, key) in [
             (overrides(Some("7878"), None, None), "listen"),

@@ -318,3 +318,51 @@ impl ReapedCounts {
         self.abandoned + self.unsettled
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reaped(disposition: Disposition, reason: ReapReason) -> Effect {
+        Effect::Reaped {
+            disposition,
+            reason,
+            age_ms: 0,
+            bound_ms: 0,
+        }
+    }
+
+    #[test]
+    fn reaps_ever_never_go_down_when_a_reaped_record_is_resurrected() {
+        use Disposition::{Abandoned, Unsettled};
+        use ReapReason::{Deadline, OwnerLost};
+        let mut totals = Totals::default();
+        for effect in [
+            Effect::Begun { at: 0 },
+            reaped(Abandoned, Deadline),
+            Effect::Resurrected,
+            reaped(Unsettled, Deadline),
+            Effect::Begun { at: 0 },
+            reaped(Abandoned, OwnerLost),
+            Effect::Resurrected,
+            reaped(Unsettled, OwnerLost),
+        ] {
+            totals.count(&effect);
+        }
+        // Both records ended reaped unsettled: the snapshot's count.
+        assert_eq!((totals.reaped_abandoned, totals.reaped_unsettled), (0, 2));
+        // Every reap that happened: what a monitoring counter needs.
+        for (disposition, reason) in [
+            (Abandoned, Deadline),
+            (Unsettled, Deadline),
+            (Abandoned, OwnerLost),
+            (Unsettled, OwnerLost),
+        ] {
+            assert_eq!(
+                totals.reaps_ever(disposition, reason),
+                1,
+                "{disposition} {reason}"
+            );
+        }
+    }
+}

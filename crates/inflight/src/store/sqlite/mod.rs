@@ -242,6 +242,66 @@ mod tests {
     }
 
     #[test]
+    fn migration_4_splits_owner_lost_reaps_by_disposition_from_the_records_kept() {
+        use crate::domain::labels::Label;
+        use crate::domain::record::{Disposition, ReapReason};
+
+        let (_dir, mut conn) = database();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let stats = LedgerStats::default();
+        let run = |conn: &Connection, command: Command| {
+            let mut results = run_group(
+                &mut rows::Statements::new(conn),
+                &config,
+                &clock,
+                &stats,
+                vec![command],
+            );
+            results.pop().unwrap().unwrap()
+        };
+        let Reply::Owner(owner) = run(
+            &conn,
+            Command::RegisterOwner {
+                name: Label::new("name", "worker").unwrap(),
+                ttl_ms: 1000,
+            },
+        ) else {
+            panic!("not an owner")
+        };
+        // One waiting record and one executing, both of the owner.
+        for started_at in [None, Some(T0)] {
+            let new = NewActivity {
+                activity_id: ActivityId::new(),
+                started_at,
+                owner_id: Some(owner.owner_id.to_string()),
+                ..NewActivity::fixture("embedding")
+            };
+            run(&conn, Command::Begin { new });
+        }
+        clock.advance(std::time::Duration::from_secs(2));
+        run(&conn, Command::Reap);
+        let totals = |conn: &Connection| {
+            let reply = run(conn, snapshot());
+            let snapshot = snapshot_of(&Ok(reply)).clone();
+            assert_eq!(snapshot.aggregates.len(), 1);
+            let totals = snapshot.aggregates[0].totals;
+            [Disposition::Abandoned, Disposition::Unsettled]
+                .map(|disposition| totals.reaps_ever(disposition, ReapReason::OwnerLost))
+        };
+        assert_eq!(totals(&conn), [1, 1]);
+
+        // A store written before the split: migrated, it is counted from the
+        // records it still holds.
+        conn.execute_batch(
+            "ALTER TABLE aggregates DROP COLUMN reaped_owner_lost_abandoned; PRAGMA user_version = 3;",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        assert_eq!(totals(&conn), [1, 1]);
+    }
+
+    #[test]
     fn a_group_writes_its_counts_once_and_a_snapshot_in_it_sees_them() {
         let (_dir, conn) = database();
         let config = LedgerConfig::default();
