@@ -28,7 +28,7 @@ fn api() -> Api {
 }
 
 fn api_with(config: LedgerConfig, token: Option<&'static str>) -> Api {
-    let clock = FakeClock::at(T0);
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
     let ledger = Ledger::builder(config)
         .store_url("memory:")
         .clock(clock.clone())
