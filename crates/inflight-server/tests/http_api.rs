@@ -160,6 +160,42 @@ async fn healthz_answers_ok_without_the_token() {
 }
 
 #[tokio::test]
+async fn the_dashboard_is_served_without_the_token_and_only_runs_its_own_script() {
+    let api = api_with(LedgerConfig::default(), Some("s3cret"));
+    for (path, content_type) in [
+        ("/", "text/html; charset=utf-8"),
+        ("/dashboard.js", "text/javascript; charset=utf-8"),
+        ("/dashboard.css", "text/css; charset=utf-8"),
+    ] {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        let response = api.router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(header(header::CONTENT_TYPE), content_type, "{path}");
+        let policy = header(header::CONTENT_SECURITY_POLICY);
+        assert!(policy.contains("script-src 'self'"), "{path}: {policy}");
+        assert!(policy.contains("connect-src 'self'"), "{path}: {policy}");
+        assert_eq!(header(header::X_CONTENT_TYPE_OPTIONS), "nosniff", "{path}");
+        let body = response.into_body().collect().await.expect("body").to_bytes();
+        assert!(!body.is_empty(), "{path}");
+    }
+    // The data behind it still needs the token.
+    let reply = api.send_with(Method::GET, "/v1/snapshot", None, None).await;
+    reply.assert_error(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "snapshot without the token",
+    );
+}
+
+#[tokio::test]
 async fn begin_answers_201_with_the_whole_record() {
     let api = api();
     let reply = api
