@@ -46,7 +46,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 /// The sample names of a real scrape in which every family has a series,
 /// and the names of its histograms.
 async fn exported() -> BTreeSet<String> {
-    let clock = FakeClock::at(1_786_622_400_000);
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(1_786_622_400_000));
     let settings = Settings::from_toml("[lanes.\"kb::ollama\"]\ncap = 1\n").unwrap();
     let ledger = Ledger::builder(settings.ledger)
         .store_url("memory:")

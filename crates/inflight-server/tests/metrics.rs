@@ -37,7 +37,7 @@ struct Api {
 
 impl Api {
     fn new(options: MetricsOptions) -> (Self, Ledger) {
-        let clock = FakeClock::at(T0);
+        let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
         let settings = Settings::from_toml(CONFIG).unwrap();
         let ledger = Ledger::builder(settings.ledger)
             .store_url("memory:")

@@ -88,7 +88,7 @@ fn spec() -> ActivitySpec {
 }
 
 async fn scenario(store_url: &str, events: &Capture) {
-    let clock = FakeClock::at(T0);
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
     let ledger = Ledger::builder(config())
         .store_url(store_url)
         .clock(clock.clone())

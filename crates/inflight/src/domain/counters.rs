@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::labels::LabelSet;
 use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
-use super::timestamp::{self, Millis};
+use super::timestamp::Timestamp;
 use super::transition::Effect;
 
 /// The grain of the counters: one row per combination of these labels.
@@ -95,7 +95,7 @@ pub struct Totals {
     /// Longest execution time, ms.
     pub execution_max_ms: i64,
     /// Last caller-observed event; reaps never move it.
-    pub last_seen_at: Option<Millis>,
+    pub last_seen_at: Option<Timestamp>,
 }
 
 impl Totals {
@@ -169,7 +169,7 @@ impl Totals {
         }
     }
 
-    fn seen(&mut self, at: Millis) {
+    fn seen(&mut self, at: Timestamp) {
         self.last_seen_at = Some(self.last_seen_at.map_or(at, |seen| seen.max(at)));
     }
 
@@ -254,8 +254,7 @@ pub struct AggregateView {
     /// Longest execution time, ms.
     pub max_execution_ms: Option<i64>,
     /// Last caller-observed event.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub last_seen_at: Option<Millis>,
+    pub last_seen_at: Option<Timestamp>,
     /// The counters it was made from, whole (not on the wire): `/metrics`
     /// reads what the view leaves out, such as reaps by reason.
     #[serde(skip)]
@@ -338,11 +337,11 @@ mod tests {
         use ReapReason::{Deadline, OwnerLost};
         let mut totals = Totals::default();
         for effect in [
-            Effect::Begun { at: 0 },
+            Effect::Begun { at: Timestamp::MIN },
             reaped(Abandoned, Deadline),
             Effect::Resurrected,
             reaped(Unsettled, Deadline),
-            Effect::Begun { at: 0 },
+            Effect::Begun { at: Timestamp::MIN },
             reaped(Abandoned, OwnerLost),
             Effect::Resurrected,
             reaped(Unsettled, OwnerLost),

@@ -34,7 +34,7 @@ use crate::domain::labels::{Label, LabelInterner};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::LedgerError;
 use crate::stats::{LedgerStats, Rejection, StatsSnapshot};
@@ -180,7 +180,7 @@ impl Ledger {
     }
 
     /// The ledger's current time.
-    pub fn now(&self) -> Millis {
+    pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
     }
 
@@ -367,7 +367,7 @@ impl Ledger {
     pub async fn start(
         &self,
         id: ActivityId,
-        at: Option<Millis>,
+        at: Option<Timestamp>,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let started = self.transition(id, Transition::Start { at }).await;
         self.count_refusal(started, Rejection::LaneFull)
@@ -378,7 +378,7 @@ impl Ledger {
     pub(crate) fn try_start(
         &self,
         id: ActivityId,
-        at: Option<Millis>,
+        at: Option<Timestamp>,
     ) -> impl Future<Output = Result<Arc<ActivityRecord>, LedgerError>> + '_ {
         self.transition(id, Transition::Start { at })
     }
