@@ -29,7 +29,8 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+    /// The error for `key`, saying `problem`.
+    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
             key: key.into(),
             problem: problem.into(),
@@ -198,6 +199,9 @@ pub struct Settings {
     pub store: Option<String>,
     /// `token`: the bearer token the API requires.
     pub token: Option<String>,
+    /// The `[server]` table as written: the HTTP server's limits, which
+    /// `inflight-server` reads and checks (they are not the ledger's).
+    pub server: Option<toml::Table>,
     /// The ledger's own settings.
     pub ledger: LedgerConfig,
 }
@@ -208,6 +212,7 @@ struct RawFile {
     listen: Option<String>,
     store: Option<RawStore>,
     token: Option<String>,
+    server: Option<toml::Table>,
     reap: Option<RawReap>,
     retention: Option<RawRetention>,
     classes: Option<BTreeMap<String, RawClass>>,
@@ -355,6 +360,7 @@ impl Settings {
             listen: raw.listen,
             store,
             token: raw.token,
+            server: raw.server,
             ledger,
         })
     }
