@@ -103,6 +103,7 @@ impl LedgerBuilder {
                 labels: Mutex::new(LabelInterner::default()),
                 undeclared_lanes: Mutex::default(),
                 stats,
+                labels_folded: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
