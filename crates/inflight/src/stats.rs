@@ -1,5 +1,7 @@
 //! What one ledger saw happen in this process, for monitoring: the reap
-//! events it logs, and its in-process statistics ([`LedgerStats`]).
+//! events it logs, and its in-process statistics (refused admissions and
+//! reaper passes in [`LedgerStats`]; the call histograms, which its store
+//! keeps beside its commands).
 //!
 //! The store's counters ([`crate::domain::counters::Totals`]) are the
 //! ledger's own, shared by every process on the store and kept across
@@ -19,75 +21,115 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::domain::labels::Label;
+use crate::domain::labels::{ActivityLabels, Label};
 use crate::domain::record::{ActivityId, ActivityRecord, Disposition, LaneKey, ReapReason};
 use crate::domain::transition::Effect;
 
-/// The upper bounds (seconds) of the queue-wait and execution histograms:
-/// from 5 ms (a cached embedding) to 30 minutes (a long batch), about
-/// two to three buckets per tenfold.
-pub const CALL_SECONDS_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
-    1800.0,
+/// The upper bounds of the queue-wait and execution histograms, in
+/// microseconds: from 5 ms (a cached embedding) to 30 minutes (a long
+/// batch), about two to three buckets per tenfold.
+pub const CALL_BUCKETS_US: &[u64] = &[
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    120_000_000,
+    300_000_000,
+    600_000_000,
+    1_200_000_000,
+    1_800_000_000,
 ];
 
-/// The upper bounds (seconds) of the reaper pass histogram.
-pub const REAP_SECONDS_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// The upper bounds of the reaper pass histogram, in microseconds: 0.5 ms
+/// to 10 s.
+pub const REAP_BUCKETS_US: &[u64] = &[
+    500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000,
 ];
 
-/// The most `service`, `provider`, `class` combinations (or lanes, for
-/// refusals) one ledger keeps statistics for: labels are the callers', and
-/// a process must not grow without bound whatever they send. Past it, new
-/// combinations are not observed, and a warning says so once.
-pub const MAX_SERIES: usize = 1024;
+/// The most label sets (or lanes, for refusals) one ledger keeps
+/// statistics for: labels are the callers', and a process must not grow
+/// without bound whatever they send (the store's own bounds on label sets,
+/// `[labels] max_aggregates`, usually hold them well below this). Past it,
+/// new ones are not observed, and a warning says so once.
+pub const MAX_SERIES: usize = 10_000;
 
 /// The log target of reap events, for filtering them
 /// (`RUST_LOG=inflight::reap=info`).
 pub const REAP_TARGET: &str = "inflight::reap";
 
-/// A histogram with fixed buckets, in seconds.
-#[derive(Debug, Clone, PartialEq)]
+/// A histogram with fixed buckets. Counted in whole microseconds, so an
+/// observation is integer work; read in seconds, Prometheus's base unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Histogram {
-    bounds: &'static [f64],
+    bounds_us: &'static [u64],
     /// Observations per bucket (not cumulative); the last is `+Inf`.
     counts: Vec<u64>,
-    sum: f64,
+    sum_us: u64,
     count: u64,
 }
 
+#[allow(clippy::cast_precision_loss)] // microseconds of a call: exact in an f64
+fn us_to_seconds(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
 impl Histogram {
-    /// An empty histogram with these upper bounds (ascending).
-    pub fn new(bounds: &'static [f64]) -> Self {
+    /// An empty histogram with these upper bounds (ascending, in
+    /// microseconds).
+    pub fn new(bounds_us: &'static [u64]) -> Self {
         Self {
-            bounds,
-            counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
+            bounds_us,
+            counts: vec![0; bounds_us.len() + 1],
+            sum_us: 0,
             count: 0,
         }
     }
 
-    /// Counts one observation of `seconds`.
-    pub fn observe(&mut self, seconds: f64) {
-        let bucket = self.bounds.partition_point(|&bound| bound < seconds);
+    /// Counts one observation of `us` microseconds.
+    pub fn observe_us(&mut self, us: u64) {
+        // A scan from the smallest bucket: most calls fall in the first few.
+        let bucket = self
+            .bounds_us
+            .iter()
+            .position(|&bound| us <= bound)
+            .unwrap_or(self.bounds_us.len());
         self.counts[bucket] += 1;
-        self.sum += seconds;
+        self.sum_us = self.sum_us.saturating_add(us);
         self.count += 1;
     }
 
-    /// Each bucket's upper bound (`f64::INFINITY` last) and how many
-    /// observations fell in it (not cumulative).
+    /// Each bucket's upper bound in seconds (`f64::INFINITY` last) and how
+    /// many observations fell in it (not cumulative).
     pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
-        self.bounds
+        self.bounds_us
             .iter()
-            .copied()
+            .map(|&us| us_to_seconds(us))
             .chain(std::iter::once(f64::INFINITY))
             .zip(self.counts.iter().copied())
     }
 
-    /// The sum of every observation.
+    /// Adds `other`'s observations (with the same buckets) to these.
+    fn add(&mut self, other: &Self) {
+        for (count, more) in self.counts.iter_mut().zip(&other.counts) {
+            *count += more;
+        }
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        self.count += other.count;
+    }
+
+    /// The sum of every observation, in seconds.
     pub fn sum(&self) -> f64 {
-        self.sum
+        us_to_seconds(self.sum_us)
     }
 
     /// How many observations.
@@ -106,10 +148,13 @@ pub struct LaneClass {
 }
 
 impl LaneClass {
-    fn of(record: &ActivityRecord) -> Self {
+    fn of(labels: &ActivityLabels) -> Self {
         Self {
-            lane: record.lane(),
-            class: record.labels.class.clone(),
+            lane: LaneKey {
+                service: labels.service.clone(),
+                provider: labels.provider.clone(),
+            },
+            class: labels.class.clone(),
         }
     }
 }
@@ -151,7 +196,10 @@ pub struct StatsSnapshot {
     pub reap_duration: Histogram,
 }
 
-/// A ledger's in-process statistics, shared by its clones and its store.
+/// A ledger's in-process statistics of its own: refused admissions and
+/// reaper passes. (The call histograms are kept by its store, which sees
+/// every start and settle land; [`Ledger::stats`](crate::Ledger::stats)
+/// reads both.)
 #[derive(Debug)]
 pub struct LedgerStats {
     state: Mutex<StatsState>,
@@ -161,8 +209,6 @@ pub struct LedgerStats {
 
 #[derive(Debug)]
 struct StatsState {
-    queue_wait: HashMap<LaneClass, Histogram>,
-    execution: HashMap<LaneClass, Histogram>,
     rejected: HashMap<(LaneKey, Rejection), u64>,
     reap_duration: Histogram,
 }
@@ -171,10 +217,8 @@ impl Default for LedgerStats {
     fn default() -> Self {
         Self {
             state: Mutex::new(StatsState {
-                queue_wait: HashMap::new(),
-                execution: HashMap::new(),
                 rejected: HashMap::new(),
-                reap_duration: Histogram::new(REAP_SECONDS_BUCKETS),
+                reap_duration: Histogram::new(REAP_BUCKETS_US),
             }),
             reaper_runs: AtomicU64::new(0),
             warned_full: AtomicBool::new(false),
@@ -182,79 +226,13 @@ impl Default for LedgerStats {
     }
 }
 
-/// Something a command did that this process observes once it landed.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Landed {
-    /// A record was reaped.
-    Reaped {
-        id: ActivityId,
-        key: LaneClass,
-        disposition: Disposition,
-        reason: ReapReason,
-        age_ms: i64,
-        bound_ms: i64,
-    },
-    /// A record started after waiting.
-    Started { key: LaneClass, queue_wait_ms: i64 },
-    /// A started record settled after running.
-    Settled { key: LaneClass, execution_ms: i64 },
-}
-
-impl Landed {
-    /// What `effect`, counted for `record`, shows this process, if anything.
-    pub(crate) fn of(record: &ActivityRecord, effect: &Effect) -> Option<Self> {
-        match *effect {
-            Effect::Reaped {
-                disposition,
-                reason,
-                age_ms,
-                bound_ms,
-            } => Some(Self::Reaped {
-                id: record.activity_id,
-                key: LaneClass::of(record),
-                disposition,
-                reason,
-                age_ms,
-                bound_ms,
-            }),
-            Effect::Started { queue_wait_ms, .. } => Some(Self::Started {
-                key: LaneClass::of(record),
-                queue_wait_ms,
-            }),
-            Effect::Settled {
-                execution_ms: Some(execution_ms),
-                ..
-            } => Some(Self::Settled {
-                key: LaneClass::of(record),
-                execution_ms,
-            }),
-            _ => None,
-        }
-    }
-}
-
-fn seconds(ms: i64) -> f64 {
-    // Milliseconds of a call: exact in an f64.
-    #[allow(clippy::cast_precision_loss)]
-    let ms = ms.max(0) as f64;
-    ms / 1000.0
-}
-
 impl LedgerStats {
-    /// A copy of the statistics now.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    /// A copy of the statistics now, with the store's call histograms.
+    pub(crate) fn snapshot(&self, calls: CallSnapshot) -> StatsSnapshot {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         StatsSnapshot {
-            queue_wait: state
-                .queue_wait
-                .iter()
-                .map(|(k, h)| (k.clone(), h.clone()))
-                .collect(),
-            execution: state
-                .execution
-                .iter()
-                .map(|(k, h)| (k.clone(), h.clone()))
-                .collect(),
+            queue_wait: calls.queue_wait,
+            execution: calls.execution,
             rejected: state.rejected.iter().map(|(k, n)| (k.clone(), *n)).collect(),
             reaper_runs: self.reaper_runs.load(Ordering::Relaxed),
             reap_duration: state.reap_duration.clone(),
@@ -267,7 +245,11 @@ impl LedgerStats {
         let full = state.rejected.len() >= MAX_SERIES;
         match state.rejected.get_mut(&(lane.clone(), why)) {
             Some(count) => *count += 1,
-            None if full => self.warn_full(),
+            None if full => {
+                if !self.warned_full.swap(true, Ordering::Relaxed) {
+                    warn_full();
+                }
+            }
             None => {
                 state.rejected.insert((lane, why), 1);
             }
@@ -280,45 +262,144 @@ impl LedgerStats {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .reap_duration
-            .observe(took.as_secs_f64());
+            .observe_us(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
         self.reaper_runs.fetch_add(1, Ordering::Relaxed);
     }
+}
 
-    /// Observes what one command did, once it landed: logs each reap (and
-    /// a summary when it reaped several), and counts starts and settles in
-    /// the histograms.
-    pub(crate) fn publish(&self, landed: &[Landed]) {
-        let mut reaped = 0_u64;
-        let (mut abandoned, mut owner_lost) = (0_u64, 0_u64);
-        let mut state = None;
-        for event in landed {
-            match event {
-                Landed::Reaped {
-                    id,
-                    key,
-                    disposition,
-                    reason,
-                    age_ms,
-                    bound_ms,
-                } => {
-                    reaped += 1;
-                    abandoned += u64::from(*disposition == Disposition::Abandoned);
-                    owner_lost += u64::from(*reason == ReapReason::OwnerLost);
-                    log_reap(*id, key, *disposition, *reason, *age_ms, *bound_ms);
-                }
-                Landed::Started { key, queue_wait_ms } => {
-                    let state = state
-                        .get_or_insert_with(|| self.state.lock().unwrap_or_else(PoisonError::into_inner));
-                    self.observe(&mut state.queue_wait, key, *queue_wait_ms);
-                }
-                Landed::Settled { key, execution_ms } => {
-                    let state = state
-                        .get_or_insert_with(|| self.state.lock().unwrap_or_else(PoisonError::into_inner));
-                    self.observe(&mut state.execution, key, *execution_ms);
-                }
+fn warn_full() {
+    tracing::warn!(
+        max = MAX_SERIES,
+        "more than {MAX_SERIES} label sets or lanes: new ones are not observed in this process's \
+         statistics (the store's counters still count them)"
+    );
+}
+
+/// Histograms by label set. A store observes a start or settle with the
+/// record's shared label set: the set used last is recognized by pointer,
+/// any other is found by its precomputed hash, and only a new one is
+/// copied. They are added up by lane and class when read.
+#[derive(Debug, Default)]
+struct ByLabels {
+    histograms: Vec<(ActivityLabels, Histogram)>,
+    index: HashMap<ActivityLabels, usize, foldhash::fast::RandomState>,
+    /// Where the last observation went.
+    last: usize,
+}
+
+impl ByLabels {
+    /// Counts `ms` for `labels`; `false` when it is a new label set and
+    /// [`MAX_SERIES`] are kept already.
+    fn observe(&mut self, labels: &ActivityLabels, ms: i64) -> bool {
+        let us = ms.max(0).unsigned_abs().saturating_mul(1000);
+        if let Some((last, histogram)) = self.histograms.get_mut(self.last) {
+            if last.same_set(labels) {
+                histogram.observe_us(us);
+                return true;
             }
         }
-        if reaped > 1 {
+        let at = match self.index.get(labels) {
+            Some(&at) => at,
+            None if self.histograms.len() >= MAX_SERIES => return false,
+            None => {
+                self.histograms
+                    .push((labels.clone(), Histogram::new(CALL_BUCKETS_US)));
+                self.index.insert(labels.clone(), self.histograms.len() - 1);
+                self.histograms.len() - 1
+            }
+        };
+        self.last = at;
+        self.histograms[at].1.observe_us(us);
+        true
+    }
+
+    /// The histograms, added up by lane and class.
+    fn by_lane_class(&self) -> BTreeMap<LaneClass, Histogram> {
+        let mut merged: BTreeMap<LaneClass, Histogram> = BTreeMap::new();
+        for (labels, histogram) in &self.histograms {
+            match merged.entry(LaneClass::of(labels)) {
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    entry.insert(histogram.clone());
+                }
+                std::collections::btree_map::Entry::Occupied(mut entry) => entry.get_mut().add(histogram),
+            }
+        }
+        merged
+    }
+}
+
+/// The queue-wait and execution histograms of what a store committed. The
+/// store keeps them under its own lock (the memory store's state, the
+/// SQLite writer's), so a start or settle pays no lock of its own for them.
+#[derive(Debug, Default)]
+pub(crate) struct CallStats {
+    queue_wait: ByLabels,
+    execution: ByLabels,
+    warned_full: bool,
+    /// Reaps of the command being run, for its summary line.
+    reaped: u64,
+    abandoned: u64,
+    owner_lost: u64,
+}
+
+/// The call histograms, by lane and class.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallSnapshot {
+    /// Queue waits.
+    pub queue_wait: BTreeMap<LaneClass, Histogram>,
+    /// Execution times.
+    pub execution: BTreeMap<LaneClass, Histogram>,
+}
+
+impl CallStats {
+    /// Observes what `effect`, which landed for the record `id` with
+    /// `labels`, shows: a reap is logged at once (see [`CallStats::finish`]
+    /// for the summary), a start's queue wait and a settle's execution time
+    /// are counted in the histograms.
+    #[inline]
+    pub(crate) fn land(&mut self, id: ActivityId, labels: &ActivityLabels, effect: &Effect) {
+        let kept = match *effect {
+            Effect::Reaped {
+                disposition,
+                reason,
+                age_ms,
+                bound_ms,
+            } => {
+                self.reaped += 1;
+                self.abandoned += u64::from(disposition == Disposition::Abandoned);
+                self.owner_lost += u64::from(reason == ReapReason::OwnerLost);
+                log_reap(id, labels, disposition, reason, age_ms, bound_ms);
+                true
+            }
+            Effect::Started { queue_wait_ms, .. } => self.queue_wait.observe(labels, queue_wait_ms),
+            Effect::Settled {
+                execution_ms: Some(execution_ms),
+                ..
+            } => self.execution.observe(labels, execution_ms),
+            _ => true,
+        };
+        if !kept {
+            self.full();
+        }
+    }
+
+    fn full(&mut self) {
+        if !std::mem::replace(&mut self.warned_full, true) {
+            warn_full();
+        }
+    }
+
+    /// Ends a command: one summary line when it reaped several records.
+    #[inline]
+    pub(crate) fn finish(&mut self) {
+        if self.reaped > 0 {
+            self.summarize();
+        }
+    }
+
+    fn summarize(&mut self) {
+        if self.reaped > 1 {
+            let (reaped, abandoned, owner_lost) = (self.reaped, self.abandoned, self.owner_lost);
             tracing::info!(
                 target: REAP_TARGET,
                 reaped,
@@ -329,42 +410,63 @@ impl LedgerStats {
                 reaped - abandoned
             );
         }
+        (self.reaped, self.abandoned, self.owner_lost) = (0, 0, 0);
     }
 
-    fn observe(&self, histograms: &mut HashMap<LaneClass, Histogram>, key: &LaneClass, ms: i64) {
-        if let Some(histogram) = histograms.get_mut(key) {
-            histogram.observe(seconds(ms));
-            return;
+    /// The histograms, added up by lane and class.
+    pub(crate) fn snapshot(&self) -> CallSnapshot {
+        CallSnapshot {
+            queue_wait: self.queue_wait.by_lane_class(),
+            execution: self.execution.by_lane_class(),
         }
-        if histograms.len() >= MAX_SERIES {
-            self.warn_full();
-            return;
-        }
-        let mut histogram = Histogram::new(CALL_SECONDS_BUCKETS);
-        histogram.observe(seconds(ms));
-        histograms.insert(key.clone(), histogram);
+    }
+}
+
+/// What a command did that a store publishes once it committed: the effect
+/// and what it is about, kept until then.
+#[derive(Debug, Clone)]
+pub(crate) struct Landed {
+    id: ActivityId,
+    labels: ActivityLabels,
+    effect: Effect,
+}
+
+impl Landed {
+    /// `effect`, counted for `record`, if [`CallStats::land`] has anything
+    /// to do with it.
+    pub(crate) fn of(record: &ActivityRecord, effect: &Effect) -> Option<Self> {
+        matches!(
+            effect,
+            Effect::Reaped { .. }
+                | Effect::Started { .. }
+                | Effect::Settled {
+                    execution_ms: Some(_),
+                    ..
+                }
+        )
+        .then(|| Self {
+            id: record.activity_id,
+            labels: record.labels.clone(),
+            effect: *effect,
+        })
     }
 
-    fn warn_full(&self) {
-        if !self.warned_full.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                max = MAX_SERIES,
-                "more than {MAX_SERIES} lane and class combinations: new ones are not observed in this \
-                 process's statistics (the store's counters still count them)"
-            );
-        }
+    /// Hands it to `calls`.
+    pub(crate) fn publish(&self, calls: &mut CallStats) {
+        calls.land(self.id, &self.labels, &self.effect);
     }
 }
 
 /// One reap, as one structured event.
 fn log_reap(
     id: ActivityId,
-    key: &LaneClass,
+    labels: &ActivityLabels,
     disposition: Disposition,
     reason: ReapReason,
     age_ms: i64,
     bound_ms: i64,
 ) {
+    let key = LaneClass::of(labels);
     let age = Duration::from_millis(age_ms.max(0).unsigned_abs());
     let bound = Duration::from_millis(bound_ms.max(0).unsigned_abs());
     tracing::info!(
@@ -391,9 +493,9 @@ mod tests {
 
     #[test]
     fn a_histogram_counts_each_observation_in_the_first_bucket_that_holds_it() {
-        let mut histogram = Histogram::new(&[0.1, 1.0]);
-        for seconds in [0.05, 0.1, 0.5, 2.0] {
-            histogram.observe(seconds);
+        let mut histogram = Histogram::new(&[100_000, 1_000_000]);
+        for us in [50_000, 100_000, 500_000, 2_000_000] {
+            histogram.observe_us(us);
         }
         let buckets: Vec<(f64, u64)> = histogram.buckets().collect();
         assert_eq!(buckets, [(0.1, 2), (1.0, 1), (f64::INFINITY, 1)]);
@@ -403,9 +505,9 @@ mod tests {
 
     #[test]
     fn call_buckets_run_from_5ms_to_30min() {
-        assert_eq!(CALL_SECONDS_BUCKETS.first(), Some(&0.005));
-        assert_eq!(CALL_SECONDS_BUCKETS.last(), Some(&1800.0));
-        assert!(CALL_SECONDS_BUCKETS.windows(2).all(|w| w[0] < w[1]));
-        assert!(REAP_SECONDS_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(CALL_BUCKETS_US.first(), Some(&5_000));
+        assert_eq!(CALL_BUCKETS_US.last(), Some(&1_800_000_000));
+        assert!(CALL_BUCKETS_US.windows(2).all(|w| w[0] < w[1]));
+        assert!(REAP_BUCKETS_US.windows(2).all(|w| w[0] < w[1]));
     }
 }

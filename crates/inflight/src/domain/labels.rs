@@ -192,6 +192,11 @@ impl ActivityLabels {
     /// Whether both are the same shared set, not merely equal ones.
     #[cfg(test)]
     pub(crate) fn is_shared_with(&self, other: &Self) -> bool {
+        self.same_set(other)
+    }
+
+    /// Whether both are the same shared set: one pointer compared.
+    pub(crate) fn same_set(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }

@@ -85,13 +85,7 @@ impl LedgerBuilder {
             }
         };
         let config = Arc::new(self.config);
-        let stats = Arc::new(LedgerStats::default());
-        let store = store::open_observed(
-            &self.store_url,
-            Arc::clone(&config),
-            Arc::clone(&self.clock),
-            Arc::clone(&stats),
-        )?;
+        let store = store::open(&self.store_url, Arc::clone(&config), Arc::clone(&self.clock))?;
         Ok(Ledger {
             inner: Arc::new(Inner {
                 store,
@@ -102,7 +96,7 @@ impl LedgerBuilder {
                 auto_owner,
                 labels: Mutex::new(LabelInterner::default()),
                 undeclared_lanes: Mutex::default(),
-                stats,
+                stats: LedgerStats::default(),
                 labels_folded: std::sync::atomic::AtomicU64::new(0),
             }),
         })

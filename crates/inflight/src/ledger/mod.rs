@@ -85,9 +85,9 @@ pub(crate) struct Inner {
     pub(crate) labels: Mutex<LabelInterner>,
     /// Undeclared lanes already warned about (only when some lane is capped).
     pub(crate) undeclared_lanes: Mutex<std::collections::HashSet<crate::domain::record::LaneKey>>,
-    /// What this process saw happen, shared with the store, which
-    /// publishes to it what each command did once it landed.
-    pub(crate) stats: Arc<LedgerStats>,
+    /// Refused admissions and reaper passes (the store keeps the call
+    /// histograms).
+    pub(crate) stats: LedgerStats,
     /// Begins whose labels were folded into `other` (see
     /// [`Ledger::labels_folded`]).
     pub(crate) labels_folded: std::sync::atomic::AtomicU64,
@@ -304,7 +304,7 @@ impl Ledger {
     /// times, the admissions it refused, its reaper's passes. Per process;
     /// the store's counters (in the [`Snapshot`]) are the ledger's own.
     pub fn stats(&self) -> StatsSnapshot {
-        self.inner.stats.snapshot()
+        self.inner.stats.snapshot(self.inner.store.call_stats())
     }
 
     /// Says once per lane, as a warning, that a call runs on a lane the

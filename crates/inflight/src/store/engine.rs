@@ -19,7 +19,6 @@ use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::Landed;
 
 use super::{Command, Reply, StoreStats};
 
@@ -74,10 +73,11 @@ pub(crate) trait Txn {
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
     /// Stores a new owner, or overwrites one.
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
-    /// Keeps `landed` for the store to publish
-    /// ([`LedgerStats::publish`](crate::stats::LedgerStats::publish)) once
-    /// this command is committed, and drops it if the command is undone.
-    fn landed(&mut self, landed: Landed);
+    /// `effect` landed for `record` (after [`Txn::add_totals`]): the store
+    /// shows it to this process's statistics and reap log
+    /// ([`CallStats::land`](crate::stats::CallStats::land)) once the command
+    /// is committed, and never if the command is undone.
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect);
     /// Whether the aggregate of calls with `labels`, `priority` and
     /// `admission` has totals stored.
     fn aggregate_known(
@@ -464,9 +464,7 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(query::completion_minute(*at))?;
         }
-        if let Some(landed) = Landed::of(record, effect) {
-            txn.landed(landed);
-        }
+        txn.landed(record, effect);
     }
     if effects.is_empty() {
         return Ok(());

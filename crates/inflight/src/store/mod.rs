@@ -20,7 +20,7 @@ use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::LedgerStats;
+use crate::stats::CallSnapshot;
 
 pub(crate) mod engine;
 pub mod memory;
@@ -222,6 +222,14 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     fn close(&self) -> StoreFuture {
         StoreFuture::ready(Ok(Reply::Closed))
     }
+
+    /// The queue-wait and execution histograms of the starts and settles
+    /// this store committed for this process, by lane and class. A store
+    /// keeps them beside its commands, so that observing one costs no lock
+    /// of its own.
+    fn call_stats(&self) -> CallSnapshot {
+        CallSnapshot::default()
+    }
 }
 
 mod sealed {
@@ -297,18 +305,8 @@ pub fn open(
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn Store>, LedgerError> {
-    open_observed(url, config, clock, Arc::default())
-}
-
-/// Like [`open`], publishing what lands to `stats`.
-pub(crate) fn open_observed(
-    url: &str,
-    config: Arc<LedgerConfig>,
-    clock: Arc<dyn Clock>,
-    stats: Arc<LedgerStats>,
-) -> Result<Arc<dyn Store>, LedgerError> {
     if url == "memory:" || url == "memory://" {
-        return Ok(Arc::new(MemoryStore::observed(config, clock, stats)));
+        return Ok(Arc::new(MemoryStore::new(config, clock)));
     }
     if let Some(rest) = url.strip_prefix("sqlite://") {
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -336,17 +334,16 @@ pub(crate) fn open_observed(
                     .map_err(|err| LedgerError::invalid(format!("store URL {url:?}: synchronous: {err}")))?,
                 None => Synchronous::default(),
             };
-            return Ok(Arc::new(SqliteStore::open_observed(
+            return Ok(Arc::new(SqliteStore::open_with(
                 path,
                 synchronous,
                 config,
                 clock,
-                stats,
             )?));
         }
         #[cfg(not(feature = "sqlite"))]
         {
-            let _ = (synchronous, stats);
+            let _ = synchronous;
             return Err(LedgerError::invalid(format!(
                 "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
             )));

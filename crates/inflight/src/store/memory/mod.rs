@@ -18,7 +18,7 @@ use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{Landed, LedgerStats};
+use crate::stats::{CallSnapshot, CallStats};
 
 use super::engine::{self, Txn};
 use super::{Command, Store, StoreFuture};
@@ -34,7 +34,6 @@ use history::History;
 pub struct MemoryStore {
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
-    stats: Arc<LedgerStats>,
     state: Mutex<MemoryState>,
 }
 
@@ -47,19 +46,9 @@ impl fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// An empty store under `config`, reading time from `clock`.
     pub fn new(config: Arc<LedgerConfig>, clock: Arc<dyn Clock>) -> Self {
-        Self::observed(config, clock, Arc::default())
-    }
-
-    /// An empty store that publishes what lands to `stats`.
-    pub(crate) fn observed(
-        config: Arc<LedgerConfig>,
-        clock: Arc<dyn Clock>,
-        stats: Arc<LedgerStats>,
-    ) -> Self {
         Self {
             config,
             clock,
-            stats,
             state: Mutex::new(MemoryState::default()),
         }
     }
@@ -71,13 +60,19 @@ impl Store for MemoryStore {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.clock.now();
         let result = engine::execute(&mut *state, &self.config, command, now);
-        // Nothing to roll back here: what the engine did is what landed,
-        // refusals included (they keep the reaps time forced).
-        if !state.landed.is_empty() {
-            self.stats.publish(&state.landed);
-            state.landed.clear();
-        }
+        // Nothing to roll back here: what the engine did landed as it went
+        // (`Txn::landed`), refusals included (they keep the reaps time
+        // forced); the command's reap summary, if any, follows.
+        state.calls.finish();
         StoreFuture::ready(result)
+    }
+
+    fn call_stats(&self) -> CallSnapshot {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .calls
+            .snapshot()
     }
 }
 
@@ -95,9 +90,9 @@ struct MemoryState {
     owners: BTreeMap<OwnerId, Owner>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
-    /// What the running command did, to publish once it is done; its
-    /// buffer is kept from one command to the next.
-    landed: Vec<Landed>,
+    /// The call histograms and the running command's reaps: kept under
+    /// the store's own lock, so a start or settle pays no other.
+    calls: CallStats,
 }
 
 /// The records. Those in flight live in a small hash map that stays in
@@ -539,8 +534,8 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn landed(&mut self, landed: Landed) {
-        self.landed.push(landed);
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
+        self.calls.land(record.activity_id, &record.labels, effect);
     }
 
     fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {

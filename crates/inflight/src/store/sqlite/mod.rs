@@ -10,7 +10,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use crate::domain::query;
 use crate::domain::record::{ActivityId, Admission, Priority};
 use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
-use crate::stats::LedgerStats;
+use crate::stats::{CallSnapshot, CallStats};
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -56,6 +56,9 @@ pub fn pragmas(synchronous: Synchronous) -> [(&'static str, &'static str); 2] {
 pub struct SqliteStore {
     path: PathBuf,
     jobs: mpsc::Sender<Job>,
+    /// The call histograms, which the writer thread publishes to after
+    /// each commit.
+    calls: Arc<Mutex<CallStats>>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -89,27 +92,18 @@ impl SqliteStore {
         config: Arc<LedgerConfig>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, LedgerError> {
-        Self::open_observed(path, synchronous, config, clock, Arc::default())
-    }
-
-    /// Like [`SqliteStore::open_with`], publishing what lands to `stats`.
-    pub(crate) fn open_observed(
-        path: impl AsRef<Path>,
-        synchronous: Synchronous,
-        config: Arc<LedgerConfig>,
-        clock: Arc<dyn Clock>,
-        stats: Arc<LedgerStats>,
-    ) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let mut conn = connect(&path, synchronous)?;
         migrate(&mut conn)?;
         rebound_in_flight(&mut conn, &config)?;
         let (jobs, queue) = mpsc::channel::<Job>();
+        let calls = Arc::new(Mutex::new(CallStats::default()));
+        let published = Arc::clone(&calls);
         thread::Builder::new()
             .name("inflight-sqlite".into())
-            .spawn(move || write_loop(conn, &config, clock.as_ref(), &stats, &queue))
+            .spawn(move || write_loop(conn, &config, clock.as_ref(), &published, &queue))
             .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
-        Ok(Self { path, jobs })
+        Ok(Self { path, jobs, calls })
     }
 
     /// The database file.
@@ -126,6 +120,13 @@ impl Store for SqliteStore {
             sent.map_err(|_| LedgerError::closed())?;
             answer.await.map_err(|_| LedgerError::closed())?
         })
+    }
+
+    fn call_stats(&self) -> CallSnapshot {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
     }
 
     fn close(&self) -> StoreFuture {
@@ -249,13 +250,13 @@ mod tests {
         let (_dir, mut conn) = database();
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
-        let stats = LedgerStats::default();
+        let calls = Mutex::default();
         let run = |conn: &Connection, command: Command| {
             let mut results = run_group(
                 &mut rows::Statements::new(conn),
                 &config,
                 &clock,
-                &stats,
+                &calls,
                 vec![command],
             );
             results.pop().unwrap().unwrap()
@@ -312,7 +313,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
-            &LedgerStats::default(),
+            &Mutex::default(),
             vec![begin(a), begin(b), snapshot()],
         );
         assert_eq!(
@@ -334,7 +335,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
-            &LedgerStats::default(),
+            &Mutex::default(),
             vec![settle, snapshot()],
         );
         assert!(results[0].is_ok());
@@ -345,7 +346,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
-            &LedgerStats::default(),
+            &Mutex::default(),
             vec![snapshot()],
         );
         let after = snapshot_of(&results[0]);
@@ -364,7 +365,7 @@ mod tests {
             &mut rows::Statements::new(&conn),
             &config,
             &clock,
-            &LedgerStats::default(),
+            &Mutex::default(),
             vec![begin(a), duplicate, begin(b), snapshot()],
         );
         assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);

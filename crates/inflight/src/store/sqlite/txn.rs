@@ -370,8 +370,10 @@ impl Txn for SqliteTxn<'_, '_> {
         Ok(query_rows(self.st, sql::GET_OWNER, [id.as_str()], owner_from_row)?.pop())
     }
 
-    fn landed(&mut self, landed: Landed) {
-        self.landed.push(landed);
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
+        if let Some(landed) = Landed::of(record, effect) {
+            self.landed.push(landed);
+        }
     }
 
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {

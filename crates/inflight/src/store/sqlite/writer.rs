@@ -14,7 +14,9 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{Landed, LedgerStats};
+use std::sync::{Mutex, PoisonError};
+
+use crate::stats::{CallStats, Landed};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
@@ -40,7 +42,7 @@ pub(super) fn write_loop(
     conn: Connection,
     config: &LedgerConfig,
     clock: &dyn Clock,
-    stats: &LedgerStats,
+    calls: &Mutex<CallStats>,
     queue: &mpsc::Receiver<Job>,
 ) {
     let mut statements = Statements::new(&conn);
@@ -71,7 +73,7 @@ pub(super) fn write_loop(
         }
         last_group = group.commands.len().max(1);
         if !group.commands.is_empty() {
-            let results = run_group(&mut statements, config, clock, stats, group.commands);
+            let results = run_group(&mut statements, config, clock, calls, group.commands);
             for (reply, result) in group.replies.into_iter().zip(results) {
                 // A caller that went away still had its command committed.
                 let _ = reply.send(result);
@@ -138,15 +140,19 @@ pub(super) fn run_group(
     conn: &mut Statements<'_>,
     config: &LedgerConfig,
     clock: &dyn Clock,
-    stats: &LedgerStats,
+    calls: &Mutex<CallStats>,
     commands: Vec<Command>,
 ) -> Vec<Result<Reply, LedgerError>> {
     let count = commands.len();
     let run = |conn: &mut Statements<'_>, commands, isolation| {
         let (results, landed) = run_transaction(conn, config, clock, commands, isolation)?;
         // Committed: what landed is published, each command's apart.
+        let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
         for landed in landed.iter().filter(|landed| !landed.is_empty()) {
-            stats.publish(landed);
+            for event in landed {
+                event.publish(&mut calls);
+            }
+            calls.finish();
         }
         Ok(results)
     };
