@@ -240,8 +240,8 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
     assert_eq!(code, Some(0), "{table}");
     assert!(table.contains("knowledge-base::ollama"), "{table}");
     assert!(
-        table.contains(&waiting[..8]),
-        "the in-flight record is listed: {table}"
+        table.contains(&waiting[waiting.len() - 8..]),
+        "the in-flight record is listed by the end of its id: {table}"
     );
     let (code, raw, _) = run_cli(
         &[
@@ -284,6 +284,144 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
     assert_eq!(code, Some(1), "{out}");
     assert!(err.contains("cannot connect"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line, no backtrace: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_the_short_ids_its_tables_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: vec!["--listen".into(), "127.0.0.1:0".into()],
+        ..Launch::default()
+    })
+    .await;
+    let base = server.base.clone();
+    let at = ["--server", base.as_str()];
+    // UUIDv7s begun together share their first 8 characters.
+    let first = server.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let second = server.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let (status, owner) = server.post("/v1/owners", json!({"name": "worker-a"})).await;
+    assert_eq!(status, 201, "{owner}");
+    let owner = owner["ownerId"].as_str().unwrap().to_owned();
+    let short = |id: &str| id[id.len() - 8..].to_owned();
+
+    let (code, table, err) = run_cli(&["snapshot", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    for id in [&first, &second, &owner] {
+        assert!(table.contains(&short(id)), "{id} by its end: {table}");
+        assert!(!table.contains(id.as_str()), "{id} is shortened: {table}");
+    }
+
+    // A short id names the record; so does the whole id.
+    let (code, shown, err) = run_cli(&["show", &short(&first), at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(shown.starts_with("activityId: "), "{shown}");
+    assert!(shown.contains(&first) && shown.contains("waiting"), "{shown}");
+    let (code, shown, _) = run_cli(&["show", "--json", &first, at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0));
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["activityId"], first.as_str());
+
+    let (code, out, err) = run_cli(
+        &["cancel", &short(&second), "--reason", "operator", at[0], at[1]],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("activity {second}: cancelled"));
+    let (_, record) = server.get(&format!("/v1/activities/{second}")).await;
+    assert_eq!(record["state"], "cancelled");
+    // Still found once it completed.
+    let (code, _, err) = run_cli(&["show", &short(&second), at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+
+    let (code, out, err) = run_cli(&["release", &short(&owner), at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&owner) && out.contains("released"), "{out}");
+
+    // A suffix no id has, or one every id has, is a clear error.
+    let (code, _, err) = run_cli(&["show", "deadbeef", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("no activity the server's snapshot lists ends with \"deadbeef\""),
+        "{err}"
+    );
+    let shared = first
+        .chars()
+        .rev()
+        .zip(second.chars().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    if shared > 0 {
+        let suffix = &first[first.len() - shared..];
+        let (code, _, err) = run_cli(&["show", suffix, at[0], at[1]], &[]).await;
+        assert_eq!(code, Some(1));
+        assert!(
+            err.contains("ambiguous") && err.contains(&first) && err.contains(&second),
+            "{err}"
+        );
+    }
+    // (An ambiguous one is tested in `cli::ids`: ids here rarely share an end.)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_watch_redraws_in_place_until_interrupted() {
+    let server = Server::start(Launch {
+        args: vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--store".into(),
+            "memory:".into(),
+        ],
+        ..Launch::default()
+    })
+    .await;
+    server.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let mut watch = inflight()
+        .args([
+            "snapshot",
+            "--watch",
+            "--interval",
+            "500ms",
+            "--server",
+            &server.base,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let mut stdout = watch.stdout.take().unwrap();
+    // Three frames, each after a clear screen and home.
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buffer = [0u8; 4096];
+        while String::from_utf8_lossy(&seen).matches("\x1b[2J\x1b[H").count() < 3 {
+            use tokio::io::AsyncReadExt;
+            let read = stdout.read(&mut buffer).await.expect("stdout reads");
+            assert!(read > 0, "the watch ended: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buffer[..read]);
+        }
+    };
+    tokio::time::timeout(PATIENCE, read).await.expect("three frames");
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    let frames: Vec<&str> = text.split("\x1b[2J\x1b[H").skip(1).collect();
+    assert!(frames.len() >= 2, "{text:?}");
+    for frame in &frames[..2] {
+        assert!(frame.contains("kb::ollama"), "{frame}");
+        assert!(frame.contains("every 500ms; Ctrl-C to stop"), "{frame}");
+    }
+    // Interrupted, it stops cleanly.
+    let pid = watch.id().expect("running").to_string();
+    let killed = Command::new("kill").args(["-INT", &pid]).status().await.unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(PATIENCE, watch.wait())
+        .await
+        .expect("the watch stops on SIGINT")
+        .unwrap();
+    assert!(status.success(), "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,7 +143,7 @@ pub use request::{
 pub use response::{
     ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,
 };
-pub use table::{human_duration, render_snapshot};
+pub use table::{human_duration, render_snapshot, short_ids, SHORT_ID_MIN_LEN};
 pub use values::{
     Admission, Disposition, FailureStage, HealthStatus, OwnerState, Priority, ReapReason, SnapshotStatus,
     State, Timestamp,
