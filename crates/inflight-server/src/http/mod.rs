@@ -20,6 +20,7 @@ use utoipa_axum::routes;
 use inflight::Ledger;
 
 pub mod body;
+mod dashboard;
 pub mod error;
 mod handlers;
 pub mod metrics;
@@ -69,6 +70,9 @@ impl std::fmt::Debug for AppState {
 fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(handlers::healthz))
+        .routes(routes!(dashboard::page))
+        .routes(routes!(dashboard::script))
+        .routes(routes!(dashboard::style))
         .routes(routes!(openapi::openapi_json))
         .routes(routes!(handlers::begin))
         .routes(routes!(handlers::get))

@@ -41,6 +41,7 @@ const BEARER: &str = "bearerToken";
         (name = "owners", description = "Owner leases: a dead process's work is reclaimed"),
         (name = "ledger", description = "The snapshot, reaping and metrics"),
         (name = "meta", description = "Health and this document; never behind the token"),
+        (name = "dashboard", description = "The live dashboard's page and assets; never behind the token"),
     )
 )]
 pub(super) struct ApiDoc;
