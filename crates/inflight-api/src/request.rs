@@ -3,6 +3,12 @@
 //! Bodies are JSON objects. Unknown fields are ignored, so older servers
 //! accept newer clients, and a field set to `null` is the same as a missing
 //! one. Serializing leaves out every field that is not set.
+//!
+//! With the `openapi` feature, the schemas carry the bounds the server
+//! checks that a schema can say (the label pattern, `ttlMs`, `deadlineMs`,
+//! `limit`); the rest (the 5-minute skew, a `startedAt` before
+//! `enqueuedAt`, `wait` and `since` as durations) the server answers with a
+//! 400 naming the field, as `docs/api.md` says.
 
 use serde::{Deserialize, Serialize};
 

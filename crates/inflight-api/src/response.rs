@@ -2,7 +2,8 @@
 //!
 //! Fields are written in the order documented in `docs/api.md`; an unset
 //! optional field is written as `null` (except [`ActivityRecord::cancel_reason`],
-//! which is left out).
+//! which is left out). So, with the `openapi` feature, such a field is
+//! `required` (and nullable) in its schema: a client can count on the key.
 
 use std::collections::BTreeMap;
 

@@ -313,7 +313,8 @@ pub(crate) fn timestamp_input() -> utoipa::openapi::schema::Schema {
         )
         .item(ObjectBuilder::new().schema_type(Type::Null))
         .description(Some(
-            "RFC 3339 with any offset, or integer epoch milliseconds; years 1970 to 9999",
+            "RFC 3339 with any offset, or integer epoch milliseconds; years 1970 to 9999, \
+             and at most 5 minutes ahead of the server's clock",
         ))
         .into()
 }
