@@ -191,6 +191,19 @@ async fn every_error_answer_is_the_error_body() {
             }
         }
     }
+    // Every route but /healthz may be refused at the request limit; every
+    // route that reads a body, for a slow one.
+    for (method, path) in operations(&document) {
+        let responses = &document["paths"][&path][&method]["responses"];
+        assert_eq!(
+            responses["503"].is_object(),
+            path != "/healthz",
+            "{method} {path}"
+        );
+        let reads_a_body = document["paths"][&path][&method]["requestBody"].is_object();
+        assert_eq!(responses["408"].is_object(), reads_a_body, "{method} {path}");
+        assert_eq!(responses["413"].is_object(), reads_a_body, "{method} {path}");
+    }
     let detail = &document["components"]["schemas"]["ErrorDetail"];
     assert_eq!(detail["required"], serde_json::json!(["code", "message"]));
     let codes = &document["components"]["schemas"]["ErrorCode"]["enum"];

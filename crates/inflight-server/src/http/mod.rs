@@ -128,6 +128,12 @@ async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
 }
 
+/// Whether requests to `path` count against [`Limits::max_requests`] (and
+/// so may be answered 503): all but `/healthz`.
+fn is_limited(path: &str) -> bool {
+    path != "/healthz"
+}
+
 /// Whether `path` is behind the token.
 fn needs_token(path: &str) -> bool {
     let under = |prefix: &str| {
@@ -154,7 +160,7 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
 /// a liveness probe does not restart a server that is only busy. Tells the
 /// body extractors how long a body may take to arrive.
 async fn limit_requests(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if request.uri().path() == "/healthz" {
+    if !is_limited(request.uri().path()) {
         return next.run(request).await;
     }
     let Ok(_permit) = state.requests.try_acquire() else {

@@ -55,6 +55,7 @@ pub fn document() -> OpenApi {
         .add_security_scheme(BEARER, bearer_scheme());
     for (path, item) in &mut doc.paths.paths {
         let guarded = super::needs_token(path);
+        let limited = super::is_limited(path);
         let operations = [
             &mut item.get,
             &mut item.put,
@@ -66,7 +67,7 @@ pub fn document() -> OpenApi {
             &mut item.trace,
         ];
         for operation in operations.into_iter().flatten() {
-            add_shared_answers(operation, guarded);
+            add_shared_answers(operation, guarded, limited);
         }
     }
     doc
@@ -82,9 +83,10 @@ fn bearer_scheme() -> SecurityScheme {
     SecurityScheme::Http(http)
 }
 
-/// What every route behind the token, and every route that reads a body,
-/// may answer besides its own.
-fn add_shared_answers(operation: &mut Operation, guarded: bool) {
+/// What every route behind the token, every route under the server's
+/// request limit, and every route that reads a body may answer besides its
+/// own.
+fn add_shared_answers(operation: &mut Operation, guarded: bool, limited: bool) {
     if let Some(body) = &mut operation.request_body {
         optional_body_is_left_out(body);
     }
@@ -101,16 +103,7 @@ fn add_shared_answers(operation: &mut Operation, guarded: bool) {
         add(
             "401",
             error_answer("A token is configured and the request lacks it")
-                .header(
-                    "WWW-Authenticate",
-                    HeaderBuilder::new()
-                        .schema(
-                            utoipa::openapi::ObjectBuilder::new()
-                                .schema_type(utoipa::openapi::schema::Type::String),
-                        )
-                        .description(Some("`Bearer`"))
-                        .build(),
-                )
+                .header("WWW-Authenticate", string_header("`Bearer`"))
                 .build(),
         );
         // Every guarded route reads the store; its failure is the one 5xx.
@@ -119,13 +112,33 @@ fn add_shared_answers(operation: &mut Operation, guarded: bool) {
             error_answer("The store failed; the details are in the server's log").build(),
         );
     }
+    if limited {
+        add(
+            "503",
+            error_answer("The server is at its limit of requests at once, or its store cannot be reached")
+                .header("Retry-After", string_header("Seconds: a hint, it may be sooner"))
+                .build(),
+        );
+    }
     if operation.request_body.is_some() {
         add(
             "400",
             error_answer("The body is not a JSON object, or a field is invalid").build(),
         );
+        add(
+            "408",
+            error_answer("The body did not arrive within the server's body timeout").build(),
+        );
         add("413", error_answer("A body over 64 KiB").build());
     }
+}
+
+/// A response header whose value is a string.
+fn string_header(description: &str) -> utoipa::openapi::Header {
+    HeaderBuilder::new()
+        .schema(utoipa::openapi::ObjectBuilder::new().schema_type(Type::String))
+        .description(Some(description))
+        .build()
 }
 
 /// A handler's `Option<T>` body means that the body may be left out (an
