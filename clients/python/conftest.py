@@ -16,12 +16,12 @@ from typing import Dict, Iterator, Optional
 import httpx
 import pytest
 
-BIN = os.environ.get("INFLIGHT_BIN") or str(Path(__file__).resolve().parents[3] / "target" / "debug" / "inflight")
+BIN = os.environ.get("INFLIGHT_BIN") or str(Path(__file__).resolve().parents[2] / "target" / "debug" / "inflight")
 TOKEN = "py-client-test-token"
 #: Lanes with a cap of 1, one per test that needs a full lane.
 CAPPED = [f"{name}::capped" for name in (
     "wait", "exec", "timeout", "owner", "full", "maxwait", "kbint",
-    "await", "aexec", "atimeout", "aowner", "amaxwait", "example",
+    "await", "aexec", "atimeout", "aowner", "amaxwait",
 )]
 
 
@@ -70,7 +70,7 @@ class Server:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="inflight-py-") as workdir:
-        s = Server(workdir, {lane: 1 for lane in CAPPED}, TOKEN)
+        s = Server(workdir, {**{lane: 1 for lane in CAPPED}, "knowledge-base::ollama": 2}, TOKEN)
         try:
             yield s
         finally:
