@@ -125,7 +125,7 @@ class Config:
 
     def delay(self, attempt: int) -> float:
         """Exponential backoff with jitter: half fixed, half random."""
-        backoff = min(self.max_backoff, self.backoff * (2**attempt))
+        backoff = min(self.max_backoff, self.backoff * float(2**attempt))
         return backoff / 2 + random.random() * backoff / 2
 
 

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Dict, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
 
 import httpx
 
@@ -226,7 +226,7 @@ class AsyncActivity:
     async def settle(
         self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
     ) -> ActivityRecord:
-        body: dict = {"success": success}
+        body: Dict[str, Any] = {"success": success}
         if failure_stage is not None:
             body["failureStage"] = failure_stage
         if completed_at is not None:
@@ -372,7 +372,13 @@ def _cancel_when_begun(begin: "asyncio.Future[AsyncActivity]") -> None:
         return
     cancel = asyncio.ensure_future(begin.result().cancel("cancelled"))
     _background.add(cancel)
-    cancel.add_done_callback(lambda f: (_background.discard(f), f.cancelled() or f.exception()))
+
+    def done(f: "asyncio.Future[Any]") -> None:
+        _background.discard(f)
+        if not f.cancelled():
+            f.exception()  # retrieved: a lost cancel is reaped past its bound
+
+    cancel.add_done_callback(done)
 
 
 class AsyncOwnerLease:
@@ -395,7 +401,7 @@ class AsyncOwnerLease:
         self._signals: List[int] = []
         loop = asyncio.get_running_loop()
         signals: Iterable[int] = (
-            (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())  # type: ignore[assignment]
+            (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())
         )
         for sig in signals:
             loop.add_signal_handler(sig, self._on_signal, sig)

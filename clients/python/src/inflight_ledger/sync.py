@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Dict, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
 
 import httpx
 
@@ -236,7 +236,7 @@ class Activity:
     def settle(
         self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
     ) -> ActivityRecord:
-        body: dict = {"success": success}
+        body: Dict[str, Any] = {"success": success}
         if failure_stage is not None:
             body["failureStage"] = failure_stage
         if completed_at is not None:
@@ -344,7 +344,7 @@ class OwnerLease:
         self._thread = threading.Thread(target=self._renew_loop, name=f"inflight-lease-{self.id}", daemon=True)
         self._thread.start()
         signals: Iterable[int] = (
-            (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())  # type: ignore[assignment]
+            (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())
         )
         for sig in signals:
             self._previous.append((sig, signal.signal(sig, self._on_signal)))
