@@ -263,3 +263,31 @@ def test_sigterm_releases_the_lease_then_terminates(server, tmp_path):
         assert ledger.get_activity(ids["activity"])["state"] == "cancelled"
         owners = {o["ownerId"]: o for o in ledger.snapshot()["owners"]}
         assert owners[ids["owner"]]["state"] == "released"
+
+
+class Partition(httpx.HTTPTransport):
+    """Fails every renew while `cut` is set, as a network partition would."""
+
+    cut = False
+
+    def handle_request(self, request):
+        if self.cut and request.url.path.endswith("/renew"):
+            raise httpx.ConnectError("partitioned", request=request)
+        return super().handle_request(request)
+
+
+def test_a_lease_cut_off_longer_than_its_ttl_is_lost_and_reported_once(server):
+    partition = Partition()
+    lost = []
+    with Ledger(server.url, token=TOKEN, transport=partition, backoff=0.005) as ledger:
+        partition.cut = True
+        lease = ledger.join_as_owner("py-partitioned", ttl=0.15, on_lost=lost.append)
+        time.sleep(0.4)
+        assert not lease.lost, "unreachable is not lost: the client keeps trying"
+        partition.cut = False
+        deadline = time.monotonic() + 2
+        while not lease.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lease.lost
+        assert [e.code for e in lost] == ["conflict"]
+        assert ledger.owner_id is None, "records are no longer tagged with a lost owner"

@@ -334,16 +334,23 @@ describe("owner leases", () => {
     await lease.release(); // twice is harmless
   });
 
-  test("a lost lease is reported once", async () => {
-    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN });
-    let lost;
-    const lease = await owners.joinAsOwner("ts-lost", 100, { onLost: (err) => (lost = err) });
-    lease.stop();
-    await sleep(300);
-    // Renewing a lost owner is a conflict: the lease says so.
-    lease["stopped"] = false;
-    await lease.renewNow();
+  test("a lease cut off longer than its TTL is lost, and reported once", async () => {
+    let partitioned = false;
+    const cutOff = (url, init) => {
+      if (partitioned && String(url).endsWith("/renew")) return Promise.reject(new TypeError("fetch failed"));
+      return fetch(url, init);
+    };
+    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: cutOff, retry: { baseDelayMs: 5 } });
+    const lost = [];
+    const lease = await owners.joinAsOwner("ts-partitioned", 150, { onLost: (err) => lost.push(err) });
+    partitioned = true;
+    await sleep(400);
+    assert.equal(lease.lost, false, "unreachable is not lost: the client keeps trying");
+    partitioned = false;
+    for (let i = 0; i < 40 && !lease.lost; i++) await sleep(25);
     assert.equal(lease.lost, true);
-    assert.equal(lost.code, "conflict");
+    assert.equal(lost.length, 1);
+    assert.equal(lost[0].code, "conflict");
+    assert.equal(owners.ownerId, undefined, "records are no longer tagged with a lost owner");
   });
 });
