@@ -501,3 +501,166 @@ async fn check_config_exits_0_when_valid_and_2_naming_the_key() {
     let (code, _, err) = run_cli(&["check-config", missing.to_str().unwrap()], &[]).await;
     assert_eq!(code, Some(2), "{err}");
 }
+
+/// Writes `text` as a configuration file in `dir`; the `--config` arguments.
+fn config_file(dir: &tempfile::TempDir, text: &str) -> Vec<String> {
+    let path = dir.path().join("inflight.toml");
+    std::fs::write(&path, text).unwrap();
+    vec![
+        "--config".to_owned(),
+        path.display().to_string(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ]
+}
+
+/// Opens a connection to `server` that sends half a request header and
+/// never the rest.
+async fn slow_client(server: &Server) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr = server.base.strip_prefix("http://").unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
+    stream
+        .write_all(b"POST /v1/activities HTTP/1.1\r\nHost: inflight\r\nContent-Type: appl")
+        .await
+        .expect("writes half a header");
+    stream
+}
+
+/// Waits (bounded by `until`) for the server to close `stream`.
+async fn closed_by(mut stream: tokio::net::TcpStream, until: tokio::time::Instant) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut sink = Vec::new();
+    // EOF or a reset both mean the server let go of it.
+    tokio::time::timeout_at(until, stream.read_to_end(&mut sink))
+        .await
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_slow_clients_neither_starve_the_others_nor_stay_open() {
+    const SLOW: usize = 5_000;
+    const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(&dir, "[server]\nheader_timeout = \"3s\"\n"),
+        ..Launch::default()
+    })
+    .await;
+
+    let mut slow = Vec::with_capacity(SLOW);
+    for _ in 0..SLOW {
+        slow.push((tokio::time::Instant::now(), slow_client(&server).await));
+    }
+
+    // A well-behaved client, meanwhile: full lifecycles, each call timed.
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        for step in 0..3 {
+            let started = std::time::Instant::now();
+            match step {
+                0 => {
+                    let id = server
+                        .begin(json!({"service": "kb", "provider": "ollama", "class": "embedding"}))
+                        .await;
+                    latencies.push(started.elapsed());
+                    let started = std::time::Instant::now();
+                    let (status, _) = server
+                        .post(&format!("/v1/activities/{id}/start"), json!({}))
+                        .await;
+                    assert_eq!(status, 200);
+                    latencies.push(started.elapsed());
+                    let started = std::time::Instant::now();
+                    let (status, _) = server
+                        .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+                        .await;
+                    assert_eq!(status, 200);
+                    latencies.push(started.elapsed());
+                }
+                _ => {
+                    let (status, _) = server.get("/healthz").await;
+                    assert_eq!(status, 200);
+                    latencies.push(started.elapsed());
+                }
+            }
+        }
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let worst = *latencies.last().unwrap();
+    eprintln!(
+        "with {SLOW} slow connections open: {} calls, median {median:?}, worst {worst:?}",
+        latencies.len()
+    );
+    assert!(median <= Duration::from_millis(100), "median {median:?}");
+
+    // Each slow connection is closed within the header timeout (plus slack
+    // for a loaded machine), counted from when it was opened.
+    let mut still_open = 0;
+    for (opened, stream) in slow {
+        if !closed_by(stream, opened + HEADER_TIMEOUT + Duration::from_secs(2)).await {
+            still_open += 1;
+        }
+    }
+    assert_eq!(
+        still_open, 0,
+        "slow connections left open past the header timeout"
+    );
+    let (status, snapshot) = server.get("/v1/snapshot").await;
+    assert_eq!(status, 200);
+    assert_eq!(snapshot["totalActivities"], 10, "half a header records nothing");
+}
+
+#[tokio::test]
+async fn a_connection_past_max_connections_is_answered_503_with_retry_after() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(&dir, "[server]\nmax_connections = 20\nheader_timeout = \"30s\"\n"),
+        ..Launch::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(slow_client(&server).await);
+    }
+    // Accepted after the twenty (the backlog is first in, first out), so
+    // every permit is taken by then.
+    let addr = server.base.strip_prefix("http://").unwrap();
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: inflight\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(PATIENCE, extra.read_to_string(&mut answer))
+        .await
+        .expect("answered")
+        .expect("readable");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains(r#""code":"unavailable""#), "{answer}");
+
+    // A connection that goes away hands its place back.
+    held.pop();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let response = server
+            .request(reqwest::Method::GET, "/healthz")
+            .send()
+            .await
+            .expect("answers");
+        if response.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -239,6 +239,17 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
                 i64::try_from(ledger.reap_interval().as_millis()).unwrap_or(i64::MAX)
             )
         ),
+        format!(
+            "server: at most {} connections and {} requests at once, header timeout {}, body timeout {}",
+            settings.limits.max_connections(),
+            settings.limits.max_requests(),
+            inflight_api::human_duration(
+                i64::try_from(settings.limits.header_timeout().as_millis()).unwrap_or(i64::MAX)
+            ),
+            inflight_api::human_duration(
+                i64::try_from(settings.limits.body_timeout().as_millis()).unwrap_or(i64::MAX)
+            ),
+        ),
     ];
     for (name, bounds) in policy.classes() {
         lines.push(format!(

@@ -74,6 +74,23 @@ impl ApiError {
         Self::new(ErrorCode::LaneFull, message)
     }
 
+    /// 408 `request_timeout`: the body did not arrive in time.
+    pub fn request_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "the request body did not arrive within {}",
+                humantime::format_duration(timeout)
+            ),
+        )
+    }
+
+    /// 503 `unavailable`: the server is at a limit, or its store cannot be
+    /// reached; answered with `Retry-After`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unavailable, message)
+    }
+
     /// 500 `internal`, with a generic message. Log the cause before
     /// answering with it.
     pub fn internal() -> Self {
@@ -126,7 +143,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut response = (status, Json(ErrorBody::new(self.code, self.message))).into_response();
-        if self.code == ErrorCode::LaneFull {
+        if matches!(self.code, ErrorCode::LaneFull | ErrorCode::Unavailable) {
             // A hint, not a promise: capacity may come back sooner.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

@@ -15,6 +15,9 @@ use axum::Router;
 use subtle::ConstantTimeEq;
 
 use inflight::Ledger;
+use tokio::sync::Semaphore;
+
+use crate::limits::Limits;
 
 pub mod body;
 mod dashboard;
@@ -25,17 +28,34 @@ pub mod metrics;
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
 
-/// What every request handler shares: the ledger and the bearer token.
+/// What every request handler shares: the ledger, the bearer token and the
+/// server's limits.
 #[derive(Clone)]
 pub struct AppState {
     ledger: Ledger,
     token: Option<Arc<str>>,
+    limits: Limits,
+    /// One permit per request being handled ([`Limits::max_requests`]).
+    requests: Arc<Semaphore>,
 }
 
 impl AppState {
-    /// Serves `ledger` with no token required.
+    /// Serves `ledger` with no token required, within the default limits.
     pub fn new(ledger: Ledger) -> Self {
-        Self { ledger, token: None }
+        let limits = Limits::default();
+        Self {
+            ledger,
+            token: None,
+            limits,
+            requests: Arc::new(Semaphore::new(limits.max_requests())),
+        }
+    }
+
+    /// Serves within `limits`.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.requests = Arc::new(Semaphore::new(limits.max_requests()));
+        self.limits = limits;
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` on every `/v1` route and on
@@ -56,6 +76,7 @@ impl std::fmt::Debug for AppState {
         f.debug_struct("AppState")
             .field("ledger", &self.ledger)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -82,6 +103,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .layer(middleware::from_fn_with_state(state.clone(), limit_requests))
         .with_state(state)
 }
 
@@ -112,6 +134,27 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
         return false;
     };
     scheme.eq_ignore_ascii_case("bearer") && bool::from(presented.trim().as_bytes().ct_eq(token.as_bytes()))
+}
+
+/// Holds one of [`Limits::max_requests`] permits while a request is
+/// handled, and answers 503 when none is left; `/healthz` is exempt, so that
+/// a liveness probe does not restart a server that is only busy. Tells the
+/// body extractors how long a body may take to arrive.
+async fn limit_requests(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    if request.uri().path() == "/healthz" {
+        return next.run(request).await;
+    }
+    let Ok(_permit) = state.requests.try_acquire() else {
+        return ApiError::unavailable(format!(
+            "the server is handling its limit of {} requests at once; retry shortly",
+            state.limits.max_requests()
+        ))
+        .into_response();
+    };
+    request
+        .extensions_mut()
+        .insert(body::BodyTimeout(state.limits.body_timeout()));
+    next.run(request).await
 }
 
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {

@@ -95,6 +95,7 @@ impl LedgerBuilder {
                 auto_owner,
                 labels: Mutex::new(LabelInterner::default()),
                 undeclared_lanes: Mutex::default(),
+                labels_folded: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
