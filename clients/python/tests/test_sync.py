@@ -209,6 +209,39 @@ def test_server_unreachable_is_unavailable_and_only_idempotent_requests_retry():
         assert down.healthy() is False
 
 
+class Scripted(httpx.HTTPTransport):
+    """Answers from `answers` first, then passes requests on to the server."""
+
+    def __init__(self):
+        super().__init__()
+        self.answers = []
+        self.seen = 0
+
+    def handle_request(self, request):
+        self.seen += 1
+        if self.answers:
+            status, body = self.answers.pop(0)
+            return httpx.Response(status, content=body.encode(), request=request)
+        return super().handle_request(request)
+
+
+def test_a_begin_is_retried_only_when_the_server_handled_nothing(server):
+    scripted = Scripted()
+    with Ledger(server.url, token=TOKEN, transport=scripted, backoff=0.005) as ledger:
+        body = lambda code: json.dumps({"error": {"code": code, "message": "at a limit"}})
+        scripted.answers = [(503, body("unavailable")), (408, body("request_timeout"))]
+        a = ledger.begin(service="retry", provider="p")
+        assert a.record["state"] == "waiting"
+        assert scripted.seen == 3, "two refusals that recorded nothing, then the begin"
+        scripted.seen = 0
+        scripted.answers = [(502, "bad gateway")]  # a proxy's: the begin may have been recorded
+        with pytest.raises(UnavailableError) as info:
+            ledger.begin(service="retry", provider="p")
+        assert info.value.from_server is False
+        assert scripted.seen == 1
+        a.cancel()
+
+
 def test_a_dead_owners_slot_comes_back(server):
     lane = "owner::capped"
     with Ledger(server.url, token=TOKEN) as dying, Ledger(server.url, token=TOKEN) as other:

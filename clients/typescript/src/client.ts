@@ -101,6 +101,17 @@ const IDEMPOTENT: ReadonlySet<RouteName> = new Set<RouteName>([
 const SERVER_CODES: ReadonlySet<string> = new Set(SERVER_ERROR_CODES);
 const MAX_WAIT_STEP_MS = 30_000;
 
+/**
+ * Whether a failed request may be sent again. An idempotent one: when no
+ * answer came, or a 5xx. Any other (a begin): only when the server itself
+ * answered that it did not handle the request (503 `unavailable` at a limit,
+ * 408 `request_timeout`), since a lost answer may have recorded it.
+ */
+function retryable(error: InflightError, idempotent: boolean): boolean {
+  if (error.fromServer && (error.code === "unavailable" || error.code === "request_timeout")) return true;
+  return idempotent && (error.code === "unavailable" || error.code === "internal");
+}
+
 function toWireTime(value: TimestampInput | undefined): number | string | undefined {
   return value instanceof Date ? value.getTime() : value;
 }
@@ -202,9 +213,10 @@ export class InflightClient {
 
   /**
    * Sends one request on `route`. Idempotent routes are retried with
-   * backoff when the server is unreachable or answers a 5xx; a begin never
-   * is (a lost answer may have recorded it, and a second begin would be a
-   * second record).
+   * backoff when the server is unreachable or answers a 5xx; a begin only
+   * when the server answered that it did not handle it (503, 408), never
+   * after no answer (a lost answer may have recorded it, and a second begin
+   * would be a second record).
    */
   async request<T>(route: RouteName, options: RequestOptions = {}): Promise<T> {
     const { method, path } = ROUTES[route];
@@ -217,7 +229,8 @@ export class InflightClient {
     if (options.body !== undefined) headers["content-type"] = "application/json";
     if (this.token) headers.authorization = `Bearer ${this.token}`;
     const body = options.body === undefined ? undefined : JSON.stringify(options.body);
-    const attempts = IDEMPOTENT.has(route) ? this.retries + 1 : 1;
+    const idempotent = IDEMPOTENT.has(route);
+    const attempts = this.retries + 1;
 
     for (let attempt = 0; ; attempt++) {
       const timeout = timeoutSignal(this.requestTimeoutMs + (options.extraTimeoutMs ?? 0));
@@ -238,10 +251,10 @@ export class InflightClient {
         timeout.clear();
         combined.dispose();
       }
-      const retryable = error.code === "unavailable" || error.code === "internal";
-      if (!retryable || attempt + 1 >= attempts) throw error;
+      if (!retryable(error, idempotent) || attempt + 1 >= attempts) throw error;
       const backoff = Math.min(this.maxDelayMs, this.baseDelayMs * 2 ** attempt);
-      await sleep(backoff / 2 + Math.random() * (backoff / 2), options.signal);
+      const delay = backoff / 2 + Math.random() * (backoff / 2);
+      await sleep(Math.max(delay, Math.min(error.retryAfterMs ?? 0, this.maxDelayMs)), options.signal);
     }
   }
 
@@ -255,7 +268,7 @@ export class InflightClient {
       const parsed = JSON.parse(text) as Partial<ErrorBody>;
       const code = parsed.error?.code;
       if (typeof code === "string" && SERVER_CODES.has(code)) {
-        return errorFor(code, `${what}: ${parsed.error?.message ?? code}`, extra);
+        return errorFor(code, `${what}: ${parsed.error?.message ?? code}`, { ...extra, fromServer: true });
       }
     } catch {
       // Not the server's error body: a proxy or something else answered.

@@ -2,11 +2,12 @@ import type { ServerErrorCode } from "./wire.js";
 
 /**
  * Every code an `InflightError` can carry: the server's codes, plus the
- * client's own: `unavailable` (no answer from the server: refused, reset,
- * timed out, or a 5xx that is not the server's JSON error) and
- * `wait_timeout` (the call waited in line longer than its `maxWaitMs`).
+ * client's own `wait_timeout` (the call waited in line longer than its
+ * `maxWaitMs`). `unavailable` is the server's (503: at a limit) and also
+ * the client's when no answer came (refused, reset, timed out) or a 5xx that
+ * is not the server's JSON error.
  */
-export type ErrorCode = ServerErrorCode | "unavailable" | "wait_timeout";
+export type ErrorCode = ServerErrorCode | "wait_timeout";
 
 /** An error from the ledger, typed by its `code`. */
 export class InflightError extends Error {
@@ -17,16 +18,23 @@ export class InflightError extends Error {
   readonly status: number | undefined;
   /** `Retry-After`, in milliseconds, when the server sent one. */
   readonly retryAfterMs: number | undefined;
+  /**
+   * Whether the server itself answered with its error body (as opposed to no
+   * answer, or a proxy's). A 503 `unavailable` or 408 `request_timeout` from
+   * the server means that nothing was recorded.
+   */
+  readonly fromServer: boolean;
 
   constructor(
     code: ErrorCode,
     message: string,
-    options: { status?: number; retryAfterMs?: number; cause?: unknown } = {},
+    options: { status?: number; retryAfterMs?: number; cause?: unknown; fromServer?: boolean } = {},
   ) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.code = code;
     this.status = options.status;
     this.retryAfterMs = options.retryAfterMs;
+    this.fromServer = options.fromServer ?? false;
   }
 }
 
@@ -50,11 +58,15 @@ export class InvalidRequestError extends InflightError {
 export class UnauthorizedError extends InflightError {
   override name = "UnauthorizedError";
 }
+/** 408 `request_timeout`: the body did not arrive in time; nothing was recorded. */
+export class RequestTimeoutError extends InflightError {
+  override name = "RequestTimeoutError";
+}
 /** 409 `conflict`: the request contradicts the record or the owner. */
 export class ConflictError extends InflightError {
   override name = "ConflictError";
 }
-/** No answer from the server (or a 5xx): it may be down or unreachable. */
+/** 503 from the server (at a limit), or no answer (down, unreachable) or a proxy's 5xx. */
 export class UnavailableError extends InflightError {
   override name = "UnavailableError";
 }
@@ -66,6 +78,7 @@ const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
   invalid_request: InvalidRequestError,
   unauthorized: UnauthorizedError,
   conflict: ConflictError,
+  request_timeout: RequestTimeoutError,
   unavailable: UnavailableError,
 };
 
@@ -73,7 +86,7 @@ const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
 export function errorFor(
   code: ErrorCode,
   message: string,
-  options: { status?: number; retryAfterMs?: number; cause?: unknown } = {},
+  options: { status?: number; retryAfterMs?: number; cause?: unknown; fromServer?: boolean } = {},
 ): InflightError {
   const Class = CLASSES[code] ?? InflightError;
   return new Class(code, message, options);

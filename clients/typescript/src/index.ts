@@ -9,6 +9,7 @@ export {
   isInflightError,
   LaneFullError,
   NotFoundError,
+  RequestTimeoutError,
   UnauthorizedError,
   UnavailableError,
   WaitTimeoutError,

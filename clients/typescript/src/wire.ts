@@ -22,10 +22,12 @@ export const SERVER_ERROR_CODES = [
   "unauthorized",
   "not_found",
   "method_not_allowed",
+  "request_timeout",
   "conflict",
   "payload_too_large",
   "lane_full",
   "internal",
+  "unavailable",
 ] as const;
 export type ServerErrorCode = (typeof SERVER_ERROR_CODES)[number];
 

@@ -280,6 +280,36 @@ describe("the handle and errors", () => {
     assert.equal(await down.healthy(), false);
   });
 
+  test("a begin is retried only when the server answered that it handled nothing (503, 408)", async () => {
+    const seen = [];
+    const answers = [];
+    const scripted = async (url, init) => {
+      seen.push(init.method);
+      const next = answers.shift();
+      if (next) return next();
+      return fetch(url, init);
+    };
+    const c = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: scripted, retry: { baseDelayMs: 5 } });
+    const serverBody = (code) => JSON.stringify({ error: { code, message: "at a limit" } });
+    answers.push(
+      () => new Response(serverBody("unavailable"), { status: 503 }),
+      () => new Response(serverBody("request_timeout"), { status: 408 }),
+    );
+    const a = await c.begin({ service: "retry", provider: "p" });
+    assert.equal(a.record.state, "waiting");
+    assert.equal(seen.length, 3, "two refusals that recorded nothing, then the begin");
+    // A proxy's 502 proves nothing: the begin may have been recorded.
+    seen.length = 0;
+    answers.push(() => new Response("bad gateway", { status: 502 }));
+    await assert.rejects(c.begin({ service: "retry", provider: "p" }), (err) => {
+      assert.equal(err.code, "unavailable");
+      assert.equal(err.fromServer, false);
+      return true;
+    });
+    assert.equal(seen.length, 1);
+    await a.cancel();
+  });
+
   test("a 5xx without the server's body is unavailable and retried for idempotent transitions", async () => {
     let attempts = 0;
     const flaky = async (url, init) => {

@@ -120,13 +120,12 @@ class Config:
             headers["authorization"] = f"Bearer {self.token}"
         return headers
 
-    def attempts(self, route: str) -> int:
-        return self.retries + 1 if ROUTES[route].idempotent else 1
-
-    def delay(self, attempt: int) -> float:
-        """Exponential backoff with jitter: half fixed, half random."""
+    def delay(self, attempt: int, error: InflightError) -> float:
+        """Exponential backoff with jitter (half fixed, half random), at least
+        the server's ``Retry-After`` (up to ``max_backoff``)."""
         backoff = min(self.max_backoff, self.backoff * float(2**attempt))
-        return backoff / 2 + random.random() * backoff / 2
+        jittered = backoff / 2 + random.random() * backoff / 2
+        return max(jittered, min(error.retry_after or 0.0, self.max_backoff))
 
 
 def read_answer(response: httpx.Response, what: str) -> Any:
@@ -142,7 +141,9 @@ def read_answer(response: httpx.Response, what: str) -> Any:
         error = json.loads(response.content)["error"]
         code, message = error["code"], error["message"]
         if code in SERVER_ERROR_CODES:
-            raise error_for(code, f"{what}: {message}", status=response.status_code, retry_after=retry_after)
+            raise error_for(
+                code, f"{what}: {message}", status=response.status_code, retry_after=retry_after, from_server=True
+            )
     except (ValueError, KeyError, TypeError):
         pass  # not the server's error body: a proxy or something else answered
     code = "unavailable" if response.status_code >= 500 else "invalid_request"
@@ -155,8 +156,14 @@ def unavailable(what: str, err: BaseException) -> UnavailableError:
     return UnavailableError("unavailable", f"{what}: no answer from the server ({type(err).__name__}: {err})")
 
 
-def retryable(err: InflightError) -> bool:
-    return err.code in ("unavailable", "internal")
+def retryable(route: str, err: InflightError) -> bool:
+    """Whether a failed request may be sent again. An idempotent one: when no
+    answer came, or a 5xx. Any other (a begin): only when the server itself
+    answered that it did not handle the request (503 ``unavailable`` at a
+    limit, 408 ``request_timeout``), since a lost answer may have recorded it."""
+    if err.from_server and err.code in ("unavailable", "request_timeout"):
+        return True
+    return ROUTES[route].idempotent and err.code in ("unavailable", "internal")
 
 
 def wait_param(seconds: Optional[float]) -> Optional[str]:

@@ -9,10 +9,10 @@ class InflightError(Exception):
     """An error from the ledger.
 
     ``code`` is the server's code (``lane_full``, ``not_found``,
-    ``invalid_request``, ``conflict``, ``unauthorized``, ...) or the client's
-    own: ``unavailable`` (no answer from the server, or a 5xx that is not the
-    server's error body) and ``wait_timeout`` (the call waited in line longer
-    than its ``max_wait``).
+    ``invalid_request``, ``conflict``, ``unauthorized``, ``unavailable``,
+    ...) or the client's own ``wait_timeout`` (the call waited in line longer
+    than its ``max_wait``). ``unavailable`` is also the client's when no
+    answer came, or a 5xx that is not the server's error body.
     """
 
     def __init__(
@@ -22,6 +22,7 @@ class InflightError(Exception):
         *,
         status: Optional[int] = None,
         retry_after: Optional[float] = None,
+        from_server: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -30,6 +31,9 @@ class InflightError(Exception):
         self.status = status
         #: ``Retry-After`` in seconds, when the server sent one.
         self.retry_after = retry_after
+        #: Whether the server itself answered with its error body. A 503
+        #: ``unavailable`` or 408 ``request_timeout`` from it means nothing was recorded.
+        self.from_server = from_server
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
@@ -55,12 +59,16 @@ class UnauthorizedError(InflightError):
     """401 ``unauthorized``: the server has a token and the request lacked it."""
 
 
+class RequestTimeoutError(InflightError):
+    """408 ``request_timeout``: the body did not arrive in time; nothing was recorded."""
+
+
 class ConflictError(InflightError):
     """409 ``conflict``: the request contradicts the record or the owner."""
 
 
 class UnavailableError(InflightError):
-    """No answer from the server (refused, reset, timed out) or a 5xx."""
+    """503 from the server (at a limit), or no answer (refused, reset, timed out), or a proxy's 5xx."""
 
 
 _CLASSES: Dict[str, Type[InflightError]] = {
@@ -70,12 +78,20 @@ _CLASSES: Dict[str, Type[InflightError]] = {
     "invalid_request": InvalidRequestError,
     "unauthorized": UnauthorizedError,
     "conflict": ConflictError,
+    "request_timeout": RequestTimeoutError,
     "unavailable": UnavailableError,
 }
 
 
 def error_for(
-    code: str, message: str, *, status: Optional[int] = None, retry_after: Optional[float] = None
+    code: str,
+    message: str,
+    *,
+    status: Optional[int] = None,
+    retry_after: Optional[float] = None,
+    from_server: bool = False,
 ) -> InflightError:
     """The error for ``code``, of its class when it has one."""
-    return _CLASSES.get(code, InflightError)(code, message, status=status, retry_after=retry_after)
+    return _CLASSES.get(code, InflightError)(
+        code, message, status=status, retry_after=retry_after, from_server=from_server
+    )

@@ -86,12 +86,13 @@ class Ledger:
         extra_timeout: float = 0.0,
     ) -> Any:
         """Sends one request; idempotent routes are retried with backoff when
-        the server is unreachable or answers a 5xx, a begin never."""
+        the server is unreachable or answers a 5xx; a begin only when the
+        server answered that it did not handle it (503, 408)."""
         r = ROUTES[route]
         what = f"{r.method} {r.path}"
         url = self.config.url(route, id, query)
         headers = self.config.headers(body is not None)
-        attempts = self.config.attempts(route)
+        attempts = self.config.retries + 1
         attempt = 0
         while True:
             try:
@@ -103,9 +104,9 @@ class Ledger:
                 error = err
             except httpx.TransportError as err:
                 error = unavailable(what, err)
-            if not retryable(error) or attempt + 1 >= attempts:
+            if not retryable(route, error) or attempt + 1 >= attempts:
                 raise error
-            time.sleep(self.config.delay(attempt))
+            time.sleep(self.config.delay(attempt, error))
             attempt += 1
 
     # ---- the routes ----------------------------------------------------

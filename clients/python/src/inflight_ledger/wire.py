@@ -26,10 +26,12 @@ SERVER_ERROR_CODES: Tuple[str, ...] = (
     "unauthorized",
     "not_found",
     "method_not_allowed",
+    "request_timeout",
     "conflict",
     "payload_too_large",
     "lane_full",
     "internal",
+    "unavailable",
 )
 
 _BeginRequired = TypedDict("_BeginRequired", {"service": str, "provider": str})
@@ -253,8 +255,9 @@ class Route:
         self.idempotent = idempotent
 
 
-#: Every route the client calls. Only a begin is not idempotent: a lost answer
-#: may have recorded it, and a second begin would be a second record.
+#: Every route the client calls. A begin (and an owner registration) is not
+#: idempotent: a lost answer may have recorded it, and a second begin would
+#: be a second record.
 ROUTES: Dict[str, Route] = {
     "begin": Route("POST", "/v1/activities", idempotent=False),
     "get": Route("GET", "/v1/activities/{id}"),
