@@ -27,6 +27,8 @@ class Stub:
         self.concurrent = 0
         self.max_concurrent = 0
         self.fail_next = False
+        #: While set, the stub holds every call: the test decides when they finish.
+        self.gate = None
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,10 @@ def provider():
                     self.send_response(500)
                     self.end_headers()
                     return
-                time.sleep(5 if body["model"] == "slow" else 0.4)
+                gate = stub.gate
+                if gate is not None:
+                    gate.wait(10)
+                time.sleep(5 if body["model"] == "slow" else 0.05)
                 if self.path == "/api/embed":
                     answer = {"model": body["model"], "embeddings": [[0.1, 0.2, 0.3, len(body["input"])]]}
                 else:
@@ -74,6 +79,17 @@ def provider():
     httpd.shutdown()
 
 
+async def until(check, timeout=10.0):
+    """Polls `check` until it returns something other than None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value is not None:
+            return value
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
 def metric(server, name, lane):
     text = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     service, prov = lane.split("::")
@@ -88,12 +104,19 @@ async def test_embeddings_wait_for_the_lanes_slots_and_the_counts_move(server, p
     assert httpx.get(server.url + "/").status_code == 200, "the dashboard is served at /"
     async with AsyncLedger(server.url, token=TOKEN) as ledger, httpx.AsyncClient(timeout=30) as http:
         texts = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff"]
+        provider.gate = threading.Event()
         calls = asyncio.gather(*(embed(ledger, http, t, ollama_url=provider.url) for t in texts))
-        await asyncio.sleep(0.2)
-        busy = lane_counts(await ledger.snapshot(), LANE)
+
+        async def full():
+            c = lane_counts(await ledger.snapshot(), LANE)
+            return c if c["executing"] + c["waiting"] == 6 and provider.concurrent == 2 else None
+
+        busy = await until(full)
         assert (busy["executing"], busy["waiting"]) == (2, 4)
         assert await asyncio.to_thread(metric, server, "inflight_lane_executing", LANE) == 2
         assert await asyncio.to_thread(metric, server, "inflight_lane_waiting", LANE) == 4
+        provider.gate.set()
+        provider.gate = None
         vectors = await calls
         assert [v[3] for v in vectors] == [1, 2, 3, 4, 5, 6]
         assert provider.max_concurrent == 2, "the provider never saw more than the cap"
@@ -105,7 +128,11 @@ async def test_embeddings_wait_for_the_lanes_slots_and_the_counts_move(server, p
         with pytest.raises(httpx.HTTPStatusError):
             await embed(ledger, http, "x", ollama_url=provider.url)
         task = asyncio.ensure_future(embed(ledger, http, "y", ollama_url=provider.url, model="slow"))
-        await asyncio.sleep(0.2)
+
+        async def working():
+            return True if provider.concurrent == 1 else None
+
+        await until(working)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -88,13 +88,17 @@ def test_keyboard_interrupt_while_waiting_cancels_and_leaves_nothing_in_flight(l
     lane = "wait::capped"
     holder = hold_slot(ledger, lane)
     seen = []
-    timer = interrupt_main_after(0.3)
+    timers = []
+
+    def enqueued(record):  # Ctrl-C once the record waits in line
+        seen.append(record)
+        timers.append(interrupt_main_after(0.3))
+
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        with ledger.activity(service="wait", provider="capped",
-                             lifecycle=Lifecycle(on_enqueued=seen.append)):
+        with ledger.activity(service="wait", provider="capped", lifecycle=Lifecycle(on_enqueued=enqueued)):
             pytest.fail("never admitted")
-    timer.join()
+    timers[0].join()
     assert time.monotonic() - started < 3
     record = ledger.get_activity(seen[0]["activityId"])
     assert record["state"] == "cancelled"
@@ -106,10 +110,10 @@ def test_keyboard_interrupt_while_waiting_cancels_and_leaves_nothing_in_flight(l
 
 def test_keyboard_interrupt_while_executing_cancels(ledger):
     lane = "exec::capped"
-    timer = interrupt_main_after(0.3)
     with pytest.raises(KeyboardInterrupt):
         with ledger.activity(service="exec", provider="capped") as call:
             assert counts(ledger, lane) == {"executing": 1, "waiting": 0, "inFlight": 1}
+            timer = interrupt_main_after(0.2)  # Ctrl-C while the call executes
             time.sleep(5)
     timer.join()
     record = ledger.get_activity(call.id)

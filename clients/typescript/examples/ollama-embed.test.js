@@ -18,6 +18,8 @@ let client;
 let concurrent = 0;
 let maxConcurrent = 0;
 let failNext = false;
+/** While set, the stub holds every call: the test decides when they finish. */
+let gate;
 
 before(async () => {
   server = await startServer({ lanes: { [LANE]: 2 } });
@@ -35,7 +37,8 @@ before(async () => {
       res.writeHead(500).end("model not loaded");
       return;
     }
-    await sleep(input.model === "slow" ? 5000 : 400);
+    await gate?.promise;
+    await sleep(input.model === "slow" ? 5000 : 50);
     if (res.destroyed) return;
     res.writeHead(200, { "content-type": "application/json" });
     if (req.url === "/api/embed") {
@@ -53,6 +56,23 @@ after(async () => {
   await server?.stop();
 });
 
+function deferred() {
+  let resolve;
+  const promise = new Promise((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+/** Polls `check` until it returns a value (at most 10 s). */
+async function until(check) {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error("timed out waiting for the lane to fill");
+    await sleep(20);
+  }
+}
+
 async function metric(name, lane) {
   const text = await (await fetch(`${server.url}/metrics`)).text();
   const [service, prov] = lane.split("::");
@@ -64,13 +84,18 @@ test("embeddings wait for the lane's 2 slots; the snapshot and /metrics move, th
   const dashboard = await fetch(`${server.url}/`);
   assert.equal(dashboard.status, 200, "the dashboard is served at /");
   const texts = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff"];
+  gate = deferred();
   const all = Promise.all(texts.map((t) => embed(client, t, { ollamaUrl: providerUrl })));
-  await sleep(150);
-  const busy = await laneCounts(client, LANE);
+  const busy = await until(async () => {
+    const counts = await laneCounts(client, LANE);
+    return counts.executing + counts.waiting === 6 && concurrent === 2 ? counts : undefined;
+  });
   assert.equal(busy.executing, 2, "two calls hold the two slots");
   assert.equal(busy.waiting, 4, "the rest wait in line");
   assert.equal(await metric("inflight_lane_executing", LANE), 2);
   assert.equal(await metric("inflight_lane_waiting", LANE), 4);
+  gate.resolve();
+  gate = undefined;
   const vectors = await all;
   assert.deepEqual(vectors.map((v) => v[3]), [1, 2, 3, 4, 5, 6]);
   assert.equal(maxConcurrent, 2, "the provider never saw more than the cap");
@@ -83,12 +108,10 @@ test("a provider error is recorded `failed`; an abort `cancelled` and the provid
   await assert.rejects(embed(client, "x", { ollamaUrl: providerUrl }), /ollama answered 500/);
   const controller = new AbortController();
   const call = embed(client, "y", { ollamaUrl: providerUrl, model: "slow", signal: controller.signal });
-  await sleep(150);
-  assert.equal(concurrent, 1, "the provider is working on it");
+  await until(async () => (concurrent === 1 ? true : undefined)); // the provider is working on it
   controller.abort();
   await assert.rejects(call, { name: "AbortError" });
-  await sleep(50);
-  assert.equal(concurrent, 0, "the provider's connection was closed");
+  await until(async () => (concurrent === 0 ? true : undefined)); // the provider's connection was closed
   const snap = await client.snapshot();
   const recent = snap.recentCompletions.filter((r) => r.service === "knowledge-base").slice(0, 2);
   assert.deepEqual(recent.map((r) => r.state), ["cancelled", "failed"]);

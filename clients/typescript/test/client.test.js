@@ -28,6 +28,15 @@ after(async () => {
   await server?.stop();
 });
 
+/** Polls `check` until it is true (at most 10 s). */
+async function until(check) {
+  const deadline = Date.now() + 10_000;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error("timed out");
+    await sleep(10);
+  }
+}
+
 /** Asserts the lane has nothing in flight and counts nothing. */
 async function assertLaneEmpty(lane) {
   assert.deepEqual(await laneCounts(client, lane), { executing: 0, waiting: 0, inFlight: 0 }, lane);
@@ -102,7 +111,8 @@ describe("run", () => {
       },
       { signal: controller.signal, onEnqueued: (r) => (waiting = r) },
     );
-    await sleep(300);
+    await until(async () => waiting !== undefined);
+    await sleep(200); // in its ?wait= request
     assert.deepEqual(await laneCounts(client, lane), { executing: 1, waiting: 1, inFlight: 2 });
     controller.abort();
     await assert.rejects(run, { name: "AbortError" });
@@ -132,7 +142,7 @@ describe("run", () => {
         }),
       { signal: controller.signal },
     );
-    await sleep(200);
+    await until(async () => id !== undefined); // the callback runs
     assert.deepEqual(await laneCounts(client, lane), { executing: 1, waiting: 0, inFlight: 1 });
     controller.abort();
     await assert.rejects(run, { name: "AbortError" });
