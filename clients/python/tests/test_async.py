@@ -192,3 +192,33 @@ async def test_a_lease_renews_and_release_cancels(server):
         assert owner["state"] == "released"
         assert owner["cancelledRecords"] == 1
         assert (await a.refresh())["state"] == "cancelled"
+
+
+async def test_sigterm_releases_an_async_lease_then_terminates(server, tmp_path):
+    import json
+    import signal
+    import sys
+    import textwrap
+
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio, json
+        from inflight_ledger import AsyncLedger
+
+        async def main():
+            async with AsyncLedger({server.url!r}, token={TOKEN!r}) as ledger:
+                lease = await ledger.join_as_owner("py-async-sigterm", ttl=30, release_on_signals=True)
+                call = await ledger.begin(service="asigterm", provider="p")
+                print(json.dumps({{"owner": lease.id, "activity": call.id}}), flush=True)
+                await asyncio.sleep(30)
+
+        asyncio.run(main())
+    """))
+    child = await asyncio.create_subprocess_exec(sys.executable, str(script), stdout=asyncio.subprocess.PIPE)
+    ids = json.loads(await asyncio.wait_for(child.stdout.readline(), 10))
+    child.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(child.wait(), 10) == -signal.SIGTERM
+    async with AsyncLedger(server.url, token=TOKEN) as ledger:
+        assert (await ledger.get_activity(ids["activity"]))["state"] == "cancelled"
+        owners = {o["ownerId"]: o for o in (await ledger.snapshot())["owners"]}
+        assert owners[ids["owner"]]["state"] == "released"
