@@ -664,3 +664,177 @@ async fn a_connection_past_max_connections_is_answered_503_with_retry_after() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// What the clients were told before the crash, per record.
+#[derive(Default, Clone, Copy, Debug)]
+struct Acknowledged {
+    started: bool,
+    settled: bool,
+}
+
+/// Eight clients run lifecycles as fast as they can until the server is
+/// killed. After a restart on the same file: every transition acknowledged
+/// before the kill is there, every record is counted once, and the records
+/// in flight at the crash end reaped, never stuck.
+async fn acknowledged_work_survives_kill_9_under_load(synchronous: Option<&str>) {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    const CLIENTS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let mut args = config_file(
+        &dir,
+        "[reap]\nfactor = 1\ninterval = \"100ms\"\n[classes.embedding]\ndeadline = \"500ms\"\n",
+    );
+    args.truncate(2);
+    args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        synchronous,
+        args: args.clone(),
+        ..Launch::default()
+    })
+    .await;
+    let acked: Arc<Mutex<HashMap<String, Acknowledged>>> = Arc::default();
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let (base, acked) = (server.base.clone(), Arc::clone(&acked));
+        clients.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            let post = |path: String, body: Value| {
+                let request = http.post(format!("{base}{path}")).json(&body);
+                async move {
+                    match request.send().await {
+                        Ok(response) if response.status().is_success() => response.json::<Value>().await.ok(),
+                        _ => None,
+                    }
+                }
+            };
+            for round in 0.. {
+                let kb = json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding",
+                                "operationStage": format!("client-{client}")});
+                let Some(record) = post("/v1/activities".to_owned(), kb).await else {
+                    return;
+                };
+                let id = record["activityId"].as_str().unwrap().to_owned();
+                acked.lock().unwrap().insert(id.clone(), Acknowledged::default());
+                // Some calls are left in flight, as a crash would find them.
+                if round % 5 == 4 {
+                    continue;
+                }
+                if post(format!("/v1/activities/{id}/start"), json!({}))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+                acked.lock().unwrap().get_mut(&id).unwrap().started = true;
+                if round % 7 == 6 {
+                    continue;
+                }
+                if post(format!("/v1/activities/{id}/settle"), json!({"success": true}))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+                acked.lock().unwrap().get_mut(&id).unwrap().settled = true;
+            }
+        }));
+    }
+    // Load for a while, then the kill, mid-flight.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while acked.lock().unwrap().values().filter(|a| a.settled).count() < 200 {
+        assert!(tokio::time::Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.crash().await;
+    for client in clients {
+        client.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+
+    let server = Server::start(Launch {
+        store: Some(&store),
+        synchronous,
+        args,
+        ..Launch::default()
+    })
+    .await;
+    // The records in flight at the crash end reaped, by the reaper alone.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let snapshot = loop {
+        let (status, snapshot) = server.get("/v1/snapshot?limit=10000&since=1h").await;
+        assert_eq!(status, 200);
+        if snapshot["totalInFlight"] == 0 {
+            break snapshot;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records stuck in flight: {snapshot}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Every acknowledged transition is there.
+    let mut states: HashMap<String, String> = HashMap::new();
+    for section in ["recentCompletions", "reaped"] {
+        for record in snapshot[section].as_array().unwrap() {
+            let id = record["activityId"].as_str().unwrap().to_owned();
+            assert!(
+                states
+                    .insert(id.clone(), record["state"].as_str().unwrap().to_owned())
+                    .is_none(),
+                "{id} listed twice"
+            );
+        }
+    }
+    assert!(!snapshot["recentCompletionsTruncated"].as_bool().unwrap());
+    assert!(!snapshot["reapedTruncated"].as_bool().unwrap());
+    for (id, ack) in &acked {
+        let state = states
+            .get(id)
+            .unwrap_or_else(|| panic!("acknowledged begin {id} was lost"));
+        if ack.settled {
+            assert_eq!(state, "succeeded", "acknowledged settle of {id} was lost");
+        } else if ack.started {
+            assert!(state == "reaped" || state == "succeeded", "{id}: {state}");
+            let (_, record) = server.get(&format!("/v1/activities/{id}")).await;
+            assert!(
+                !record["startedAt"].is_null(),
+                "acknowledged start of {id} was lost: {record}"
+            );
+        }
+    }
+    // Each record counted once: the counters match the records.
+    let stored = i64::try_from(states.len()).unwrap();
+    let succeeded = i64::try_from(states.values().filter(|s| *s == "succeeded").count()).unwrap();
+    let reaped = i64::try_from(states.values().filter(|s| *s == "reaped").count()).unwrap();
+    assert_eq!(snapshot["totalActivities"], stored, "{snapshot}");
+    assert_eq!(snapshot["totalSucceeded"], succeeded);
+    assert_eq!(snapshot["totalReaped"], reaped);
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(
+        (lane["executing"].as_i64(), lane["waiting"].as_i64()),
+        (Some(0), Some(0))
+    );
+    eprintln!(
+        "kill -9 under load ({}): {} records acknowledged, {stored} stored, {succeeded} succeeded, {reaped} reaped",
+        synchronous.unwrap_or("full"),
+        acked.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_work_survives_kill_9_under_load_synchronous_full() {
+    acknowledged_work_survives_kill_9_under_load(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_work_survives_kill_9_under_load_synchronous_normal() {
+    acknowledged_work_survives_kill_9_under_load(Some("normal")).await;
+}
