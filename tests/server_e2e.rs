@@ -838,3 +838,157 @@ async fn acknowledged_work_survives_kill_9_under_load_synchronous_full() {
 async fn acknowledged_work_survives_kill_9_under_load_synchronous_normal() {
     acknowledged_work_survives_kill_9_under_load(Some("normal")).await;
 }
+
+/// The server's resident memory, in KiB, from /proc.
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches(" kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Floods of 404s, malformed JSON, oversized headers and bodies, and
+/// bodies that trickle: every one answered 4xx (or cut off), never 5xx,
+/// while a well-behaved client keeps being served and memory stays put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_bad_requests_get_4xx_while_good_clients_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const FLOODERS: usize = 6;
+    const REQUESTS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(&dir, "[server]\nbody_timeout = \"1s\"\nheader_timeout = \"2s\"\n"),
+        ..Launch::default()
+    })
+    .await;
+    let pid = server.child.id().expect("running");
+    let before = resident_kib(pid);
+    let addr = server.base.strip_prefix("http://").unwrap().to_owned();
+
+    let mut flooders = Vec::new();
+    for kind in 0..FLOODERS {
+        let (base, addr) = (server.base.clone(), addr.clone());
+        flooders.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let mut statuses = Vec::new();
+            for i in 0..REQUESTS {
+                let status = match kind {
+                    0 => http.get(format!("{base}/nowhere/{i}")).send().await.map(|r| r.status().as_u16()),
+                    1 => http
+                        .post(format!("{base}/v1/activities"))
+                        .header("content-type", "application/json")
+                        .body(format!("{{\"service\": \"kb\", \"provider\": [{i}"))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    2 => http
+                        .post(format!("{base}/v1/activities"))
+                        .header("content-type", "application/json")
+                        .body(vec![b' '; 200 * 1024])
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    3 => http
+                        .get(format!("{base}/v1/snapshot"))
+                        .header("x-junk", "x".repeat(128 * 1024))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    4 => http
+                        .post(format!("{base}/v1/activities/{i}/settle"))
+                        .body("{\"success\": \"maybe\"}")
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    _ => {
+                        // A body that trickles: one byte, then nothing.
+                        if i % 30 != 0 {
+                            continue;
+                        }
+                        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                        stream
+                            .write_all(
+                                b"POST /v1/activities HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                                  Content-Length: 100\r\n\r\n{",
+                            )
+                            .await
+                            .unwrap();
+                        let mut answer = String::new();
+                        let _ = tokio::time::timeout(PATIENCE, stream.read_to_string(&mut answer)).await;
+                        let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+                        Ok(status)
+                    }
+                };
+                // A connection the server cut (an oversized header) is no answer at all.
+                statuses.push(status.unwrap_or(0));
+            }
+            (kind, statuses)
+        }));
+    }
+
+    // Meanwhile, a well-behaved client.
+    let mut latencies = Vec::new();
+    for _ in 0..30 {
+        let started = std::time::Instant::now();
+        let id = server
+            .begin(json!({"service": "kb", "provider": "ollama", "class": "embedding"}))
+            .await;
+        let (status, _) = server
+            .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+            .await;
+        assert_eq!(status, 200);
+        latencies.push(started.elapsed());
+    }
+    let mut by_kind = Vec::new();
+    for flooder in flooders {
+        by_kind.push(flooder.await.unwrap());
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    eprintln!(
+        "under the flood: a begin and a settle took median {median:?}, worst {:?}",
+        latencies.last().unwrap()
+    );
+    for (kind, statuses) in &by_kind {
+        let server_errors: Vec<_> = statuses.iter().filter(|s| **s >= 500).collect();
+        assert!(
+            server_errors.is_empty(),
+            "flood {kind} got 5xx: {server_errors:?}"
+        );
+        let expected: &[u16] = match kind {
+            0 => &[404],
+            1 | 4 => &[400],
+            // The answer comes before the whole body was sent, and the
+            // connection closes after it: a client still sending may see
+            // the close rather than the 413.
+            2 => &[413, 0],
+            3 => &[431, 0],
+            _ => &[408],
+        };
+        assert!(
+            statuses.iter().all(|s| expected.contains(s)),
+            "flood {kind}: expected {expected:?}, got {:?}",
+            statuses.iter().collect::<std::collections::BTreeSet<_>>()
+        );
+    }
+    assert!(median <= Duration::from_millis(100), "median {median:?}");
+    let after = resident_kib(pid);
+    eprintln!(
+        "server memory: {before} KiB before, {after} KiB after {} bad requests",
+        FLOODERS * REQUESTS
+    );
+    assert!(
+        after < before + 64 * 1024,
+        "memory grew from {before} KiB to {after} KiB"
+    );
+    let (_, snapshot) = server.get("/v1/snapshot").await;
+    assert_eq!(snapshot["totalActivities"], 30, "bad requests record nothing");
+}
