@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// What went wrong.
     pub error: ErrorDetail,
@@ -24,6 +25,7 @@ impl ErrorBody {
 
 /// The error inside an [`ErrorBody`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     /// The stable code, for programs.
     pub code: ErrorCode,

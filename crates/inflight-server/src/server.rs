@@ -353,6 +353,10 @@ async fn accept_loop(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout())
+        // A request head past the buffer is answered 431: a client cannot
+        // make the server hold hyper's default of about 400 KiB per
+        // connection.
+        .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -389,6 +393,9 @@ async fn accept_loop(
     graceful.shutdown().await;
     Ok(())
 }
+
+/// The largest request head (request line and headers) read, in bytes.
+pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 
 /// How long the accept loop pauses after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);

@@ -1,7 +1,8 @@
 //! The HTTP API: `inflight serve`'s routes over a [`Ledger`].
 //!
 //! [`app`] builds the router; `docs/api.md` documents every route, field and
-//! error code. Every failure is the JSON shape of [`ApiError`], never a
+//! error code, and `GET /openapi.json` ([`openapi::document`]) describes the
+//! same routes as OpenAPI 3.1. Every failure is the JSON shape of [`ApiError`], never a
 //! framework's plain-text rejection, and no input answers a 5xx.
 
 use std::sync::Arc;
@@ -10,9 +11,11 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::Router;
 use subtle::ConstantTimeEq;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use inflight::Ledger;
 use tokio::sync::Semaphore;
@@ -24,6 +27,7 @@ mod dashboard;
 pub mod error;
 mod handlers;
 pub mod metrics;
+pub mod openapi;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
@@ -106,24 +110,33 @@ impl std::fmt::Debug for AppState {
     }
 }
 
+/// Every route of the API, each with its OpenAPI operation: the router and
+/// `/openapi.json` are both made from this one list, so neither has a route
+/// the other lacks. Add a route here, with `#[utoipa::path]` on its handler.
+fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(handlers::healthz))
+        .routes(routes!(dashboard::page))
+        .routes(routes!(dashboard::script))
+        .routes(routes!(dashboard::style))
+        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(handlers::begin))
+        .routes(routes!(handlers::get))
+        .routes(routes!(handlers::start))
+        .routes(routes!(handlers::settle))
+        .routes(routes!(handlers::cancel))
+        .routes(routes!(handlers::snapshot))
+        .routes(routes!(handlers::reap))
+        .routes(routes!(handlers::metrics))
+        .routes(routes!(handlers::register_owner))
+        .routes(routes!(handlers::renew_owner))
+        .routes(routes!(handlers::release_owner))
+}
+
 /// The API's router over `state`.
 pub fn app(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/activities", post(handlers::begin))
-        .route("/v1/activities/{id}", get(handlers::get))
-        .route("/v1/activities/{id}/start", post(handlers::start))
-        .route("/v1/activities/{id}/settle", post(handlers::settle))
-        .route("/v1/activities/{id}/cancel", post(handlers::cancel))
-        .route("/v1/snapshot", get(handlers::snapshot))
-        .route("/v1/reap", post(handlers::reap))
-        .route("/metrics", get(handlers::metrics))
-        .route("/v1/owners", post(handlers::register_owner))
-        .route("/v1/owners/{id}/renew", post(handlers::renew_owner))
-        .route("/v1/owners/{id}", delete(handlers::release_owner));
-    Router::new()
-        .route("/healthz", get(handlers::healthz))
-        .merge(dashboard::routes())
-        .merge(v1)
+    let (routes, _) = api_routes().split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -138,6 +151,12 @@ async fn not_found(uri: Uri) -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
+}
+
+/// Whether requests to `path` count against [`Limits::max_requests`] (and
+/// so may be answered 503): all but `/healthz`.
+fn is_limited(path: &str) -> bool {
+    path != "/healthz"
 }
 
 /// Whether `path` is behind the token.
@@ -166,7 +185,7 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
 /// a liveness probe does not restart a server that is only busy. Tells the
 /// body extractors how long a body may take to arrive.
 async fn limit_requests(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if request.uri().path() == "/healthz" {
+    if !is_limited(request.uri().path()) {
         return next.run(request).await;
     }
     let Ok(_permit) = state.requests.try_acquire() else {
