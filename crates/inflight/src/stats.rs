@@ -424,6 +424,8 @@ impl CallStats {
 
 /// What a command did that a store publishes once it committed: the effect
 /// and what it is about, kept until then.
+// Only a store that commits after the fact (SQLite) keeps them.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 #[derive(Debug, Clone)]
 pub(crate) struct Landed {
     id: ActivityId,
@@ -431,6 +433,7 @@ pub(crate) struct Landed {
     effect: Effect,
 }
 
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 impl Landed {
     /// `effect`, counted for `record`, if [`CallStats::land`] has anything
     /// to do with it.
