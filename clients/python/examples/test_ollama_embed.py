@@ -90,11 +90,13 @@ async def until(check, timeout=10.0):
         await asyncio.sleep(0.02)
 
 
-def metric(server, name, lane):
+def in_flight(server, state, lane):
+    """The lane's `inflight_in_flight` gauge in `state` (executing or waiting)."""
     text = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     service, prov = lane.split("::")
+    series = f'inflight_in_flight{{service="{service}",provider="{prov}",state="{state}"}} '
     for line in text.splitlines():
-        if line.startswith(f'{name}{{service="{service}",provider="{prov}"}}'):
+        if line.startswith(series):
             return float(line.split()[-1])
     return None
 
@@ -113,15 +115,15 @@ async def test_embeddings_wait_for_the_lanes_slots_and_the_counts_move(server, p
 
         busy = await until(full)
         assert (busy["executing"], busy["waiting"]) == (2, 4)
-        assert await asyncio.to_thread(metric, server, "inflight_lane_executing", LANE) == 2
-        assert await asyncio.to_thread(metric, server, "inflight_lane_waiting", LANE) == 4
+        assert await asyncio.to_thread(in_flight, server, "executing", LANE) == 2
+        assert await asyncio.to_thread(in_flight, server, "waiting", LANE) == 4
         provider.gate.set()
         provider.gate = None
         vectors = await calls
         assert [v[3] for v in vectors] == [1, 2, 3, 4, 5, 6]
         assert provider.max_concurrent == 2, "the provider never saw more than the cap"
         assert lane_counts(await ledger.snapshot(), LANE) == EMPTY
-        assert await asyncio.to_thread(metric, server, "inflight_lane_executing", LANE) == 0
+        assert await asyncio.to_thread(in_flight, server, "executing", LANE) == 0
 
         # A provider error is recorded `failed`; a cancelled task `cancelled`.
         provider.fail_next = True

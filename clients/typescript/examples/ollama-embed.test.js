@@ -73,10 +73,12 @@ async function until(check) {
   }
 }
 
-async function metric(name, lane) {
+/** The lane's `inflight_in_flight` gauge in `state` (executing or waiting). */
+async function inFlight(state, lane) {
   const text = await (await fetch(`${server.url}/metrics`)).text();
   const [service, prov] = lane.split("::");
-  const line = text.split("\n").find((l) => l.startsWith(`${name}{service="${service}",provider="${prov}"}`));
+  const series = `inflight_in_flight{service="${service}",provider="${prov}",state="${state}"} `;
+  const line = text.split("\n").find((l) => l.startsWith(series));
   return line === undefined ? undefined : Number(line.split(" ").pop());
 }
 
@@ -92,15 +94,15 @@ test("embeddings wait for the lane's 2 slots; the snapshot and /metrics move, th
   });
   assert.equal(busy.executing, 2, "two calls hold the two slots");
   assert.equal(busy.waiting, 4, "the rest wait in line");
-  assert.equal(await metric("inflight_lane_executing", LANE), 2);
-  assert.equal(await metric("inflight_lane_waiting", LANE), 4);
+  assert.equal(await inFlight("executing", LANE), 2);
+  assert.equal(await inFlight("waiting", LANE), 4);
   gate.resolve();
   gate = undefined;
   const vectors = await all;
   assert.deepEqual(vectors.map((v) => v[3]), [1, 2, 3, 4, 5, 6]);
   assert.equal(maxConcurrent, 2, "the provider never saw more than the cap");
   assert.deepEqual(await laneCounts(client, LANE), { executing: 0, waiting: 0, inFlight: 0 });
-  assert.equal(await metric("inflight_lane_executing", LANE), 0);
+  assert.equal(await inFlight("executing", LANE), 0);
 });
 
 test("a provider error is recorded `failed`; an abort `cancelled` and the provider call is aborted", async () => {
