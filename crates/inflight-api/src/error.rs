@@ -51,6 +51,9 @@ wire_enum! {
         LaneFull => "lane_full",
         /// 500: the store failed; the details are in the server's log.
         Internal => "internal",
+        /// 503: the store cannot be reached now (a database that is down or
+        /// restarting); retry later.
+        Unavailable => "unavailable",
     }
 }
 
@@ -66,6 +69,7 @@ impl ErrorCode {
             Self::PayloadTooLarge => 413,
             Self::LaneFull => 429,
             Self::Internal => 500,
+            Self::Unavailable => 503,
         }
     }
 }

@@ -108,6 +108,13 @@ impl From<LedgerError> for ApiError {
             ErrorKind::NotFound => Self::not_found(err.message()),
             ErrorKind::Conflict => Self::conflict(err.message()),
             ErrorKind::LaneFull => Self::lane_full(err.message()),
+            ErrorKind::Unavailable => {
+                tracing::warn!(error = %err, "the store is unavailable");
+                Self::new(
+                    ErrorCode::Unavailable,
+                    "the store cannot be reached now; retry later",
+                )
+            }
             kind => {
                 let source = std::error::Error::source(&err).map(ToString::to_string);
                 tracing::error!(
@@ -126,7 +133,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut response = (status, Json(ErrorBody::new(self.code, self.message))).into_response();
-        if self.code == ErrorCode::LaneFull {
+        if matches!(self.code, ErrorCode::LaneFull | ErrorCode::Unavailable) {
             // A hint, not a promise: capacity may come back sooner.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
