@@ -150,11 +150,14 @@ impl TestDatabase {
     /// for tests that look at the tables or hold a transaction open. Use it
     /// off any async runtime (a thread of its own, or `spawn_blocking`).
     pub fn client(&self) -> postgres::Client {
-        let mut client = connect(&self.database);
-        client
-            .batch_execute(&super::sql::use_schema(&self.schema))
-            .unwrap_or_else(|err| panic!("cannot use the test schema {}: {err}", self.schema));
-        client
+        // Connected on a thread of its own, so that async code may ask.
+        off_runtime(|| {
+            let mut client = connect(&self.database);
+            client
+                .batch_execute(&super::sql::use_schema(&self.schema))
+                .unwrap_or_else(|err| panic!("cannot use the test schema {}: {err}", self.schema));
+            client
+        })
     }
 
     /// The schema's name.
