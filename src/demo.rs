@@ -14,8 +14,8 @@ use inflight::config::LedgerConfig;
 use inflight::domain::bounds::ReapPolicy;
 use inflight::domain::record::{ActivityId, Disposition, FailureStage, Priority};
 use inflight::domain::snapshot::{Snapshot, SnapshotOptions};
-use inflight::domain::timestamp::{parse_rfc3339, Millis};
 use inflight::error::LedgerError;
+use inflight::Timestamp;
 use inflight::{ActivitySpec, Ledger, Outcome, Settlement};
 
 /// When the incident's snapshot was taken.
@@ -38,8 +38,8 @@ pub struct Replayed {
     pub live_waiting: Vec<ActivityId>,
 }
 
-fn at(text: &str) -> Millis {
-    parse_rfc3339(text).expect("valid built-in timestamp")
+fn at(text: &str) -> Timestamp {
+    text.parse().expect("valid built-in timestamp")
 }
 
 /// One event of the incident's history.
@@ -99,11 +99,11 @@ fn unknown_ollama() -> ActivitySpec {
     spec("unknown", "unknown", "ollama", "unknown", "")
 }
 
-fn history() -> Vec<(Millis, Event)> {
+fn history() -> Vec<(Timestamp, Event)> {
     let mut events = Vec::new();
     let mut key = 0;
     let mut begin =
-        |events: &mut Vec<(Millis, Event)>, t: Millis, spec: ActivitySpec, started: bool, leaked| {
+        |events: &mut Vec<(Timestamp, Event)>, t: Timestamp, spec: ActivitySpec, started: bool, leaked| {
             key += 1;
             events.push((
                 t,
@@ -148,7 +148,7 @@ fn history() -> Vec<(Millis, Event)> {
     let first = at("2026-08-12T10:00:00.000Z");
     let last = at(LAST_OLLAMA_TRAFFIC);
     for i in 0..12 {
-        let t = first + (last - first) * i / 11;
+        let t = first + last.millis_since(first) * i / 11;
         begin(&mut events, t, kb_ollama(), true, Some(Disposition::Unsettled));
     }
     // The rest of the `unknown` junk: one executing, three more waiting.
@@ -262,7 +262,7 @@ pub async fn replay_seed_incident() -> Result<IncidentReplay, LedgerError> {
         .map_err(|err| LedgerError::new(inflight::ErrorKind::InvalidInput, err.to_string()))?;
     let mut snapshots = Vec::new();
     for config in [LedgerConfig::new(never), defaults] {
-        let clock = FakeClock::at(0);
+        let clock = FakeClock::at(Timestamp::MIN);
         let ledger = Ledger::builder(config)
             .store_url("memory:")
             .clock(clock.clone())

@@ -6,7 +6,7 @@ use inflight::wire::ToApi;
 use inflight_api::Lane;
 
 use crate::demo::{IncidentReplay, LAST_OLLAMA_TRAFFIC, SNAPSHOT_AT};
-use inflight::domain::timestamp::parse_rfc3339;
+use inflight::Timestamp;
 use inflight_api::{human_duration, render_snapshot};
 
 /// Renders the replay: the snapshot of a ledger that never expires anything,
@@ -22,8 +22,11 @@ pub fn render(replay: &IncidentReplay) -> String {
     }
 
     let mut out = String::new();
-    let quiet_for = match (parse_rfc3339(SNAPSHOT_AT), parse_rfc3339(LAST_OLLAMA_TRAFFIC)) {
-        (Some(read), Some(last)) => human_duration(read - last),
+    let quiet_for = match (
+        SNAPSHOT_AT.parse::<Timestamp>(),
+        LAST_OLLAMA_TRAFFIC.parse::<Timestamp>(),
+    ) {
+        (Ok(read), Ok(last)) => human_duration(read.millis_since(last)),
         _ => "hours".to_owned(),
     };
     let _ = writeln!(

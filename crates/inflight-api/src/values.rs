@@ -1,7 +1,9 @@
 //! The values fields take: the string enums of the wire, and timestamps.
 
 use std::fmt;
+use std::ops::{Add, Sub};
 use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::de::{self, Visitor};
@@ -154,6 +156,26 @@ impl Timestamp {
         self.0.saturating_sub(earlier.0)
     }
 
+    /// The instant `millis` later (earlier when negative), saturating.
+    #[must_use]
+    pub const fn add_millis(self, millis: i64) -> Self {
+        Self(self.0.saturating_add(millis))
+    }
+
+    /// The instant `millis` earlier, saturating.
+    #[must_use]
+    pub const fn sub_millis(self, millis: i64) -> Self {
+        Self(self.0.saturating_sub(millis))
+    }
+
+    /// The instant as a [`SystemTime`].
+    pub fn to_system_time(self) -> SystemTime {
+        match u64::try_from(self.0) {
+            Ok(after) => UNIX_EPOCH + Duration::from_millis(after),
+            Err(_) => UNIX_EPOCH - Duration::from_millis(self.0.unsigned_abs()),
+        }
+    }
+
     /// The instant `millis` after the epoch, if it is in the range read.
     ///
     /// # Errors
@@ -164,6 +186,59 @@ impl Timestamp {
         } else {
             Err("out of range: times from 1970 to 9999 are accepted".to_owned())
         }
+    }
+}
+
+/// Milliseconds later, saturating, as the ledger's `*Ms` durations are.
+impl Add<i64> for Timestamp {
+    type Output = Self;
+
+    fn add(self, millis: i64) -> Self {
+        self.add_millis(millis)
+    }
+}
+
+/// Milliseconds earlier, saturating.
+impl Sub<i64> for Timestamp {
+    type Output = Self;
+
+    fn sub(self, millis: i64) -> Self {
+        self.sub_millis(millis)
+    }
+}
+
+/// Later by a [`Duration`], to the millisecond, saturating.
+impl Add<Duration> for Timestamp {
+    type Output = Self;
+
+    fn add(self, by: Duration) -> Self {
+        self.add_millis(i64::try_from(by.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// Earlier by a [`Duration`], to the millisecond, saturating.
+impl Sub<Duration> for Timestamp {
+    type Output = Self;
+
+    fn sub(self, by: Duration) -> Self {
+        self.sub_millis(i64::try_from(by.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    /// Truncated to the millisecond; saturates far outside `i64` range.
+    fn from(at: SystemTime) -> Self {
+        let millis = match at.duration_since(UNIX_EPOCH) {
+            Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+            Err(before) => i64::try_from(before.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
+        };
+        Self(millis)
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(at: Timestamp) -> Self {
+        at.to_system_time()
     }
 }
 
@@ -333,6 +408,26 @@ mod tests {
         }
         assert!(Timestamp::checked(-1).is_err());
         assert!(Timestamp::checked(Timestamp::MAX.as_millis() + 1).is_err());
+    }
+
+    #[test]
+    fn timestamps_convert_to_and_from_system_time() {
+        let at = Timestamp::from_millis(1_786_622_400_123);
+        let system = SystemTime::from(at);
+        assert_eq!(Timestamp::from(system), at);
+        assert_eq!(Timestamp::from(system + Duration::from_micros(999)), at);
+        let before = Timestamp::from_millis(-1_500);
+        assert_eq!(Timestamp::from(before.to_system_time()), before);
+        assert_eq!(
+            at.add_millis(877).sub_millis(1_000),
+            Timestamp::from_millis(1_786_622_400_000)
+        );
+        assert_eq!(
+            Timestamp::from_millis(i64::MAX).add_millis(1).as_millis(),
+            i64::MAX
+        );
+        assert_eq!(at + 877 - 1_000, at.add_millis(-123));
+        assert_eq!(at + Duration::from_secs(1) - Duration::from_millis(1), at + 999);
     }
 
     #[test]

@@ -79,7 +79,8 @@ fn admission_store(
     let path = tmp.file("ours.db");
     let loading = Instant::now();
     // Settled over the hour before t0.
-    inflight::store::sqlite::seed_history(&path, history, t0).context("seed_history")?;
+    inflight::store::sqlite::seed_history(&path, history, inflight::Timestamp::from_millis(t0))
+        .context("seed_history")?;
     let on_lane = move_half_history_to_lane(&path)?;
     eprintln!(
         "  admission_scale: seeded {history} history rows ({on_lane} of them on {ADMISSION_LANE}) in {:.1}s",
@@ -89,19 +90,31 @@ fn admission_store(
     // record on a capped lane is itself an admission decision, and setting
     // up must not cost what is measured.
     {
-        let ledger = sqlite_ledger(&path, Some(FakeClock::at(t0)))?;
+        let ledger = sqlite_ledger(&path, Some(FakeClock::at(inflight::Timestamp::from_millis(t0))))?;
         runtime.block_on(async {
             populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, long_lived(t0)).await?;
             // Waiting since a second before the measured record.
-            let waiting = move || spec().deadline(LONG_DEADLINE).enqueued_at(t0 - 1_000);
+            let waiting = move || {
+                spec()
+                    .deadline(LONG_DEADLINE)
+                    .enqueued_at(inflight::Timestamp::from_millis(t0 - 1_000))
+            };
             populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, waiting).await
         })?;
     }
     let config = LedgerConfig::default().with_lane_cap(ADMISSION_LANE, ADMISSION_CAP)?;
-    let ledger = sqlite_ledger_with(&path, config, Some(FakeClock::at(t0)))?;
+    let ledger = sqlite_ledger_with(
+        &path,
+        config,
+        Some(FakeClock::at(inflight::Timestamp::from_millis(t0))),
+    )?;
     let asker = runtime.block_on(async {
         let record = ledger
-            .begin_record(spec().deadline(LONG_DEADLINE).enqueued_at(t0))
+            .begin_record(
+                spec()
+                    .deadline(LONG_DEADLINE)
+                    .enqueued_at(inflight::Timestamp::from_millis(t0)),
+            )
             .await?;
         let snapshot = ledger.snapshot(SnapshotOptions::default()).await?;
         let lane = snapshot

@@ -20,7 +20,7 @@ fn reap_store(
 ) -> Result<(TempDir, Ledger, FakeClock)> {
     let tmp = TempDir::new(dir, &format!("reap-{in_flight}"))?;
     let t0 = now_ms();
-    let clock = FakeClock::at(t0);
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(t0));
     let ledger = sqlite_ledger(&tmp.file("ours.db"), Some(clock.clone()))?;
     let populating = Instant::now();
     runtime.block_on(populate_in_flight(&ledger, in_flight - 10, long_lived(t0)))?;

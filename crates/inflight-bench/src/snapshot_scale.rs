@@ -27,12 +27,13 @@ pub(crate) fn snapshot_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         // The hidden bulk loader: `scale` settled records over the hour
         // before t0, with their counters, all inside the 24 h window.
         let loading = Instant::now();
-        inflight::store::sqlite::seed_history(&path, scale, t0).context("seed_history")?;
+        inflight::store::sqlite::seed_history(&path, scale, inflight::Timestamp::from_millis(t0))
+            .context("seed_history")?;
         eprintln!(
             "  snapshot_scale: seeded {scale} history rows in {:.1}s",
             loading.elapsed().as_secs_f64()
         );
-        let ledger = sqlite_ledger(&path, Some(FakeClock::at(t0)))?;
+        let ledger = sqlite_ledger(&path, Some(FakeClock::at(inflight::Timestamp::from_millis(t0))))?;
         runtime.block_on(async {
             populate_in_flight(&ledger, 1_000, long_lived(t0)).await?;
             let check = ledger.snapshot(options).await?;

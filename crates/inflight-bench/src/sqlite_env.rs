@@ -218,7 +218,11 @@ where
 /// A record executing since `at` with a declared deadline of a year: in
 /// flight for the whole run, never due.
 pub(crate) fn long_lived(at: i64) -> impl Fn() -> ActivitySpec + Clone + Send + 'static {
-    move || spec().deadline(LONG_DEADLINE).started_at(at)
+    move || {
+        spec()
+            .deadline(LONG_DEADLINE)
+            .started_at(inflight::Timestamp::from_millis(at))
+    }
 }
 
 /// Writes every dirty page back to disk before a read-only measurement.

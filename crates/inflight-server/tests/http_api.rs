@@ -28,7 +28,7 @@ fn api() -> Api {
 }
 
 fn api_with(config: LedgerConfig, token: Option<&'static str>) -> Api {
-    let clock = FakeClock::at(T0);
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
     let ledger = Ledger::builder(config)
         .store_url("memory:")
         .clock(clock.clone())
@@ -157,6 +157,42 @@ async fn healthz_answers_ok_without_the_token() {
     let reply = api.send_with(Method::GET, "/healthz", None, None).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body, json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_without_the_token_and_only_runs_its_own_script() {
+    let api = api_with(LedgerConfig::default(), Some("s3cret"));
+    for (path, content_type) in [
+        ("/", "text/html; charset=utf-8"),
+        ("/dashboard.js", "text/javascript; charset=utf-8"),
+        ("/dashboard.css", "text/css; charset=utf-8"),
+    ] {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        let response = api.router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(header(header::CONTENT_TYPE), content_type, "{path}");
+        let policy = header(header::CONTENT_SECURITY_POLICY);
+        assert!(policy.contains("script-src 'self'"), "{path}: {policy}");
+        assert!(policy.contains("connect-src 'self'"), "{path}: {policy}");
+        assert_eq!(header(header::X_CONTENT_TYPE_OPTIONS), "nosniff", "{path}");
+        let body = response.into_body().collect().await.expect("body").to_bytes();
+        assert!(!body.is_empty(), "{path}");
+    }
+    // The data behind it still needs the token.
+    let reply = api.send_with(Method::GET, "/v1/snapshot", None, None).await;
+    reply.assert_error(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "snapshot without the token",
+    );
 }
 
 #[tokio::test]

@@ -29,7 +29,7 @@ struct Wire {
 
 impl Wire {
     fn new() -> Self {
-        let clock = FakeClock::at(T0);
+        let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
         let config = LedgerConfig::default()
             .with_lane_cap("knowledge-base::ollama", 4)
             .unwrap();

@@ -9,15 +9,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::domain::Millis;
+use crate::domain::Timestamp;
 
-/// A source of wall-clock time, in epoch milliseconds.
+/// A source of wall-clock time, to the millisecond.
 ///
 /// Persisted timestamps are wall-clock epoch milliseconds, so that several
 /// processes sharing one store agree on what "now" means.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
-    /// The current time in milliseconds since the Unix epoch.
-    fn now(&self) -> Millis;
+    /// The current time.
+    fn now(&self) -> Timestamp;
 
     /// Whether this is the operating system's wall clock. A store with a
     /// clock of its own that every host shares (PostgreSQL's) decides with
@@ -33,8 +33,8 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now(&self) -> Millis {
-        wall_millis(Precision::Exact)
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(wall_millis(Precision::Exact))
     }
 
     fn is_system(&self) -> bool {
@@ -64,7 +64,7 @@ pub(crate) enum Precision {
 #[cfg(target_os = "linux")]
 // `time_t` and `c_long` are 32 bits wide on some Linux targets.
 #[allow(clippy::useless_conversion)]
-pub(crate) fn wall_millis(precision: Precision) -> Millis {
+pub(crate) fn wall_millis(precision: Precision) -> i64 {
     let clock = match precision {
         Precision::Exact => libc::CLOCK_REALTIME,
         Precision::Tick => libc::CLOCK_REALTIME_COARSE,
@@ -84,11 +84,11 @@ pub(crate) fn wall_millis(precision: Precision) -> Millis {
 
 /// The wall clock in epoch milliseconds.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn wall_millis(_precision: Precision) -> Millis {
+pub(crate) fn wall_millis(_precision: Precision) -> i64 {
     std_wall_millis()
 }
 
-fn std_wall_millis() -> Millis {
+fn std_wall_millis() -> i64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
@@ -100,10 +100,11 @@ fn std_wall_millis() -> Millis {
 /// ```
 /// use std::time::Duration;
 /// use inflight::clock::{Clock, FakeClock};
+/// use inflight::Timestamp;
 ///
-/// let clock = FakeClock::at(1_000);
+/// let clock = FakeClock::at(Timestamp::from_millis(1_000));
 /// clock.advance(Duration::from_secs(2));
-/// assert_eq!(clock.now(), 3_000);
+/// assert_eq!(clock.now(), Timestamp::from_millis(3_000));
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct FakeClock {
@@ -111,10 +112,10 @@ pub struct FakeClock {
 }
 
 impl FakeClock {
-    /// A fake clock reading `now` epoch milliseconds.
-    pub fn at(now: Millis) -> Self {
+    /// A fake clock reading `now`.
+    pub fn at(now: Timestamp) -> Self {
         Self {
-            now: Arc::new(AtomicI64::new(now)),
+            now: Arc::new(AtomicI64::new(now.as_millis())),
         }
     }
 
@@ -124,15 +125,15 @@ impl FakeClock {
         self.now.fetch_add(by, Ordering::SeqCst);
     }
 
-    /// Sets the clock to `now` epoch milliseconds.
-    pub fn set(&self, now: Millis) {
-        self.now.store(now, Ordering::SeqCst);
+    /// Sets the clock to `now`.
+    pub fn set(&self, now: Timestamp) {
+        self.now.store(now.as_millis(), Ordering::SeqCst);
     }
 }
 
 impl Clock for FakeClock {
-    fn now(&self) -> Millis {
-        self.now.load(Ordering::SeqCst)
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.now.load(Ordering::SeqCst))
     }
 }
 
@@ -143,7 +144,7 @@ mod tests {
     #[test]
     fn system_clock_reads_what_std_reads() {
         let before = std_wall_millis();
-        let exact = SystemClock.now();
+        let exact = SystemClock.now().as_millis();
         let tick = wall_millis(Precision::Tick);
         let after = std_wall_millis();
         assert!(

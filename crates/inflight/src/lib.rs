@@ -66,6 +66,17 @@
 //! With no features the library holds the memory store only, and pulls in
 //! none of the server's dependencies.
 //!
+//! ## Time
+//!
+//! Every instant is a [`Timestamp`]: epoch milliseconds inside, RFC 3339
+//! when written, convertible to and from
+//! [`SystemTime`](std::time::SystemTime). It is the same type as
+//! `inflight_api::Timestamp`, so a record read from the library and one read
+//! over HTTP carry the same instants. Durations are
+//! [`Duration`](std::time::Duration)s in the API, and whole milliseconds in
+//! the records' `*_ms` fields, as on the wire. Time comes from a [`Clock`]:
+//! tests advance a [`FakeClock`] rather than sleep.
+//!
 //! ## Runtime
 //!
 //! The ledger runs on Tokio and needs a runtime with its timers enabled
@@ -95,7 +106,7 @@ pub use clock::{Clock, FakeClock, SystemClock};
 pub use config::{ConfigError, LedgerConfig, Settings};
 pub use domain::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Owner, OwnerId, OwnerState, Priority,
-    ReapReason, ReapedCounts, Since, Snapshot, SnapshotOptions, SnapshotStatus, State,
+    ReapReason, ReapedCounts, Since, Snapshot, SnapshotOptions, SnapshotStatus, State, Timestamp,
 };
 pub use error::{ErrorKind, LedgerError};
 pub use ledger::OwnerLease;

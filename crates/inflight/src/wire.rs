@@ -9,7 +9,6 @@
 use inflight_api as api;
 
 use crate as inflight;
-use crate::domain::timestamp::Millis;
 use crate::{ActivitySpec, Outcome, Settlement};
 
 /// The wire form of one of the ledger's types.
@@ -19,14 +18,6 @@ pub trait ToApi {
 
     /// Converts to the wire type.
     fn to_api(&self) -> Self::Api;
-}
-
-fn timestamp(at: Millis) -> api::Timestamp {
-    api::Timestamp::from_millis(at)
-}
-
-fn timestamp_opt(at: Option<Millis>) -> Option<api::Timestamp> {
-    at.map(timestamp)
 }
 
 impl ToApi for inflight::ReapedCounts {
@@ -58,12 +49,12 @@ impl ToApi for inflight::ActivityRecord {
             disposition: self.disposition,
             reap_reason: self.reap_reason,
             owner_id: self.owner_id.clone(),
-            enqueued_at: timestamp(self.enqueued_at),
-            started_at: timestamp_opt(self.started_at),
-            completed_at: timestamp_opt(self.completed_at),
-            reaped_at: timestamp_opt(self.reaped_at),
+            enqueued_at: self.enqueued_at,
+            started_at: self.started_at,
+            completed_at: self.completed_at,
+            reaped_at: self.reaped_at,
             deadline_ms: self.deadline_ms,
-            reapable_at: timestamp_opt(self.reapable_at),
+            reapable_at: self.reapable_at,
             queue_wait_ms: self.queue_wait_ms,
             execution_ms: self.execution_ms,
             success: self.success,
@@ -82,11 +73,11 @@ impl ToApi for inflight::Owner {
             owner_id: self.owner_id.to_string(),
             name: self.name.to_string(),
             ttl_ms: self.ttl_ms,
-            registered_at: timestamp(self.registered_at),
-            renewed_at: timestamp(self.renewed_at),
-            expires_at: timestamp(self.expires_at),
+            registered_at: self.registered_at,
+            renewed_at: self.renewed_at,
+            expires_at: self.expires_at,
             state: self.state,
-            ended_at: timestamp_opt(self.ended_at),
+            ended_at: self.ended_at,
             reaped_records: self.reaped_records,
             cancelled_records: self.cancelled_records,
         }
@@ -133,13 +124,13 @@ impl ToApi for inflight::Snapshot {
                 max_queue_wait_ms: aggregate.max_queue_wait_ms,
                 avg_execution_ms: aggregate.avg_execution_ms,
                 max_execution_ms: aggregate.max_execution_ms,
-                last_seen_at: timestamp_opt(aggregate.last_seen_at),
+                last_seen_at: aggregate.last_seen_at,
             }
         });
         api::Snapshot {
             status: self.status,
-            at: timestamp(self.at),
-            since: timestamp(self.since),
+            at: self.at,
+            since: self.since,
             native_admission: lanes.collect(),
             total_activities: self.total_activities,
             total_succeeded: self.total_succeeded,
@@ -198,10 +189,10 @@ pub fn activity_spec(request: api::BeginRequest) -> ActivitySpec {
         spec = spec.admission(admission);
     }
     if let Some(at) = request.enqueued_at {
-        spec = spec.enqueued_at(at.as_millis());
+        spec = spec.enqueued_at(at);
     }
     if let Some(at) = request.started_at {
-        spec = spec.started_at(at.as_millis());
+        spec = spec.started_at(at);
     }
     // Set as sent, for the ledger to judge: a deadline that is not positive
     // is refused by its rule (a `Duration` cannot carry it there), and an
@@ -225,7 +216,7 @@ pub fn settlement(request: &api::SettleRequest) -> Settlement {
     };
     let settlement = Settlement::new(outcome);
     match request.completed_at {
-        Some(at) => settlement.completed_at(at.as_millis()),
+        Some(at) => settlement.completed_at(at),
         None => settlement,
     }
 }

@@ -75,7 +75,7 @@ use inflight::domain::{ClassBounds, ReapPolicy};
 use inflight::store::{self, Command, Reply, Store};
 use inflight::{
     ActivityId, ActivityRecord, Admission, Disposition, ErrorKind, FailureStage, FakeClock, LedgerConfig,
-    Owner, OwnerId, OwnerState, Priority, ReapReason, Since, Snapshot, SnapshotOptions, State,
+    Owner, OwnerId, OwnerState, Priority, ReapReason, Since, Snapshot, SnapshotOptions, State, Timestamp,
 };
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -112,7 +112,7 @@ const REGRESSIONS: &str = concat!(
 // The configuration the stores and the model share.
 
 /// Where the clock starts. Every time below is relative to it.
-const T0: i64 = 1_786_000_000_000;
+const T0: Timestamp = Timestamp::from_millis(1_786_000_000_000);
 const SEC: i64 = 1_000;
 const MINUTE: i64 = 60 * SEC;
 /// How far ahead of *now* a caller's timestamp may be.
@@ -641,7 +641,7 @@ fn key_of(rec: &Rec) -> AggKey {
 }
 
 fn minute_of(rel: i64) -> i64 {
-    (T0 + rel).div_euclid(MINUTE)
+    (T0 + rel).as_millis().div_euclid(MINUTE)
 }
 
 fn lane_key(rec: &Rec) -> String {
@@ -1177,7 +1177,7 @@ impl Model {
         let now = self.now;
         let since = match since {
             Since::Ago(ago) => now - ago.as_millis() as i64,
-            Since::At(at) => at - T0,
+            Since::At(at) => at.millis_since(T0),
         };
         let mut lanes: BTreeMap<String, LaneObs> = BTreeMap::new();
         let empty = |cap| LaneObs {
@@ -1242,7 +1242,7 @@ impl Model {
         // The window's partial first minute from the records, whole minutes
         // from the per-minute counters.
         let first_minute = minute_of(since);
-        let next_minute = (first_minute + 1) * MINUTE - T0;
+        let next_minute = (first_minute + 1) * MINUTE - T0.as_millis();
         let partial = self
             .recs
             .iter()
@@ -1632,7 +1632,7 @@ impl Subject {
     }
 
     fn rec(&self, model: &Model, record: &ActivityRecord) -> Rec {
-        let rel = |at: Option<i64>| at.map(|at| at - T0);
+        let rel = |at: Option<Timestamp>| at.map(|at| at.millis_since(T0));
         Rec {
             r: model
                 .ids
@@ -1650,7 +1650,7 @@ impl Subject {
             disposition: record.disposition,
             reap_reason: record.reap_reason,
             owner: record.owner_id.as_deref().map(|id| self.owner_index(id)),
-            enqueued_at: record.enqueued_at - T0,
+            enqueued_at: record.enqueued_at.millis_since(T0),
             started_at: rel(record.started_at),
             completed_at: rel(record.completed_at),
             reaped_at: rel(record.reaped_at),
@@ -1671,11 +1671,11 @@ impl Subject {
             o: self.owner_index(owner.owner_id.as_str()),
             name: owner.name.as_str().to_owned(),
             ttl_ms: owner.ttl_ms,
-            registered_at: owner.registered_at - T0,
-            renewed_at: owner.renewed_at - T0,
-            expires_at: owner.expires_at - T0,
+            registered_at: owner.registered_at.millis_since(T0),
+            renewed_at: owner.renewed_at.millis_since(T0),
+            expires_at: owner.expires_at.millis_since(T0),
             state: owner.state,
-            ended_at: owner.ended_at.map(|at| at - T0),
+            ended_at: owner.ended_at.map(|at| at.millis_since(T0)),
             reaped_records: owner.reaped_records,
             cancelled_records: owner.cancelled_records,
         }
@@ -1707,13 +1707,13 @@ impl Subject {
                 max_queue_wait_ms: a.max_queue_wait_ms,
                 avg_execution_ms: a.avg_execution_ms,
                 max_execution_ms: a.max_execution_ms,
-                last_seen_at: a.last_seen_at.map(|at| at - T0),
+                last_seen_at: a.last_seen_at.map(|at| at.millis_since(T0)),
             })
             .collect();
         Snap {
             status: snapshot.status.as_str().to_owned(),
-            at: snapshot.at - T0,
-            since: snapshot.since - T0,
+            at: snapshot.at.millis_since(T0),
+            since: snapshot.since.millis_since(T0),
             lanes: snapshot
                 .native_admission
                 .iter()
@@ -1912,7 +1912,7 @@ impl Run {
     /// A full picture of each store: a snapshot of everything, every id
     /// ever used, the record count.
     async fn dump(&mut self, label: &str) -> Result<Vec<Vec<Obs>>, TestCaseError> {
-        let mut steps = vec![Step::Snapshot(Since::At(0), 10_000)];
+        let mut steps = vec![Step::Snapshot(Since::At(Timestamp::MIN), 10_000)];
         steps.extend((0..self.model.ids.len()).map(Step::Get));
         steps.push(Step::Stats);
         self.steps(label, &steps).await

@@ -107,7 +107,7 @@ async fn check(h: &Harness, ids: &[ActivityId]) -> Result<(), TestCaseError> {
         .ledger
         .snapshot(
             SnapshotOptions::default()
-                .with_since(Since::At(0))
+                .with_since(Since::At(inflight::Timestamp::MIN))
                 .with_limit(10_000)
                 .unwrap(),
         )

@@ -133,8 +133,8 @@ fn timeline(records: &[inflight::ActivityRecord]) -> String {
                 "{} enqueued {} started {} completed {}",
                 r.activity_id,
                 r.enqueued_at,
-                r.started_at.unwrap_or(0),
-                r.completed_at.unwrap_or(0)
+                r.started_at.unwrap_or(inflight::Timestamp::MIN),
+                r.completed_at.unwrap_or(inflight::Timestamp::MIN)
             )
         })
         .collect();

@@ -77,7 +77,7 @@ async fn pruning_keeps_counts_and_deletes_only_what_is_past_retention(backend: B
     assert_eq!(snap.lane("knowledge-base::ollama").unwrap().reaped.unsettled, 1);
     let all = h
         .ledger
-        .snapshot(SnapshotOptions::default().with_since(inflight::Since::At(0)))
+        .snapshot(SnapshotOptions::default().with_since(inflight::Since::At(inflight::Timestamp::MIN)))
         .await
         .unwrap();
     assert_eq!(all.aggregates[0].successes, 2);
@@ -119,7 +119,7 @@ async fn a_million_lifecycles_through_a_short_retention_keep_storage_bounded_and
 
     let snap = h
         .ledger
-        .snapshot(SnapshotOptions::default().with_since(inflight::Since::At(0)))
+        .snapshot(SnapshotOptions::default().with_since(inflight::Since::At(inflight::Timestamp::MIN)))
         .await
         .unwrap();
     assert_eq!(snap.total_activities, 1_000_000);

@@ -70,7 +70,7 @@ pub(super) async fn start(
 ) -> Answer<Json<api::ActivityRecord>> {
     let id = activity_id(path)?;
     let wait = query.wait.as_deref().map(parse_wait).transpose()?;
-    let started_at = request.started_at.map(api::Timestamp::as_millis);
+    let started_at = request.started_at;
     let record = match wait {
         Some(wait) => state.ledger().start_waiting(id, started_at, Some(wait)).await?,
         None => state.ledger().start(id, started_at).await?,
@@ -176,13 +176,11 @@ fn parse_since(text: &str) -> Answer<Since> {
     if let Ok(ago) = humantime::parse_duration(text.trim()) {
         return Ok(Since::Ago(ago));
     }
-    text.parse::<api::Timestamp>()
-        .map(|at| Since::At(at.as_millis()))
-        .map_err(|_| {
-            ApiError::invalid(format!(
-                "`since` must be a duration such as \"24h\" or an RFC 3339 time, got {text:?}"
-            ))
-        })
+    text.parse::<api::Timestamp>().map(Since::At).map_err(|_| {
+        ApiError::invalid(format!(
+            "`since` must be a duration such as \"24h\" or an RFC 3339 time, got {text:?}"
+        ))
+    })
 }
 
 /// `GET /v1/snapshot?limit=&since=`.
@@ -198,7 +196,7 @@ pub(super) async fn snapshot(
 /// text. Like every read, it reaps first.
 pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoResponse> {
     let options = SnapshotOptions::default()
-        .with_since(Since::At(0))
+        .with_since(Since::At(inflight::Timestamp::MIN))
         .with_limit(1)
         .map_err(ApiError::invalid)?;
     let snapshot = state.ledger().snapshot(options).await?;
@@ -223,7 +221,10 @@ mod tests {
             parse_since("24h").unwrap(),
             Since::Ago(Duration::from_secs(86_400))
         );
-        assert_eq!(parse_since("1970-01-01T00:00:02Z").unwrap(), Since::At(2_000));
+        assert_eq!(
+            parse_since("1970-01-01T00:00:02Z").unwrap(),
+            Since::At(inflight::Timestamp::from_millis(2_000))
+        );
         assert!(parse_since("yesterday").is_err());
         assert!(parse_since("").is_err());
     }

@@ -17,6 +17,7 @@ use subtle::ConstantTimeEq;
 use inflight::Ledger;
 
 pub mod body;
+mod dashboard;
 pub mod error;
 mod handlers;
 pub mod metrics;
@@ -75,6 +76,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/owners/{id}", delete(handlers::release_owner));
     Router::new()
         .route("/healthz", get(handlers::healthz))
+        .merge(dashboard::routes())
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::record::{ActivityRecord, State};
-use super::timestamp::Millis;
+use super::timestamp::Timestamp;
 
 /// The deadlines of one class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,18 +182,18 @@ impl ReapPolicy {
     /// (`deadline_ms`, as [`Self::effective_deadline_ms`] set it) times the
     /// factor; a waiting record's is its class's queue wait times the
     /// factor, or the widest bound for an unconfigured class.
-    pub fn reapable_at(&self, record: &ActivityRecord) -> Option<Millis> {
+    pub fn reapable_at(&self, record: &ActivityRecord) -> Option<Timestamp> {
         match record.state {
             State::Executing => {
                 let started = record.started_at.unwrap_or(record.enqueued_at);
-                Some(started.saturating_add(self.scale(record.deadline_ms)))
+                Some(started.add_millis(self.scale(record.deadline_ms)))
             }
             State::Waiting => {
                 let bound = match self.classes.get(record.labels.class.as_str()) {
                     Some(class) => self.scale(class.max_queue_wait_ms),
                     None => self.widest_ms,
                 };
-                Some(record.enqueued_at.saturating_add(bound))
+                Some(record.enqueued_at.add_millis(bound))
             }
             _ => None,
         }

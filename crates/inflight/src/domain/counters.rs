@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::labels::LabelSet;
 use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
-use super::timestamp::{self, Millis};
+use super::timestamp::Timestamp;
 use super::transition::Effect;
 
 /// The grain of the counters: one row per combination of these labels.
@@ -90,7 +90,7 @@ pub struct Totals {
     /// Longest execution time, ms.
     pub execution_max_ms: i64,
     /// Last caller-observed event; reaps never move it.
-    pub last_seen_at: Option<Millis>,
+    pub last_seen_at: Option<Timestamp>,
 }
 
 impl Totals {
@@ -159,7 +159,7 @@ impl Totals {
         }
     }
 
-    fn seen(&mut self, at: Millis) {
+    fn seen(&mut self, at: Timestamp) {
         self.last_seen_at = Some(self.last_seen_at.map_or(at, |seen| seen.max(at)));
     }
 
@@ -222,8 +222,7 @@ pub struct AggregateView {
     /// Longest execution time, ms.
     pub max_execution_ms: Option<i64>,
     /// Last caller-observed event.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub last_seen_at: Option<Millis>,
+    pub last_seen_at: Option<Timestamp>,
 }
 
 impl AggregateView {

@@ -24,4 +24,4 @@ pub use record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, LaneKey, Priority, ReapReason, State,
 };
 pub use snapshot::{Since, Snapshot, SnapshotOptions, Status as SnapshotStatus};
-pub use timestamp::Millis;
+pub use timestamp::Timestamp;

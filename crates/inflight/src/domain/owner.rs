@@ -14,7 +14,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::labels::Label;
-use super::timestamp::{self, Millis};
+use super::timestamp::Timestamp;
 use super::transition::Refusal;
 use super::ParseError;
 
@@ -82,19 +82,15 @@ pub struct Owner {
     /// Its lease's time-to-live.
     pub ttl_ms: i64,
     /// When it registered.
-    #[serde(serialize_with = "timestamp::serialize")]
-    pub registered_at: Millis,
+    pub registered_at: Timestamp,
     /// When it last renewed.
-    #[serde(serialize_with = "timestamp::serialize")]
-    pub renewed_at: Millis,
+    pub renewed_at: Timestamp,
     /// When its lease runs out unless renewed.
-    #[serde(serialize_with = "timestamp::serialize")]
-    pub expires_at: Millis,
+    pub expires_at: Timestamp,
     /// Live, lost or released.
     pub state: OwnerState,
     /// When it was lost or released.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub ended_at: Option<Millis>,
+    pub ended_at: Option<Timestamp>,
     /// Records its loss reaped.
     pub reaped_records: i64,
     /// Records its release cancelled.
@@ -121,14 +117,14 @@ pub fn check_ttl(ttl_ms: i64) -> Result<i64, Refusal> {
 
 impl Owner {
     /// A live owner registered at `now`.
-    pub fn register(name: Label, ttl_ms: i64, now: Millis) -> Self {
+    pub fn register(name: Label, ttl_ms: i64, now: Timestamp) -> Self {
         Self {
             owner_id: OwnerId::new(),
             name,
             ttl_ms,
             registered_at: now,
             renewed_at: now,
-            expires_at: now.saturating_add(ttl_ms),
+            expires_at: now.add_millis(ttl_ms),
             state: OwnerState::Live,
             ended_at: None,
             reaped_records: 0,
@@ -137,12 +133,12 @@ impl Owner {
     }
 
     /// Whether its lease has run out at `now` (strictly past `expiresAt`).
-    pub fn is_expired(&self, now: Millis) -> bool {
+    pub fn is_expired(&self, now: Timestamp) -> bool {
         self.state == OwnerState::Live && super::query::is_past(self.expires_at, now)
     }
 
     /// Marks it lost at `now`.
-    pub fn lose(&mut self, now: Millis) {
+    pub fn lose(&mut self, now: Timestamp) {
         self.state = OwnerState::Lost;
         self.ended_at = Some(now);
     }
@@ -152,10 +148,10 @@ impl Owner {
     /// # Errors
     /// A conflict when it is already lost or released: its records may
     /// already be reaped, so it must register again.
-    pub fn renew(&mut self, now: Millis) -> Result<(), Refusal> {
+    pub fn renew(&mut self, now: Timestamp) -> Result<(), Refusal> {
         self.check_live()?;
         self.renewed_at = now;
-        self.expires_at = now.saturating_add(self.ttl_ms);
+        self.expires_at = now.add_millis(self.ttl_ms);
         Ok(())
     }
 
@@ -163,7 +159,7 @@ impl Owner {
     ///
     /// # Errors
     /// A conflict when it is already lost; releasing twice is harmless.
-    pub fn release(&mut self, now: Millis) -> Result<bool, Refusal> {
+    pub fn release(&mut self, now: Timestamp) -> Result<bool, Refusal> {
         match self.state {
             OwnerState::Released => Ok(false),
             OwnerState::Lost => Err(self.ended()),

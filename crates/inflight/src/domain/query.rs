@@ -13,16 +13,16 @@ use std::cmp::Reverse;
 use super::owner::{Owner, OwnerState};
 use super::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use super::snapshot::LaneLoad;
-use super::timestamp::Millis;
+use super::timestamp::Timestamp;
 
 /// The grain of the per-minute completion counters.
-pub const MINUTE_MS: Millis = 60_000;
+pub const MINUTE_MS: i64 = 60_000;
 
 /// Whether `now` is past `bound`: strictly after it. A record is reapable
 /// *after* `reapableAt`, and an owner lost *after* `expiresAt`, never at
 /// the instant itself; every store and index asks this.
 #[inline]
-pub fn is_past(bound: Millis, now: Millis) -> bool {
+pub fn is_past(bound: Timestamp, now: Timestamp) -> bool {
     now > bound
 }
 
@@ -30,19 +30,19 @@ pub fn is_past(bound: Millis, now: Millis) -> bool {
 /// [`is_past`] its `reapableAt`. The question "which records are due"
 /// selects these, earliest `reapableAt` first ([`due_order`]).
 #[inline]
-pub fn is_due(record: &ActivityRecord, now: Millis) -> bool {
+pub fn is_due(record: &ActivityRecord, now: Timestamp) -> bool {
     record.state.is_in_flight() && record.reapable_at.is_some_and(|at| is_past(at, now))
 }
 
 /// The order of a reap pass: earliest bound first, then id.
-pub fn due_order(record: &ActivityRecord) -> (Option<Millis>, ActivityId) {
+pub fn due_order(record: &ActivityRecord) -> (Option<Timestamp>, ActivityId) {
     (record.reapable_at, record.activity_id)
 }
 
 /// The order of records in flight, in a snapshot and in an owner's work:
 /// by `enqueuedAt`, then id. It is also the order of a lane's line.
 #[inline]
-pub fn line_order(record: &ActivityRecord) -> (Millis, ActivityId) {
+pub fn line_order(record: &ActivityRecord) -> (Timestamp, ActivityId) {
     (record.enqueued_at, record.activity_id)
 }
 
@@ -68,7 +68,7 @@ pub struct LaneQuery {
     /// The record asking.
     pub activity_id: ActivityId,
     /// Its `enqueuedAt`.
-    pub enqueued_at: Millis,
+    pub enqueued_at: Timestamp,
     /// Whether it was begun already started.
     pub newcomer: bool,
 }
@@ -137,7 +137,7 @@ pub fn lane_loads<'a>(in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
     /// The window's start (inclusive).
-    pub since: Millis,
+    pub since: Timestamp,
 }
 
 impl Window {
@@ -148,7 +148,7 @@ impl Window {
     }
 
     /// Completions newest first: by `completedAt`, then id, descending.
-    pub fn completed_order(record: &ActivityRecord) -> Reverse<(Option<Millis>, ActivityId)> {
+    pub fn completed_order(record: &ActivityRecord) -> Reverse<(Option<Timestamp>, ActivityId)> {
         Reverse((record.completed_at, record.activity_id))
     }
 
@@ -158,7 +158,7 @@ impl Window {
     }
 
     /// Reaped records newest first: by `reapedAt`, then id, descending.
-    pub fn reaped_order(record: &ActivityRecord) -> Reverse<(Option<Millis>, ActivityId)> {
+    pub fn reaped_order(record: &ActivityRecord) -> Reverse<(Option<Timestamp>, ActivityId)> {
         Reverse((record.reaped_at, record.activity_id))
     }
 
@@ -169,7 +169,7 @@ impl Window {
     }
 
     /// Owners by registration, then id.
-    pub fn owner_order(owner: &Owner) -> (Millis, &str) {
+    pub fn owner_order(owner: &Owner) -> (Timestamp, &str) {
         (owner.registered_at, owner.owner_id.as_str())
     }
 
@@ -180,7 +180,7 @@ impl Window {
     pub fn completion_count_plan(&self) -> CompletionCountPlan {
         let first_whole_minute = completion_minute(self.since) + 1;
         CompletionCountPlan {
-            partial: (self.since, first_whole_minute * MINUTE_MS),
+            partial: (self.since, Timestamp::from_millis(first_whole_minute * MINUTE_MS)),
             first_whole_minute,
         }
     }
@@ -190,19 +190,19 @@ impl Window {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompletionCountPlan {
     /// `[from, to)`: count settled records whose `completedAt` is in it.
-    pub partial: (Millis, Millis),
+    pub partial: (Timestamp, Timestamp),
     /// Sum the per-minute counters of this minute and every later one.
     pub first_whole_minute: i64,
 }
 
 /// The minute a completion at `at` is counted in.
 #[inline]
-pub fn completion_minute(at: Millis) -> i64 {
-    at.div_euclid(MINUTE_MS)
+pub fn completion_minute(at: Timestamp) -> i64 {
+    at.as_millis().div_euclid(MINUTE_MS)
 }
 
 /// When a record left flight: settled or reaped. `None` while in flight.
-pub fn ended_at(record: &ActivityRecord) -> Option<Millis> {
+pub fn ended_at(record: &ActivityRecord) -> Option<Timestamp> {
     match record.state {
         State::Waiting | State::Executing => None,
         State::Reaped => record.reaped_at,
@@ -214,14 +214,14 @@ pub fn ended_at(record: &ActivityRecord) -> Option<Millis> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// Records, owners and minute counters older than this go.
-    pub before: Millis,
+    pub before: Timestamp,
 }
 
 impl Retention {
     /// The retention window ending at `now`, `keep_ms` long.
-    pub fn at(now: Millis, keep_ms: i64) -> Self {
+    pub fn at(now: Timestamp, keep_ms: i64) -> Self {
         Self {
-            before: now.saturating_sub(keep_ms),
+            before: now.sub_millis(keep_ms),
         }
     }
 
@@ -233,7 +233,7 @@ impl Retention {
     }
 
     /// Oldest end first, then id.
-    pub fn record_order(record: &ActivityRecord) -> (Option<Millis>, ActivityId) {
+    pub fn record_order(record: &ActivityRecord) -> (Option<Timestamp>, ActivityId) {
         (ended_at(record), record.activity_id)
     }
 
@@ -255,7 +255,7 @@ mod tests {
     use crate::config::LedgerConfig;
     use crate::domain::transition::{self, NewActivity};
 
-    fn waiting(enqueued_at: Millis) -> ActivityRecord {
+    fn waiting(enqueued_at: Timestamp) -> ActivityRecord {
         let new = NewActivity {
             enqueued_at: Some(enqueued_at),
             ..NewActivity::fixture("embedding")
@@ -267,8 +267,8 @@ mod tests {
 
     #[test]
     fn a_newcomer_yields_to_records_enqueued_in_the_same_millisecond() {
-        let me = waiting(10);
-        let same_ms = waiting(10); // a later id
+        let me = waiting(Timestamp::from_millis(10));
+        let same_ms = waiting(Timestamp::from_millis(10)); // a later id
         let query = LaneQuery::of(&me, false);
         assert_eq!(query.counts(&same_ms), None, "a later id waits behind");
         let query = LaneQuery::of(&me, true);
@@ -278,18 +278,36 @@ mod tests {
 
     #[test]
     fn the_first_whole_minute_follows_the_partial_one() {
-        let plan = Window { since: 90_000 }.completion_count_plan();
-        assert_eq!(plan.partial, (90_000, 120_000));
+        let plan = Window {
+            since: Timestamp::from_millis(90_000),
+        }
+        .completion_count_plan();
+        assert_eq!(
+            plan.partial,
+            (Timestamp::from_millis(90_000), Timestamp::from_millis(120_000))
+        );
         assert_eq!(plan.first_whole_minute, 2);
-        let plan = Window { since: 120_000 }.completion_count_plan();
-        assert_eq!(plan.partial, (120_000, 180_000));
+        let plan = Window {
+            since: Timestamp::from_millis(120_000),
+        }
+        .completion_count_plan();
+        assert_eq!(
+            plan.partial,
+            (Timestamp::from_millis(120_000), Timestamp::from_millis(180_000))
+        );
     }
 
     #[test]
     fn lane_loads_take_the_oldest_wait() {
-        let (a, b) = (waiting(20), waiting(10));
+        let (a, b) = (
+            waiting(Timestamp::from_millis(20)),
+            waiting(Timestamp::from_millis(10)),
+        );
         let loads = lane_loads([&a, &b]);
         assert_eq!(loads.len(), 1);
-        assert_eq!((loads[0].waiting, loads[0].oldest_waiting_since), (2, Some(10)));
+        assert_eq!(
+            (loads[0].waiting, loads[0].oldest_waiting_since),
+            (2, Some(Timestamp::from_millis(10)))
+        );
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::labels::{ActivityLabels, Label};
-use super::timestamp::{self, Millis};
+use super::timestamp::Timestamp;
 use super::ParseError;
 
 /// The opaque identity of one activity (one provider call).
@@ -125,25 +125,20 @@ pub struct ActivityRecord {
     /// The owner (process lease) it belongs to, if any.
     pub owner_id: Option<String>,
     /// When it was enqueued.
-    #[serde(serialize_with = "timestamp::serialize")]
-    pub enqueued_at: Millis,
+    pub enqueued_at: Timestamp,
     /// When it started executing.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub started_at: Option<Millis>,
+    pub started_at: Option<Timestamp>,
     /// When it settled.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub completed_at: Option<Millis>,
+    pub completed_at: Option<Timestamp>,
     /// When it was reaped.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub reaped_at: Option<Millis>,
+    pub reaped_at: Option<Timestamp>,
     /// The deadline it declared itself, if any.
     #[serde(skip)]
     pub declared_deadline_ms: Option<i64>,
     /// The effective execution deadline: its own, else its class's.
     pub deadline_ms: i64,
     /// While in flight: the instant past which it is reaped.
-    #[serde(serialize_with = "timestamp::serialize_opt")]
-    pub reapable_at: Option<Millis>,
+    pub reapable_at: Option<Timestamp>,
     /// `startedAt - enqueuedAt`, once started.
     pub queue_wait_ms: Option<i64>,
     /// `completedAt - startedAt`, once settled after a start.
@@ -166,11 +161,11 @@ impl ActivityRecord {
     #[allow(clippy::option_option)]
     pub fn implied_durations(&self) -> Option<(Option<i64>, Option<i64>)> {
         let queue_wait = match self.started_at {
-            Some(started) => Some(started.checked_sub(self.enqueued_at)?),
+            Some(started) => Some(started.as_millis().checked_sub(self.enqueued_at.as_millis())?),
             None => None,
         };
         let execution = match (self.started_at, self.completed_at) {
-            (Some(started), Some(completed)) => Some(completed.checked_sub(started)?),
+            (Some(started), Some(completed)) => Some(completed.as_millis().checked_sub(started.as_millis())?),
             _ => None,
         };
         Some((queue_wait, execution))

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::counters::{AggregateKey, AggregateView, ReapedCounts, Totals};
 use super::owner::Owner;
 use super::record::{ActivityRecord, Admission, LaneKey};
-use super::timestamp::{self, Millis};
+use super::timestamp::Timestamp;
 
 /// The most records a snapshot lists per section.
 pub const MAX_LIMIT: usize = 10_000;
@@ -26,14 +26,14 @@ pub enum Since {
     /// This long before the snapshot.
     Ago(Duration),
     /// From this instant.
-    At(Millis),
+    At(Timestamp),
 }
 
 impl Since {
     /// The window's start, given the snapshot's `now`.
-    pub fn resolve(self, now: Millis) -> Millis {
+    pub fn resolve(self, now: Timestamp) -> Timestamp {
         match self {
-            Self::Ago(ago) => now.saturating_sub(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)),
+            Self::Ago(ago) => now.sub_millis(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)),
             Self::At(at) => at,
         }
     }
@@ -96,7 +96,7 @@ pub struct LaneLoad {
     /// Queued records waiting.
     pub waiting: i64,
     /// The `enqueuedAt` of its oldest waiting record.
-    pub oldest_waiting_since: Option<Millis>,
+    pub oldest_waiting_since: Option<Timestamp>,
 }
 
 /// What a store gathers for a snapshot, after reaping.
@@ -178,11 +178,9 @@ pub struct Snapshot {
     /// `ok`, or `degraded` when records were reaped within the window.
     pub status: Status,
     /// When it was taken.
-    #[serde(serialize_with = "timestamp::serialize")]
-    pub at: Millis,
+    pub at: Timestamp,
     /// The start of the history window.
-    #[serde(serialize_with = "timestamp::serialize")]
-    pub since: Millis,
+    pub since: Timestamp,
     /// Lanes keyed `service::provider`, over `queued` records.
     pub native_admission: BTreeMap<String, LaneView>,
     /// Records ever begun.
@@ -239,7 +237,7 @@ impl Snapshot {
         parts: SnapshotParts,
         caps: &BTreeMap<LaneKey, Option<u32>>,
         options: SnapshotOptions,
-        now: Millis,
+        now: Timestamp,
         reaped_this_read: ReapedCounts,
     ) -> Self {
         let since = options.since.resolve(now);
@@ -284,7 +282,7 @@ impl Snapshot {
             view.waiting = load.waiting;
             view.longest_wait_ms = load
                 .oldest_waiting_since
-                .map_or(0, |enqueued| (now - enqueued).max(0));
+                .map_or(0, |enqueued| now.millis_since(enqueued).max(0));
         }
 
         let (in_flight, in_flight_truncated) = truncate(parts.in_flight, limit);
@@ -326,7 +324,7 @@ impl Snapshot {
             in_flight: in_flight
                 .into_iter()
                 .map(|record| InFlightEntry {
-                    elapsed_ms: (now - record.enqueued_at).max(0),
+                    elapsed_ms: now.millis_since(record.enqueued_at).max(0),
                     record,
                 })
                 .collect(),
@@ -334,7 +332,7 @@ impl Snapshot {
             reaped: reaped
                 .into_iter()
                 .map(|record| ReapedEntry {
-                    age_ms: (now - record.enqueued_at).max(0),
+                    age_ms: now.millis_since(record.enqueued_at).max(0),
                     record,
                 })
                 .collect(),

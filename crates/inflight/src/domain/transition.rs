@@ -12,7 +12,7 @@ use super::labels::{sanitize_note, ActivityLabels};
 use super::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
-use super::timestamp::{format_rfc3339, Millis};
+use super::timestamp::Timestamp;
 
 /// How far in the future a caller's timestamp may be (clock skew), in ms.
 pub const MAX_FUTURE_SKEW_MS: i64 = 5 * 60 * 1000;
@@ -32,19 +32,19 @@ pub enum Effect {
     /// A record was created (at its `enqueuedAt`).
     Begun {
         /// Its `enqueuedAt`.
-        at: Millis,
+        at: Timestamp,
     },
     /// A record started executing after waiting `queue_wait_ms`.
     Started {
         /// Its `startedAt`.
-        at: Millis,
+        at: Timestamp,
         /// `startedAt - enqueuedAt`.
         queue_wait_ms: i64,
     },
     /// A record settled (`Succeeded`, `Failed` or `Cancelled`).
     Settled {
         /// Its `completedAt`.
-        at: Millis,
+        at: Timestamp,
         /// The state it settled in.
         state: State,
         /// `completedAt - startedAt`, if it had started.
@@ -62,7 +62,7 @@ pub enum Effect {
     /// The first settle or cancel to arrive for a reaped record.
     LateSettle {
         /// When the late settle counts as seen (clamped into the record's life).
-        at: Millis,
+        at: Timestamp,
     },
 }
 
@@ -91,9 +91,9 @@ pub struct NewActivity {
     /// Queued or direct.
     pub admission: Admission,
     /// When it was enqueued; `now` when not given.
-    pub enqueued_at: Option<Millis>,
+    pub enqueued_at: Option<Timestamp>,
     /// When it started, for a record begun already started.
-    pub started_at: Option<Millis>,
+    pub started_at: Option<Timestamp>,
     /// Its own execution deadline, if it has one.
     pub deadline_ms: Option<i64>,
     /// The owner (process lease) it belongs to.
@@ -132,7 +132,7 @@ pub enum Transition {
     /// It started executing at `at`.
     Start {
         /// When; *now* (never before `enqueuedAt`) when absent.
-        at: Option<Millis>,
+        at: Option<Timestamp>,
     },
     /// It settled with an outcome.
     Settle {
@@ -141,43 +141,45 @@ pub enum Transition {
         /// Where it failed (`unknown` when a failure does not say).
         failure_stage: Option<FailureStage>,
         /// When; *now* (never before its latest instant) when absent.
-        at: Option<Millis>,
+        at: Option<Timestamp>,
     },
     /// The caller aborted it.
     Cancel {
         /// Why, as the caller said it (redacted like model names).
         reason: Option<String>,
         /// When; *now* (never before its latest instant) when absent.
-        at: Option<Millis>,
+        at: Option<Timestamp>,
     },
 }
 
 // The checks run on every transition and almost never fail: inlined, with
 // their messages built out of line.
 #[inline]
-fn check_not_future(field: &str, at: Millis, now: Millis) -> Result<Millis, Refusal> {
+fn check_not_future(field: &str, at: Timestamp, now: Timestamp) -> Result<Timestamp, Refusal> {
     // Before the epoch is no caller's clock; refusing it also keeps every
     // difference of two timestamps far from overflow.
-    if at < 0 || at > now.saturating_add(MAX_FUTURE_SKEW_MS) {
+    if at < Timestamp::MIN || at > now.add_millis(MAX_FUTURE_SKEW_MS) {
         return Err(out_of_range(field, at, now));
     }
     Ok(at)
 }
 
 #[cold]
-fn out_of_range(field: &str, at: Millis, now: Millis) -> Refusal {
-    if at < 0 {
-        return Refusal::Invalid(format!("{field} {at} is before 1970-01-01T00:00:00Z"));
+fn out_of_range(field: &str, at: Timestamp, now: Timestamp) -> Refusal {
+    if at < Timestamp::MIN {
+        return Refusal::Invalid(format!(
+            "{field} {} is before 1970-01-01T00:00:00Z",
+            at.as_millis()
+        ));
     }
     Refusal::Invalid(format!(
         "{field} {} is more than 5 minutes in the future (now is {})",
-        format_rfc3339(at),
-        format_rfc3339(now)
+        at, now
     ))
 }
 
 #[inline]
-fn check_not_before(field: &str, at: Millis, other_field: &str, other: Millis) -> Result<(), Refusal> {
+fn check_not_before(field: &str, at: Timestamp, other_field: &str, other: Timestamp) -> Result<(), Refusal> {
     if at < other {
         return Err(out_of_order(field, at, other_field, other));
     }
@@ -185,12 +187,8 @@ fn check_not_before(field: &str, at: Millis, other_field: &str, other: Millis) -
 }
 
 #[cold]
-fn out_of_order(field: &str, at: Millis, other_field: &str, other: Millis) -> Refusal {
-    Refusal::Invalid(format!(
-        "{field} {} is before {other_field} {}",
-        format_rfc3339(at),
-        format_rfc3339(other)
-    ))
+fn out_of_order(field: &str, at: Timestamp, other_field: &str, other: Timestamp) -> Refusal {
+    Refusal::Invalid(format!("{field} {} is before {other_field} {}", at, other))
 }
 
 /// Creates a record. A record begun with a `startedAt` is executing.
@@ -198,7 +196,7 @@ fn out_of_order(field: &str, at: Millis, other_field: &str, other: Millis) -> Re
 /// # Errors
 /// A timestamp more than 5 minutes in the future, a `startedAt` before the
 /// `enqueuedAt`, or a non-positive `deadlineMs`.
-pub fn begin(new: NewActivity, now: Millis, policy: &ReapPolicy) -> Result<Applied, Refusal> {
+pub fn begin(new: NewActivity, now: Timestamp, policy: &ReapPolicy) -> Result<Applied, Refusal> {
     if let Some(started) = new.started_at {
         check_not_future("startedAt", started, now)?;
     }
@@ -270,14 +268,14 @@ pub fn would_start(record: &ActivityRecord) -> bool {
 /// begin accepted (timestamps up to [`MAX_FUTURE_SKEW_MS`] ahead) never
 /// makes a later start, settle, cancel or reap go back in time, or fail.
 #[inline]
-pub fn default_at(record: &ActivityRecord, now: Millis) -> Millis {
+pub fn default_at(record: &ActivityRecord, now: Timestamp) -> Timestamp {
     now.max(record.started_at.unwrap_or(record.enqueued_at))
 }
 
 /// Reaps `record` when it is past its bound at `now`. Reaping is a function
 /// of time: every operation calls this first, so whether a reaper pass has
 /// run yet never changes the answer.
-pub fn reap_if_due(record: &mut ActivityRecord, now: Millis) -> Option<Effect> {
+pub fn reap_if_due(record: &mut ActivityRecord, now: Timestamp) -> Option<Effect> {
     if !is_due(record, now) {
         return None;
     }
@@ -285,14 +283,14 @@ pub fn reap_if_due(record: &mut ActivityRecord, now: Millis) -> Option<Effect> {
 }
 
 /// Reaps an in-flight `record` because its owner's lease expired.
-pub fn reap_for_owner_loss(record: &mut ActivityRecord, now: Millis) -> Option<Effect> {
+pub fn reap_for_owner_loss(record: &mut ActivityRecord, now: Timestamp) -> Option<Effect> {
     if !record.state.is_in_flight() {
         return None;
     }
     Some(mark_reaped(record, now, ReapReason::OwnerLost))
 }
 
-fn mark_reaped(record: &mut ActivityRecord, now: Millis, reason: ReapReason) -> Effect {
+fn mark_reaped(record: &mut ActivityRecord, now: Timestamp, reason: ReapReason) -> Effect {
     let disposition = if record.state == State::Waiting {
         Disposition::Abandoned
     } else {
@@ -318,7 +316,7 @@ fn mark_reaped(record: &mut ActivityRecord, now: Millis, reason: ReapReason) -> 
 pub fn apply(
     record: &mut ActivityRecord,
     transition: Transition,
-    now: Millis,
+    now: Timestamp,
     policy: &ReapPolicy,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
@@ -356,8 +354,8 @@ pub fn apply(
 
 fn start(
     record: &mut ActivityRecord,
-    at: Millis,
-    now: Millis,
+    at: Timestamp,
+    now: Timestamp,
     policy: &ReapPolicy,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
@@ -401,8 +399,8 @@ fn settle(
     outcome: State,
     failure_stage: Option<FailureStage>,
     reason: Option<String>,
-    at: Millis,
-    now: Millis,
+    at: Timestamp,
+    now: Timestamp,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
     match record.state {
@@ -465,8 +463,8 @@ mod tests {
     use crate::domain::bounds::ClassBounds;
     use std::time::Duration;
 
-    const T0: Millis = 1_700_000_000_000;
-    const MIN: Millis = 60_000;
+    const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
+    const MIN: i64 = 60_000;
 
     fn waiting(policy: &ReapPolicy) -> ActivityRecord {
         begin(NewActivity::fixture("embedding"), T0, policy)

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::domain::record::{ActivityId, ActivityRecord};
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
 use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
 
@@ -192,7 +192,7 @@ impl Ledger {
     pub async fn start_waiting(
         &self,
         id: ActivityId,
-        at: Option<Millis>,
+        at: Option<Timestamp>,
         wait: Option<Duration>,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let give_up = wait.map(|wait| Instant::now() + wait);

@@ -34,7 +34,7 @@ use crate::domain::labels::{Label, LabelInterner};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::LedgerError;
 use crate::store::{self, Command, Store};
@@ -176,7 +176,7 @@ impl Ledger {
     }
 
     /// The ledger's current time.
-    pub fn now(&self) -> Millis {
+    pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
     }
 
@@ -337,7 +337,7 @@ impl Ledger {
     pub async fn start(
         &self,
         id: ActivityId,
-        at: Option<Millis>,
+        at: Option<Timestamp>,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.transition(id, Transition::Start { at }).await
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::domain::labels::{ActivityLabels, Label, LabelError, LabelInterner, RawLabels};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, Admission, FailureStage, LaneKey, Priority};
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::LedgerError;
 
@@ -30,8 +30,8 @@ pub struct ActivitySpec {
     model: Option<Cow<'static, str>>,
     priority: Option<Priority>,
     admission: Option<Admission>,
-    enqueued_at: Option<Millis>,
-    started_at: Option<Millis>,
+    enqueued_at: Option<Timestamp>,
+    started_at: Option<Timestamp>,
     deadline_ms: Option<i64>,
     owner_id: Option<String>,
 }
@@ -82,14 +82,15 @@ impl ActivitySpec {
         self
     }
 
-    /// Sets when it was enqueued (epoch milliseconds).
-    pub fn enqueued_at(mut self, at: Millis) -> Self {
+    /// Sets when it was enqueued (a [`SystemTime`](std::time::SystemTime)
+    /// converts with `Timestamp::from`).
+    pub fn enqueued_at(mut self, at: Timestamp) -> Self {
         self.enqueued_at = Some(at);
         self
     }
 
-    /// Begins it already started at `at` (epoch milliseconds).
-    pub fn started_at(mut self, at: Millis) -> Self {
+    /// Begins it already started at `at`.
+    pub fn started_at(mut self, at: Timestamp) -> Self {
         self.started_at = Some(at);
         self
     }
@@ -238,7 +239,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {
     outcome: Outcome,
-    completed_at: Option<Millis>,
+    completed_at: Option<Timestamp>,
 }
 
 impl Settlement {
@@ -250,8 +251,8 @@ impl Settlement {
         }
     }
 
-    /// Completed at `at` (epoch milliseconds) instead of *now*.
-    pub fn completed_at(mut self, at: Millis) -> Self {
+    /// Completed at `at` instead of *now*.
+    pub fn completed_at(mut self, at: Timestamp) -> Self {
         self.completed_at = Some(at);
         self
     }

@@ -14,7 +14,7 @@ use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
@@ -84,7 +84,7 @@ pub(crate) trait Txn {
 
     /// Records that [`query::is_due`] at `now`, in [`query::due_order`], at
     /// most `limit`.
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
+    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
     /// The answer to `query`: how many records [`LaneQuery::counts`] as
     /// executing, and how many as ahead.
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError>;
@@ -99,7 +99,7 @@ pub(crate) trait Txn {
     fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
     /// How many records [`Window::completed`] has from `from`, with a
     /// `completedAt` before `to`.
-    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError>;
+    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError>;
     /// Records [`Window::reaped`] in `window`, in [`Window::reaped_order`],
     /// at most `limit`.
     fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError>;
@@ -107,7 +107,7 @@ pub(crate) trait Txn {
     /// [`Window::owner_order`].
     fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError>;
     /// Owners that [`Owner::is_expired`] at `now`, in any order.
-    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError>;
+    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError>;
     /// Records in flight whose owner is `id`, in [`query::line_order`].
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
     /// Records [`Retention::prunes`], in [`Retention::record_order`], at
@@ -122,7 +122,7 @@ pub(crate) fn execute(
     txn: &mut dyn Txn,
     config: &LedgerConfig,
     command: Command,
-    now: Millis,
+    now: Timestamp,
 ) -> Result<Reply, LedgerError> {
     let policy = config.policy();
     match command {
@@ -309,7 +309,7 @@ fn admit(
     config: &LedgerConfig,
     record: &ActivityRecord,
     newcomer: bool,
-    now: Millis,
+    now: Timestamp,
 ) -> Result<(), LedgerError> {
     if record.admission != Admission::Queued {
         return Ok(());
@@ -342,7 +342,7 @@ fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
 /// Loads the record `id` as time has left it: if its owner's lease ran out,
 /// the owner is lost first, so the record is seen reaped. Only this record's
 /// owner is looked at; reads and reaper passes handle every other owner.
-fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Millis) -> Result<Arc<ActivityRecord>, LedgerError> {
+fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Timestamp) -> Result<Arc<ActivityRecord>, LedgerError> {
     let record = load(txn, id)?;
     let Some(owner_id) = &record.owner_id else {
         return Ok(record);
@@ -359,7 +359,7 @@ fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Millis) -> Result<Arc<Activ
 
 /// `owner` as time has left it: lost (its records reaped) once its lease
 /// ran out.
-fn lose_if_expired(txn: &mut dyn Txn, owner: Owner, now: Millis) -> Result<Owner, LedgerError> {
+fn lose_if_expired(txn: &mut dyn Txn, owner: Owner, now: Timestamp) -> Result<Owner, LedgerError> {
     if !owner.is_expired(now) {
         return Ok(owner);
     }
@@ -369,7 +369,7 @@ fn lose_if_expired(txn: &mut dyn Txn, owner: Owner, now: Millis) -> Result<Owner
 }
 
 /// Marks `owner` lost and reaps its in-flight records.
-fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Millis) -> Result<ReapedCounts, LedgerError> {
+fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
     owner.lose(now);
     for mut record in txn.owner_in_flight(&owner.owner_id)? {
@@ -392,7 +392,7 @@ fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Millis) -> Result<ReapedCounts
 
 /// Reaps the in-flight records of every owner whose lease ran out, and marks
 /// those owners lost. Idempotent like [`reap_due`].
-pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
+pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
     for owner in txn.expired_owners(now)? {
         counts.add(lose(txn, owner, now)?);
@@ -401,7 +401,7 @@ pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Millis) -> Result<ReapedC
 }
 
 /// Reaps lost owners' records and every record past its bound.
-pub(crate) fn reap_all(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
+pub(crate) fn reap_all(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
     let mut counts = reap_lost_owners(txn, now)?;
     counts.add(reap_due(txn, now)?);
     Ok(counts)
@@ -439,7 +439,7 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
 fn reap_one(
     txn: &mut dyn Txn,
     mut record: Arc<ActivityRecord>,
-    now: Millis,
+    now: Timestamp,
 ) -> Result<Arc<ActivityRecord>, LedgerError> {
     // Checked first, so that a read copies nothing.
     if !transition::is_due(&record, now) {
@@ -455,7 +455,7 @@ fn reap_one(
 /// Reaps every record past its bound. Idempotent: a record another process
 /// reaped first is no longer in flight, so it is neither found nor counted
 /// again.
-pub(crate) fn reap_due(txn: &mut dyn Txn, now: Millis) -> Result<ReapedCounts, LedgerError> {
+pub(crate) fn reap_due(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
     loop {
         let due = txn.due(now, REAP_BATCH)?;

@@ -386,7 +386,11 @@ mod tests {
     use crate::clock::FakeClock;
 
     fn opened(url: &str) -> Result<Arc<dyn Store>, LedgerError> {
-        open(url, Arc::new(LedgerConfig::default()), Arc::new(FakeClock::at(0)))
+        open(
+            url,
+            Arc::new(LedgerConfig::default()),
+            Arc::new(FakeClock::at(crate::Timestamp::MIN)),
+        )
     }
 
     #[test]

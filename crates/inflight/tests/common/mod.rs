@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use inflight::domain::{ClassBounds, ReapPolicy};
-use inflight::{ActivitySpec, FakeClock, Ledger, LedgerConfig, SnapshotOptions};
+use inflight::{ActivitySpec, FakeClock, Ledger, LedgerConfig, SnapshotOptions, Timestamp};
 
-pub const T0: i64 = 1_786_000_000_000;
+pub const T0: Timestamp = Timestamp::from_millis(1_786_000_000_000);
 pub const MIN: Duration = Duration::from_secs(60);
 pub const MS: Duration = Duration::from_millis(1);
 

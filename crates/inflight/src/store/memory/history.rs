@@ -14,7 +14,7 @@ use crate::domain::labels::ActivityLabels;
 use crate::domain::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 
 use super::append_map::AppendMap;
 
@@ -84,23 +84,24 @@ impl History {
     }
 }
 
-/// An optional `i64` in eight bytes; `i64::MIN` stands for none.
+/// An optional instant in eight bytes; `i64::MIN` milliseconds stands for
+/// none.
 #[derive(Debug, Clone, Copy)]
 struct Opt(i64);
 
 impl Opt {
     const NONE: i64 = i64::MIN;
 
-    fn pack(value: Option<i64>) -> Option<Self> {
-        match value {
+    fn pack(value: Option<Timestamp>) -> Option<Self> {
+        match value.map(Timestamp::as_millis) {
             None => Some(Self(Self::NONE)),
             Some(Self::NONE) => None,
             Some(value) => Some(Self(value)),
         }
     }
 
-    fn unpack(self) -> Option<i64> {
-        (self.0 != Self::NONE).then_some(self.0)
+    fn unpack(self) -> Option<Timestamp> {
+        (self.0 != Self::NONE).then_some(Timestamp::from_millis(self.0))
     }
 }
 
@@ -116,7 +117,7 @@ struct Packed {
     owner_id: Option<Box<str>>,
     /// What few records have: a cancel reason, a deadline of their own.
     rare: Option<Box<Rare>>,
-    enqueued_at: Millis,
+    enqueued_at: Timestamp,
     deadline_ms: i64,
     started_at: Opt,
     completed_at: Opt,
@@ -247,9 +248,9 @@ mod tests {
             disposition: Some(Disposition::Unsettled),
             reap_reason: Some(ReapReason::OwnerLost),
             owner_id: Some("owner-1".to_owned()),
-            enqueued_at: 1_000,
-            started_at: Some(1_500),
-            completed_at: Some(2_000),
+            enqueued_at: Timestamp::from_millis(1_000),
+            started_at: Some(Timestamp::from_millis(1_500)),
+            completed_at: Some(Timestamp::from_millis(2_000)),
             reaped_at: None,
             declared_deadline_ms: Some(30_000),
             deadline_ms: 30_000,
@@ -286,7 +287,7 @@ mod tests {
     #[test]
     fn a_record_holding_the_sentinel_is_kept_whole() {
         let record = ActivityRecord {
-            reaped_at: Some(i64::MIN),
+            reaped_at: Some(Timestamp::from_millis(i64::MIN)),
             ..settled()
         };
         let mut history = History::default();
@@ -295,7 +296,7 @@ mod tests {
         assert_eq!(*history.get(&record.activity_id).unwrap(), record);
         // Replaced by a version that packs: kept once, packed.
         let packable = ActivityRecord {
-            reaped_at: Some(5),
+            reaped_at: Some(Timestamp::from_millis(5)),
             ..record.clone()
         };
         history.insert(&packable);
@@ -318,7 +319,7 @@ mod tests {
                 ..settled()
             },
             ActivityRecord {
-                reapable_at: Some(9_000),
+                reapable_at: Some(Timestamp::from_millis(9_000)),
                 ..settled()
             },
         ] {

@@ -15,7 +15,7 @@ use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority, State};
 use crate::domain::snapshot::LaneLoad;
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 
@@ -182,17 +182,17 @@ struct Indexes {
     /// In-flight records by the instant they become reapable.
     due: DueIndex,
     /// Settled records by `completedAt`.
-    completed: AppendMap<(Millis, ActivityId), ()>,
+    completed: AppendMap<(Timestamp, ActivityId), ()>,
     /// Reaped records by `reapedAt`.
-    reaped: AppendMap<(Millis, ActivityId), ()>,
+    reaped: AppendMap<(Timestamp, ActivityId), ()>,
 }
 
 /// Where a record sits in each index.
 #[derive(Default, Clone, Copy)]
 struct IndexKeys {
-    due: Option<Millis>,
-    completed: Option<Millis>,
-    reaped: Option<Millis>,
+    due: Option<Timestamp>,
+    completed: Option<Timestamp>,
+    reaped: Option<Timestamp>,
 }
 
 impl IndexKeys {
@@ -206,7 +206,7 @@ impl IndexKeys {
 }
 
 /// The instant past which an in-flight record is reaped.
-fn due_key(record: &ActivityRecord) -> Option<Millis> {
+fn due_key(record: &ActivityRecord) -> Option<Timestamp> {
     record.reapable_at.filter(|_| record.state.is_in_flight())
 }
 
@@ -231,10 +231,10 @@ impl Indexes {
 }
 
 fn move_entry(
-    set: &mut AppendMap<(Millis, ActivityId), ()>,
+    set: &mut AppendMap<(Timestamp, ActivityId), ()>,
     id: ActivityId,
-    old: Option<Millis>,
-    new: Option<Millis>,
+    old: Option<Timestamp>,
+    new: Option<Timestamp>,
 ) {
     if old == new {
         return;
@@ -255,11 +255,11 @@ fn move_entry(
 /// ones and the heap is rebuilt from the live records.
 #[derive(Default)]
 struct DueIndex {
-    heap: BinaryHeap<Reverse<(Millis, ActivityId)>>,
+    heap: BinaryHeap<Reverse<(Timestamp, ActivityId)>>,
 }
 
 impl DueIndex {
-    fn push(&mut self, at: Millis, id: ActivityId) {
+    fn push(&mut self, at: Timestamp, id: ActivityId) {
         self.heap.push(Reverse((at, id)));
     }
 
@@ -281,11 +281,11 @@ impl DueIndex {
     fn due(
         &mut self,
         live: &IdMap<Arc<ActivityRecord>>,
-        now: Millis,
+        now: Timestamp,
         limit: usize,
     ) -> Vec<Arc<ActivityRecord>> {
         let mut found: Vec<Arc<ActivityRecord>> = Vec::new();
-        let mut kept: Vec<(Millis, ActivityId)> = Vec::new();
+        let mut kept: Vec<(Timestamp, ActivityId)> = Vec::new();
         while found.len() < limit {
             let Some(&Reverse((at, id))) = self.heap.peek() else {
                 break;
@@ -327,7 +327,7 @@ impl MemoryState {
 
     fn records_of<'a>(
         &'a self,
-        keys: impl Iterator<Item = (&'a (Millis, ActivityId), &'a ())>,
+        keys: impl Iterator<Item = (&'a (Timestamp, ActivityId), &'a ())>,
     ) -> Vec<ActivityRecord> {
         keys.filter_map(|((_, id), ())| self.records.get(id))
             .map(Arc::unwrap_or_clone)
@@ -482,7 +482,7 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         Ok(self.indexes.due.due(&self.records.live, now, limit))
     }
 
@@ -528,7 +528,7 @@ impl Txn for MemoryState {
         Ok(self.records_of(keys.take(limit)))
     }
 
-    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
+    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
         let range = (from, ActivityId::nil_min())..(to, ActivityId::nil_min());
         Ok(self.indexes.completed.ascending(range).count() as i64)
     }
@@ -552,7 +552,7 @@ impl Txn for MemoryState {
         Ok(owners)
     }
 
-    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
+    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError> {
         Ok(self
             .owners
             .values()
@@ -574,7 +574,7 @@ impl Txn for MemoryState {
         // Each index gives its oldest first; the oldest `limit` of both are
         // among the first `limit` of each.
         let bound = (retention.before, ActivityId::nil_min());
-        let mut oldest: Vec<(Millis, ActivityId)> = self
+        let mut oldest: Vec<(Timestamp, ActivityId)> = self
             .indexes
             .completed
             .ascending(..bound)
@@ -597,7 +597,12 @@ mod tests {
     use super::*;
     use crate::domain::transition::{self, NewActivity};
 
-    fn in_flight(enqueued_at: Millis, reapable_at: Millis) -> Arc<ActivityRecord> {
+    /// A record in flight, enqueued and reapable at these epoch milliseconds.
+    fn in_flight(enqueued_at: i64, reapable_at: i64) -> Arc<ActivityRecord> {
+        let (enqueued_at, reapable_at) = (
+            Timestamp::from_millis(enqueued_at),
+            Timestamp::from_millis(reapable_at),
+        );
         let new = NewActivity {
             enqueued_at: Some(enqueued_at),
             ..NewActivity::fixture("embedding")
@@ -650,23 +655,28 @@ mod tests {
     fn due_skips_entries_a_transition_made_stale() {
         let first = in_flight(0, 10);
         let mut index = DueIndex::default();
-        index.push(10, first.activity_id);
+        index.push(Timestamp::from_millis(10), first.activity_id);
         // Started: its bound moved to 50, and the entry for 10 is stale.
         let mut started = (*first).clone();
-        started.reapable_at = Some(50);
+        started.reapable_at = Some(Timestamp::from_millis(50));
         let started = Arc::new(started);
-        index.push(50, started.activity_id);
+        index.push(Timestamp::from_millis(50), started.activity_id);
         let live = live_of(&[&started]);
-        assert!(index.due(&live, 40, 10).is_empty());
-        assert_eq!(ids(&index.due(&live, 51, 10)), vec![started.activity_id]);
+        assert!(index.due(&live, Timestamp::from_millis(40), 10).is_empty());
+        assert_eq!(
+            ids(&index.due(&live, Timestamp::from_millis(51), 10)),
+            vec![started.activity_id]
+        );
     }
 
     #[test]
     fn due_forgets_records_no_longer_in_flight() {
         let settled = in_flight(0, 10);
         let mut index = DueIndex::default();
-        index.push(10, settled.activity_id);
-        assert!(index.due(&IdMap::default(), 100, 10).is_empty());
+        index.push(Timestamp::from_millis(10), settled.activity_id);
+        assert!(index
+            .due(&IdMap::default(), Timestamp::from_millis(100), 10)
+            .is_empty());
         assert!(index.heap.is_empty());
     }
 
@@ -674,10 +684,13 @@ mod tests {
     fn due_returns_a_record_once_however_many_entries_it_has() {
         let record = in_flight(0, 10);
         let mut index = DueIndex::default();
-        index.push(10, record.activity_id);
-        index.push(10, record.activity_id);
+        index.push(Timestamp::from_millis(10), record.activity_id);
+        index.push(Timestamp::from_millis(10), record.activity_id);
         let live = live_of(&[&record]);
-        assert_eq!(ids(&index.due(&live, 11, 10)), vec![record.activity_id]);
+        assert_eq!(
+            ids(&index.due(&live, Timestamp::from_millis(11), 10)),
+            vec![record.activity_id]
+        );
     }
 
     #[test]
@@ -688,10 +701,13 @@ mod tests {
             index.push(record.reapable_at.unwrap(), record.activity_id);
         }
         let live = live_of(&[&a, &b, &c]);
-        assert_eq!(ids(&index.due(&live, 100, 2)), vec![b.activity_id, c.activity_id]);
+        assert_eq!(
+            ids(&index.due(&live, Timestamp::from_millis(100), 2)),
+            vec![b.activity_id, c.activity_id]
+        );
         // Not reaped by the caller: shown again.
         assert_eq!(
-            ids(&index.due(&live, 100, 5)),
+            ids(&index.due(&live, Timestamp::from_millis(100), 5)),
             vec![b.activity_id, c.activity_id, a.activity_id]
         );
     }
@@ -702,10 +718,13 @@ mod tests {
         let live = live_of(&[&record]);
         let mut index = DueIndex::default();
         for at in 0..10_000 {
-            index.push(at, record.activity_id);
+            index.push(Timestamp::from_millis(at), record.activity_id);
             index.compact(&live);
         }
         assert!(index.heap.len() <= 2 * live.len() + 1024 + 1);
-        assert_eq!(ids(&index.due(&live, 11, 10)), vec![record.activity_id]);
+        assert_eq!(
+            ids(&index.due(&live, Timestamp::from_millis(11), 10)),
+            vec![record.activity_id]
+        );
     }
 }

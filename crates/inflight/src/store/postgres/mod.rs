@@ -374,7 +374,11 @@ impl Store for PostgresStore {
 /// # Errors
 /// As [`PostgresStore::open`], and `Storage` when a write fails.
 #[doc(hidden)]
-pub fn seed_history(url: &str, count: usize, completed_at: crate::domain::Millis) -> Result<(), LedgerError> {
+pub fn seed_history(
+    url: &str,
+    count: usize,
+    completed_at: crate::domain::Timestamp,
+) -> Result<(), LedgerError> {
     use crate::domain::counters::Totals;
     use crate::domain::labels::{ActivityLabels, RawLabels};
     use crate::domain::query;
@@ -397,11 +401,11 @@ pub fn seed_history(url: &str, count: usize, completed_at: crate::domain::Millis
                 Vec::with_capacity(batch),
             );
             for i in done..done + batch {
-                let at = completed_at - (i as i64 % 3_600_000);
+                let at = completed_at.sub_millis(i as i64 % 3_600_000);
                 ids.push(ActivityId::new().to_string());
-                enqueued.push(at - 20);
-                started.push(at - 10);
-                completed.push(at);
+                enqueued.push(at.as_millis() - 20);
+                started.push(at.as_millis() - 10);
+                completed.push(at.as_millis());
                 *counts
                     .completions
                     .entry(query::completion_minute(at))

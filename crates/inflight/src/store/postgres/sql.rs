@@ -403,7 +403,7 @@ pub(super) const SEED_RECORDS: &str = concat!(
 );
 
 /// Refreshes the planner's statistics after the bulk loader.
-pub(super) const ANALYZE: &str = "ANALYZE";
+pub(super) const ANALYZE: &str = "ANALYZE activities, aggregates, completion_minutes";
 
 /// How a statement may read the tables.
 #[cfg(test)]
@@ -532,7 +532,12 @@ mod tests {
         // A history of settled records, analyzed, as a ledger in
         // production has: the plans are those PostgreSQL picks for it.
         let database = TestDatabase::new();
-        seed_history(&database.store_url("listen=false"), 20_000, 1_786_000_000_000).unwrap();
+        seed_history(
+            &database.store_url("listen=false"),
+            20_000,
+            crate::domain::Timestamp::from_millis(1_786_000_000_000),
+        )
+        .unwrap();
         let failures = off_runtime(|| {
             let mut client = database.client();
             // And owners that ended long ago, with one live.
@@ -570,7 +575,12 @@ mod tests {
     #[test]
     fn the_check_catches_a_query_no_index_serves() {
         let database = TestDatabase::new();
-        seed_history(&database.store_url("listen=false"), 20_000, 1_786_000_000_000).unwrap();
+        seed_history(
+            &database.store_url("listen=false"),
+            20_000,
+            crate::domain::Timestamp::from_millis(1_786_000_000_000),
+        )
+        .unwrap();
         let plan = off_runtime(|| {
             let mut client = database.client();
             client

@@ -15,7 +15,7 @@ use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::LaneLoad;
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::domain::ParseError;
 use crate::error::{ErrorKind, LedgerError};
@@ -195,6 +195,13 @@ impl<'c> PgTxn<'c> {
             self.capacity_changed = true;
         }
         let id = record.activity_id.to_string();
+        let (enqueued, started, completed, reaped, reapable) = (
+            record.enqueued_at.as_millis(),
+            ms_opt(record.started_at),
+            ms_opt(record.completed_at),
+            ms_opt(record.reaped_at),
+            ms_opt(record.reapable_at),
+        );
         self.execute(
             sql,
             &[
@@ -210,13 +217,13 @@ impl<'c> PgTxn<'c> {
                 &record.disposition.map(|d| d.as_str()),
                 &record.reap_reason.map(|r| r.as_str()),
                 &record.owner_id,
-                &record.enqueued_at,
-                &record.started_at,
-                &record.completed_at,
-                &record.reaped_at,
+                &enqueued,
+                &started,
+                &completed,
+                &reaped,
                 &record.declared_deadline_ms,
                 &record.deadline_ms,
-                &record.reapable_at,
+                &reapable,
                 &record.success,
                 &record.failure_stage.map(|s| s.as_str()),
                 &record.late_settle,
@@ -267,6 +274,7 @@ impl PendingCounts {
                 .prepare(sql::ADD_TO_AGGREGATE)
                 .map_err(|err| ("cannot prepare", err))?;
             for (key, d) in totals {
+                let last_seen = ms_opt(d.last_seen_at);
                 conn.client
                     .execute(
                         &statement,
@@ -294,7 +302,7 @@ impl PendingCounts {
                             &d.execution_count,
                             &d.execution_sum_ms,
                             &d.execution_max_ms,
-                            &d.last_seen_at,
+                            &last_seen,
                         ],
                     )
                     .map_err(|err| ("cannot update counters", err))?;
@@ -317,6 +325,21 @@ impl PendingCounts {
 fn column<'a, T: postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, LedgerError> {
     row.try_get(index)
         .map_err(|err| LedgerError::storage("cannot read a column", err))
+}
+
+/// An instant from its column (epoch milliseconds).
+fn at(row: &Row, index: usize) -> Result<Timestamp, LedgerError> {
+    column::<i64>(row, index).map(Timestamp::from_millis)
+}
+
+/// An optional instant, NULL for none.
+fn at_opt(row: &Row, index: usize) -> Result<Option<Timestamp>, LedgerError> {
+    Ok(column::<Option<i64>>(row, index)?.map(Timestamp::from_millis))
+}
+
+/// An optional instant as a column value.
+fn ms_opt(at: Option<Timestamp>) -> Option<i64> {
+    at.map(Timestamp::as_millis)
 }
 
 fn parsed<T: std::str::FromStr<Err = ParseError>>(row: &Row, index: usize) -> Result<T, LedgerError> {
@@ -356,13 +379,13 @@ pub(super) fn record_from_row(row: &Row) -> Result<ActivityRecord, LedgerError> 
         disposition: parsed_optional(row, 9)?,
         reap_reason: parsed_optional(row, 10)?,
         owner_id: column(row, 11)?,
-        enqueued_at: column(row, 12)?,
-        started_at: column(row, 13)?,
-        completed_at: column(row, 14)?,
-        reaped_at: column(row, 15)?,
+        enqueued_at: at(row, 12)?,
+        started_at: at_opt(row, 13)?,
+        completed_at: at_opt(row, 14)?,
+        reaped_at: at_opt(row, 15)?,
         declared_deadline_ms: column(row, 16)?,
         deadline_ms: column(row, 17)?,
-        reapable_at: column(row, 18)?,
+        reapable_at: at_opt(row, 18)?,
         queue_wait_ms: None,
         execution_ms: None,
         success: column(row, 19)?,
@@ -380,11 +403,11 @@ pub(super) fn owner_from_row(row: &Row) -> Result<Owner, LedgerError> {
         owner_id: OwnerId::trusted(column::<String>(row, 0)?),
         name: Label::trusted(column::<String>(row, 1)?),
         ttl_ms: column(row, 2)?,
-        registered_at: column(row, 3)?,
-        renewed_at: column(row, 4)?,
-        expires_at: column(row, 5)?,
+        registered_at: at(row, 3)?,
+        renewed_at: at(row, 4)?,
+        expires_at: at(row, 5)?,
         state: parsed(row, 6)?,
-        ended_at: column(row, 7)?,
+        ended_at: at_opt(row, 7)?,
         reaped_records: column(row, 8)?,
         cancelled_records: column(row, 9)?,
     })
@@ -502,7 +525,7 @@ impl Txn for PgTxn<'_> {
                         execution_count: column(row, 20)?,
                         execution_sum_ms: column(row, 21)?,
                         execution_max_ms: column(row, 22)?,
-                        last_seen_at: column(row, 23)?,
+                        last_seen_at: at_opt(row, 23)?,
                     },
                 ))
             })
@@ -528,17 +551,23 @@ impl Txn for PgTxn<'_> {
     }
 
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        let (registered, renewed, expires, ended) = (
+            owner.registered_at.as_millis(),
+            owner.renewed_at.as_millis(),
+            owner.expires_at.as_millis(),
+            ms_opt(owner.ended_at),
+        );
         self.execute(
             sql::PUT_OWNER,
             &[
                 &owner.owner_id.as_str(),
                 &owner.name.as_str(),
                 &owner.ttl_ms,
-                &owner.registered_at,
-                &owner.renewed_at,
-                &owner.expires_at,
+                &registered,
+                &renewed,
+                &expires,
                 &owner.state.as_str(),
-                &owner.ended_at,
+                &ended,
                 &owner.reaped_records,
                 &owner.cancelled_records,
             ],
@@ -556,8 +585,8 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        self.shared(sql::DUE, &[&now, &limit_of(limit)])
+    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        self.shared(sql::DUE, &[&now.as_millis(), &limit_of(limit)])
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
@@ -568,7 +597,7 @@ impl Txn for PgTxn<'_> {
                 &query.lane.service.as_str(),
                 &query.lane.provider.as_str(),
                 &id,
-                &query.enqueued_at,
+                &query.enqueued_at.as_millis(),
                 &query.newcomer,
             ],
         )?;
@@ -605,30 +634,30 @@ impl Txn for PgTxn<'_> {
                     },
                     executing: column(row, 2)?,
                     waiting: column(row, 3)?,
-                    oldest_waiting_since: column(row, 4)?,
+                    oldest_waiting_since: at_opt(row, 4)?,
                 })
             })
             .collect()
     }
 
     fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        self.records(sql::COMPLETED, &[&window.since, &limit_of(limit)])
+        self.records(sql::COMPLETED, &[&window.since.as_millis(), &limit_of(limit)])
     }
 
-    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
-        self.count(sql::COMPLETED_BETWEEN, &[&from, &to])
+    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
+        self.count(sql::COMPLETED_BETWEEN, &[&from.as_millis(), &to.as_millis()])
     }
 
     fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        self.records(sql::REAPED, &[&window.since, &limit_of(limit)])
+        self.records(sql::REAPED, &[&window.since.as_millis(), &limit_of(limit)])
     }
 
     fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
-        self.owners(sql::LISTED_OWNERS, &[&window.since])
+        self.owners(sql::LISTED_OWNERS, &[&window.since.as_millis()])
     }
 
-    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
-        self.owners(sql::EXPIRED_OWNERS, &[&now])
+    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError> {
+        self.owners(sql::EXPIRED_OWNERS, &[&now.as_millis()])
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
@@ -636,11 +665,12 @@ impl Txn for PgTxn<'_> {
     }
 
     fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
-        let rows = self.query(sql::PRUNABLE, &[&retention.before, &limit_of(limit)])?;
+        let rows = self.query(sql::PRUNABLE, &[&retention.before.as_millis(), &limit_of(limit)])?;
         rows.iter().map(|row| id_from(column(row, 0)?)).collect()
     }
 
     fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
-        self.execute(sql::PRUNE_OWNERS, &[&retention.before]).map(|_| ())
+        self.execute(sql::PRUNE_OWNERS, &[&retention.before.as_millis()])
+            .map(|_| ())
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
 use crate::store::{Command, Reply};
@@ -203,10 +203,10 @@ impl Writer {
 /// Opens a transaction and reads its "now" from the one clock
 /// (`inflight_now()`), overridden by `at` when the ledger runs on a clock
 /// of its own (a test's).
-pub(super) fn begin(conn: &mut Conn, at: Option<Millis>) -> Result<Millis, (Fault, LedgerError)> {
+pub(super) fn begin(conn: &mut Conn, at: Option<Timestamp>) -> Result<Timestamp, (Fault, LedgerError)> {
     let text = match at {
         None => std::borrow::Cow::Borrowed(sql::BEGIN_NOW),
-        Some(at) => std::borrow::Cow::Owned(sql::BEGIN_AT.replace("{}", &at.to_string())),
+        Some(at) => std::borrow::Cow::Owned(sql::BEGIN_AT.replace("{}", &at.as_millis().to_string())),
     };
     let messages = conn.client.simple_query(&text).map_err(|err| {
         let fault = Fault::of(&err);
@@ -215,7 +215,10 @@ pub(super) fn begin(conn: &mut Conn, at: Option<Millis>) -> Result<Millis, (Faul
     messages
         .iter()
         .find_map(|message| match message {
-            postgres::SimpleQueryMessage::Row(row) => row.get(0).and_then(|now| now.parse().ok()),
+            postgres::SimpleQueryMessage::Row(row) => row
+                .get(0)
+                .and_then(|now| now.parse().ok())
+                .map(Timestamp::from_millis),
             _ => None,
         })
         .ok_or_else(|| {
@@ -246,7 +249,7 @@ fn run_commands(
     config: &LedgerConfig,
     commands: Vec<Command>,
     isolation: Isolation,
-    now: Millis,
+    now: Timestamp,
 ) -> Result<Vec<Result<Reply, LedgerError>>, Failed> {
     let mut results = Vec::with_capacity(commands.len());
     let mut counts = PendingCounts::default();

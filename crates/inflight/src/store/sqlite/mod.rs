@@ -23,7 +23,7 @@ use crate::domain::counters::Totals;
 use crate::domain::labels::ActivityLabels;
 use crate::domain::query;
 use crate::domain::record::{ActivityId, Admission, Priority};
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
 
 use super::{Command, Reply, Store, StoreFuture};
@@ -139,7 +139,7 @@ fn sql_error(context: &str) -> impl FnOnce(rusqlite::Error) -> LedgerError + '_ 
 /// # Errors
 /// `Storage` when the database cannot be opened or written.
 #[doc(hidden)]
-pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(), LedgerError> {
+pub fn seed_history(path: &Path, count: usize, completed_at: Timestamp) -> Result<(), LedgerError> {
     let mut conn = connect(path, Synchronous::default())?;
     migrate(&mut conn)?;
     let tx = conn.transaction().map_err(sql_error("cannot begin"))?;
@@ -149,13 +149,13 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Millis) -> Result<(
             .prepare(sql::SEED_RECORD)
             .map_err(sql_error("cannot prepare"))?;
         for i in 0..count {
-            let done = completed_at - (i as i64 % 3_600_000);
+            let done = completed_at.as_millis() - (i as i64 % 3_600_000);
             insert
                 .execute(params![ActivityId::new().to_string(), done - 20, done - 10, done])
                 .map_err(sql_error("cannot seed history"))?;
             *counts
                 .completions
-                .entry(query::completion_minute(done))
+                .entry(query::completion_minute(Timestamp::from_millis(done)))
                 .or_default() += 1;
         }
         let n = count as i64;
@@ -197,7 +197,7 @@ mod tests {
     use rusqlite::Connection;
     use writer::run_group;
 
-    const T0: Millis = 1_700_000_000_000;
+    const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 
     fn begin(id: ActivityId) -> Command {
         Command::Begin {

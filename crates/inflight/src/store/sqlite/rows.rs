@@ -8,7 +8,7 @@ use rusqlite::{Connection, Row, Statement};
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::ActivityRecord;
-use crate::domain::ParseError;
+use crate::domain::{ParseError, Timestamp};
 use crate::error::LedgerError;
 
 use super::sql_error;
@@ -18,14 +18,34 @@ pub(super) fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
         owner_id: OwnerId::trusted(row.get(0)?),
         name: Label::trusted(row.get(1)?),
         ttl_ms: row.get(2)?,
-        registered_at: row.get(3)?,
-        renewed_at: row.get(4)?,
-        expires_at: row.get(5)?,
+        registered_at: at(row, 3)?,
+        renewed_at: at(row, 4)?,
+        expires_at: at(row, 5)?,
         state: parse_column(row, 6)?,
-        ended_at: row.get(7)?,
+        ended_at: at_opt(row, 7)?,
         reaped_records: row.get(8)?,
         cancelled_records: row.get(9)?,
     })
+}
+
+/// An instant as SQLite keeps it: an INTEGER of epoch milliseconds.
+pub(super) fn at(row: &Row<'_>, index: usize) -> rusqlite::Result<Timestamp> {
+    row.get(index).map(Timestamp::from_millis)
+}
+
+/// An optional instant, NULL for none.
+pub(super) fn at_opt(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<Timestamp>> {
+    Ok(row.get::<_, Option<i64>>(index)?.map(Timestamp::from_millis))
+}
+
+/// An instant as a column value.
+pub(super) fn ms(at: Timestamp) -> i64 {
+    at.as_millis()
+}
+
+/// An optional instant as a column value.
+pub(super) fn ms_opt(at: Option<Timestamp>) -> Option<i64> {
+    at.map(Timestamp::as_millis)
 }
 
 pub(super) fn parse_column<T: std::str::FromStr<Err = ParseError>>(
@@ -70,13 +90,13 @@ pub(super) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord>
         disposition: parse_optional(row, 9)?,
         reap_reason: parse_optional(row, 10)?,
         owner_id: row.get(11)?,
-        enqueued_at: row.get(12)?,
-        started_at: row.get(13)?,
-        completed_at: row.get(14)?,
-        reaped_at: row.get(15)?,
+        enqueued_at: at(row, 12)?,
+        started_at: at_opt(row, 13)?,
+        completed_at: at_opt(row, 14)?,
+        reaped_at: at_opt(row, 15)?,
         declared_deadline_ms: row.get(16)?,
         deadline_ms: row.get(17)?,
-        reapable_at: row.get(18)?,
+        reapable_at: at_opt(row, 18)?,
         queue_wait_ms: None,
         execution_ms: None,
         success: row.get(19)?,

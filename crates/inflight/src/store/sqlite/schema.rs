@@ -8,11 +8,11 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::config::LedgerConfig;
 use crate::domain::query;
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
 
-use super::rows::{query_rows, Statements};
+use super::rows::{at, query_rows, Statements};
 use super::sql::{self, Backfill, MIGRATIONS};
 use super::txn::{PendingCounts, SqliteTxn};
 use super::{pragmas, sql_error, Synchronous, BUSY_TIMEOUT};
@@ -64,7 +64,7 @@ pub(super) fn run_backfill(conn: &Connection, backfill: Backfill) -> Result<(), 
             // Counted by the domain's minute, not restated in SQL.
             let mut counts = PendingCounts::default();
             let mut st = Statements::new(conn);
-            let completed: Vec<Millis> = query_rows(&mut st, sql::COMPLETED_AT_ALL, [], |row| row.get(0))?;
+            let completed: Vec<Timestamp> = query_rows(&mut st, sql::COMPLETED_AT_ALL, [], |row| at(row, 0))?;
             for at in completed {
                 *counts
                     .completions

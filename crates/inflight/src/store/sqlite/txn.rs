@@ -13,13 +13,14 @@ use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
 use crate::domain::snapshot::LaneLoad;
-use crate::domain::timestamp::Millis;
+use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine::Txn;
 
 use super::rows::{
-    owner_from_row, parse_column, query_records, query_rows, record_from_row, shared, Statements,
+    at_opt, ms, ms_opt, owner_from_row, parse_column, query_records, query_rows, record_from_row, shared,
+    Statements,
 };
 use super::{sql, sql_error};
 
@@ -115,7 +116,7 @@ pub(super) fn add_to_aggregate(
             d.execution_count,
             d.execution_sum_ms,
             d.execution_max_ms,
-            d.last_seen_at,
+            ms_opt(d.last_seen_at),
         ])
         .map_err(sql_error("cannot update counters"))?;
     Ok(())
@@ -143,13 +144,13 @@ impl SqliteTxn<'_, '_> {
                 record.disposition.map(|d| d.as_str()),
                 record.reap_reason.map(|r| r.as_str()),
                 record.owner_id,
-                record.enqueued_at,
-                record.started_at,
-                record.completed_at,
-                record.reaped_at,
+                ms(record.enqueued_at),
+                ms_opt(record.started_at),
+                ms_opt(record.completed_at),
+                ms_opt(record.reaped_at),
                 record.declared_deadline_ms,
                 record.deadline_ms,
-                record.reapable_at,
+                ms_opt(record.reapable_at),
                 record.success,
                 record.failure_stage.map(|s| s.as_str()),
                 record.late_settle,
@@ -295,7 +296,7 @@ impl Txn for SqliteTxn<'_, '_> {
                     execution_count: row.get(20)?,
                     execution_sum_ms: row.get(21)?,
                     execution_max_ms: row.get(22)?,
-                    last_seen_at: row.get(23)?,
+                    last_seen_at: at_opt(row, 23)?,
                 },
             ))
         })
@@ -326,11 +327,11 @@ impl Txn for SqliteTxn<'_, '_> {
                 owner.owner_id.as_str(),
                 owner.name.as_str(),
                 owner.ttl_ms,
-                owner.registered_at,
-                owner.renewed_at,
-                owner.expires_at,
+                ms(owner.registered_at),
+                ms(owner.renewed_at),
+                ms(owner.expires_at),
                 owner.state.as_str(),
-                owner.ended_at,
+                ms_opt(owner.ended_at),
                 owner.reaped_records,
                 owner.cancelled_records,
             ],
@@ -338,8 +339,8 @@ impl Txn for SqliteTxn<'_, '_> {
         .map(|_| ())
     }
 
-    fn due(&mut self, now: Millis, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        shared(query_records(self.st, sql::DUE, params![now, limit as i64]))
+    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        shared(query_records(self.st, sql::DUE, params![ms(now), limit as i64]))
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
@@ -353,7 +354,7 @@ impl Txn for SqliteTxn<'_, '_> {
                     query.lane.service.as_str(),
                     query.lane.provider.as_str(),
                     query.activity_id.to_string(),
-                    query.enqueued_at,
+                    ms(query.enqueued_at),
                     query.newcomer
                 ],
                 |row| {
@@ -384,31 +385,31 @@ impl Txn for SqliteTxn<'_, '_> {
                 },
                 executing: row.get(2)?,
                 waiting: row.get(3)?,
-                oldest_waiting_since: row.get(4)?,
+                oldest_waiting_since: at_opt(row, 4)?,
             })
         })
     }
 
     fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        query_records(self.st, sql::COMPLETED, params![window.since, limit])
+        query_records(self.st, sql::COMPLETED, params![ms(window.since), limit])
     }
 
-    fn completed_between(&mut self, from: Millis, to: Millis) -> Result<i64, LedgerError> {
-        self.value(sql::COMPLETED_BETWEEN, [from, to])
+    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
+        self.value(sql::COMPLETED_BETWEEN, [ms(from), ms(to)])
     }
 
     fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        query_records(self.st, sql::REAPED, params![window.since, limit])
+        query_records(self.st, sql::REAPED, params![ms(window.since), limit])
     }
 
     fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
-        query_rows(self.st, sql::LISTED_OWNERS, [window.since], owner_from_row)
+        query_rows(self.st, sql::LISTED_OWNERS, [ms(window.since)], owner_from_row)
     }
 
-    fn expired_owners(&mut self, now: Millis) -> Result<Vec<Owner>, LedgerError> {
-        query_rows(self.st, sql::EXPIRED_OWNERS, [now], owner_from_row)
+    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError> {
+        query_rows(self.st, sql::EXPIRED_OWNERS, [ms(now)], owner_from_row)
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
@@ -417,15 +418,20 @@ impl Txn for SqliteTxn<'_, '_> {
 
     fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        query_rows(self.st, sql::PRUNABLE, params![retention.before, limit], |row| {
-            let id: String = row.get(0)?;
-            id.parse().map_err(|err: uuid::Error| {
-                rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
-            })
-        })
+        query_rows(
+            self.st,
+            sql::PRUNABLE,
+            params![ms(retention.before), limit],
+            |row| {
+                let id: String = row.get(0)?;
+                id.parse().map_err(|err: uuid::Error| {
+                    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(err))
+                })
+            },
+        )
     }
 
     fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
-        self.run(sql::PRUNE_OWNERS, [retention.before]).map(|_| ())
+        self.run(sql::PRUNE_OWNERS, [ms(retention.before)]).map(|_| ())
     }
 }
