@@ -85,7 +85,7 @@ fn migrate_locked(
 fn rebound_in_flight(conn: &mut Conn, config: &LedgerConfig, clock: &dyn Clock) -> Result<(), LedgerError> {
     let at = (!clock.is_system()).then(|| clock.now());
     writer::begin(conn, at).map_err(|(_, err)| err)?;
-    let mut txn = PgTxn::new(conn);
+    let mut txn = PgTxn::new(conn, config);
     txn.lock_in_flight = true;
     let rebound = engine::rebound(&mut txn, config.policy());
     let control = if rebound.is_ok() {

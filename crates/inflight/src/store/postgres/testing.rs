@@ -76,11 +76,17 @@ fn run_database() -> &'static str {
         // Dropped when the process exits: the test harness exits through
         // `exit`, which runs this.
         extern "C" fn drop_at_exit() {
-            let server = server_url();
-            let name = format!("{PREFIX}{}", std::process::id());
-            if let Ok(mut admin) = postgres::Client::connect(&server, postgres::NoTls) {
-                let _ = admin.batch_execute(&DROP_DATABASE.replace("{}", &super::sql::quote_ident(&name)));
-            }
+            // On a thread of its own: the exiting thread's runtime context
+            // may already be torn down, and a panic must not cross `exit`.
+            let dropped = std::thread::spawn(|| {
+                let server = server_url();
+                let name = format!("{PREFIX}{}", std::process::id());
+                if let Ok(mut admin) = postgres::Client::connect(&server, postgres::NoTls) {
+                    let _ =
+                        admin.batch_execute(&DROP_DATABASE.replace("{}", &super::sql::quote_ident(&name)));
+                }
+            });
+            let _ = dropped.join();
         }
         // SAFETY: registers a plain function with no captured state.
         unsafe {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use postgres::types::ToSql;
 use postgres::{Client, Row, Statement};
 
+use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
@@ -111,6 +112,8 @@ impl Conn {
 
 pub(super) struct PgTxn<'c> {
     conn: &'c mut Conn,
+    /// Which lanes have caps: only theirs wake other instances.
+    config: &'c LedgerConfig,
     /// The record the last `peek` read (and locked), until anything writes.
     peeked: Option<Arc<ActivityRecord>>,
     /// The counter changes of this command, for its group to write.
@@ -125,9 +128,10 @@ pub(super) struct PgTxn<'c> {
 }
 
 impl<'c> PgTxn<'c> {
-    pub(super) fn new(conn: &'c mut Conn) -> Self {
+    pub(super) fn new(conn: &'c mut Conn, config: &'c LedgerConfig) -> Self {
         Self {
             conn,
+            config,
             peeked: None,
             counts: PendingCounts::default(),
             fault: None,
@@ -191,7 +195,10 @@ impl<'c> PgTxn<'c> {
     }
 
     fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<u64, LedgerError> {
-        if record.admission == Admission::Queued && record.state != State::Waiting {
+        if record.admission == Admission::Queued
+            && record.state != State::Waiting
+            && self.config.cap_of(&record.labels).is_some()
+        {
             self.capacity_changed = true;
         }
         let id = record.activity_id.to_string();

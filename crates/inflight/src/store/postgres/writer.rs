@@ -265,7 +265,7 @@ fn run_commands(
                 return Err(transaction_failure((fault, err)));
             }
         }
-        let mut txn = PgTxn::new(conn);
+        let mut txn = PgTxn::new(conn, config);
         let result = engine::execute(&mut txn, config, command, now);
         let pending = std::mem::take(&mut txn.counts);
         let fault = txn.fault;
