@@ -348,7 +348,7 @@ pub(crate) fn postgres_two_instances(plan: &Plan) -> Result<Vec<Case>> {
     if latencies.is_empty() {
         bail!("no grant was freed by the other instance");
     }
-    let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
+    let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
     eprintln!(
         "  postgres_two_instances: {rate:.0} grants/s; wake-up across instances p50 {p50:.1} ms, p99 {p99:.1} ms \
          ({} samples)",
