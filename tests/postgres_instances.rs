@@ -1,9 +1,10 @@
 //! Several `inflight serve` processes on one PostgreSQL database behave as
 //! one ledger: caps hold across them (also against a transaction held
-//! open mid-decision), each leaked record is reaped once however many
-//! reapers run, a waiter on one is woken promptly by a settle on the other,
-//! and a server whose database goes away answers 503 `unavailable` within
-//! seconds and recovers by itself.
+//! open mid-decision), first come first served, each leaked record is
+//! reaped once however many reapers run, a waiter on one is woken promptly
+//! by a settle on the other, an owner's lease works across them, and a
+//! server whose database goes away answers 503 `unavailable` within seconds
+//! and recovers by itself.
 //!
 //! The database is a fresh schema on the test server
 //! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432).
@@ -519,4 +520,38 @@ async fn a_server_whose_database_goes_away_answers_503_and_recovers_by_itself() 
         let (status, record) = server.get(&format!("/v1/activities/{id}")).await;
         assert_eq!(status, 200, "acknowledged {id} is kept: {record}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_registered_on_one_server_is_renewed_and_lost_on_the_other() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let (status, owner) = servers[0]
+        .post("/v1/owners", json!({"name": "worker-a", "ttlMs": 1500}))
+        .await;
+    assert_eq!(status, 201, "{owner}");
+    let owner_id = owner["ownerId"].as_str().unwrap().to_owned();
+    let body = json!({"service": "owned", "provider": "ollama", "class": "embedding", "ownerId": owner_id});
+    let record = servers[1].begin(body).await;
+    // Renewed on the other server than the one it registered on: alive.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, renewed) = servers[1]
+            .post(&format!("/v1/owners/{owner_id}/renew"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{renewed}");
+    }
+    let (_, seen) = servers[0].get(&format!("/v1/activities/{record}")).await;
+    assert_eq!(seen["state"], "waiting", "a renewed owner's record lives: {seen}");
+    // No more renewals: lost past its lease, by the database's clock, and
+    // its record reaped as owner-lost on whichever server looks.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let (_, seen) = servers[0].get(&format!("/v1/activities/{record}")).await;
+    assert_eq!(seen["state"], "reaped", "{seen}");
+    assert_eq!(seen["reapReason"], "owner-lost", "{seen}");
+    let (status, refused) = servers[1]
+        .post(&format!("/v1/owners/{owner_id}/renew"), json!({}))
+        .await;
+    assert_eq!(status, 409, "a lost owner cannot renew: {refused}");
 }
