@@ -3,10 +3,12 @@
 //!
 //! The server is `INFLIGHT_TEST_POSTGRES_URL`, by default
 //! [`DEFAULT_SERVER`]. Each test process (a run) creates its own database,
-//! `inflight_test_<pid>`, and drops it when it exits; each test gets a
-//! fresh schema in it ([`TestDatabase`]), dropped when the test ends. A
-//! run that was killed leaves its database behind: the next run drops every
-//! `inflight_test_<pid>` whose process is gone, first thing.
+//! `inflight_test_<host>_<pid>` (`<host>` a hash of this machine's name, so
+//! that machines sharing a server leave each other's alone), and drops it
+//! when it exits; each test gets a fresh schema in it ([`TestDatabase`]),
+//! dropped when the test ends. A run that was killed leaves its database
+//! behind: the next run on the machine drops every one of this machine's
+//! whose process is gone, first thing.
 //!
 //! When the server cannot be reached, [`TestDatabase::new`] panics with a
 //! message that says so and how to point the tests elsewhere: PostgreSQL
@@ -29,6 +31,26 @@ const LIST_TEST_DATABASES: &str = "SELECT datname FROM pg_database WHERE datname
 const DROP_DATABASE: &str = "DROP DATABASE IF EXISTS {} WITH (FORCE)";
 const CREATE_DATABASE: &str = "CREATE DATABASE {}";
 const DROP_SCHEMA: &str = "DROP SCHEMA IF EXISTS {} CASCADE";
+
+/// This run's database name.
+fn run_name() -> String {
+    format!("{PREFIX}{}_{}", host_tag(), std::process::id())
+}
+
+/// A short tag of this machine's name.
+fn host_tag() -> String {
+    use std::hash::{Hash, Hasher};
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer is valid and writable for its whole length.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let name = if ok { &name[..] } else { &[][..] };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.split(|b| *b == 0)
+        .next()
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    format!("{:08x}", hasher.finish() as u32)
+}
 
 /// The test server's URL.
 pub fn server_url() -> String {
@@ -67,7 +89,7 @@ fn run_database() -> &'static str {
         let server = server_url();
         let mut admin = connect(&server);
         drop_leftovers(&mut admin);
-        let name = format!("{PREFIX}{}", std::process::id());
+        let name = run_name();
         let quoted = super::sql::quote_ident(&name);
         admin
             .batch_execute(&DROP_DATABASE.replace("{}", &quoted))
@@ -80,7 +102,7 @@ fn run_database() -> &'static str {
             // may already be torn down, and a panic must not cross `exit`.
             let dropped = std::thread::spawn(|| {
                 let server = server_url();
-                let name = format!("{PREFIX}{}", std::process::id());
+                let name = run_name();
                 if let Ok(mut admin) = postgres::Client::connect(&server, postgres::NoTls) {
                     let _ =
                         admin.batch_execute(&DROP_DATABASE.replace("{}", &super::sql::quote_ident(&name)));
@@ -103,7 +125,8 @@ fn drop_leftovers(admin: &mut postgres::Client) {
     };
     for row in rows {
         let name: String = row.get(0);
-        let Some(pid) = name.strip_prefix(PREFIX).and_then(|pid| pid.parse::<i32>().ok()) else {
+        let mine = format!("{PREFIX}{}_", host_tag());
+        let Some(pid) = name.strip_prefix(&mine).and_then(|pid| pid.parse::<i32>().ok()) else {
             continue;
         };
         // SAFETY: signal 0 only asks whether the process exists.
