@@ -240,8 +240,8 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
     assert_eq!(code, Some(0), "{table}");
     assert!(table.contains("knowledge-base::ollama"), "{table}");
     assert!(
-        table.contains(&waiting[..8]),
-        "the in-flight record is listed: {table}"
+        table.contains(&waiting[waiting.len() - 8..]),
+        "the in-flight record is listed by the end of its id: {table}"
     );
     let (code, raw, _) = run_cli(
         &[
@@ -284,6 +284,144 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
     assert_eq!(code, Some(1), "{out}");
     assert!(err.contains("cannot connect"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line, no backtrace: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_the_short_ids_its_tables_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: vec!["--listen".into(), "127.0.0.1:0".into()],
+        ..Launch::default()
+    })
+    .await;
+    let base = server.base.clone();
+    let at = ["--server", base.as_str()];
+    // UUIDv7s begun together share their first 8 characters.
+    let first = server.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let second = server.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let (status, owner) = server.post("/v1/owners", json!({"name": "worker-a"})).await;
+    assert_eq!(status, 201, "{owner}");
+    let owner = owner["ownerId"].as_str().unwrap().to_owned();
+    let short = |id: &str| id[id.len() - 8..].to_owned();
+
+    let (code, table, err) = run_cli(&["snapshot", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    for id in [&first, &second, &owner] {
+        assert!(table.contains(&short(id)), "{id} by its end: {table}");
+        assert!(!table.contains(id.as_str()), "{id} is shortened: {table}");
+    }
+
+    // A short id names the record; so does the whole id.
+    let (code, shown, err) = run_cli(&["show", &short(&first), at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(shown.starts_with("activityId: "), "{shown}");
+    assert!(shown.contains(&first) && shown.contains("waiting"), "{shown}");
+    let (code, shown, _) = run_cli(&["show", "--json", &first, at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0));
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["activityId"], first.as_str());
+
+    let (code, out, err) = run_cli(
+        &["cancel", &short(&second), "--reason", "operator", at[0], at[1]],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("activity {second}: cancelled"));
+    let (_, record) = server.get(&format!("/v1/activities/{second}")).await;
+    assert_eq!(record["state"], "cancelled");
+    // Still found once it completed.
+    let (code, _, err) = run_cli(&["show", &short(&second), at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+
+    let (code, out, err) = run_cli(&["release", &short(&owner), at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&owner) && out.contains("released"), "{out}");
+
+    // A suffix no id has, or one every id has, is a clear error.
+    let (code, _, err) = run_cli(&["show", "deadbeef", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("no activity the server's snapshot lists ends with \"deadbeef\""),
+        "{err}"
+    );
+    let shared = first
+        .chars()
+        .rev()
+        .zip(second.chars().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    if shared > 0 {
+        let suffix = &first[first.len() - shared..];
+        let (code, _, err) = run_cli(&["show", suffix, at[0], at[1]], &[]).await;
+        assert_eq!(code, Some(1));
+        assert!(
+            err.contains("ambiguous") && err.contains(&first) && err.contains(&second),
+            "{err}"
+        );
+    }
+    // (An ambiguous one is tested in `cli::ids`: ids here rarely share an end.)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_watch_redraws_in_place_until_interrupted() {
+    let server = Server::start(Launch {
+        args: vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--store".into(),
+            "memory:".into(),
+        ],
+        ..Launch::default()
+    })
+    .await;
+    server.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let mut watch = inflight()
+        .args([
+            "snapshot",
+            "--watch",
+            "--interval",
+            "500ms",
+            "--server",
+            &server.base,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let mut stdout = watch.stdout.take().unwrap();
+    // Three frames, each after a clear screen and home.
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buffer = [0u8; 4096];
+        while String::from_utf8_lossy(&seen).matches("\x1b[2J\x1b[H").count() < 3 {
+            use tokio::io::AsyncReadExt;
+            let read = stdout.read(&mut buffer).await.expect("stdout reads");
+            assert!(read > 0, "the watch ended: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buffer[..read]);
+        }
+    };
+    tokio::time::timeout(PATIENCE, read).await.expect("three frames");
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    let frames: Vec<&str> = text.split("\x1b[2J\x1b[H").skip(1).collect();
+    assert!(frames.len() >= 2, "{text:?}");
+    for frame in &frames[..2] {
+        assert!(frame.contains("kb::ollama"), "{frame}");
+        assert!(frame.contains("every 500ms; Ctrl-C to stop"), "{frame}");
+    }
+    // Interrupted, it stops cleanly.
+    let pid = watch.id().expect("running").to_string();
+    let killed = Command::new("kill").args(["-INT", &pid]).status().await.unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(PATIENCE, watch.wait())
+        .await
+        .expect("the watch stops on SIGINT")
+        .unwrap();
+    assert!(status.success(), "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,4 +638,495 @@ async fn check_config_exits_0_when_valid_and_2_naming_the_key() {
     let missing = dir.path().join("missing.toml");
     let (code, _, err) = run_cli(&["check-config", missing.to_str().unwrap()], &[]).await;
     assert_eq!(code, Some(2), "{err}");
+}
+
+/// Writes `text` as a configuration file in `dir`; the `--config` arguments.
+fn config_file(dir: &tempfile::TempDir, text: &str) -> Vec<String> {
+    let path = dir.path().join("inflight.toml");
+    std::fs::write(&path, text).unwrap();
+    vec![
+        "--config".to_owned(),
+        path.display().to_string(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ]
+}
+
+/// Opens a connection to `server` that sends half a request header and
+/// never the rest.
+async fn slow_client(server: &Server) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr = server.base.strip_prefix("http://").unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
+    stream
+        .write_all(b"POST /v1/activities HTTP/1.1\r\nHost: inflight\r\nContent-Type: appl")
+        .await
+        .expect("writes half a header");
+    stream
+}
+
+/// Waits (bounded by `until`) for the server to close `stream`.
+async fn closed_by(mut stream: tokio::net::TcpStream, until: tokio::time::Instant) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut sink = Vec::new();
+    // EOF or a reset both mean the server let go of it.
+    tokio::time::timeout_at(until, stream.read_to_end(&mut sink))
+        .await
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_slow_clients_neither_starve_the_others_nor_stay_open() {
+    const SLOW: usize = 5_000;
+    const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(&dir, "[server]\nheader_timeout = \"3s\"\n"),
+        ..Launch::default()
+    })
+    .await;
+
+    let mut slow = Vec::with_capacity(SLOW);
+    for _ in 0..SLOW {
+        slow.push((tokio::time::Instant::now(), slow_client(&server).await));
+    }
+
+    // A well-behaved client, meanwhile: full lifecycles, each call timed.
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        for step in 0..3 {
+            let started = std::time::Instant::now();
+            match step {
+                0 => {
+                    let id = server
+                        .begin(json!({"service": "kb", "provider": "ollama", "class": "embedding"}))
+                        .await;
+                    latencies.push(started.elapsed());
+                    let started = std::time::Instant::now();
+                    let (status, _) = server
+                        .post(&format!("/v1/activities/{id}/start"), json!({}))
+                        .await;
+                    assert_eq!(status, 200);
+                    latencies.push(started.elapsed());
+                    let started = std::time::Instant::now();
+                    let (status, _) = server
+                        .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+                        .await;
+                    assert_eq!(status, 200);
+                    latencies.push(started.elapsed());
+                }
+                _ => {
+                    let (status, _) = server.get("/healthz").await;
+                    assert_eq!(status, 200);
+                    latencies.push(started.elapsed());
+                }
+            }
+        }
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let worst = *latencies.last().unwrap();
+    eprintln!(
+        "with {SLOW} slow connections open: {} calls, median {median:?}, worst {worst:?}",
+        latencies.len()
+    );
+    assert!(median <= Duration::from_millis(100), "median {median:?}");
+
+    // Each slow connection is closed within the header timeout (plus slack
+    // for a loaded machine), counted from when it was opened.
+    let mut still_open = 0;
+    for (opened, stream) in slow {
+        if !closed_by(stream, opened + HEADER_TIMEOUT + Duration::from_secs(2)).await {
+            still_open += 1;
+        }
+    }
+    assert_eq!(
+        still_open, 0,
+        "slow connections left open past the header timeout"
+    );
+    let (status, snapshot) = server.get("/v1/snapshot").await;
+    assert_eq!(status, 200);
+    assert_eq!(snapshot["totalActivities"], 10, "half a header records nothing");
+}
+
+#[tokio::test]
+async fn a_connection_past_max_connections_is_answered_503_with_retry_after() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(&dir, "[server]\nmax_connections = 20\nheader_timeout = \"30s\"\n"),
+        ..Launch::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(slow_client(&server).await);
+    }
+    // Accepted after the twenty (the backlog is first in, first out), so
+    // every permit is taken by then.
+    let addr = server.base.strip_prefix("http://").unwrap();
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: inflight\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(PATIENCE, extra.read_to_string(&mut answer))
+        .await
+        .expect("answered")
+        .expect("readable");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains(r#""code":"unavailable""#), "{answer}");
+
+    // A connection that goes away hands its place back.
+    held.pop();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let response = server
+            .request(reqwest::Method::GET, "/healthz")
+            .send()
+            .await
+            .expect("answers");
+        if response.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What the clients were told before the crash, per record.
+#[derive(Default, Clone, Copy, Debug)]
+struct Acknowledged {
+    started: bool,
+    settled: bool,
+}
+
+/// Eight clients run lifecycles as fast as they can until the server is
+/// killed. After a restart on the same file: every transition acknowledged
+/// before the kill is there, every record is counted once, and the records
+/// in flight at the crash end reaped, never stuck.
+async fn acknowledged_work_survives_kill_9_under_load(synchronous: Option<&str>) {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    const CLIENTS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let mut args = config_file(
+        &dir,
+        "[reap]\nfactor = 1\ninterval = \"100ms\"\n[classes.embedding]\ndeadline = \"500ms\"\n",
+    );
+    args.truncate(2);
+    args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        synchronous,
+        args: args.clone(),
+        ..Launch::default()
+    })
+    .await;
+    let acked: Arc<Mutex<HashMap<String, Acknowledged>>> = Arc::default();
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let (base, acked) = (server.base.clone(), Arc::clone(&acked));
+        clients.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            let post = |path: String, body: Value| {
+                let request = http.post(format!("{base}{path}")).json(&body);
+                async move {
+                    match request.send().await {
+                        Ok(response) if response.status().is_success() => response.json::<Value>().await.ok(),
+                        _ => None,
+                    }
+                }
+            };
+            for round in 0.. {
+                let kb = json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding",
+                                "operationStage": format!("client-{client}")});
+                let Some(record) = post("/v1/activities".to_owned(), kb).await else {
+                    return;
+                };
+                let id = record["activityId"].as_str().unwrap().to_owned();
+                acked.lock().unwrap().insert(id.clone(), Acknowledged::default());
+                // Some calls are left in flight, as a crash would find them.
+                if round % 5 == 4 {
+                    continue;
+                }
+                if post(format!("/v1/activities/{id}/start"), json!({}))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+                acked.lock().unwrap().get_mut(&id).unwrap().started = true;
+                if round % 7 == 6 {
+                    continue;
+                }
+                if post(format!("/v1/activities/{id}/settle"), json!({"success": true}))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+                acked.lock().unwrap().get_mut(&id).unwrap().settled = true;
+            }
+        }));
+    }
+    // Load for a while, then the kill, mid-flight.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while acked.lock().unwrap().values().filter(|a| a.settled).count() < 200 {
+        assert!(tokio::time::Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.crash().await;
+    for client in clients {
+        client.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+
+    let server = Server::start(Launch {
+        store: Some(&store),
+        synchronous,
+        args,
+        ..Launch::default()
+    })
+    .await;
+    // The records in flight at the crash end reaped, by the reaper alone.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let snapshot = loop {
+        let (status, snapshot) = server.get("/v1/snapshot?limit=10000&since=1h").await;
+        assert_eq!(status, 200);
+        if snapshot["totalInFlight"] == 0 {
+            break snapshot;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records stuck in flight: {snapshot}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Every acknowledged transition is there.
+    let mut states: HashMap<String, String> = HashMap::new();
+    for section in ["recentCompletions", "reaped"] {
+        for record in snapshot[section].as_array().unwrap() {
+            let id = record["activityId"].as_str().unwrap().to_owned();
+            assert!(
+                states
+                    .insert(id.clone(), record["state"].as_str().unwrap().to_owned())
+                    .is_none(),
+                "{id} listed twice"
+            );
+        }
+    }
+    assert!(!snapshot["recentCompletionsTruncated"].as_bool().unwrap());
+    assert!(!snapshot["reapedTruncated"].as_bool().unwrap());
+    for (id, ack) in &acked {
+        let state = states
+            .get(id)
+            .unwrap_or_else(|| panic!("acknowledged begin {id} was lost"));
+        if ack.settled {
+            assert_eq!(state, "succeeded", "acknowledged settle of {id} was lost");
+        } else if ack.started {
+            assert!(state == "reaped" || state == "succeeded", "{id}: {state}");
+            let (_, record) = server.get(&format!("/v1/activities/{id}")).await;
+            assert!(
+                !record["startedAt"].is_null(),
+                "acknowledged start of {id} was lost: {record}"
+            );
+        }
+    }
+    // Each record counted once: the counters match the records.
+    let stored = i64::try_from(states.len()).unwrap();
+    let succeeded = i64::try_from(states.values().filter(|s| *s == "succeeded").count()).unwrap();
+    let reaped = i64::try_from(states.values().filter(|s| *s == "reaped").count()).unwrap();
+    assert_eq!(snapshot["totalActivities"], stored, "{snapshot}");
+    assert_eq!(snapshot["totalSucceeded"], succeeded);
+    assert_eq!(snapshot["totalReaped"], reaped);
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(
+        (lane["executing"].as_i64(), lane["waiting"].as_i64()),
+        (Some(0), Some(0))
+    );
+    eprintln!(
+        "kill -9 under load ({}): {} records acknowledged, {stored} stored, {succeeded} succeeded, {reaped} reaped",
+        synchronous.unwrap_or("full"),
+        acked.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_work_survives_kill_9_under_load_synchronous_full() {
+    acknowledged_work_survives_kill_9_under_load(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_work_survives_kill_9_under_load_synchronous_normal() {
+    acknowledged_work_survives_kill_9_under_load(Some("normal")).await;
+}
+
+/// The server's resident memory, in KiB, from /proc.
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches(" kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Floods of 404s, malformed JSON, oversized headers and bodies, and
+/// bodies that trickle: every one answered 4xx (or cut off), never 5xx,
+/// while a well-behaved client keeps being served and memory stays put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_bad_requests_get_4xx_while_good_clients_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const FLOODERS: usize = 6;
+    const REQUESTS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(&dir, "[server]\nbody_timeout = \"1s\"\nheader_timeout = \"2s\"\n"),
+        ..Launch::default()
+    })
+    .await;
+    let pid = server.child.id().expect("running");
+    let before = resident_kib(pid);
+    let addr = server.base.strip_prefix("http://").unwrap().to_owned();
+
+    let mut flooders = Vec::new();
+    for kind in 0..FLOODERS {
+        let (base, addr) = (server.base.clone(), addr.clone());
+        flooders.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let mut statuses = Vec::new();
+            for i in 0..REQUESTS {
+                let status = match kind {
+                    0 => http.get(format!("{base}/nowhere/{i}")).send().await.map(|r| r.status().as_u16()),
+                    1 => http
+                        .post(format!("{base}/v1/activities"))
+                        .header("content-type", "application/json")
+                        .body(format!("{{\"service\": \"kb\", \"provider\": [{i}"))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    2 => http
+                        .post(format!("{base}/v1/activities"))
+                        .header("content-type", "application/json")
+                        .body(vec![b' '; 200 * 1024])
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    3 => http
+                        .get(format!("{base}/v1/snapshot"))
+                        .header("x-junk", "x".repeat(128 * 1024))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    4 => http
+                        .post(format!("{base}/v1/activities/{i}/settle"))
+                        .body("{\"success\": \"maybe\"}")
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16()),
+                    _ => {
+                        // A body that trickles: one byte, then nothing.
+                        if i % 30 != 0 {
+                            continue;
+                        }
+                        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                        stream
+                            .write_all(
+                                b"POST /v1/activities HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                                  Content-Length: 100\r\n\r\n{",
+                            )
+                            .await
+                            .unwrap();
+                        let mut answer = String::new();
+                        let _ = tokio::time::timeout(PATIENCE, stream.read_to_string(&mut answer)).await;
+                        let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+                        Ok(status)
+                    }
+                };
+                // A connection the server cut (an oversized header) is no answer at all.
+                statuses.push(status.unwrap_or(0));
+            }
+            (kind, statuses)
+        }));
+    }
+
+    // Meanwhile, a well-behaved client.
+    let mut latencies = Vec::new();
+    for _ in 0..30 {
+        let started = std::time::Instant::now();
+        let id = server
+            .begin(json!({"service": "kb", "provider": "ollama", "class": "embedding"}))
+            .await;
+        let (status, _) = server
+            .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+            .await;
+        assert_eq!(status, 200);
+        latencies.push(started.elapsed());
+    }
+    let mut by_kind = Vec::new();
+    for flooder in flooders {
+        by_kind.push(flooder.await.unwrap());
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    eprintln!(
+        "under the flood: a begin and a settle took median {median:?}, worst {:?}",
+        latencies.last().unwrap()
+    );
+    for (kind, statuses) in &by_kind {
+        let server_errors: Vec<_> = statuses.iter().filter(|s| **s >= 500).collect();
+        assert!(
+            server_errors.is_empty(),
+            "flood {kind} got 5xx: {server_errors:?}"
+        );
+        let expected: &[u16] = match kind {
+            0 => &[404],
+            1 | 4 => &[400],
+            // The answer comes before the whole body was sent, and the
+            // connection closes after it: a client still sending may see
+            // the close rather than the 413.
+            2 => &[413, 0],
+            3 => &[431, 0],
+            _ => &[408],
+        };
+        assert!(
+            statuses.iter().all(|s| expected.contains(s)),
+            "flood {kind}: expected {expected:?}, got {:?}",
+            statuses.iter().collect::<std::collections::BTreeSet<_>>()
+        );
+    }
+    assert!(median <= Duration::from_millis(100), "median {median:?}");
+    let after = resident_kib(pid);
+    eprintln!(
+        "server memory: {before} KiB before, {after} KiB after {} bad requests",
+        FLOODERS * REQUESTS
+    );
+    assert!(
+        after < before + 64 * 1024,
+        "memory grew from {before} KiB to {after} KiB"
+    );
+    let (_, snapshot) = server.get("/v1/snapshot").await;
+    assert_eq!(snapshot["totalActivities"], 30, "bad requests record nothing");
 }

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use inflight_api::{ErrorBody, ReapCounts, Snapshot, SnapshotQuery};
+use inflight_api::{ActivityRecord, CancelRequest, ErrorBody, Owner, ReapCounts, Snapshot, SnapshotQuery};
 use serde::de::DeserializeOwned;
 
+use super::ids::{self, Kind};
 use super::CliError;
 
 /// How long a request may take before the client gives up.
@@ -69,6 +70,59 @@ impl Client {
         let request = self.http.post(format!("{}/v1/reap", self.base));
         let text = self.send(request).await?;
         self.decode(&text, "reap counts")
+    }
+
+    /// `GET /v1/activities/{id}`.
+    ///
+    /// # Errors
+    /// The server cannot be reached, refuses, or answers no record.
+    pub async fn activity(&self, id: &str) -> Result<ActivityRecord, CliError> {
+        let request = self.http.get(format!("{}/v1/activities/{id}", self.base));
+        let text = self.send(request).await?;
+        self.decode(&text, "a record")
+    }
+
+    /// `POST /v1/activities/{id}/cancel` with `reason`.
+    ///
+    /// # Errors
+    /// The server cannot be reached, refuses, or answers no record.
+    pub async fn cancel(&self, id: &str, reason: Option<String>) -> Result<ActivityRecord, CliError> {
+        let request = self
+            .http
+            .post(format!("{}/v1/activities/{id}/cancel", self.base))
+            .json(&CancelRequest { reason });
+        let text = self.send(request).await?;
+        self.decode(&text, "a record")
+    }
+
+    /// `DELETE /v1/owners/{id}`.
+    ///
+    /// # Errors
+    /// The server cannot be reached, refuses, or answers no owner.
+    pub async fn release_owner(&self, id: &str) -> Result<Owner, CliError> {
+        let request = self.http.delete(format!("{}/v1/owners/{id}", self.base));
+        let text = self.send(request).await?;
+        self.decode(&text, "an owner")
+    }
+
+    /// The whole id `text` names: `text` itself when it is a whole id, else
+    /// the one id of `kind` the server's snapshot lists that ends with it
+    /// (the short id a table shows). Only ids the server gave go into a
+    /// path, never the text typed.
+    ///
+    /// # Errors
+    /// The server cannot be reached, or no id or several end with `text`.
+    pub async fn resolve(&self, text: &str, kind: Kind) -> Result<String, CliError> {
+        if ids::is_full_id(text.trim()) {
+            return Ok(text.trim().to_ascii_lowercase());
+        }
+        // Every record the snapshot can list, over the whole history.
+        let query = SnapshotQuery {
+            limit: Some(10_000),
+            since: Some("1970-01-01T00:00:00Z".to_owned()),
+        };
+        let snapshot = self.snapshot(&query).await?;
+        ids::resolve(text, &ids::listed(&snapshot, kind), kind).map(str::to_owned)
     }
 
     /// Sends `request`; the body of a success, or the server's error.

@@ -1,5 +1,6 @@
-//! The `inflight` command line: `serve`, `snapshot`, `reap`, `check-config`
-//! and `demo`.
+//! The `inflight` command line: `serve`, `snapshot` (`--watch`), `show`,
+//! `cancel`, `release`, `reap`, `check-config` and `demo`. Commands that take
+//! an id take the short id a table shows too ([`ids`]).
 //!
 //! `main` parses a [`Cli`] and hands it to [`run`], which answers with the
 //! process's exit code: 0 on success, 2 for a configuration error, 1 for
@@ -14,6 +15,8 @@ use inflight_server::{self as server, Overrides, ServerSettings};
 
 pub mod client;
 pub mod demo;
+pub mod ids;
+pub mod watch;
 
 /// The default server the client commands talk to.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7878";
@@ -48,6 +51,12 @@ pub enum Command {
     Snapshot(SnapshotArgs),
     /// Ask a running server to reap every record past its bound now.
     Reap(ClientArgs),
+    /// Show one record as the server knows it.
+    Show(ShowArgs),
+    /// Cancel a record: an abort the ledger observes.
+    Cancel(CancelArgs),
+    /// Release an owner: a clean shutdown that cancels its in-flight records.
+    Release(ReleaseArgs),
     /// Validate a configuration file (exit 0 when valid, 2 otherwise).
     CheckConfig(CheckConfigArgs),
     /// Replay the incident that motivated inflight, before and after.
@@ -98,6 +107,54 @@ pub struct SnapshotArgs {
     /// History window: a duration (`24h`) or an RFC 3339 time.
     #[arg(long)]
     pub since: Option<String>,
+    /// Redraw the table in place every `--interval`, like `top`, until
+    /// interrupted (Ctrl-C).
+    #[arg(long, conflicts_with = "json")]
+    pub watch: bool,
+    /// How often `--watch` redraws: a duration, at least 500ms.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = watch::parse_interval, requires = "watch")]
+    pub interval: std::time::Duration,
+}
+
+/// An activity id: the whole id, or the end of it a table shows.
+const ACTIVITY_ID_HELP: &str = "The activity's id, or the short id a table shows (the end of the id)";
+
+/// `inflight show`'s options.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(value_name = "ID", help = ACTIVITY_ID_HELP)]
+    pub id: String,
+    /// Print the record as JSON instead of one field a line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `inflight cancel`'s options.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(value_name = "ID", help = ACTIVITY_ID_HELP)]
+    pub id: String,
+    /// Why (kept when it carries no credential, endpoint or path).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// `inflight release`'s options.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The owner's id, or the short id the owners table shows (the end of
+    /// the id).
+    #[arg(value_name = "OWNER_ID")]
+    pub id: String,
 }
 
 /// `inflight check-config`'s argument.
@@ -178,6 +235,9 @@ fn execute(cli: Cli) -> Result<(), CliError> {
                 limit: args.limit,
                 since: args.since,
             };
+            if args.watch {
+                return runtime()?.block_on(watch::watch(&client, &query, args.interval));
+            }
             let snapshot = runtime()?.block_on(client.snapshot(&query))?;
             if args.json {
                 let text = serde_json::to_string_pretty(&snapshot)
@@ -198,6 +258,53 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             );
             Ok(())
         }
+        Command::Show(args) => {
+            init_logging(cli.log_format, "warn");
+            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let record = runtime()?.block_on(async {
+                let id = client.resolve(&args.id, ids::Kind::Activity).await?;
+                client.activity(&id).await
+            })?;
+            if args.json {
+                let text = serde_json::to_string_pretty(&record)
+                    .map_err(|err| CliError::Failed(format!("cannot print the record: {err}")))?;
+                println!("{text}");
+            } else {
+                print!("{}", fields(&record)?);
+            }
+            Ok(())
+        }
+        Command::Cancel(args) => {
+            init_logging(cli.log_format, "warn");
+            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let record = runtime()?.block_on(async {
+                let id = client.resolve(&args.id, ids::Kind::Activity).await?;
+                client.cancel(&id, args.reason).await
+            })?;
+            if record.late_settle {
+                println!(
+                    "activity {} was already reaped ({}); the cancel is kept as a late settle",
+                    record.activity_id,
+                    record.disposition.map_or("-", |d| d.as_str())
+                );
+            } else {
+                println!("activity {}: {}", record.activity_id, record.state);
+            }
+            Ok(())
+        }
+        Command::Release(args) => {
+            init_logging(cli.log_format, "warn");
+            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let owner = runtime()?.block_on(async {
+                let id = client.resolve(&args.id, ids::Kind::Owner).await?;
+                client.release_owner(&id).await
+            })?;
+            println!(
+                "owner {} ({}): {}; {} in-flight records cancelled",
+                owner.owner_id, owner.name, owner.state, owner.cancelled_records
+            );
+            Ok(())
+        }
         Command::CheckConfig(args) => {
             let settings = server::load_file(&args.file)?;
             let overrides = Overrides::default();
@@ -214,6 +321,54 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             print!("{}", demo::render(&replay));
             Ok(())
         }
+    }
+}
+
+/// A record's fields, one `name: value` a line in the wire's order, names
+/// aligned; strings without their quotes, unset fields as `-`.
+fn fields(record: &inflight_api::ActivityRecord) -> Result<String, CliError> {
+    let text = serde_json::to_string(record)
+        .map_err(|err| CliError::Failed(format!("cannot print the record: {err}")))?;
+    // Read back as pairs, not a map, which would sort the names.
+    let pairs: OrderedFields = serde_json::from_str(&text)
+        .map_err(|err| CliError::Failed(format!("cannot print the record: {err}")))?;
+    let width = pairs.0.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+    let mut out = String::new();
+    for (name, value) in pairs.0 {
+        let value = match value {
+            serde_json::Value::String(text) => text,
+            serde_json::Value::Null => "-".to_owned(),
+            other => other.to_string(),
+        };
+        out.push_str(&format!("{:<width$} {value}\n", format!("{name}:")));
+    }
+    Ok(out)
+}
+
+/// A JSON object's fields in the order they were written.
+struct OrderedFields(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for OrderedFields {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Pairs;
+
+        impl<'de> serde::de::Visitor<'de> for Pairs {
+            type Value = OrderedFields;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OrderedFields, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = map.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(OrderedFields(pairs))
+            }
+        }
+
+        deserializer.deserialize_map(Pairs)
     }
 }
 
@@ -238,6 +393,17 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
             inflight_api::human_duration(
                 i64::try_from(ledger.reap_interval().as_millis()).unwrap_or(i64::MAX)
             )
+        ),
+        format!(
+            "server: at most {} connections and {} requests at once, header timeout {}, body timeout {}",
+            settings.limits.max_connections(),
+            settings.limits.max_requests(),
+            inflight_api::human_duration(
+                i64::try_from(settings.limits.header_timeout().as_millis()).unwrap_or(i64::MAX)
+            ),
+            inflight_api::human_duration(
+                i64::try_from(settings.limits.body_timeout().as_millis()).unwrap_or(i64::MAX)
+            ),
         ),
     ];
     for (name, bounds) in policy.classes() {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// What went wrong.
     pub error: ErrorDetail,
@@ -24,6 +25,7 @@ impl ErrorBody {
 
 /// The error inside an [`ErrorBody`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     /// The stable code, for programs.
     pub code: ErrorCode,
@@ -43,6 +45,9 @@ wire_enum! {
         NotFound => "not_found",
         /// 405: the route exists but not with that method.
         MethodNotAllowed => "method_not_allowed",
+        /// 408: the request's body did not arrive within the server's body
+        /// timeout.
+        RequestTimeout => "request_timeout",
         /// 409: the request contradicts the record or the owner.
         Conflict => "conflict",
         /// 413: a body over 64 KiB.
@@ -51,8 +56,9 @@ wire_enum! {
         LaneFull => "lane_full",
         /// 500: the store failed; the details are in the server's log.
         Internal => "internal",
-        /// 503: the store cannot be reached now (a database that is down or
-        /// restarting); retry later.
+        /// 503: the server is at a limit (connections, requests in
+        /// flight) or its store cannot be reached; retry after the
+        /// `Retry-After` seconds.
         Unavailable => "unavailable",
     }
 }
@@ -65,6 +71,7 @@ impl ErrorCode {
             Self::Unauthorized => 401,
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
+            Self::RequestTimeout => 408,
             Self::Conflict => 409,
             Self::PayloadTooLarge => 413,
             Self::LaneFull => 429,

@@ -29,6 +29,11 @@
 //!
 //! A field added later is added with a default, so that a client reads an
 //! older server's answers and a server reads an older client's requests.
+//!
+//! With the `openapi` feature (off by default, so that a client pulls in
+//! serde and chrono only), every type also has its OpenAPI schema
+//! (`utoipa::ToSchema`, and `utoipa::IntoParams` for the query strings): the
+//! server's `GET /openapi.json` is generated from them.
 
 #![deny(missing_docs)]
 
@@ -105,6 +110,21 @@ macro_rules! wire_enum {
                 deserializer.deserialize_str(Names)
             }
         }
+
+        // A string with the wire's names as its `enum`, documented as the
+        // type's name in the OpenAPI document.
+        #[cfg(feature = "openapi")]
+        impl ::utoipa::PartialSchema for $name {
+            fn schema() -> ::utoipa::openapi::RefOr<::utoipa::openapi::schema::Schema> {
+                ::utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(::utoipa::openapi::schema::Type::String)
+                    .enum_values(Some(Self::NAMES.iter().copied()))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl ::utoipa::ToSchema for $name {}
     };
 }
 
@@ -123,7 +143,7 @@ pub use request::{
 pub use response::{
     ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,
 };
-pub use table::{human_duration, render_snapshot};
+pub use table::{human_duration, render_snapshot, short_ids, SHORT_ID_MIN_LEN};
 pub use values::{
     Admission, Disposition, FailureStage, HealthStatus, OwnerState, Priority, ReapReason, SnapshotStatus,
     State, Timestamp,

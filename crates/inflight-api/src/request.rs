@@ -3,6 +3,12 @@
 //! Bodies are JSON objects. Unknown fields are ignored, so older servers
 //! accept newer clients, and a field set to `null` is the same as a missing
 //! one. Serializing leaves out every field that is not set.
+//!
+//! With the `openapi` feature, the schemas carry the bounds the server
+//! checks that a schema can say (the label pattern, `ttlMs`, `deadlineMs`,
+//! `limit`); the rest (the 5-minute skew, a `startedAt` before
+//! `enqueuedAt`, `wait` and `since` as durations) the server answers with a
+//! 400 naming the field, as `docs/api.md` says.
 
 use serde::{Deserialize, Serialize};
 
@@ -10,18 +16,23 @@ use crate::values::{whole_number, Admission, FailureStage, Priority, Timestamp};
 
 /// `POST /v1/activities`: begins a record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BeginRequest {
     /// The calling service: a label, required.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,64}$"))]
     pub service: String,
     /// The provider called: a label, required.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,64}$"))]
     pub provider: String,
     /// The deadline class its bounds derive from: a label (default `unknown`,
     /// which gets the widest class's deadline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,64}$"))]
     pub class: Option<String>,
     /// The caller's stage: a label (default `unknown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,64}$"))]
     pub operation_stage: Option<String>,
     /// The model: free text, kept only when it looks like a model identifier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,12 +45,15 @@ pub struct BeginRequest {
     pub admission: Option<Admission>,
     /// When it was enqueued (default: now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::values::timestamp_input))]
     pub enqueued_at: Option<Timestamp>,
     /// When it started: the record is begun already executing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::values::timestamp_input))]
     pub started_at: Option<Timestamp>,
     /// The call's own execution deadline, in milliseconds (positive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub deadline_ms: Option<i64>,
     /// The `ownerId` of a registered, live owner, as registration returned it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,15 +73,18 @@ impl BeginRequest {
 
 /// `POST /v1/activities/{id}/start`; an empty body is the same as `{}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct StartRequest {
     /// When it started (default: now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::values::timestamp_input))]
     pub started_at: Option<Timestamp>,
 }
 
 /// `POST /v1/activities/{id}/settle`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SettleRequest {
     /// Whether the call succeeded: `true` or `false`, required.
@@ -77,11 +94,13 @@ pub struct SettleRequest {
     pub failure_stage: Option<FailureStage>,
     /// When it completed (default: now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::values::timestamp_input))]
     pub completed_at: Option<Timestamp>,
 }
 
 /// `POST /v1/activities/{id}/cancel`; an empty body is the same as `{}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CancelRequest {
     /// Why the caller cancelled (kept only when it carries no credential,
@@ -92,33 +111,41 @@ pub struct CancelRequest {
 
 /// `POST /v1/owners`: registers an owner with a lease.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RegisterOwnerRequest {
     /// What the owner calls itself: a label, required.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,64}$"))]
     pub name: String,
     /// The lease's time-to-live in milliseconds, 100 to 3600000 (default
     /// 30000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 100, maximum = 3_600_000))]
     pub ttl_ms: Option<i64>,
 }
 
 /// The query string of `POST /v1/activities/{id}/start`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct StartQuery {
     /// How long to hold the request for the record's turn on a full lane: a
     /// duration (`500ms`, `5s`), at most `30s`. Unset: answer at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(example = "5s"))]
     pub wait: Option<String>,
 }
 
 /// The query string of `GET /v1/snapshot`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct SnapshotQuery {
     /// Records listed per section, 1 to 10000 (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "whole_number")]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 10000))]
     pub limit: Option<u32>,
     /// The start of the history window for completions and reaps: a duration
     /// before now (`90m`, `24h`) or an RFC 3339 time (default `24h`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(example = "24h"))]
     pub since: Option<String>,
 }

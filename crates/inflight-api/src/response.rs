@@ -2,7 +2,8 @@
 //!
 //! Fields are written in the order documented in `docs/api.md`; an unset
 //! optional field is written as `null` (except [`ActivityRecord::cancel_reason`],
-//! which is left out).
+//! which is left out). So, with the `openapi` feature, such a field is
+//! `required` (and nullable) in its schema: a client can count on the key.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,7 @@ use crate::values::{
 /// One activity (a provider call) as the ledger knows it: every activity
 /// route answers with it. No payload is ever part of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ActivityRecord {
     /// Its opaque id (a UUID).
@@ -37,31 +39,42 @@ pub struct ActivityRecord {
     /// Where it is in its life.
     pub state: State,
     /// How it leaked, when reaped.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub disposition: Option<Disposition>,
     /// Why it was reaped, when reaped.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub reap_reason: Option<ReapReason>,
     /// The owner it belongs to, as given at begin.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub owner_id: Option<String>,
     /// When it was enqueued.
     pub enqueued_at: Timestamp,
     /// When it started executing.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub started_at: Option<Timestamp>,
     /// When it settled.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub completed_at: Option<Timestamp>,
     /// When it was reaped.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub reaped_at: Option<Timestamp>,
     /// The effective execution deadline: its own, else its class's.
     pub deadline_ms: i64,
     /// While in flight, the instant past which it is reaped.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub reapable_at: Option<Timestamp>,
     /// `startedAt - enqueuedAt`, once started.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub queue_wait_ms: Option<i64>,
     /// `completedAt - startedAt`, once settled after a start.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub execution_ms: Option<i64>,
     /// `true` or `false` once succeeded or failed; unset in flight, cancelled
     /// or reaped.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub success: Option<bool>,
     /// Where a failure happened.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub failure_stage: Option<FailureStage>,
     /// A settle or cancel arrived after it was reaped.
     pub late_settle: bool,
@@ -73,6 +86,7 @@ pub struct ActivityRecord {
 
 /// An in-flight record in the snapshot: the record and its age.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InFlightRecord {
     /// The record, its fields inline.
@@ -84,6 +98,7 @@ pub struct InFlightRecord {
 
 /// A reaped record in the snapshot: the record and its age.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReapedRecord {
     /// The record, its fields inline.
@@ -96,6 +111,7 @@ pub struct ReapedRecord {
 /// Counts of reaped records by disposition: `POST /v1/reap`'s answer, and
 /// part of lanes, aggregates and the snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReapCounts {
     /// Never started.
     pub abandoned: i64,
@@ -112,6 +128,7 @@ impl ReapCounts {
 
 /// One lane of native admission, over its `queued` records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Lane {
     /// The calling service.
@@ -119,6 +136,7 @@ pub struct Lane {
     /// The provider.
     pub provider: String,
     /// The enforced cap, or unset when none is declared.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub cap: Option<u32>,
     /// Records executing.
     pub executing: i64,
@@ -139,6 +157,7 @@ pub struct Lane {
 /// The counters of one combination of service, stage, class, provider,
 /// model, priority and admission.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Aggregate {
     /// The calling service.
@@ -170,20 +189,26 @@ pub struct Aggregate {
     /// In flight now.
     pub in_flight: i64,
     /// Average queue wait in milliseconds, when any record started.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub avg_queue_wait_ms: Option<i64>,
     /// Longest queue wait in milliseconds, when any record started.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub max_queue_wait_ms: Option<i64>,
     /// Average execution time in milliseconds, when any record settled after
     /// a start.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub avg_execution_ms: Option<i64>,
     /// Longest execution time in milliseconds, likewise.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub max_execution_ms: Option<i64>,
     /// Its last caller-observed event.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub last_seen_at: Option<Timestamp>,
 }
 
 /// A registered owner and its lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Owner {
     /// Its id (a UUID, lowercase with hyphens).
@@ -201,6 +226,7 @@ pub struct Owner {
     /// Live, lost or released.
     pub state: OwnerState,
     /// When it was lost or released.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub ended_at: Option<Timestamp>,
     /// Records its loss reaped.
     pub reaped_records: i64,
@@ -210,6 +236,7 @@ pub struct Owner {
 
 /// `GET /v1/snapshot`: the ledger as operators read it, reaped first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Snapshot {
     /// `ok`, or `degraded` when records were reaped within the window.
@@ -223,12 +250,15 @@ pub struct Snapshot {
     /// Records ever begun.
     pub total_activities: i64,
     /// Records ever settled as succeeded (absent from older servers: 0).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     #[serde(default)]
     pub total_succeeded: i64,
     /// Records ever settled as failed (absent from older servers: 0).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     #[serde(default)]
     pub total_failed: i64,
     /// Records ever cancelled by their caller (absent from older servers: 0).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     #[serde(default)]
     pub total_cancelled: i64,
     /// Records in flight now, queued and direct.
@@ -272,6 +302,7 @@ impl Snapshot {
 
 /// `GET /healthz`'s answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Health {
     /// Always `ok`.
     pub status: HealthStatus,

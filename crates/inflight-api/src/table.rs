@@ -4,6 +4,7 @@
 //! `println!("{snapshot}")` on the library's own snapshot, which converts to
 //! this one first.
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
 use crate::{ActivityRecord, OwnerState, Snapshot, Timestamp};
@@ -94,8 +95,40 @@ impl Table {
     }
 }
 
-fn short_id(id: &str) -> String {
-    id.chars().take(8).collect()
+/// The fewest characters a short id has.
+pub const SHORT_ID_MIN_LEN: usize = 8;
+
+/// The short ids of a table: for each id, its shortest suffix of at least
+/// [`SHORT_ID_MIN_LEN`] characters that no other id of `ids` ends with (the
+/// whole id when it is that short, or when another id ends with all of it).
+///
+/// Suffixes, because a UUIDv7's first characters are its timestamp: ids
+/// begun in the same few seconds share them, and their ends are random.
+/// The `inflight` commands take such a suffix wherever they take an id.
+pub fn short_ids<'a>(ids: impl IntoIterator<Item = &'a str>) -> BTreeMap<&'a str, &'a str> {
+    // Sorted by their reversed characters, ids that share a suffix are
+    // neighbours: each needs one character more than it shares with either.
+    let mut reversed: Vec<(Vec<char>, &str)> = ids
+        .into_iter()
+        .map(|id| (id.chars().rev().collect(), id))
+        .collect();
+    reversed.sort_unstable();
+    reversed.dedup();
+    let shared = |a: &[char], b: &[char]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let mut short = BTreeMap::new();
+    for (index, (chars, id)) in reversed.iter().enumerate() {
+        let before = index.checked_sub(1).map_or(0, |i| shared(chars, &reversed[i].0));
+        let after = reversed.get(index + 1).map_or(0, |next| shared(chars, &next.0));
+        let len = (before.max(after) + 1).max(SHORT_ID_MIN_LEN).min(chars.len());
+        let start = id.char_indices().rev().nth(len - 1).map_or(0, |(at, _)| at);
+        short.insert(*id, &id[start..]);
+    }
+    short
+}
+
+/// `id`'s short form in `short`, or the whole id.
+fn short_id<'a>(short: &BTreeMap<&str, &'a str>, id: &'a str) -> &'a str {
+    short.get(id).copied().unwrap_or(id)
 }
 
 fn lane_of(record: &ActivityRecord) -> String {
@@ -109,6 +142,16 @@ fn time_or_dash(at: Option<Timestamp>) -> String {
 /// Renders a snapshot as the operator's table.
 pub fn render_snapshot(snapshot: &Snapshot) -> String {
     let mut out = String::new();
+    // One set of short ids for every table, so that a suffix names one
+    // record or owner of the whole snapshot.
+    let short = short_ids(
+        snapshot
+            .in_flight
+            .iter()
+            .map(|row| row.record.activity_id.as_str())
+            .chain(snapshot.reaped.iter().map(|row| row.record.activity_id.as_str()))
+            .chain(snapshot.owners.iter().map(|owner| owner.owner_id.as_str())),
+    );
     let at = snapshot.at;
     let _ = writeln!(
         out,
@@ -213,7 +256,7 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                 |reapable| human_duration(reapable.millis_since(at).max(0)),
             );
             table.rows.push(vec![
-                short_id(&record.activity_id),
+                short_id(&short, &record.activity_id).to_owned(),
                 lane_of(record),
                 record.class.clone(),
                 record.state.to_string(),
@@ -252,7 +295,7 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
         for row in &snapshot.reaped {
             let record = &row.record;
             table.rows.push(vec![
-                short_id(&record.activity_id),
+                short_id(&short, &record.activity_id).to_owned(),
                 lane_of(record),
                 record.class.clone(),
                 record
@@ -289,7 +332,7 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                 "-".to_owned()
             };
             table.rows.push(vec![
-                short_id(&owner.owner_id),
+                short_id(&short, &owner.owner_id).to_owned(),
                 owner.name.clone(),
                 owner.state.to_string(),
                 expires_in,
@@ -455,7 +498,7 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("status: degraded"), "{table}");
-        assert!(table.contains("01234567"), "{table}");
+        assert!(table.contains("89abcdef  knowledge-base"), "{table}");
         assert!(table.contains("2m"), "{table}");
         assert!(table.contains("18m"), "{table}");
         assert!(table.contains("2026-08-13T20:17:00.000Z"), "{table}");
@@ -464,6 +507,63 @@ mod tests {
         assert!(table.contains("owner-lost"), "{table}");
         assert!(table.contains("worker-a  lost"), "{table}");
         assert!(table.contains("20s"), "{table}");
+    }
+
+    #[test]
+    fn short_ids_are_the_shortest_unique_suffixes_of_at_least_8() {
+        // UUIDv7s begun in the same millisecond share their first 8 and more.
+        let ids = [
+            "01939b1c-7a00-7000-8000-1111a1b2c3d4",
+            "01939b1c-7a00-7000-8000-2222a1b2c3d4",
+            "01939b1c-7a00-7000-8000-0000000fc3d4",
+            "01939b1c-7a00-7000-8000-0000000fc3d4",
+            "short",
+            "x-short",
+        ];
+        let short = short_ids(ids);
+        assert_eq!(short.len(), 5, "{short:?}");
+        // They share their last 8 too: one more tells them apart.
+        assert_eq!(short[ids[0]], "1a1b2c3d4");
+        assert_eq!(short[ids[1]], "2a1b2c3d4");
+        assert_eq!(short[ids[2]], "000fc3d4");
+        // An id shorter than the minimum, or the end of another, is whole.
+        assert_eq!(short["short"], "short");
+        assert_eq!(short["x-short"], "x-short");
+        // Unique: no id but its own ends with a short id (a whole id names
+        // itself exactly).
+        for (id, suffix) in short.iter().filter(|(id, suffix)| id != suffix) {
+            let matching: Vec<_> = short.keys().filter(|other| other.ends_with(suffix)).collect();
+            assert_eq!(matching, [id], "{suffix}");
+        }
+        assert!(short_ids([]).is_empty());
+    }
+
+    #[test]
+    fn the_tables_show_unique_short_ids_where_prefixes_collide() {
+        let in_flight = |id: &str| InFlightRecord {
+            record: record(id, State::Waiting),
+            elapsed_ms: 1_000,
+        };
+        let snapshot = Snapshot {
+            total_in_flight: 2,
+            in_flight: vec![
+                in_flight("01939b1c-7a00-7000-8000-0000aaaa1111"),
+                in_flight("01939b1c-7a00-7000-8000-0000bbbb1111"),
+            ],
+            owners: vec![owner(
+                "01939b1c-7a00-7000-8000-00000000cafe",
+                "worker-a",
+                OwnerState::Live,
+                "19:59:20.000",
+                0,
+            )],
+            ..empty()
+        };
+        let table = render_snapshot(&snapshot);
+        assert!(table.contains("aaaa1111  knowledge-base::ollama"), "{table}");
+        assert!(table.contains("bbbb1111  knowledge-base::ollama"), "{table}");
+        assert!(table.contains("0000cafe  worker-a"), "{table}");
+        assert!(!table.contains("01939b1c"), "{table}");
     }
 
     #[test]

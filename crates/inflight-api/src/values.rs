@@ -275,6 +275,50 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
+// In answers a timestamp is always the RFC 3339 string it is written as.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Timestamp {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
+            .description(Some("RFC 3339 UTC with milliseconds and a `Z`"))
+            .examples(["2026-08-13T12:00:00.000Z"])
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Timestamp {}
+
+/// The schema of an optional timestamp in a request, which reads more than
+/// answers write: an RFC 3339 string with any offset, integer epoch
+/// milliseconds, or `null` (the same as missing).
+#[cfg(feature = "openapi")]
+pub(crate) fn timestamp_input() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+                .minimum(Some(Timestamp::MIN.0))
+                .maximum(Some(Timestamp::MAX.0)),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some(
+            "RFC 3339 with any offset, or integer epoch milliseconds; years 1970 to 9999, \
+             and at most 5 minutes ahead of the server's clock",
+        ))
+        .into()
+}
+
 struct TimestampVisitor;
 
 impl Visitor<'_> for TimestampVisitor {

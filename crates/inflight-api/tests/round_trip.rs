@@ -345,6 +345,7 @@ fn errors_round_trip_with_their_codes_and_statuses() {
     }
     assert_eq!(ErrorCode::LaneFull.http_status(), 429);
     assert_eq!(ErrorCode::Unavailable.http_status(), 503);
+    assert_eq!(ErrorCode::RequestTimeout.http_status(), 408);
 }
 
 #[test]

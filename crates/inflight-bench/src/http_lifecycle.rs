@@ -52,7 +52,7 @@ pub(crate) fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         let base = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         // The real server path: the router, axum::serve, the reaper.
-        let server = tokio::spawn(inflight_server::serve_on(listener, ledger, None, async {
+        let server = tokio::spawn(inflight_server::serve_on(listener, ledger, None, inflight_server::Limits::default(), async {
             let _ = stopped.await;
         }));
         let client = reqwest::Client::builder()

@@ -7,9 +7,12 @@
 //! every route.
 
 pub mod http;
+pub mod limits;
 mod server;
 
 pub use server::{
     load_file, open_ledger, serve, serve_on, shutdown_signal, Overrides, ServeError, ServerSettings,
     DEFAULT_LISTEN, DEFAULT_STORE,
 };
+
+pub use limits::Limits;

@@ -9,7 +9,18 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use tokio::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use inflight_api::{ErrorBody, ErrorCode};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::limits::Limits;
 
 use crate::http::{app, AppState};
 use inflight::config::{ConfigError, LedgerConfig, Settings};
@@ -54,6 +65,8 @@ pub struct ServerSettings {
     pub store: String,
     /// The bearer token the API requires, if any.
     pub token: Option<String>,
+    /// Connections, requests in flight and timeouts (`[server]`).
+    pub limits: Limits,
     /// The ledger's classes, factor, reap interval and lanes.
     pub ledger: LedgerConfig,
 }
@@ -174,10 +187,18 @@ impl ServerSettings {
         if store.trim().is_empty() {
             return Err(config_error("store", "must not be empty".to_owned()));
         }
+        let limits = match &file.server {
+            Some(table) => Limits::from_table(table).map_err(|error| ServeError::Config {
+                origin: overrides.config.clone(),
+                error,
+            })?,
+            None => Limits::default(),
+        };
         Ok(Self {
             listen,
             store,
             token,
+            limits,
             ledger: file.ledger,
         })
     }
@@ -233,13 +254,24 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
             source,
         })?;
     let local = listener.local_addr().map_err(ServeError::Serve)?;
-    serve_on(listener, ledger, settings.token, shutdown_signal()).await?;
+    serve_on(
+        listener,
+        ledger,
+        settings.token,
+        settings.limits,
+        shutdown_signal(),
+    )
+    .await?;
     tracing::info!(addr = %local, "stopped");
     Ok(())
 }
 
-/// Serves `ledger` on `listener` until `shutdown` resolves, with the
-/// background reaper running; in-flight requests finish first.
+/// Serves `ledger` on `listener` within `limits` until `shutdown` resolves,
+/// with the background reaper running; in-flight requests finish first.
+///
+/// Connections are HTTP/1.1. A connection whose request header does not
+/// arrive within the header timeout (and an idle keep-alive connection, after
+/// as long) is closed; one past `max_connections` is answered 503 and closed.
 ///
 /// # Errors
 /// [`ServeError::Serve`] when the listener fails.
@@ -247,6 +279,7 @@ pub async fn serve_on(
     listener: TcpListener,
     ledger: Ledger,
     token: Option<String>,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let local = listener.local_addr().map_err(ServeError::Serve)?;
@@ -264,13 +297,15 @@ pub async fn serve_on(
         classes = %classes.join(","),
         factor = ledger.config().policy().factor(),
         reap_interval_ms = u64::try_from(ledger.config().reap_interval().as_millis()).unwrap_or(u64::MAX),
+        max_connections = limits.max_connections(),
+        max_requests = limits.max_requests(),
+        header_timeout_ms = u64::try_from(limits.header_timeout().as_millis()).unwrap_or(u64::MAX),
         "listening on http://{local}"
     );
-    let router = app(AppState::new(ledger.clone()).with_token(token));
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServeError::Serve);
+    let router = app(AppState::new(ledger.clone())
+        .with_token(token)
+        .with_limits(limits));
+    let result = accept_loop(listener, router, limits, shutdown).await;
     drop(reaper);
     // What the last requests and dropped handles submitted lands before
     // the process ends.
@@ -278,6 +313,89 @@ pub async fn serve_on(
         tracing::warn!(error = %err, "cannot close the store cleanly");
     }
     result
+}
+
+/// Accepts connections until `shutdown`, then lets the open ones finish
+/// their requests.
+async fn accept_loop(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let connections = Arc::new(Semaphore::new(limits.max_connections()));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout())
+        // A request head past the buffer is answered 431: a client cannot
+        // make the server hold hyper's default of about 400 KiB per
+        // connection.
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of descriptors or a connection reset before it was
+                    // accepted: the listener itself is fine. Pause so that
+                    // a descriptor shortage is not a busy loop.
+                    tracing::warn!(error = %err, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        // Small request-response exchanges: send each answer at once.
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The largest request head (request line and headers) read, in bytes.
+pub const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+/// How long the accept loop pauses after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How long a refused connection gets to take its 503.
+const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Answers a connection past `max_connections` with a 503 and closes it,
+/// without reading its request.
+async fn refuse(mut stream: TcpStream) {
+    let body = serde_json::to_string(&ErrorBody::new(
+        ErrorCode::Unavailable,
+        "the server is at its limit of open connections; retry shortly",
+    ))
+    .unwrap_or_default();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSE_TIMEOUT, async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
 }
 
 /// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
@@ -383,7 +501,7 @@ mod tests {
     #[test]
     fn an_unsupported_store_is_a_config_error() {
         let settings =
-            ServerSettings::merge(&overrides(None, Some("postgres://x"), None), Settings::default()).unwrap();
+            ServerSettings::merge(&overrides(None, Some("mysql://x"), None), Settings::default()).unwrap();
         match open_ledger(&settings) {
             Err(err @ ServeError::Config { .. }) => assert!(err.is_config()),
             other => panic!("expected a config error, got {other:?}"),

@@ -10,7 +10,10 @@ use axum::response::IntoResponse;
 use axum::Router;
 use http_body_util::BodyExt;
 use inflight::{ErrorKind, FakeClock, Ledger, LedgerConfig, LedgerError, Settings};
+use std::num::NonZeroUsize;
+
 use inflight_server::http::{app, ApiError, AppState};
+use inflight_server::Limits;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -751,7 +754,13 @@ async fn with_a_token_every_v1_route_and_metrics_answer_401_without_it() {
 #[tokio::test]
 async fn unknown_routes_are_404_and_wrong_methods_405_in_json() {
     let api = api();
-    for uri in ["/", "/v2/activities", "/v1/activities/x/y/z", "/metricsz"] {
+    for uri in [
+        "/index.html",
+        "/v1",
+        "/v2/activities",
+        "/v1/activities/x/y/z",
+        "/metricsz",
+    ] {
         let reply = api.get(uri).await;
         reply.assert_error(StatusCode::NOT_FOUND, "not_found", uri);
     }
@@ -1425,4 +1434,92 @@ async fn each_refusal_names_the_field_at_fault() {
         "waiting",
         "no refusal changed the record"
     );
+}
+
+fn limited_api(limits: Limits) -> Api {
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
+    let config = LedgerConfig::default()
+        .with_lane_cap("knowledge-base::ollama", 1)
+        .unwrap();
+    let ledger = Ledger::builder(config)
+        .store_url("memory:")
+        .clock(clock.clone())
+        .build()
+        .expect("memory ledger");
+    let state = AppState::new(ledger).with_limits(limits);
+    Api {
+        router: app(state),
+        clock,
+        token: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_past_max_requests_is_503_with_retry_after_and_healthz_still_answers() {
+    let api = limited_api(Limits::default().with_max_requests(NonZeroUsize::new(1).unwrap()));
+    let first = api.begin(kb()).await;
+    api.clock.advance(Duration::from_millis(1));
+    let second = api.begin(kb()).await;
+    assert_eq!(
+        api.post(&format!("/v1/activities/{first}/start"), "{}")
+            .await
+            .status,
+        StatusCode::OK
+    );
+    // The second start waits in line, holding the one permit.
+    let router = api.router.clone();
+    let waiting = tokio::spawn(async move {
+        let request = Request::post(format!("/v1/activities/{second}/start?wait=30s"))
+            .body(Body::empty())
+            .unwrap();
+        router.oneshot(request).await.expect("infallible").status()
+    });
+    tokio::task::yield_now().await;
+    let refused = api.get("/v1/snapshot").await;
+    refused.assert_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "a request past the limit",
+    );
+    assert_eq!(
+        refused
+            .headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert_eq!(api.get("/healthz").await.status, StatusCode::OK);
+    // The permit comes back when the waiting request ends.
+    assert_eq!(
+        api.post(&format!("/v1/activities/{first}/settle"), r#"{"success":true}"#)
+            .await
+            .status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    assert_eq!(api.get("/v1/snapshot").await.status, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_never_arrives_is_408_after_the_body_timeout_and_records_nothing() {
+    let api = limited_api(
+        Limits::default()
+            .with_body_timeout(Duration::from_secs(2))
+            .unwrap(),
+    );
+    let never = futures_util::stream::pending::<Result<Vec<u8>, std::io::Error>>();
+    let request = Request::post("/v1/activities")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(never))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let reply = api.raw(request).await;
+    reply.assert_error(
+        StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        "a body that never arrives",
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert_eq!(api.snapshot().await["totalActivities"], 0);
 }

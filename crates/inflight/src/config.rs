@@ -4,14 +4,15 @@
 //! Invalid settings cannot be constructed: every error names the key at
 //! fault, and nothing falls back to a silent default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::domain::bounds::{ClassBounds, ReapPolicy, DEFAULT_FACTOR};
-use crate::domain::labels::{Label, LabelSet};
+use crate::domain::cardinality::{Cardinality, Overflow, Vocabularies};
+use crate::domain::labels::{sanitize_model, Label, LabelSet};
 use crate::domain::record::LaneKey;
 
 /// The default interval between background reaper passes.
@@ -29,7 +30,8 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+    /// The error for `key`, saying `problem`.
+    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
             key: key.into(),
             problem: problem.into(),
@@ -56,6 +58,7 @@ pub struct LedgerConfig {
     reap_interval: Duration,
     retention: Duration,
     caps: BTreeMap<LaneKey, Option<u32>>,
+    cardinality: Cardinality,
 }
 
 impl Default for LedgerConfig {
@@ -84,6 +87,7 @@ impl LedgerConfig {
             reap_interval: DEFAULT_REAP_INTERVAL,
             retention: DEFAULT_RETENTION,
             caps: BTreeMap::new(),
+            cardinality: Cardinality::default(),
         }
     }
 
@@ -168,6 +172,26 @@ impl LedgerConfig {
         &self.caps
     }
 
+    /// Bounds the distinct lanes and label sets that calls create (see
+    /// [`Cardinality`]).
+    pub fn with_cardinality(mut self, cardinality: Cardinality) -> Self {
+        self.cardinality = cardinality;
+        self
+    }
+
+    /// The bounds on distinct lanes and label sets.
+    pub fn cardinality(&self) -> &Cardinality {
+        &self.cardinality
+    }
+
+    /// Whether the lane of a call with `labels` is declared (with a cap or
+    /// without): a declared lane is never folded.
+    pub fn declares(&self, labels: &LabelSet) -> bool {
+        self.caps
+            .keys()
+            .any(|lane| lane.service == labels.service && lane.provider == labels.provider)
+    }
+
     /// The cap of `lane`, if one is declared.
     pub fn cap(&self, lane: &LaneKey) -> Option<u32> {
         self.cap_for(&lane.service, &lane.provider)
@@ -198,6 +222,9 @@ pub struct Settings {
     pub store: Option<String>,
     /// `token`: the bearer token the API requires.
     pub token: Option<String>,
+    /// The `[server]` table as written: the HTTP server's limits, which
+    /// `inflight-server` reads and checks (they are not the ledger's).
+    pub server: Option<toml::Table>,
     /// The ledger's own settings.
     pub ledger: LedgerConfig,
 }
@@ -208,10 +235,84 @@ struct RawFile {
     listen: Option<String>,
     store: Option<RawStore>,
     token: Option<String>,
+    server: Option<toml::Table>,
+    labels: Option<RawLabelBounds>,
     reap: Option<RawReap>,
     retention: Option<RawRetention>,
     classes: Option<BTreeMap<String, RawClass>>,
     lanes: Option<BTreeMap<String, RawLane>>,
+}
+
+/// `[labels]`: the bounds on distinct lanes and label sets.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLabelBounds {
+    max_lanes: Option<i64>,
+    max_aggregates: Option<i64>,
+    overflow: Option<String>,
+    service: Option<Vec<String>>,
+    provider: Option<Vec<String>>,
+    operation_stage: Option<Vec<String>>,
+    model: Option<Vec<String>>,
+}
+
+impl RawLabelBounds {
+    fn cardinality(self) -> Result<Cardinality, ConfigError> {
+        let mut bounds = Cardinality::default();
+        let positive = |key: &str, value: i64| {
+            u32::try_from(value)
+                .ok()
+                .and_then(std::num::NonZeroU32::new)
+                .ok_or_else(|| {
+                    ConfigError::new(key, format!("must be a whole number of at least 1, got {value}"))
+                })
+        };
+        if let Some(max) = self.max_lanes {
+            bounds = bounds.with_max_lanes(positive("labels.max_lanes", max)?);
+        }
+        if let Some(max) = self.max_aggregates {
+            bounds = bounds.with_max_aggregates(positive("labels.max_aggregates", max)?);
+        }
+        if let Some(overflow) = self.overflow {
+            bounds = bounds.with_overflow(match overflow.as_str() {
+                "fold" => Overflow::Fold,
+                "refuse" => Overflow::Refuse,
+                other => {
+                    return Err(ConfigError::new(
+                        "labels.overflow",
+                        format!("must be \"fold\" or \"refuse\", got {other:?}"),
+                    ))
+                }
+            });
+        }
+        let vocabulary = |key: &'static str, field: &'static str, values: Option<Vec<String>>| {
+            values
+                .map(|values| {
+                    values
+                        .into_iter()
+                        .map(|value| {
+                            let valid = if field == "model" {
+                                sanitize_model(Some(&value)) == value
+                            } else {
+                                Label::new(field, &value).is_ok()
+                            };
+                            if valid {
+                                Ok(value)
+                            } else {
+                                Err(ConfigError::new(key, format!("{value:?} is not a valid {field}")))
+                            }
+                        })
+                        .collect::<Result<BTreeSet<_>, _>>()
+                })
+                .transpose()
+        };
+        Ok(bounds.with_vocabularies(Vocabularies {
+            service: vocabulary("labels.service", "service", self.service)?,
+            provider: vocabulary("labels.provider", "provider", self.provider)?,
+            operation_stage: vocabulary("labels.operation_stage", "operationStage", self.operation_stage)?,
+            model: vocabulary("labels.model", "model", self.model)?,
+        }))
+    }
 }
 
 /// `store = "URL"`, or a `[store]` table.
@@ -346,6 +447,9 @@ impl Settings {
         for (lane, settings) in raw.lanes.unwrap_or_default() {
             ledger = ledger.declare_lane(&lane, settings.cap)?;
         }
+        if let Some(labels) = raw.labels {
+            ledger = ledger.with_cardinality(labels.cardinality()?);
+        }
         let store = match raw.store {
             None => None,
             Some(RawStore::Url(url)) => Some(url),
@@ -355,6 +459,7 @@ impl Settings {
             listen: raw.listen,
             store,
             token: raw.token,
+            server: raw.server,
             ledger,
         })
     }
@@ -464,6 +569,25 @@ cap = 4
     }
 
     #[test]
+    fn labels_bound_lanes_label_sets_and_vocabularies() {
+        let settings = Settings::from_toml(
+            "[labels]\nmax_lanes = 20\nmax_aggregates = 300\noverflow = \"refuse\"\n\
+             service = [\"knowledge-base\", \"memory-core\"]\nmodel = [\"nomic-embed-text\"]\n",
+        )
+        .unwrap();
+        let bounds = settings.ledger.cardinality();
+        assert_eq!((bounds.max_lanes(), bounds.max_aggregates()), (20, 300));
+        assert_eq!(bounds.overflow(), Overflow::Refuse);
+        let services = bounds.vocabularies().service.as_ref().unwrap();
+        assert!(services.contains("memory-core") && services.len() == 2);
+        assert_eq!(bounds.vocabularies().provider, None);
+        assert_eq!(
+            Settings::from_toml("").unwrap().ledger.cardinality(),
+            &Cardinality::default()
+        );
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let cases = [
             ("bogus = 1", "bogus"),
@@ -476,6 +600,11 @@ cap = 4
             ("[lanes.\"a::b\"]\ncap = 0", "lanes.\"a::b\".cap"),
             ("[reap]\ninterval = \"0s\"", "reap.interval"),
             ("[classes.chat]\ndedline = \"1m\"", "dedline"),
+            ("[labels]\nmax_lanes = 0", "labels.max_lanes"),
+            ("[labels]\nmax_aggregates = -1", "labels.max_aggregates"),
+            ("[labels]\noverflow = \"drop\"", "labels.overflow"),
+            ("[labels]\nservice = [\"bad name\"]", "labels.service"),
+            ("[labels]\nmodel = [\"http://host:1234\"]", "labels.model"),
         ];
         for (text, key) in cases {
             let err = Settings::from_toml(text).unwrap_err();

@@ -234,3 +234,88 @@ fn eight_starters_in_two_processes_never_exceed_the_cap_and_keep_the_line() {
         }
     });
 }
+
+/// How many lifecycles each of the four processes runs.
+const LIFECYCLES: usize = 1_000;
+
+/// Child: a thousand lifecycles through the library, eight at a time on a
+/// lane capped at four across all processes, with its own reaper running;
+/// any error fails it.
+#[test]
+#[ignore = "a child process of four_processes_with_their_own_reapers_end_with_exact_totals"]
+fn child_runs_a_thousand_lifecycles() {
+    let (Ok(role), Ok(db)) = (std::env::var(ROLE), std::env::var(DB)) else {
+        return;
+    };
+    runtime().block_on(async {
+        let ledger = ledger(&db, 4);
+        let _reaper = ledger.spawn_reaper();
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let ledger = ledger.clone();
+            let role = role.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in (worker..LIFECYCLES).step_by(8) {
+                    // Waits its turn on the cap-4 lane the four processes share.
+                    let permit = ledger
+                        .admit(spec().operation_stage(role.clone()))
+                        .await
+                        .unwrap_or_else(|err| panic!("admit {i}: {err}"));
+                    permit
+                        .settle(Outcome::Success)
+                        .await
+                        .unwrap_or_else(|err| panic!("settle {i}: {err}"));
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    println!("LIFECYCLES DONE");
+}
+
+#[test]
+fn four_processes_with_their_own_reapers_end_with_exact_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db").display().to_string();
+    drop(ledger(&db, 4));
+    let started = Instant::now();
+    let children: Vec<Child> = ["p1", "p2", "p3", "p4"]
+        .iter()
+        .map(|role| spawn_child("child_runs_a_thousand_lifecycles", role, &db))
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("LIFECYCLES DONE"),
+            "a process failed (a `database is locked` would be an error here): {stdout}"
+        );
+    }
+    eprintln!(
+        "4 processes x {LIFECYCLES} lifecycles on one SQLite file in {:?}",
+        started.elapsed()
+    );
+    runtime().block_on(async {
+        let observer = ledger(&db, 4);
+        let snap = observer.snapshot(SnapshotOptions::default()).await.unwrap();
+        let all = i64::try_from(4 * LIFECYCLES).unwrap();
+        assert_eq!(snap.total_activities, all);
+        assert_eq!(snap.total_succeeded, all);
+        assert_eq!(
+            (snap.total_failed, snap.total_cancelled, snap.total_reaped),
+            (0, 0, 0)
+        );
+        assert_eq!(snap.total_in_flight, 0);
+        for aggregate in &snap.aggregates {
+            assert_eq!(
+                aggregate.calls,
+                i64::try_from(LIFECYCLES).unwrap(),
+                "{aggregate:?}"
+            );
+        }
+        let lane = snap.lane(LANE).unwrap();
+        assert_eq!((lane.executing, lane.waiting), (0, 0));
+    });
+}

@@ -9,6 +9,8 @@
 //! needs fields ([`RequiredBody`]) and read as `{}` where it does not
 //! ([`OptionalBody`]).
 
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
@@ -122,9 +124,21 @@ fn field_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     })
 }
 
-/// The body's bytes, within [`MAX_BODY_BYTES`].
+/// How long a request's body may take to arrive, once its header has: set
+/// on each request by the router from the server's limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyTimeout(pub(crate) Duration);
+
+/// The body's bytes, within [`MAX_BODY_BYTES`] and the body timeout.
 async fn read_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state).await.map_err(|rejection| {
+    let timeout = req
+        .extensions()
+        .get::<BodyTimeout>()
+        .map_or(crate::limits::DEFAULT_BODY_TIMEOUT, |timeout| timeout.0);
+    let read = tokio::time::timeout(timeout, Bytes::from_request(req, state))
+        .await
+        .map_err(|_| ApiError::request_timeout(timeout))?;
+    read.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::payload_too_large(MAX_BODY_BYTES)
         } else {

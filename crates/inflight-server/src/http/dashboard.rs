@@ -9,10 +9,6 @@
 
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
-
-use super::AppState;
 
 const PAGE: &str = include_str!("dashboard/index.html");
 const SCRIPT: &str = include_str!("dashboard/dashboard.js");
@@ -22,15 +18,31 @@ const STYLE: &str = include_str!("dashboard/dashboard.css");
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
      connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// The dashboard's routes: the page, its script, its stylesheet.
-pub(super) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/", get(|| asset("text/html; charset=utf-8", PAGE)))
-        .route(
-            "/dashboard.js",
-            get(|| asset("text/javascript; charset=utf-8", SCRIPT)),
-        )
-        .route("/dashboard.css", get(|| asset("text/css; charset=utf-8", STYLE)))
+// The page, its script and its stylesheet are routes of the API's one
+// list (`api_routes` in `http`), so `/openapi.json` documents them too.
+
+/// `GET /`: the page.
+#[utoipa::path(get, path = "/", tag = "dashboard", operation_id = "dashboard",
+    summary = "The live dashboard: an HTML page that reads /v1/snapshot; never behind the token",
+    responses((status = 200, description = "The page", body = String, content_type = "text/html")))]
+pub(super) async fn page() -> impl IntoResponse {
+    asset("text/html; charset=utf-8", PAGE).await
+}
+
+/// `GET /dashboard.js`: the page's script.
+#[utoipa::path(get, path = "/dashboard.js", tag = "dashboard", operation_id = "dashboardScript",
+    summary = "The dashboard's script",
+    responses((status = 200, description = "The script", body = String, content_type = "text/javascript")))]
+pub(super) async fn script() -> impl IntoResponse {
+    asset("text/javascript; charset=utf-8", SCRIPT).await
+}
+
+/// `GET /dashboard.css`: the page's stylesheet.
+#[utoipa::path(get, path = "/dashboard.css", tag = "dashboard", operation_id = "dashboardStyle",
+    summary = "The dashboard's stylesheet",
+    responses((status = 200, description = "The stylesheet", body = String, content_type = "text/css")))]
+pub(super) async fn style() -> impl IntoResponse {
+    asset("text/css; charset=utf-8", STYLE).await
 }
 
 async fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {

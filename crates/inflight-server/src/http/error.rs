@@ -74,6 +74,23 @@ impl ApiError {
         Self::new(ErrorCode::LaneFull, message)
     }
 
+    /// 408 `request_timeout`: the body did not arrive in time.
+    pub fn request_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "the request body did not arrive within {}",
+                humantime::format_duration(timeout)
+            ),
+        )
+    }
+
+    /// 503 `unavailable`: the server is at a limit, or its store cannot be
+    /// reached; answered with `Retry-After`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unavailable, message)
+    }
+
     /// 500 `internal`, with a generic message. Log the cause before
     /// answering with it.
     pub fn internal() -> Self {
@@ -110,10 +127,7 @@ impl From<LedgerError> for ApiError {
             ErrorKind::LaneFull => Self::lane_full(err.message()),
             ErrorKind::Unavailable => {
                 tracing::warn!(error = %err, "the store is unavailable");
-                Self::new(
-                    ErrorCode::Unavailable,
-                    "the store cannot be reached now; retry later",
-                )
+                Self::unavailable("the store cannot be reached now; retry later")
             }
             kind => {
                 let source = std::error::Error::source(&err).map(ToString::to_string);

@@ -22,7 +22,30 @@ use inflight_api as api;
 
 type Answer<T> = Result<T, ApiError>;
 
+/// The `{id}` of an activity route, for the OpenAPI document.
+#[derive(utoipa::IntoParams)]
+#[into_params(names("id"), parameter_in = Path)]
+#[allow(dead_code)]
+struct ActivityIdParam(
+    /// The activity's id (a UUID, as `activityId` gives it).
+    #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+    String,
+);
+
+/// The `{id}` of an owner route, for the OpenAPI document.
+#[derive(utoipa::IntoParams)]
+#[into_params(names("id"), parameter_in = Path)]
+#[allow(dead_code)]
+struct OwnerIdParam(
+    /// The owner's id (a UUID, as `ownerId` gives it).
+    #[param(pattern = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+    String,
+);
+
 /// `GET /healthz`.
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "meta",
+    summary = "Whether the server answers; never behind the token",
+    responses((status = 200, description = "The server answers", body = api::Health)))]
 pub(super) async fn healthz() -> Json<api::Health> {
     Json(api::Health {
         status: api::HealthStatus::Ok,
@@ -37,6 +60,25 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
 }
 
 /// `POST /v1/activities`.
+#[utoipa::path(post, path = "/v1/activities", operation_id = "beginActivity", tag = "activities",
+    summary = "Begin a record",
+    description = "A record begun without `startedAt` is `waiting` and never refused for capacity; \
+        one begun with `startedAt` is `executing`, an admission decision on a capped lane.",
+    request_body = api::BeginRequest,
+    responses(
+        (status = 201, description = "The record begun", body = api::ActivityRecord,
+            headers(("Location" = String, description = "`/v1/activities/{id}`")),
+            links(
+                ("getActivity" = (operation_id = "getActivity", parameters(("id" = "$response.body#/activityId")))),
+                ("startActivity" = (operation_id = "startActivity", parameters(("id" = "$response.body#/activityId")))),
+                ("settleActivity" = (operation_id = "settleActivity", parameters(("id" = "$response.body#/activityId")))),
+                ("cancelActivity" = (operation_id = "cancelActivity", parameters(("id" = "$response.body#/activityId")))),
+            )),
+        (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`", body = api::ErrorBody),
+        (status = 409, description = "The owner is lost or released", body = api::ErrorBody),
+        (status = 429, description = "Begun started on a lane at its cap; nothing is recorded", body = api::ErrorBody,
+            headers(("Retry-After" = String, description = "`1`: a hint, capacity may come back sooner"))),
+    ))]
 pub(super) async fn begin(
     State(state): State<AppState>,
     RequiredBody(request): RequiredBody<api::BeginRequest>,
@@ -51,6 +93,14 @@ pub(super) async fn begin(
 }
 
 /// `GET /v1/activities/{id}`.
+#[utoipa::path(get, path = "/v1/activities/{id}", operation_id = "getActivity", tag = "activities",
+    summary = "Read a record (reaped first if it is past its bound)",
+    params(ActivityIdParam),
+    responses(
+        (status = 200, description = "The record", body = api::ActivityRecord),
+        (status = 400, description = "The id is not a UUID", body = api::ErrorBody),
+        (status = 404, description = "No such activity", body = api::ErrorBody),
+    ))]
 pub(super) async fn get(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -62,6 +112,21 @@ pub(super) async fn get(
 /// `POST /v1/activities/{id}/start[?wait=DURATION]`: an admission decision.
 /// With `wait`, the request holds until the record's turn comes or the wait
 /// ends (then 429 `lane_full`).
+#[utoipa::path(post, path = "/v1/activities/{id}/start", operation_id = "startActivity", tag = "activities",
+    summary = "Start a record: an admission decision on a capped lane",
+    description = "Starting an executing record is a harmless retry; starting an `abandoned` reaped record \
+        resurrects it. With `wait`, the request holds until the record is admitted or the wait ends.",
+    params(ActivityIdParam, api::StartQuery),
+    request_body(content = Option<api::StartRequest>, description = "Optional: an empty body is the same as `{}`"),
+    responses(
+        (status = 200, description = "The record, executing", body = api::ActivityRecord),
+        (status = 400, description = "A bad id, `wait` or `startedAt`", body = api::ErrorBody),
+        (status = 404, description = "No such activity", body = api::ErrorBody),
+        (status = 409, description = "The record is settled, or reaped `unsettled`", body = api::ErrorBody),
+        (status = 429, description = "The lane is at its cap for this record, which keeps its place in line",
+            body = api::ErrorBody,
+            headers(("Retry-After" = String, description = "`1`: a hint, capacity may come back sooner"))),
+    ))]
 pub(super) async fn start(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -102,6 +167,18 @@ fn owner_id(path: Result<Path<String>, PathRejection>) -> Answer<OwnerId> {
 }
 
 /// `POST /v1/owners`: registers an owner with a lease.
+#[utoipa::path(post, path = "/v1/owners", operation_id = "registerOwner", tag = "owners",
+    summary = "Register an owner with a lease",
+    request_body = api::RegisterOwnerRequest,
+    responses(
+        (status = 201, description = "The owner registered", body = api::Owner,
+            headers(("Location" = String, description = "`/v1/owners/{id}`")),
+            links(
+                ("renewOwner" = (operation_id = "renewOwner", parameters(("id" = "$response.body#/ownerId")))),
+                ("releaseOwner" = (operation_id = "releaseOwner", parameters(("id" = "$response.body#/ownerId")))),
+            )),
+        (status = 400, description = "A missing or bad `name`, or a `ttlMs` out of range", body = api::ErrorBody),
+    ))]
 pub(super) async fn register_owner(
     State(state): State<AppState>,
     RequiredBody(request): RequiredBody<api::RegisterOwnerRequest>,
@@ -119,6 +196,15 @@ pub(super) async fn register_owner(
 }
 
 /// `POST /v1/owners/{id}/renew`.
+#[utoipa::path(post, path = "/v1/owners/{id}/renew", operation_id = "renewOwner", tag = "owners",
+    summary = "Renew an owner's lease (no body)",
+    params(OwnerIdParam),
+    responses(
+        (status = 200, description = "The owner, renewed", body = api::Owner),
+        (status = 400, description = "The id is not a UUID", body = api::ErrorBody),
+        (status = 404, description = "No such owner", body = api::ErrorBody),
+        (status = 409, description = "The owner is lost or released", body = api::ErrorBody),
+    ))]
 pub(super) async fn renew_owner(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -129,6 +215,15 @@ pub(super) async fn renew_owner(
 
 /// `DELETE /v1/owners/{id}`: a clean shutdown; cancels its in-flight
 /// records and answers how many (`cancelledRecords`).
+#[utoipa::path(delete, path = "/v1/owners/{id}", operation_id = "releaseOwner", tag = "owners",
+    summary = "Release an owner: a clean shutdown that cancels its in-flight records",
+    params(OwnerIdParam),
+    responses(
+        (status = 200, description = "The owner, released (again: unchanged)", body = api::Owner),
+        (status = 400, description = "The id is not a UUID", body = api::ErrorBody),
+        (status = 404, description = "No such owner", body = api::ErrorBody),
+        (status = 409, description = "The owner is lost", body = api::ErrorBody),
+    ))]
 pub(super) async fn release_owner(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -138,6 +233,18 @@ pub(super) async fn release_owner(
 }
 
 /// `POST /v1/activities/{id}/settle`.
+#[utoipa::path(post, path = "/v1/activities/{id}/settle", operation_id = "settleActivity", tag = "activities",
+    summary = "Settle a record: succeeded or failed",
+    description = "Repeating the settle that landed is a harmless retry. A settle for a reaped record \
+        is absorbed: 200 with the record, still `reaped`, and `lateSettle: true`.",
+    params(ActivityIdParam),
+    request_body = api::SettleRequest,
+    responses(
+        (status = 200, description = "The record, settled (or reaped, with `lateSettle`)", body = api::ActivityRecord),
+        (status = 400, description = "A bad id, `success`, `failureStage` or `completedAt`", body = api::ErrorBody),
+        (status = 404, description = "No such activity", body = api::ErrorBody),
+        (status = 409, description = "A different outcome than the one that landed", body = api::ErrorBody),
+    ))]
 pub(super) async fn settle(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -149,6 +256,16 @@ pub(super) async fn settle(
 }
 
 /// `POST /v1/activities/{id}/cancel`.
+#[utoipa::path(post, path = "/v1/activities/{id}/cancel", operation_id = "cancelActivity", tag = "activities",
+    summary = "Cancel a record: an abort the ledger observed",
+    params(ActivityIdParam),
+    request_body(content = Option<api::CancelRequest>, description = "Optional: an empty body is the same as `{}`"),
+    responses(
+        (status = 200, description = "The record, cancelled (or reaped, with `lateSettle`)", body = api::ActivityRecord),
+        (status = 400, description = "A bad id or `reason`", body = api::ErrorBody),
+        (status = 404, description = "No such activity", body = api::ErrorBody),
+        (status = 409, description = "The record succeeded or failed", body = api::ErrorBody),
+    ))]
 pub(super) async fn cancel(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
@@ -184,6 +301,13 @@ fn parse_since(text: &str) -> Answer<Since> {
 }
 
 /// `GET /v1/snapshot?limit=&since=`.
+#[utoipa::path(get, path = "/v1/snapshot", operation_id = "snapshot", tag = "ledger",
+    summary = "Reap, then report the ledger as operators read it",
+    params(api::SnapshotQuery),
+    responses(
+        (status = 200, description = "The snapshot", body = api::Snapshot),
+        (status = 400, description = "A bad `limit` or `since`", body = api::ErrorBody),
+    ))]
 pub(super) async fn snapshot(
     State(state): State<AppState>,
     QueryString(query): QueryString<api::SnapshotQuery>,
@@ -194,6 +318,12 @@ pub(super) async fn snapshot(
 
 /// `GET /metrics`: the snapshot over the whole history, as OpenMetrics
 /// text. Like every read, it reaps first.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "ledger",
+    summary = "The ledger for Prometheus (reaps first, like every read)",
+    responses(
+        (status = 200, description = "OpenMetrics text", body = String,
+            content_type = "application/openmetrics-text"),
+    ))]
 pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoResponse> {
     let options = SnapshotOptions::default()
         .with_since(Since::At(inflight::Timestamp::MIN))
@@ -207,6 +337,9 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoRe
 }
 
 /// `POST /v1/reap`.
+#[utoipa::path(post, path = "/v1/reap", operation_id = "reap", tag = "ledger",
+    summary = "Reap every record past its bound now (no body)",
+    responses((status = 200, description = "What this call reaped", body = api::ReapCounts)))]
 pub(super) async fn reap(State(state): State<AppState>) -> Answer<Json<api::ReapCounts>> {
     Ok(Json(state.ledger().reap().await?.to_api()))
 }

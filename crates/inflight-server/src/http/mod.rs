@@ -1,7 +1,8 @@
 //! The HTTP API: `inflight serve`'s routes over a [`Ledger`].
 //!
 //! [`app`] builds the router; `docs/api.md` documents every route, field and
-//! error code. Every failure is the JSON shape of [`ApiError`], never a
+//! error code, and `GET /openapi.json` ([`openapi::document`]) describes the
+//! same routes as OpenAPI 3.1. Every failure is the JSON shape of [`ApiError`], never a
 //! framework's plain-text rejection, and no input answers a 5xx.
 
 use std::sync::Arc;
@@ -10,32 +11,55 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::Router;
 use subtle::ConstantTimeEq;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use inflight::Ledger;
+use tokio::sync::Semaphore;
+
+use crate::limits::Limits;
 
 pub mod body;
 mod dashboard;
 pub mod error;
 mod handlers;
 pub mod metrics;
+pub mod openapi;
 
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
 
-/// What every request handler shares: the ledger and the bearer token.
+/// What every request handler shares: the ledger, the bearer token and the
+/// server's limits.
 #[derive(Clone)]
 pub struct AppState {
     ledger: Ledger,
     token: Option<Arc<str>>,
+    limits: Limits,
+    /// One permit per request being handled ([`Limits::max_requests`]).
+    requests: Arc<Semaphore>,
 }
 
 impl AppState {
-    /// Serves `ledger` with no token required.
+    /// Serves `ledger` with no token required, within the default limits.
     pub fn new(ledger: Ledger) -> Self {
-        Self { ledger, token: None }
+        let limits = Limits::default();
+        Self {
+            ledger,
+            token: None,
+            limits,
+            requests: Arc::new(Semaphore::new(limits.max_requests())),
+        }
+    }
+
+    /// Serves within `limits`.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.requests = Arc::new(Semaphore::new(limits.max_requests()));
+        self.limits = limits;
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` on every `/v1` route and on
@@ -56,32 +80,43 @@ impl std::fmt::Debug for AppState {
         f.debug_struct("AppState")
             .field("ledger", &self.ledger)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("limits", &self.limits)
             .finish()
     }
 }
 
+/// Every route of the API, each with its OpenAPI operation: the router and
+/// `/openapi.json` are both made from this one list, so neither has a route
+/// the other lacks. Add a route here, with `#[utoipa::path]` on its handler.
+fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(handlers::healthz))
+        .routes(routes!(dashboard::page))
+        .routes(routes!(dashboard::script))
+        .routes(routes!(dashboard::style))
+        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(handlers::begin))
+        .routes(routes!(handlers::get))
+        .routes(routes!(handlers::start))
+        .routes(routes!(handlers::settle))
+        .routes(routes!(handlers::cancel))
+        .routes(routes!(handlers::snapshot))
+        .routes(routes!(handlers::reap))
+        .routes(routes!(handlers::metrics))
+        .routes(routes!(handlers::register_owner))
+        .routes(routes!(handlers::renew_owner))
+        .routes(routes!(handlers::release_owner))
+}
+
 /// The API's router over `state`.
 pub fn app(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/activities", post(handlers::begin))
-        .route("/v1/activities/{id}", get(handlers::get))
-        .route("/v1/activities/{id}/start", post(handlers::start))
-        .route("/v1/activities/{id}/settle", post(handlers::settle))
-        .route("/v1/activities/{id}/cancel", post(handlers::cancel))
-        .route("/v1/snapshot", get(handlers::snapshot))
-        .route("/v1/reap", post(handlers::reap))
-        .route("/metrics", get(handlers::metrics))
-        .route("/v1/owners", post(handlers::register_owner))
-        .route("/v1/owners/{id}/renew", post(handlers::renew_owner))
-        .route("/v1/owners/{id}", delete(handlers::release_owner));
-    Router::new()
-        .route("/healthz", get(handlers::healthz))
-        .merge(dashboard::routes())
-        .merge(v1)
+    let (routes, _) = api_routes().split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .layer(middleware::from_fn_with_state(state.clone(), limit_requests))
         .with_state(state)
 }
 
@@ -91,6 +126,12 @@ async fn not_found(uri: Uri) -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
+}
+
+/// Whether requests to `path` count against [`Limits::max_requests`] (and
+/// so may be answered 503): all but `/healthz`.
+fn is_limited(path: &str) -> bool {
+    path != "/healthz"
 }
 
 /// Whether `path` is behind the token.
@@ -112,6 +153,27 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
         return false;
     };
     scheme.eq_ignore_ascii_case("bearer") && bool::from(presented.trim().as_bytes().ct_eq(token.as_bytes()))
+}
+
+/// Holds one of [`Limits::max_requests`] permits while a request is
+/// handled, and answers 503 when none is left; `/healthz` is exempt, so that
+/// a liveness probe does not restart a server that is only busy. Tells the
+/// body extractors how long a body may take to arrive.
+async fn limit_requests(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    if !is_limited(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let Ok(_permit) = state.requests.try_acquire() else {
+        return ApiError::unavailable(format!(
+            "the server is handling its limit of {} requests at once; retry shortly",
+            state.limits.max_requests()
+        ))
+        .into_response();
+    };
+    request
+        .extensions_mut()
+        .insert(body::BodyTimeout(state.limits.body_timeout()));
+    next.run(request).await
 }
 
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {

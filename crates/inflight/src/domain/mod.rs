@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod bounds;
+pub mod cardinality;
 pub mod counters;
 pub mod labels;
 pub mod owner;
@@ -16,6 +17,7 @@ pub mod timestamp;
 pub mod transition;
 
 pub use bounds::{ClassBounds, ReapPolicy};
+pub use cardinality::{Cardinality, Overflow, Vocabularies};
 pub use counters::{AggregateKey, ReapedCounts, Totals};
 pub use inflight_api::ParseError;
 pub use labels::Label;

@@ -96,6 +96,7 @@ impl LedgerBuilder {
                 auto_owner,
                 labels: Mutex::new(LabelInterner::default()),
                 undeclared_lanes: Mutex::default(),
+                labels_folded: std::sync::atomic::AtomicU64::new(0),
             }),
         };
         // Capacity freed by another process sharing the store wakes this

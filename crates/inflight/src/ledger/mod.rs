@@ -84,6 +84,9 @@ pub(crate) struct Inner {
     pub(crate) labels: Mutex<LabelInterner>,
     /// Undeclared lanes already warned about (only when some lane is capped).
     pub(crate) undeclared_lanes: Mutex<std::collections::HashSet<crate::domain::record::LaneKey>>,
+    /// Begins whose labels were folded into `other` (see
+    /// [`Ledger::labels_folded`]).
+    pub(crate) labels_folded: std::sync::atomic::AtomicU64,
 }
 
 /// The most undeclared lanes warned about: enough to show a misspelling,
@@ -261,7 +264,10 @@ impl Ledger {
                 .clone();
         }
         if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
-            return self.run(Command::Begin { new }).await?.into_record();
+            let sent = new.labels.clone();
+            let record = self.run(Command::Begin { new }).await?.into_record()?;
+            self.count_if_folded(&sent, &record);
+            return Ok(record);
         }
         // Rare, and a large future (it may register an owner): boxed, so the
         // common path's future stays small and cheap to move.
@@ -308,7 +314,8 @@ impl Ledger {
         let id = new.activity_id;
         let owner = self.auto_owner_id().await?;
         new.owner_id = Some(owner.to_string());
-        match self.run(Command::Begin { new }).await {
+        let sent = new.labels.clone();
+        let record = match self.run(Command::Begin { new }).await {
             // The lease ran out before a renewal noticed (a long pause, say):
             // this process is alive, so it registers anew and begins again.
             Err(err) if err.kind() == crate::ErrorKind::Conflict => {
@@ -319,7 +326,31 @@ impl Ledger {
                 self.run(Command::Begin { new }).await?.into_record()
             }
             other => other?.into_record(),
+        }?;
+        self.count_if_folded(&sent, &record);
+        Ok(record)
+    }
+
+    /// Counts a begin whose labels the store folded: it records the call
+    /// under other labels than were sent. Shared label sets compare by
+    /// pointer first, so an unfolded begin pays one comparison.
+    fn count_if_folded(&self, sent: &crate::domain::labels::ActivityLabels, record: &ActivityRecord) {
+        if record.labels != *sent {
+            self.inner
+                .labels_folded
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// How many begins through this ledger had labels folded into `other`
+    /// because they were outside a vocabulary or past a limit on distinct
+    /// lanes or label sets (`[labels]`, [`Cardinality`](crate::domain::Cardinality)).
+    /// Counted by this ledger since it was built, not by the store: sum it
+    /// over the processes that share one.
+    pub fn labels_folded(&self) -> u64 {
+        self.inner
+            .labels_folded
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Marks the record `id` executing (at `at`, or now).

@@ -9,13 +9,15 @@ use std::sync::Arc;
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
 use crate::domain::bounds::ReapPolicy;
+use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
+use crate::domain::labels::{ActivityLabels, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
-use crate::domain::transition::{self, Effect, Effects, Transition};
+use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply, StoreStats};
@@ -71,6 +73,19 @@ pub(crate) trait Txn {
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
     /// Stores a new owner, or overwrites one.
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
+    /// Whether the aggregate of calls with `labels`, `priority` and
+    /// `admission` has totals stored.
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError>;
+    /// Whether any aggregate of the lane of `labels` has totals stored.
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError>;
+    /// How many distinct lanes, and how many aggregates, have totals
+    /// stored.
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError>;
 
     /// Takes the lane's admission lock until the transaction ends, before
     /// an admission decision reads the lane: a store shared by several
@@ -137,6 +152,7 @@ pub(crate) fn execute(
                 let owner = lose_if_expired(txn, owner, now)?;
                 owner.check_live()?;
             }
+            bound_labels(txn, config, &mut new)?;
             let mut applied = transition::begin(new, now, policy)?;
             if applied.record.state == State::Executing {
                 admit(txn, config, &applied.record, true, now)?;
@@ -250,6 +266,32 @@ pub(crate) fn execute(
             Ok(Reply::Owner(Box::new(owner)))
         }
     }
+}
+
+/// Keeps the labels a begin creates within the configured
+/// [`Cardinality`](crate::domain::Cardinality): folds them (or refuses the
+/// begin) when they are outside a vocabulary, or would make a new lane or
+/// aggregate past its limit. The store is asked only about an aggregate it
+/// does not hold yet, which a steady service never sends.
+fn bound_labels(txn: &mut dyn Txn, config: &LedgerConfig, new: &mut NewActivity) -> Result<(), LedgerError> {
+    let bounds = config.cardinality();
+    if let Some(restricted) = bounds.restrict(&new.labels) {
+        new.labels = restricted;
+    }
+    if txn.aggregate_known(&new.labels, new.priority, new.admission)? {
+        return Ok(());
+    }
+    let lane_known = config.declares(&new.labels) || txn.lane_known(&new.labels)?;
+    let (lanes, aggregates) = txn.label_census()?;
+    let census = Census {
+        lane_known,
+        lanes,
+        aggregates,
+    };
+    if let Some(folded) = bounds.bound(&new.labels, census)? {
+        new.labels = folded;
+    }
+    Ok(())
 }
 
 /// Everything a snapshot reports, for `window`, each list at most

@@ -10,7 +10,7 @@ use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
-use crate::domain::labels::ActivityLabels;
+use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority, State};
@@ -146,9 +146,22 @@ struct Counters {
     /// with the same labels again and again, and then the entry is found
     /// by comparing one pointer instead of hashing the key.
     last: usize,
+    /// Every lane some aggregate is of.
+    lanes: hashbrown::HashSet<(Label, Label)>,
 }
 
 impl Counters {
+    /// Whether the aggregate of `slot` has an entry.
+    fn contains(&self, slot: (&ActivityLabels, Priority, Admission)) -> bool {
+        let last = self
+            .entries
+            .get(self.last)
+            .is_some_and(|((labels, priority, admission), _)| {
+                labels == slot.0 && *priority == slot.1 && *admission == slot.2
+            });
+        last || self.by_key.contains_key(&AggregateRef(slot))
+    }
+
     /// The totals of the aggregate `record` counts in, created at zero.
     fn of(&mut self, record: &ActivityRecord) -> &mut Totals {
         let slot = (&record.labels, record.priority, record.admission);
@@ -164,6 +177,8 @@ impl Counters {
                 Some(&at) => at,
                 None => {
                     let key = (record.labels.clone(), record.priority, record.admission);
+                    self.lanes
+                        .insert((record.labels.service.clone(), record.labels.provider.clone()));
                     self.entries.push((key.clone(), Totals::default()));
                     self.by_key.insert(key, self.entries.len() - 1);
                     self.entries.len() - 1
@@ -426,6 +441,27 @@ impl Txn for MemoryState {
             }
         }
         Ok(deleted)
+    }
+
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        Ok(self.totals.contains((labels, priority, admission)))
+    }
+
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        Ok(self
+            .totals
+            .lanes
+            .contains(&(labels.service.clone(), labels.provider.clone())))
+    }
+
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        Ok((count(self.totals.lanes.len()), count(self.totals.entries.len())))
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {

@@ -237,6 +237,22 @@ pub(super) const AGGREGATES: &str =
      queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at \
      FROM aggregates";
 
+/// Whether an aggregate has totals stored: its primary key.
+pub(super) const AGGREGATE_KNOWN: &str = "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 \
+     AND operation_stage = $2 AND class = $3 AND provider = $4 AND model = $5 AND priority = $6 \
+     AND admission = $7)";
+
+/// Whether a lane has an aggregate: the primary key's first column, then
+/// the service's own aggregates.
+pub(super) const LANE_KNOWN: &str =
+    "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 AND provider = $2)";
+
+/// Distinct lanes and aggregates. Reads every aggregate, which the label
+/// bounds themselves keep few (`domain::cardinality`); asked only for a
+/// begin whose aggregate is new.
+pub(super) const LABEL_CENSUS: &str = "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT service, provider \
+     FROM aggregates) AS lanes), (SELECT COUNT(*) FROM aggregates)";
+
 pub(super) const COUNT_COMPLETIONS: &str =
     "INSERT INTO completion_minutes AS m (minute, completions) VALUES ($1, $2) \
      ON CONFLICT (minute) DO UPDATE SET completions = m.completions + excluded.completions";
@@ -442,6 +458,9 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("ADD_LANE", ADD_LANE, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
     ("AGGREGATES", AGGREGATES, Reach::Indexed),
+    ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
+    ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
+    ("LABEL_CENSUS", LABEL_CENSUS, Reach::Indexed),
     ("COUNT_COMPLETIONS", COUNT_COMPLETIONS, Reach::Indexed),
     ("COMPLETION_MINUTES_FROM", COMPLETION_MINUTES_FROM, Reach::Indexed),
     ("DELETE_MINUTES_BEFORE", DELETE_MINUTES_BEFORE, Reach::Indexed),

@@ -582,6 +582,53 @@ impl Txn for PgTxn<'_> {
         .map(|_| ())
     }
 
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        // Commands earlier in this group count into rows not written yet;
+        // those decide against what was committed, so a group of new
+        // aggregates can pass a limit by at most its own size.
+        if self
+            .counts
+            .totals
+            .contains_key(&(labels.clone(), priority, admission))
+        {
+            return Ok(true);
+        }
+        let rows = self.query(
+            sql::AGGREGATE_KNOWN,
+            &[
+                &labels.service.as_str(),
+                &labels.operation_stage.as_str(),
+                &labels.class.as_str(),
+                &labels.provider.as_str(),
+                &&*labels.model,
+                &priority.as_str(),
+                &admission.as_str(),
+            ],
+        )?;
+        rows.first().map_or(Ok(false), |row| column(row, 0))
+    }
+
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        let rows = self.query(
+            sql::LANE_KNOWN,
+            &[&labels.service.as_str(), &labels.provider.as_str()],
+        )?;
+        rows.first().map_or(Ok(false), |row| column(row, 0))
+    }
+
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        let rows = self.query(sql::LABEL_CENSUS, &[])?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "the label census returned no row"))?;
+        Ok((column(row, 0)?, column(row, 1)?))
+    }
+
     fn lock_lane(&mut self, lane: &LaneKey) -> Result<(), LedgerError> {
         let (service, provider) = (lane.service.as_str(), lane.provider.as_str());
         if self.query(sql::LOCK_LANE, &[&service, &provider])?.is_empty() {

@@ -8,7 +8,7 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::domain::admission::LanePosition;
 use crate::domain::counters::{AggregateKey, Totals};
-use crate::domain::labels::{ActivityLabels, Label};
+use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
@@ -263,6 +263,50 @@ impl Txn for SqliteTxn<'_, '_> {
     fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
         *self.counts.completions.entry(minute).or_default() += 1;
         Ok(())
+    }
+
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        // Commands earlier in this group count into rows not written yet;
+        // those decide against what was committed, so a group of new
+        // aggregates can pass a limit by at most its own size.
+        if self
+            .counts
+            .totals
+            .contains_key(&(labels.clone(), priority, admission))
+        {
+            return Ok(true);
+        }
+        self.value(
+            sql::AGGREGATE_KNOWN,
+            params![
+                labels.service.as_str(),
+                labels.operation_stage.as_str(),
+                labels.class.as_str(),
+                labels.provider.as_str(),
+                &*labels.model,
+                priority.as_str(),
+                admission.as_str(),
+            ],
+        )
+    }
+
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        self.value(
+            sql::LANE_KNOWN,
+            params![labels.service.as_str(), labels.provider.as_str()],
+        )
+    }
+
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        self.st
+            .prepare(sql::LABEL_CENSUS)
+            .and_then(|statement| statement.query_row([], |row| Ok((row.get(0)?, row.get(1)?))))
+            .map_err(sql_error("cannot read"))
     }
 
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {

@@ -1,0 +1,68 @@
+"""inflight-ledger: a client of the inflight server, sync and asyncio.
+
+    from inflight_ledger import Ledger
+
+    ledger = Ledger("http://127.0.0.1:7878")
+    with ledger.activity(service="knowledge-base", provider="ollama", class_="embedding") as call:
+        ...  # the provider call: success, failure or cancelled by how the block exits
+"""
+
+from ._common import Lifecycle
+from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
+from .errors import (
+    ConflictError,
+    InflightError,
+    InvalidRequestError,
+    LaneFullError,
+    NotFoundError,
+    RequestTimeoutError,
+    UnauthorizedError,
+    UnavailableError,
+    WaitTimeoutError,
+    error_for,
+)
+from .sync import Activity, ActivityBlock, Ledger, OwnerLease
+from .wire import (
+    ROUTES,
+    ROUTES_NOT_CALLED,
+    SERVER_ERROR_CODES,
+    TYPES,
+    ActivityRecord,
+    BeginRequest,
+    Owner,
+    Snapshot,
+    field_names,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Activity",
+    "ActivityBlock",
+    "ActivityRecord",
+    "AsyncActivity",
+    "AsyncActivityBlock",
+    "AsyncLedger",
+    "AsyncOwnerLease",
+    "BeginRequest",
+    "ConflictError",
+    "InflightError",
+    "InvalidRequestError",
+    "LaneFullError",
+    "Ledger",
+    "Lifecycle",
+    "NotFoundError",
+    "Owner",
+    "OwnerLease",
+    "ROUTES",
+    "RequestTimeoutError",
+    "ROUTES_NOT_CALLED",
+    "SERVER_ERROR_CODES",
+    "Snapshot",
+    "TYPES",
+    "UnauthorizedError",
+    "UnavailableError",
+    "WaitTimeoutError",
+    "error_for",
+    "field_names",
+]

@@ -1,0 +1,222 @@
+"""What the sync and the asyncio clients share: building requests, reading
+answers, backoff, lifecycle hooks. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import warnings
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from .errors import InflightError, UnavailableError, WaitTimeoutError, error_for
+from .wire import ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest
+
+DEFAULT_URL = "http://127.0.0.1:7878"
+#: The server holds a ``?wait=`` at most this long.
+MAX_WAIT_STEP = 30.0
+
+#: Keyword arguments in snake case, and the wire's camelCase names.
+_SNAKE_TO_WIRE = {
+    "class_": "class",
+    "klass": "class",
+    "operation_stage": "operationStage",
+    "enqueued_at": "enqueuedAt",
+    "started_at": "startedAt",
+    "deadline_ms": "deadlineMs",
+    "owner_id": "ownerId",
+}
+
+Hook = Callable[[ActivityRecord], None]
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """Called as a record moves through its life; errors raised here are ignored."""
+
+    on_enqueued: Optional[Hook] = None
+    on_started: Optional[Hook] = None
+    on_settled: Optional[Hook] = None
+
+
+def call_hook(hooks: Tuple[Optional[Lifecycle], ...], name: str, record: ActivityRecord) -> None:
+    for lifecycle in hooks:
+        hook = getattr(lifecycle, name, None) if lifecycle is not None else None
+        if hook is None:
+            continue
+        try:
+            hook(record)
+        except Exception:  # noqa: BLE001 - a hook's failure is the hook's; the call goes on
+            pass
+
+
+def wire_time(value: Any) -> Any:
+    """A ``datetime`` as epoch milliseconds (naive means UTC); anything else as is."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(value.timestamp() * 1000)
+    return value
+
+
+def now_ms() -> int:
+    return int(datetime.now(timezone.utc).timestamp() * 1000)
+
+
+def build_spec(spec: Optional[Mapping[str, Any]], fields: Mapping[str, Any], owner_id: Optional[str]) -> BeginRequest:
+    """A begin's body from a mapping (wire names) and keyword arguments (snake case)."""
+    body: Dict[str, Any] = dict(spec or {})
+    for key, value in fields.items():
+        body[_SNAKE_TO_WIRE.get(key, key)] = value
+    for key in ("enqueuedAt", "startedAt"):
+        if key in body:
+            body[key] = wire_time(body[key])
+    if body.get("ownerId") is None and owner_id is not None:
+        body["ownerId"] = owner_id
+    body = {k: v for k, v in body.items() if v is not None}
+    return body  # type: ignore[return-value]
+
+
+@dataclass
+class Config:
+    base_url: str
+    token: Optional[str]
+    timeout: float
+    retries: int
+    backoff: float
+    max_backoff: float
+
+    @classmethod
+    def make(
+        cls,
+        base_url: Optional[str],
+        token: Optional[str],
+        timeout: float,
+        retries: int,
+        backoff: float,
+        max_backoff: float,
+    ) -> "Config":
+        url = base_url or os.environ.get("INFLIGHT_URL") or DEFAULT_URL
+        tok = token if token is not None else (os.environ.get("INFLIGHT_TOKEN") or None)
+        return cls(url.rstrip("/"), tok or None, timeout, retries, backoff, max_backoff)
+
+    def url(self, route: str, id: Optional[str], query: Optional[Mapping[str, Any]]) -> str:
+        path = ROUTES[route].path
+        if id is not None:
+            path = path.replace("{id}", quote(id, safe=""))
+        q = {k: v for k, v in (query or {}).items() if v is not None}
+        return self.base_url + path + ("?" + urlencode(q) if q else "")
+
+    def headers(self, has_body: bool) -> Dict[str, str]:
+        headers = {"accept": "application/json"}
+        if has_body:
+            headers["content-type"] = "application/json"
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def delay(self, attempt: int, error: InflightError) -> float:
+        """Exponential backoff with jitter (half fixed, half random), at least
+        the server's ``Retry-After`` (up to ``max_backoff``)."""
+        backoff = min(self.max_backoff, self.backoff * float(2**attempt))
+        jittered = backoff / 2 + random.random() * backoff / 2
+        return max(jittered, min(error.retry_after or 0.0, self.max_backoff))
+
+
+def read_answer(response: httpx.Response, what: str) -> Any:
+    """The answer's JSON, or the ``InflightError`` its error body names."""
+    if response.is_success:
+        return response.json() if response.content else None
+    retry_after: Optional[float] = None
+    try:
+        retry_after = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        pass
+    try:
+        error = json.loads(response.content)["error"]
+        code, message = error["code"], error["message"]
+        if code in SERVER_ERROR_CODES:
+            raise error_for(
+                code, f"{what}: {message}", status=response.status_code, retry_after=retry_after, from_server=True
+            )
+    except (ValueError, KeyError, TypeError):
+        pass  # not the server's error body: a proxy or something else answered
+    code = "unavailable" if response.status_code >= 500 else "invalid_request"
+    raise error_for(
+        code, f"{what}: HTTP {response.status_code} {response.text[:200]}", status=response.status_code, retry_after=retry_after
+    )
+
+
+def unavailable(what: str, err: BaseException) -> UnavailableError:
+    return UnavailableError("unavailable", f"{what}: no answer from the server ({type(err).__name__}: {err})")
+
+
+def retryable(route: str, err: InflightError) -> bool:
+    """Whether a failed request may be sent again. An idempotent one: when no
+    answer came, or a 5xx. Any other (a begin): only when the server itself
+    answered that it did not handle the request (503 ``unavailable`` at a
+    limit, 408 ``request_timeout``), since a lost answer may have recorded it."""
+    if err.from_server and err.code in ("unavailable", "request_timeout"):
+        return True
+    return ROUTES[route].idempotent and err.code in ("unavailable", "internal")
+
+
+def wait_param(seconds: Optional[float]) -> Optional[str]:
+    if seconds is None:
+        return None
+    return f"{max(0, min(int(MAX_WAIT_STEP * 1000), int(seconds * 1000)))}ms"
+
+
+def wait_timeout(record: ActivityRecord, max_wait: Optional[float]) -> WaitTimeoutError:
+    return WaitTimeoutError(
+        "wait_timeout",
+        f"activity {record['activityId']} was not admitted on {record['service']}::{record['provider']} "
+        f"within {max_wait} s",
+    )
+
+
+def cancel_reason(exc: Optional[BaseException]) -> str:
+    if isinstance(exc, WaitTimeoutError):
+        return "wait timeout"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "cancelled"
+
+
+def default_ledger_error(err: BaseException, record: ActivityRecord) -> None:
+    warnings.warn(
+        f"inflight: could not record how activity {record['activityId']} ended ({err}); "
+        "the server reaps it past its bound",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def is_abort(exc: Optional[BaseException]) -> bool:
+    """Whether a block ended by an abort (settled ``cancelled``) rather than an error (``failed``)."""
+    return exc is not None and not isinstance(exc, Exception)
+
+
+__all__ = [
+    "Config",
+    "InflightError",
+    "Lifecycle",
+    "build_spec",
+    "call_hook",
+    "cancel_reason",
+    "default_ledger_error",
+    "is_abort",
+    "now_ms",
+    "read_answer",
+    "retryable",
+    "unavailable",
+    "wait_param",
+    "wait_timeout",
+]

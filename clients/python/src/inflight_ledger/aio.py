@@ -1,0 +1,476 @@
+"""The asyncio client: ``AsyncLedger``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from types import TracebackType
+from typing import Any, Dict, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+
+import httpx
+
+from ._common import (
+    Config,
+    Lifecycle,
+    build_spec,
+    call_hook,
+    cancel_reason,
+    default_ledger_error,
+    is_abort,
+    now_ms,
+    read_answer,
+    retryable,
+    unavailable,
+    wait_param,
+    wait_timeout,
+    wire_time,
+)
+from .errors import InflightError
+from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snapshot
+
+LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
+
+
+class AsyncLedger:
+    """The asyncio client of one inflight server.
+
+    ``async with ledger.activity(service="kb", provider="ollama") as call:``
+    begins a record, waits in line until admitted, starts it, and settles it
+    by how the block exits: normally, success; by an exception, failure; by
+    task cancellation (or ``KeyboardInterrupt``), ``cancelled``. With
+    ``timeout=``, the block (waiting and executing) is cancelled after that
+    many seconds, the record is settled ``cancelled`` and ``TimeoutError`` is
+    raised.
+    """
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        max_backoff: float = 2.0,
+        lifecycle: Optional[Lifecycle] = None,
+        on_ledger_error: Optional[LedgerErrorHook] = None,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff)
+        self.lifecycle = lifecycle
+        self.on_ledger_error = on_ledger_error or default_ledger_error
+        #: The owner whose id tags the records this client begins, if any.
+        self.owner_id: Optional[str] = None
+        self._http = httpx.AsyncClient(transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncLedger":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def request(
+        self,
+        route: str,
+        *,
+        id: Optional[str] = None,
+        query: Optional[Mapping[str, Any]] = None,
+        body: Optional[Mapping[str, Any]] = None,
+        extra_timeout: float = 0.0,
+    ) -> Any:
+        """Sends one request; idempotent routes are retried with backoff when
+        the server is unreachable or answers a 5xx; a begin only when the
+        server answered that it did not handle it (503, 408)."""
+        r = ROUTES[route]
+        what = f"{r.method} {r.path}"
+        url = self.config.url(route, id, query)
+        headers = self.config.headers(body is not None)
+        attempts = self.config.retries + 1
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    r.method, url, headers=headers, json=body, timeout=self.config.timeout + extra_timeout
+                )
+                return read_answer(response, what)
+            except InflightError as err:
+                error = err
+            except httpx.TransportError as err:
+                error = unavailable(what, err)
+            if not retryable(route, error) or attempt + 1 >= attempts:
+                raise error
+            await asyncio.sleep(self.config.delay(attempt, error))
+            attempt += 1
+
+    async def begin(self, spec: Optional[Mapping[str, Any]] = None, **fields: Any) -> "AsyncActivity":
+        """Begins a record. Never retried."""
+        record = await self.request("begin", body=build_spec(spec, fields, self.owner_id))
+        return AsyncActivity(self, record)
+
+    async def get_activity(self, activity_id: str) -> ActivityRecord:
+        return await self.request("get", id=activity_id)  # type: ignore[no-any-return]
+
+    async def snapshot(self, *, limit: Optional[int] = None, since: Optional[str] = None) -> Snapshot:
+        return await self.request("snapshot", query={"limit": limit, "since": since})  # type: ignore[no-any-return]
+
+    async def reap(self) -> ReapCounts:
+        return await self.request("reap", body={})  # type: ignore[no-any-return]
+
+    async def healthy(self) -> bool:
+        try:
+            await self.request("healthz")
+            return True
+        except InflightError:
+            return False
+
+    async def register_owner(self, name: str, ttl: float = 30.0) -> Owner:
+        return await self.request("register_owner", body={"name": name, "ttlMs": int(ttl * 1000)})  # type: ignore[no-any-return]
+
+    async def renew_owner(self, owner_id: str) -> Owner:
+        return await self.request("renew_owner", id=owner_id)  # type: ignore[no-any-return]
+
+    async def release_owner(self, owner_id: str) -> Owner:
+        return await self.request("release_owner", id=owner_id)  # type: ignore[no-any-return]
+
+    def activity(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        max_wait: Optional[float] = None,
+        wait_step: float = 10.0,
+        timeout: Optional[float] = None,
+        failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
+        lifecycle: Optional[Lifecycle] = None,
+        **fields: Any,
+    ) -> "AsyncActivityBlock":
+        """A block that is one provider call (see the class's doc)."""
+        return AsyncActivityBlock(
+            self, build_spec(spec, fields, None), max_wait, wait_step, timeout, failure_stage, lifecycle
+        )
+
+    def observe_unqueued(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        timeout: Optional[float] = None,
+        lifecycle: Optional[Lifecycle] = None,
+        **fields: Any,
+    ) -> "AsyncActivityBlock":
+        """A block for a call with no queue (admission ``direct``)."""
+        body = build_spec(spec, fields, None)
+        body["admission"] = "direct"
+        return AsyncActivityBlock(self, body, None, 10.0, timeout, "provider", lifecycle)
+
+    async def join_as_owner(
+        self,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        tag_records: bool = True,
+        release_on_signals: Union[bool, Iterable[int]] = False,
+        on_lost: Optional[Callable[[InflightError], None]] = None,
+    ) -> "AsyncOwnerLease":
+        """Registers this process as an owner under a lease of ``ttl`` seconds,
+        renewed every third of it by a background task (see
+        ``Ledger.join_as_owner``). ``release_on_signals=True`` releases on
+        SIGTERM (through the event loop), then lets the signal do what it
+        would have done."""
+        owner = await self.register_owner(name, ttl)
+        lease = AsyncOwnerLease(self, owner, release_on_signals, on_lost)
+        if tag_records:
+            self.owner_id = owner["ownerId"]
+        return lease
+
+
+class AsyncActivity:
+    """One record: ``await start()``, then ``await settle()``, or ``await cancel()``."""
+
+    def __init__(self, ledger: AsyncLedger, record: ActivityRecord) -> None:
+        self.ledger = ledger
+        self.record = record
+        self.id: str = record["activityId"]
+
+    @property
+    def ended(self) -> bool:
+        return self.record["state"] not in ("waiting", "executing")
+
+    def _update(self, record: ActivityRecord) -> ActivityRecord:
+        self.record = record
+        return record
+
+    async def start(self, *, wait: Optional[float] = None, started_at: Any = None) -> ActivityRecord:
+        body = {} if started_at is None else {"startedAt": wire_time(started_at)}
+        return self._update(
+            await self.ledger.request(
+                "start", id=self.id, query={"wait": wait_param(wait)}, body=body, extra_timeout=wait or 0.0
+            )
+        )
+
+    async def admit(self, *, max_wait: Optional[float] = None, wait_step: float = 10.0) -> ActivityRecord:
+        """Waits in line with bounded ``?wait=`` requests until admitted."""
+        deadline = None if max_wait is None else time.monotonic() + max_wait
+        while True:
+            left = wait_step if deadline is None else min(wait_step, max(0.0, deadline - time.monotonic()))
+            try:
+                return await self.start(wait=left)
+            except InflightError as err:
+                if err.code != "lane_full":
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise wait_timeout(self.record, max_wait) from err
+
+    async def settle(
+        self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
+    ) -> ActivityRecord:
+        body: Dict[str, Any] = {"success": success}
+        if failure_stage is not None:
+            body["failureStage"] = failure_stage
+        if completed_at is not None:
+            body["completedAt"] = wire_time(completed_at)
+        return self._update(await self.ledger.request("settle", id=self.id, body=body))
+
+    async def succeed(self) -> ActivityRecord:
+        return await self.settle(True)
+
+    async def fail(self, failure_stage: FailureStage = "provider") -> ActivityRecord:
+        return await self.settle(False, failure_stage=failure_stage)
+
+    async def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
+        return self._update(
+            await self.ledger.request("cancel", id=self.id, body={} if reason is None else {"reason": reason})
+        )
+
+    async def refresh(self) -> ActivityRecord:
+        return self._update(await self.ledger.get_activity(self.id))
+
+
+class AsyncActivityBlock:
+    """``async with ledger.activity(...) as call:`` (see ``AsyncLedger``)."""
+
+    def __init__(
+        self,
+        ledger: AsyncLedger,
+        spec: Mapping[str, Any],
+        max_wait: Optional[float],
+        wait_step: float,
+        timeout: Optional[float],
+        failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]],
+        lifecycle: Optional[Lifecycle],
+    ) -> None:
+        self.ledger = ledger
+        self.spec = dict(spec)
+        self.max_wait = max_wait
+        self.wait_step = wait_step
+        self.timeout = timeout
+        self.failure_stage = failure_stage
+        self.hooks: Tuple[Optional[Lifecycle], ...] = (ledger.lifecycle, lifecycle)
+        self.activity: Optional[AsyncActivity] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timed_out = False
+        self._task: Optional["asyncio.Task[Any]"] = None
+
+    def _on_timeout(self) -> None:
+        self._timed_out = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _as_timeout(self, exc: BaseException) -> BaseException:
+        """Our own timeout's cancellation becomes ``TimeoutError``; any other stays."""
+        if self._timed_out and isinstance(exc, asyncio.CancelledError):
+            uncancel = getattr(self._task, "uncancel", None)  # 3.11+: this cancellation is handled
+            if uncancel is not None:
+                uncancel()
+            return TimeoutError(f"the call timed out after {self.timeout} s")
+        return exc
+
+    async def __aenter__(self) -> AsyncActivity:
+        direct = self.spec.get("admission") == "direct"
+        spec = dict(self.spec)
+        if direct:
+            now = now_ms()
+            spec.setdefault("enqueuedAt", now)
+            spec.setdefault("startedAt", now)
+        # The begin is shielded: its answer carries the id needed to cancel,
+        # so a cancellation that arrives meanwhile cancels the record after.
+        begin = asyncio.ensure_future(self.ledger.begin(spec))
+        try:
+            activity = await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            begin.add_done_callback(_cancel_when_begun)
+            raise
+        self.activity = activity
+        call_hook(self.hooks, "on_enqueued", activity.record)
+        if self.timeout is not None:
+            self._task = asyncio.current_task()
+            self._timer = asyncio.get_running_loop().call_later(self.timeout, self._on_timeout)
+        if not direct:
+            try:
+                await activity.admit(max_wait=self.max_wait, wait_step=self.wait_step)
+            except BaseException as exc:
+                self._stop_timer()
+                err = self._as_timeout(exc)
+                await self._end(lambda: activity.cancel(cancel_reason(err)))
+                if err is exc:
+                    raise
+                raise err from exc
+        call_hook(self.hooks, "on_started", activity.record)
+        return activity
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self._stop_timer()
+        activity = self.activity
+        if activity is None or activity.ended:
+            return
+        if exc is None:
+            await self._end(activity.succeed)
+            return
+        err = self._as_timeout(exc)
+        if is_abort(err) or err is not exc:
+            await self._end(lambda: activity.cancel(cancel_reason(err)))
+        else:
+            stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
+            await self._end(lambda: activity.fail(stage))
+        if err is not exc:
+            raise err from exc
+
+    async def _end(self, end: Callable[[], Awaitable[ActivityRecord]]) -> None:
+        """Runs the last transition shielded: a cancellation of the task
+        while it is sent does not lose it."""
+        assert self.activity is not None
+        inner = asyncio.ensure_future(end())
+        try:
+            await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            # Cancelled again while ending: let the transition finish, then go on cancelling.
+            inner.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+        except Exception as err:  # noqa: BLE001 - the block's own outcome stands
+            self.ledger.on_ledger_error(err, self.activity.record)
+            return
+        call_hook(self.hooks, "on_settled", self.activity.record)
+
+
+_background: "set[asyncio.Future[Any]]" = set()
+
+
+def _cancel_when_begun(begin: "asyncio.Future[AsyncActivity]") -> None:
+    if begin.cancelled() or begin.exception() is not None:
+        return
+    cancel = asyncio.ensure_future(begin.result().cancel("cancelled"))
+    _background.add(cancel)
+
+    def done(f: "asyncio.Future[Any]") -> None:
+        _background.discard(f)
+        if not f.cancelled():
+            f.exception()  # retrieved: a lost cancel is reaped past its bound
+
+    cancel.add_done_callback(done)
+
+
+class AsyncOwnerLease:
+    """A registered owner whose lease a background task renews."""
+
+    def __init__(
+        self,
+        ledger: AsyncLedger,
+        owner: Owner,
+        release_on_signals: Union[bool, Iterable[int]],
+        on_lost: Optional[Callable[[InflightError], None]],
+    ) -> None:
+        self.ledger = ledger
+        self.owner = owner
+        self.id: str = owner["ownerId"]
+        self.on_lost = on_lost
+        self.lost_error: Optional[InflightError] = None
+        self._released: Optional["asyncio.Future[Owner]"] = None
+        self._task = asyncio.ensure_future(self._renew_loop())
+        self._signals: List[int] = []
+        loop = asyncio.get_running_loop()
+        signals: Iterable[int] = (
+            (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())
+        )
+        for sig in signals:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+            self._signals.append(sig)
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_error is not None
+
+    async def _renew_loop(self) -> None:
+        interval = self.owner["ttlMs"] / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.owner = await self.ledger.renew_owner(self.id)
+                interval = self.owner["ttlMs"] / 3000
+            except InflightError as err:
+                if err.code in ("conflict", "not_found"):
+                    self._mark_lost(err)
+                    return
+                interval = max(0.1, self.owner["ttlMs"] / 10000)
+            except Exception:  # noqa: BLE001 - the task must outlive any surprise
+                interval = max(0.1, self.owner["ttlMs"] / 10000)
+
+    def _mark_lost(self, err: InflightError) -> None:
+        self.lost_error = err
+        self.stop()
+        if self.on_lost is not None:
+            try:
+                self.on_lost(err)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def stop(self) -> None:
+        """Stops renewing without telling the server (as a crash would)."""
+        if self._task is not asyncio.current_task():
+            self._task.cancel()
+        self._remove_signals()
+        if self.ledger.owner_id == self.id:
+            self.ledger.owner_id = None
+
+    def _remove_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            loop.remove_signal_handler(sig)
+        self._signals = []
+
+    def _on_signal(self, sig: int) -> None:
+        self._remove_signals()
+
+        async def release_then_resignal() -> None:
+            try:
+                await self.release()
+            finally:
+                os.kill(os.getpid(), sig)
+
+        asyncio.ensure_future(release_then_resignal())
+
+    async def release(self) -> Owner:
+        """A clean shutdown: stops renewing and releases the owner; its
+        in-flight records are cancelled. Twice is harmless."""
+        if self._released is None:
+            self.stop()
+            self._released = asyncio.ensure_future(self.ledger.release_owner(self.id))
+        return await asyncio.shield(self._released)
+
+    async def __aenter__(self) -> "AsyncOwnerLease":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()

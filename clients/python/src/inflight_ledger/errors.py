@@ -1,0 +1,97 @@
+"""Errors typed by the server's error ``code``."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Type
+
+
+class InflightError(Exception):
+    """An error from the ledger.
+
+    ``code`` is the server's code (``lane_full``, ``not_found``,
+    ``invalid_request``, ``conflict``, ``unauthorized``, ``unavailable``,
+    ...) or the client's own ``wait_timeout`` (the call waited in line longer
+    than its ``max_wait``). ``unavailable`` is also the client's when no
+    answer came, or a 5xx that is not the server's error body.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: Optional[int] = None,
+        retry_after: Optional[float] = None,
+        from_server: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        #: The HTTP status, when the server answered.
+        self.status = status
+        #: ``Retry-After`` in seconds, when the server sent one.
+        self.retry_after = retry_after
+        #: Whether the server itself answered with its error body. A 503
+        #: ``unavailable`` or 408 ``request_timeout`` from it means nothing was recorded.
+        self.from_server = from_server
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
+
+
+class LaneFullError(InflightError):
+    """429 ``lane_full``: the lane is at its cap; the record keeps its place in line."""
+
+
+class WaitTimeoutError(InflightError):
+    """The call waited in line longer than ``max_wait``; its record was cancelled."""
+
+
+class NotFoundError(InflightError):
+    """404 ``not_found``: no activity or owner with that id."""
+
+
+class InvalidRequestError(InflightError):
+    """400 ``invalid_request``: a field, parameter or id is invalid; the message names it."""
+
+
+class UnauthorizedError(InflightError):
+    """401 ``unauthorized``: the server has a token and the request lacked it."""
+
+
+class RequestTimeoutError(InflightError):
+    """408 ``request_timeout``: the body did not arrive in time; nothing was recorded."""
+
+
+class ConflictError(InflightError):
+    """409 ``conflict``: the request contradicts the record or the owner."""
+
+
+class UnavailableError(InflightError):
+    """503 from the server (at a limit), or no answer (refused, reset, timed out), or a proxy's 5xx."""
+
+
+_CLASSES: Dict[str, Type[InflightError]] = {
+    "lane_full": LaneFullError,
+    "wait_timeout": WaitTimeoutError,
+    "not_found": NotFoundError,
+    "invalid_request": InvalidRequestError,
+    "unauthorized": UnauthorizedError,
+    "conflict": ConflictError,
+    "request_timeout": RequestTimeoutError,
+    "unavailable": UnavailableError,
+}
+
+
+def error_for(
+    code: str,
+    message: str,
+    *,
+    status: Optional[int] = None,
+    retry_after: Optional[float] = None,
+    from_server: bool = False,
+) -> InflightError:
+    """The error for ``code``, of its class when it has one."""
+    return _CLASSES.get(code, InflightError)(
+        code, message, status=status, retry_after=retry_after, from_server=from_server
+    )

@@ -1,0 +1,415 @@
+"""The synchronous client: ``Ledger``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from types import TracebackType
+from typing import Any, Dict, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+
+import httpx
+
+from ._common import (
+    Config,
+    Lifecycle,
+    build_spec,
+    call_hook,
+    cancel_reason,
+    default_ledger_error,
+    is_abort,
+    now_ms,
+    read_answer,
+    retryable,
+    unavailable,
+    wait_param,
+    wait_timeout,
+    wire_time,
+)
+from .errors import InflightError
+from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snapshot
+
+LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
+
+
+class Ledger:
+    """A client of one inflight server.
+
+    ``with ledger.activity(service="kb", provider="ollama") as call:`` begins
+    a record, waits in line until admitted, starts it, and settles it by how
+    the block exits: normally, success; by an exception, failure; by
+    ``KeyboardInterrupt`` (or any other ``BaseException``), ``cancelled``.
+    """
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        max_backoff: float = 2.0,
+        lifecycle: Optional[Lifecycle] = None,
+        on_ledger_error: Optional[LedgerErrorHook] = None,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        """``base_url`` defaults to ``INFLIGHT_URL``, else ``http://127.0.0.1:7878``;
+        ``token`` to ``INFLIGHT_TOKEN``. ``timeout`` is per request (plus its
+        ``?wait=``); ``retries`` apply to idempotent requests only."""
+        self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff)
+        self.lifecycle = lifecycle
+        self.on_ledger_error = on_ledger_error or default_ledger_error
+        #: The owner whose id tags the records this client begins, if any.
+        self.owner_id: Optional[str] = None
+        self._http = httpx.Client(transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- one request ---------------------------------------------------
+
+    def request(
+        self,
+        route: str,
+        *,
+        id: Optional[str] = None,
+        query: Optional[Mapping[str, Any]] = None,
+        body: Optional[Mapping[str, Any]] = None,
+        extra_timeout: float = 0.0,
+    ) -> Any:
+        """Sends one request; idempotent routes are retried with backoff when
+        the server is unreachable or answers a 5xx; a begin only when the
+        server answered that it did not handle it (503, 408)."""
+        r = ROUTES[route]
+        what = f"{r.method} {r.path}"
+        url = self.config.url(route, id, query)
+        headers = self.config.headers(body is not None)
+        attempts = self.config.retries + 1
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    r.method, url, headers=headers, json=body, timeout=self.config.timeout + extra_timeout
+                )
+                return read_answer(response, what)
+            except InflightError as err:
+                error = err
+            except httpx.TransportError as err:
+                error = unavailable(what, err)
+            if not retryable(route, error) or attempt + 1 >= attempts:
+                raise error
+            time.sleep(self.config.delay(attempt, error))
+            attempt += 1
+
+    # ---- the routes ----------------------------------------------------
+
+    def begin(self, spec: Optional[Mapping[str, Any]] = None, **fields: Any) -> "Activity":
+        """Begins a record (``waiting``, or ``executing`` with ``started_at``). Never retried."""
+        record = self.request("begin", body=build_spec(spec, fields, self.owner_id))
+        return Activity(self, record)
+
+    def get_activity(self, activity_id: str) -> ActivityRecord:
+        return self.request("get", id=activity_id)  # type: ignore[no-any-return]
+
+    def snapshot(self, *, limit: Optional[int] = None, since: Optional[str] = None) -> Snapshot:
+        return self.request("snapshot", query={"limit": limit, "since": since})  # type: ignore[no-any-return]
+
+    def reap(self) -> ReapCounts:
+        return self.request("reap", body={})  # type: ignore[no-any-return]
+
+    def healthy(self) -> bool:
+        try:
+            self.request("healthz")
+            return True
+        except InflightError:
+            return False
+
+    def register_owner(self, name: str, ttl: float = 30.0) -> Owner:
+        return self.request("register_owner", body={"name": name, "ttlMs": int(ttl * 1000)})  # type: ignore[no-any-return]
+
+    def renew_owner(self, owner_id: str) -> Owner:
+        return self.request("renew_owner", id=owner_id)  # type: ignore[no-any-return]
+
+    def release_owner(self, owner_id: str) -> Owner:
+        return self.request("release_owner", id=owner_id)  # type: ignore[no-any-return]
+
+    # ---- the lifecycle -------------------------------------------------
+
+    def activity(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        max_wait: Optional[float] = None,
+        wait_step: float = 10.0,
+        failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
+        lifecycle: Optional[Lifecycle] = None,
+        **fields: Any,
+    ) -> "ActivityBlock":
+        """A block that is one provider call (see the class's doc).
+
+        ``max_wait``: give up waiting in line after this many seconds with
+        ``WaitTimeoutError`` (the record is cancelled). ``failure_stage``:
+        where an exception happened (or a function of it)."""
+        return ActivityBlock(self, build_spec(spec, fields, None), max_wait, wait_step, failure_stage, lifecycle)
+
+    def observe_unqueued(
+        self, spec: Optional[Mapping[str, Any]] = None, *, lifecycle: Optional[Lifecycle] = None, **fields: Any
+    ) -> "ActivityBlock":
+        """A block for a call with no queue (admission ``direct``: observed,
+        never counted in a lane nor refused), settled like ``activity``."""
+        body = build_spec(spec, fields, None)
+        body["admission"] = "direct"
+        return ActivityBlock(self, body, None, 10.0, "provider", lifecycle)
+
+    def join_as_owner(
+        self,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        tag_records: bool = True,
+        release_on_signals: Union[bool, Iterable[int]] = False,
+        on_lost: Optional[Callable[[InflightError], None]] = None,
+    ) -> "OwnerLease":
+        """Registers this process as an owner under a lease of ``ttl`` seconds,
+        renewed every third of it by a daemon thread. Records this client
+        begins carry the owner's id unless ``tag_records`` is false. If the
+        process dies, the server reaps its in-flight records once the lease
+        runs out; ``release()`` (or leaving ``with lease:``) is the clean
+        shutdown. ``release_on_signals=True`` releases on SIGTERM first (from
+        the main thread), then lets the signal do what it would have done."""
+        owner = self.register_owner(name, ttl)
+        lease = OwnerLease(self, owner, release_on_signals, on_lost)
+        if tag_records:
+            self.owner_id = owner["ownerId"]
+        return lease
+
+
+class Activity:
+    """One record, for code that has its own queue: ``start()``, then
+    ``settle()``, or ``cancel()``. Every transition is idempotent, so each is
+    retried."""
+
+    def __init__(self, ledger: Ledger, record: ActivityRecord) -> None:
+        self.ledger = ledger
+        #: The record as the server last answered it.
+        self.record = record
+        self.id: str = record["activityId"]
+
+    @property
+    def ended(self) -> bool:
+        return self.record["state"] not in ("waiting", "executing")
+
+    def _update(self, record: ActivityRecord) -> ActivityRecord:
+        self.record = record
+        return record
+
+    def start(self, *, wait: Optional[float] = None, started_at: Any = None) -> ActivityRecord:
+        """Admitted at once, or ``LaneFullError`` (the record keeps its place).
+        With ``wait`` seconds (at most 30), the server holds the request until
+        its turn comes or the wait ends."""
+        body = {} if started_at is None else {"startedAt": wire_time(started_at)}
+        param = wait_param(wait)
+        return self._update(
+            self.ledger.request("start", id=self.id, query={"wait": param}, body=body, extra_timeout=wait or 0.0)
+        )
+
+    def admit(self, *, max_wait: Optional[float] = None, wait_step: float = 10.0) -> ActivityRecord:
+        """Waits in line with bounded ``?wait=`` requests until admitted."""
+        deadline = None if max_wait is None else time.monotonic() + max_wait
+        while True:
+            left = wait_step if deadline is None else min(wait_step, max(0.0, deadline - time.monotonic()))
+            try:
+                return self.start(wait=left)
+            except InflightError as err:
+                if err.code != "lane_full":
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise wait_timeout(self.record, max_wait) from err
+
+    def settle(
+        self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
+    ) -> ActivityRecord:
+        body: Dict[str, Any] = {"success": success}
+        if failure_stage is not None:
+            body["failureStage"] = failure_stage
+        if completed_at is not None:
+            body["completedAt"] = wire_time(completed_at)
+        return self._update(self.ledger.request("settle", id=self.id, body=body))
+
+    def succeed(self) -> ActivityRecord:
+        return self.settle(True)
+
+    def fail(self, failure_stage: FailureStage = "provider") -> ActivityRecord:
+        return self.settle(False, failure_stage=failure_stage)
+
+    def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
+        """Records an abort the caller observed: ``cancelled``. Repeating it is harmless."""
+        return self._update(self.ledger.request("cancel", id=self.id, body={} if reason is None else {"reason": reason}))
+
+    def refresh(self) -> ActivityRecord:
+        return self._update(self.ledger.get_activity(self.id))
+
+
+class ActivityBlock:
+    """``with ledger.activity(...) as call:`` (see ``Ledger``)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        spec: Mapping[str, Any],
+        max_wait: Optional[float],
+        wait_step: float,
+        failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]],
+        lifecycle: Optional[Lifecycle],
+    ) -> None:
+        self.ledger = ledger
+        self.spec = dict(spec)
+        self.max_wait = max_wait
+        self.wait_step = wait_step
+        self.failure_stage = failure_stage
+        self.hooks: Tuple[Optional[Lifecycle], ...] = (ledger.lifecycle, lifecycle)
+        self.activity: Optional[Activity] = None
+
+    def __enter__(self) -> Activity:
+        direct = self.spec.get("admission") == "direct"
+        spec = dict(self.spec)
+        if direct:
+            now = now_ms()
+            spec.setdefault("enqueuedAt", now)
+            spec.setdefault("startedAt", now)
+        activity = self.ledger.begin(spec)
+        self.activity = activity
+        call_hook(self.hooks, "on_enqueued", activity.record)
+        if not direct:
+            try:
+                activity.admit(max_wait=self.max_wait, wait_step=self.wait_step)
+            except BaseException as exc:
+                self._end(lambda: activity.cancel(cancel_reason(exc)))
+                raise
+        call_hook(self.hooks, "on_started", activity.record)
+        return activity
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        activity = self.activity
+        if activity is None or activity.ended:
+            return  # settled by hand inside the block
+        if exc is None:
+            self._end(activity.succeed)
+        elif is_abort(exc):
+            self._end(lambda: activity.cancel(cancel_reason(exc)))
+        else:
+            stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
+            self._end(lambda: activity.fail(stage))
+
+    def _end(self, end: Callable[[], ActivityRecord]) -> None:
+        assert self.activity is not None
+        try:
+            end()
+            call_hook(self.hooks, "on_settled", self.activity.record)
+        except Exception as err:  # noqa: BLE001 - the block's own outcome stands
+            self.ledger.on_ledger_error(err, self.activity.record)
+
+
+class OwnerLease:
+    """A registered owner whose lease a daemon thread renews."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        owner: Owner,
+        release_on_signals: Union[bool, Iterable[int]],
+        on_lost: Optional[Callable[[InflightError], None]],
+    ) -> None:
+        self.ledger = ledger
+        self.owner = owner
+        self.id: str = owner["ownerId"]
+        self.on_lost = on_lost
+        self.lost_error: Optional[InflightError] = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._released: Optional[Owner] = None
+        self._previous: List[Tuple[int, Any]] = []
+        self._thread = threading.Thread(target=self._renew_loop, name=f"inflight-lease-{self.id}", daemon=True)
+        self._thread.start()
+        signals: Iterable[int] = (
+            (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())
+        )
+        for sig in signals:
+            self._previous.append((sig, signal.signal(sig, self._on_signal)))
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_error is not None
+
+    def _renew_loop(self) -> None:
+        interval = self.owner["ttlMs"] / 3000
+        while not self._stop.wait(interval):
+            try:
+                self.owner = self.ledger.renew_owner(self.id)
+                interval = self.owner["ttlMs"] / 3000
+            except InflightError as err:
+                if err.code in ("conflict", "not_found"):
+                    self._mark_lost(err)
+                    return
+                interval = max(0.1, self.owner["ttlMs"] / 10000)  # unreachable: try again soon
+            except Exception:  # noqa: BLE001 - the thread must outlive any surprise
+                interval = max(0.1, self.owner["ttlMs"] / 10000)
+
+    def _mark_lost(self, err: InflightError) -> None:
+        self.lost_error = err
+        self.stop()
+        if self.on_lost is not None:
+            try:
+                self.on_lost(err)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def stop(self) -> None:
+        """Stops renewing without telling the server (as a crash would)."""
+        self._stop.set()
+        if self.ledger.owner_id == self.id:
+            self.ledger.owner_id = None
+
+    def release(self) -> Owner:
+        """A clean shutdown: stops renewing and releases the owner; its
+        in-flight records are cancelled. Twice is harmless."""
+        with self._lock:
+            if self._released is None:
+                self.stop()
+                self._restore_signals()
+                self._released = self.ledger.release_owner(self.id)
+            return self._released
+
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers; ours stays, harmless once released
+        for sig, previous in self._previous:
+            signal.signal(sig, previous)
+        self._previous = []
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._restore_signals()  # handlers run on the main thread
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - the signal still does what it would have
+            pass
+        os.kill(os.getpid(), signum)
+
+    def __enter__(self) -> "OwnerLease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

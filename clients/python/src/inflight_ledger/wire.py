@@ -1,0 +1,283 @@
+"""The wire: every route this client calls and every body it sends or reads,
+as docs/api.md and ``GET /openapi.json`` describe them.
+
+The ``TypedDict``s are also read at run time (their keys), so the test suite
+compares what the client sends and reads with the server's OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Literal, Optional, Set, Tuple, TypedDict, Union
+
+#: A timestamp in a request: epoch milliseconds or an RFC 3339 string.
+TimestampInput = Union[int, str]
+
+Priority = Literal["interactive", "batch", "unknown"]
+Admission = Literal["queued", "direct"]
+State = Literal["waiting", "executing", "succeeded", "failed", "cancelled", "reaped"]
+Disposition = Literal["abandoned", "unsettled"]
+ReapReason = Literal["deadline", "owner-lost"]
+FailureStage = Literal["provider", "queue", "unknown"]
+OwnerState = Literal["live", "lost", "released"]
+
+#: The server's stable error codes (``{"error": {"code": ...}}``).
+SERVER_ERROR_CODES: Tuple[str, ...] = (
+    "invalid_request",
+    "unauthorized",
+    "not_found",
+    "method_not_allowed",
+    "request_timeout",
+    "conflict",
+    "payload_too_large",
+    "lane_full",
+    "internal",
+    "unavailable",
+)
+
+_BeginRequired = TypedDict("_BeginRequired", {"service": str, "provider": str})
+_BeginOptional = TypedDict(
+    "_BeginOptional",
+    {
+        "class": str,
+        "operationStage": str,
+        "model": str,
+        "priority": Priority,
+        "admission": Admission,
+        "enqueuedAt": TimestampInput,
+        "startedAt": TimestampInput,
+        "deadlineMs": int,
+        "ownerId": str,
+    },
+    total=False,
+)
+
+
+class BeginRequest(_BeginRequired, _BeginOptional):
+    """``POST /v1/activities``: ``service`` and ``provider`` name the lane."""
+
+
+class StartRequest(TypedDict, total=False):
+    startedAt: TimestampInput
+
+
+class _SettleRequired(TypedDict):
+    success: bool
+
+
+class SettleRequest(_SettleRequired, total=False):
+    failureStage: FailureStage
+    completedAt: TimestampInput
+
+
+class CancelRequest(TypedDict, total=False):
+    reason: str
+
+
+class _RegisterOwnerRequired(TypedDict):
+    name: str
+
+
+class RegisterOwnerRequest(_RegisterOwnerRequired, total=False):
+    ttlMs: int
+
+
+_ActivityRecordBase = TypedDict(
+    "_ActivityRecordBase",
+    {
+        "activityId": str,
+        "service": str,
+        "provider": str,
+        "class": str,
+        "operationStage": str,
+        "model": str,
+        "priority": Priority,
+        "admission": Admission,
+        "state": State,
+        "disposition": Optional[Disposition],
+        "reapReason": Optional[ReapReason],
+        "ownerId": Optional[str],
+        "enqueuedAt": str,
+        "startedAt": Optional[str],
+        "completedAt": Optional[str],
+        "reapedAt": Optional[str],
+        "deadlineMs": int,
+        "reapableAt": Optional[str],
+        "queueWaitMs": Optional[int],
+        "executionMs": Optional[int],
+        "success": Optional[bool],
+        "failureStage": Optional[FailureStage],
+        "lateSettle": bool,
+    },
+)
+
+
+class ActivityRecord(_ActivityRecordBase, total=False):
+    """Every activity route answers with the record."""
+
+    cancelReason: str  # present only when a cancel gave a reason
+
+
+class InFlightRecord(ActivityRecord):
+    elapsedMs: int
+
+
+class ReapedRecord(ActivityRecord):
+    ageMs: int
+
+
+class Owner(TypedDict):
+    ownerId: str
+    name: str
+    ttlMs: int
+    registeredAt: str
+    renewedAt: str
+    expiresAt: str
+    state: OwnerState
+    endedAt: Optional[str]
+    reapedRecords: int
+    cancelledRecords: int
+
+
+class ReapCounts(TypedDict):
+    abandoned: int
+    unsettled: int
+
+
+class Lane(TypedDict):
+    service: str
+    provider: str
+    cap: Optional[int]
+    executing: int
+    waiting: int
+    reaped: ReapCounts
+    reapedOwnerLost: int
+    lateSettles: int
+    resurrections: int
+    longestWaitMs: int
+
+
+Aggregate = TypedDict(
+    "Aggregate",
+    {
+        "service": str,
+        "operationStage": str,
+        "class": str,
+        "provider": str,
+        "model": str,
+        "priority": Priority,
+        "admission": Admission,
+        "calls": int,
+        "successes": int,
+        "failures": int,
+        "cancelled": int,
+        "reaped": ReapCounts,
+        "lateSettles": int,
+        "inFlight": int,
+        "avgQueueWaitMs": Optional[int],
+        "maxQueueWaitMs": Optional[int],
+        "avgExecutionMs": Optional[int],
+        "maxExecutionMs": Optional[int],
+        "lastSeenAt": Optional[str],
+    },
+)
+
+
+class Snapshot(TypedDict):
+    status: Literal["ok", "degraded"]
+    at: str
+    since: str
+    nativeAdmission: Dict[str, Lane]
+    totalActivities: int
+    totalSucceeded: int
+    totalFailed: int
+    totalCancelled: int
+    totalInFlight: int
+    totalRecentCompletions: int
+    totalReaped: int
+    totalReapedOwnerLost: int
+    totalLateSettles: int
+    totalResurrections: int
+    reapedThisRead: ReapCounts
+    inFlight: List[InFlightRecord]
+    recentCompletions: List[ActivityRecord]
+    reaped: List[ReapedRecord]
+    inFlightTruncated: bool
+    recentCompletionsTruncated: bool
+    reapedTruncated: bool
+    aggregates: List[Aggregate]
+    owners: List[Owner]
+
+
+class ErrorDetail(TypedDict):
+    code: str
+    message: str
+
+
+class ErrorBody(TypedDict):
+    error: ErrorDetail
+
+
+#: Each type by the name of the server's type, for the OpenAPI check.
+TYPES = {
+    t.__name__: t
+    for t in (
+        BeginRequest,
+        StartRequest,
+        SettleRequest,
+        CancelRequest,
+        RegisterOwnerRequest,
+        ActivityRecord,
+        InFlightRecord,
+        ReapedRecord,
+        Owner,
+        ReapCounts,
+        Lane,
+        Aggregate,
+        Snapshot,
+        ErrorDetail,
+        ErrorBody,
+    )
+}
+
+
+def field_names(t: type) -> Set[str]:
+    """Every key of a ``TypedDict`` (its own and its bases')."""
+    return set(t.__required_keys__) | set(t.__optional_keys__)  # type: ignore[attr-defined]
+
+
+class Route:
+    __slots__ = ("method", "path", "query", "idempotent")
+
+    def __init__(self, method: str, path: str, query: Tuple[str, ...] = (), idempotent: bool = True) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.idempotent = idempotent
+
+
+#: Every route the client calls. A begin (and an owner registration) is not
+#: idempotent: a lost answer may have recorded it, and a second begin would
+#: be a second record.
+ROUTES: Dict[str, Route] = {
+    "begin": Route("POST", "/v1/activities", idempotent=False),
+    "get": Route("GET", "/v1/activities/{id}"),
+    "start": Route("POST", "/v1/activities/{id}/start", ("wait",)),
+    "settle": Route("POST", "/v1/activities/{id}/settle"),
+    "cancel": Route("POST", "/v1/activities/{id}/cancel"),
+    "snapshot": Route("GET", "/v1/snapshot", ("limit", "since")),
+    "reap": Route("POST", "/v1/reap"),
+    "register_owner": Route("POST", "/v1/owners", idempotent=False),
+    "renew_owner": Route("POST", "/v1/owners/{id}/renew"),
+    "release_owner": Route("DELETE", "/v1/owners/{id}"),
+    "healthz": Route("GET", "/healthz"),
+}
+
+#: Routes the server has that this client deliberately does not call (for
+#: people and scrapers). A documented route in neither list fails the check.
+ROUTES_NOT_CALLED: Tuple[str, ...] = (
+    "GET /",
+    "GET /dashboard.js",
+    "GET /dashboard.css",
+    "GET /metrics",
+    "GET /openapi.json",
+)

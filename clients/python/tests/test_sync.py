@@ -1,0 +1,330 @@
+"""The sync client against the real server: every path of a call's life."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import EMPTY, TOKEN, free_port, lane_counts
+from inflight_ledger import (
+    ConflictError,
+    InflightError,
+    InvalidRequestError,
+    LaneFullError,
+    Ledger,
+    Lifecycle,
+    NotFoundError,
+    UnauthorizedError,
+    UnavailableError,
+    WaitTimeoutError,
+)
+
+
+@pytest.fixture
+def ledger(server):
+    with Ledger(server.url, token=TOKEN) as l:
+        yield l
+
+
+def counts(ledger, lane):
+    return lane_counts(ledger.snapshot(limit=1000), lane)
+
+
+def hold_slot(ledger, lane):
+    service, provider = lane.split("::")
+    holder = ledger.begin(service=service, provider=provider)
+    holder.admit(max_wait=5)
+    assert holder.record["state"] == "executing"
+    return holder
+
+
+def interrupt_main_after(seconds):
+    """A real SIGINT to the main thread (it interrupts a blocking read), as Ctrl-C would."""
+    main = threading.main_thread().ident
+    timer = threading.Timer(seconds, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_full_lifecycle_with_hooks(ledger):
+    events = []
+    hooks = Lifecycle(
+        on_enqueued=lambda r: events.append(("enqueued", r["state"])),
+        on_started=lambda r: events.append(("started", r["state"])),
+        on_settled=lambda r: events.append(("settled", r["state"])),
+    )
+    with ledger.activity(service="life", provider="ollama", class_="embedding", model="nomic-embed-text",
+                         operation_stage="ingest", lifecycle=hooks) as call:
+        assert call.record["state"] == "executing"
+    assert events == [("enqueued", "waiting"), ("started", "executing"), ("settled", "succeeded")]
+    record = ledger.get_activity(call.id)
+    assert record["state"] == "succeeded"
+    assert record["success"] is True
+    assert record["class"] == "embedding"
+    assert record["operationStage"] == "ingest"
+    assert counts(ledger, "life::ollama") == EMPTY
+
+
+def test_failure_settles_failed_and_the_exception_propagates(ledger):
+    with pytest.raises(ValueError, match="provider said 500"):
+        with ledger.activity(service="fail", provider="ollama") as call:
+            raise ValueError("provider said 500")
+    record = ledger.get_activity(call.id)
+    assert record["state"] == "failed"
+    assert record["failureStage"] == "provider"
+    assert counts(ledger, "fail::ollama") == EMPTY
+
+
+def test_keyboard_interrupt_while_waiting_cancels_and_leaves_nothing_in_flight(ledger):
+    lane = "wait::capped"
+    holder = hold_slot(ledger, lane)
+    seen = []
+    timers = []
+
+    def enqueued(record):  # Ctrl-C once the record waits in line
+        seen.append(record)
+        timers.append(interrupt_main_after(0.3))
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with ledger.activity(service="wait", provider="capped", lifecycle=Lifecycle(on_enqueued=enqueued)):
+            pytest.fail("never admitted")
+    timers[0].join()
+    assert time.monotonic() - started < 3
+    record = ledger.get_activity(seen[0]["activityId"])
+    assert record["state"] == "cancelled"
+    assert record["startedAt"] is None
+    assert record["cancelReason"] == "interrupted"
+    holder.succeed()
+    assert counts(ledger, lane) == EMPTY
+
+
+def test_keyboard_interrupt_while_executing_cancels(ledger):
+    lane = "exec::capped"
+    with pytest.raises(KeyboardInterrupt):
+        with ledger.activity(service="exec", provider="capped") as call:
+            assert counts(ledger, lane) == {"executing": 1, "waiting": 0, "inFlight": 1}
+            timer = interrupt_main_after(0.2)  # Ctrl-C while the call executes
+            time.sleep(5)
+    timer.join()
+    record = ledger.get_activity(call.id)
+    assert record["state"] == "cancelled"
+    assert record["startedAt"] is not None
+    assert counts(ledger, lane) == EMPTY
+
+
+def test_waiting_past_max_wait_is_wait_timeout_and_cancels(ledger):
+    lane = "maxwait::capped"
+    holder = hold_slot(ledger, lane)
+    seen = []
+    started = time.monotonic()
+    with pytest.raises(WaitTimeoutError) as info:
+        with ledger.activity(service="maxwait", provider="capped", max_wait=0.3,
+                             lifecycle=Lifecycle(on_enqueued=seen.append)):
+            pytest.fail("never admitted")
+    assert info.value.code == "wait_timeout"
+    assert time.monotonic() - started < 3
+    record = ledger.get_activity(seen[0]["activityId"])
+    assert record["state"] == "cancelled"
+    assert record["cancelReason"] == "wait timeout"
+    holder.succeed()
+    assert counts(ledger, lane) == EMPTY
+
+
+def test_observe_unqueued_records_a_direct_call(ledger):
+    with ledger.observe_unqueued(service="direct", provider="openai") as call:
+        assert call.record["state"] == "executing"
+        assert call.record["admission"] == "direct"
+    assert ledger.get_activity(call.id)["state"] == "succeeded"
+
+
+def test_lane_full_keeps_the_place_in_line(ledger):
+    lane = "full::capped"
+    holder = hold_slot(ledger, lane)
+    second = ledger.begin(service="full", provider="capped")
+    with pytest.raises(LaneFullError) as info:
+        second.start()
+    assert info.value.code == "lane_full"
+    assert info.value.status == 429
+    assert info.value.retry_after == 1
+    assert second.refresh()["state"] == "waiting"
+    # A begin already started on a full lane is refused and records nothing.
+    with pytest.raises(LaneFullError):
+        ledger.begin(service="full", provider="capped", started_at=int(time.time() * 1000))
+    assert counts(ledger, lane) == {"executing": 1, "waiting": 1, "inFlight": 2}
+    threading.Timer(0.1, holder.succeed).start()
+    assert second.start(wait=5)["state"] == "executing"
+    second.settle(False, failure_stage="queue")
+    second.settle(False, failure_stage="queue")  # the same settle again is harmless
+    assert second.record["failureStage"] == "queue"
+    assert counts(ledger, lane) == EMPTY
+
+
+def test_errors_are_typed_by_code(ledger, server):
+    with pytest.raises(InvalidRequestError, match="service") as info:
+        ledger.begin(service="bad label!", provider="p")
+    assert info.value.code == "invalid_request"
+    with pytest.raises(NotFoundError):
+        ledger.get_activity("01939b1c-0000-7000-8000-000000000000")
+    a = ledger.begin(service="conflict", provider="p")
+    a.succeed()
+    with pytest.raises(ConflictError):
+        a.cancel()
+    with Ledger(server.url, token="") as anonymous:
+        with pytest.raises(UnauthorizedError) as info:
+            anonymous.snapshot()
+        assert info.value.status == 401
+
+
+class Counting(httpx.HTTPTransport):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def handle_request(self, request):
+        self.seen.append(f"{request.method} {request.url.path}")
+        return super().handle_request(request)
+
+
+def test_server_unreachable_is_unavailable_and_only_idempotent_requests_retry():
+    seen = []
+    with Ledger(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.005, transport=Counting(seen)) as down:
+        entered = False
+        with pytest.raises(UnavailableError) as info:
+            with down.activity(service="down", provider="p"):
+                entered = True
+        assert not entered
+        assert info.value.code == "unavailable"
+        assert isinstance(info.value, InflightError)
+        assert seen == ["POST /v1/activities"], "a begin is sent once"
+        seen.clear()
+        with pytest.raises(UnavailableError):
+            down.snapshot()
+        assert len(seen) == 3, "a read is tried 1 + 2 times"
+        assert down.healthy() is False
+
+
+class Scripted(httpx.HTTPTransport):
+    """Answers from `answers` first, then passes requests on to the server."""
+
+    def __init__(self):
+        super().__init__()
+        self.answers = []
+        self.seen = 0
+
+    def handle_request(self, request):
+        self.seen += 1
+        if self.answers:
+            status, body = self.answers.pop(0)
+            return httpx.Response(status, content=body.encode(), request=request)
+        return super().handle_request(request)
+
+
+def test_a_begin_is_retried_only_when_the_server_handled_nothing(server):
+    scripted = Scripted()
+    with Ledger(server.url, token=TOKEN, transport=scripted, backoff=0.005) as ledger:
+        body = lambda code: json.dumps({"error": {"code": code, "message": "at a limit"}})
+        scripted.answers = [(503, body("unavailable")), (408, body("request_timeout"))]
+        a = ledger.begin(service="retry", provider="p")
+        assert a.record["state"] == "waiting"
+        assert scripted.seen == 3, "two refusals that recorded nothing, then the begin"
+        scripted.seen = 0
+        scripted.answers = [(502, "bad gateway")]  # a proxy's: the begin may have been recorded
+        with pytest.raises(UnavailableError) as info:
+            ledger.begin(service="retry", provider="p")
+        assert info.value.from_server is False
+        assert scripted.seen == 1
+        a.cancel()
+
+
+def test_a_dead_owners_slot_comes_back(server):
+    lane = "owner::capped"
+    with Ledger(server.url, token=TOKEN) as dying, Ledger(server.url, token=TOKEN) as other:
+        lease = dying.join_as_owner("py-dying-worker", ttl=0.3)
+        held = dying.begin(service="owner", provider="capped")
+        held.admit(max_wait=5)
+        assert held.record["ownerId"] == lease.id
+        lease.stop()  # the process "dies": no renewals, no settle
+        started = time.monotonic()
+        with other.activity(service="owner", provider="capped", max_wait=5):
+            assert time.monotonic() - started < 3
+            dead = other.get_activity(held.id)
+            assert dead["state"] == "reaped"
+            assert dead["reapReason"] == "owner-lost"
+            assert dead["disposition"] == "unsettled"
+        late = held.succeed()  # the dead process's late settle is absorbed
+        assert late["state"] == "reaped" and late["lateSettle"] is True
+        assert counts(other, lane) == EMPTY
+
+
+def test_a_lease_renews_tags_records_and_release_cancels_them(server):
+    with Ledger(server.url, token=TOKEN) as ledger:
+        with ledger.join_as_owner("py-worker", ttl=0.3) as lease:
+            a = ledger.begin(service="lease", provider="p")
+            assert a.record["ownerId"] == lease.id
+            time.sleep(0.9)  # three TTLs: alive only if renewed
+            assert not lease.lost
+            assert a.refresh()["state"] == "waiting"
+        owner = lease.release()  # twice is harmless
+        assert owner["state"] == "released"
+        assert owner["cancelledRecords"] == 1
+        assert a.refresh()["state"] == "cancelled"
+        assert ledger.owner_id is None
+
+
+def test_sigterm_releases_the_lease_then_terminates(server, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, time
+        from inflight_ledger import Ledger
+        ledger = Ledger({server.url!r}, token={TOKEN!r})
+        lease = ledger.join_as_owner("py-sigterm", ttl=30, release_on_signals=True)
+        call = ledger.begin(service="sigterm", provider="p")
+        print(json.dumps({{"owner": lease.id, "activity": call.id}}), flush=True)
+        time.sleep(30)
+    """))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    ids = json.loads(child.stdout.readline())
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=10) == -signal.SIGTERM
+    with Ledger(server.url, token=TOKEN) as ledger:
+        assert ledger.get_activity(ids["activity"])["state"] == "cancelled"
+        owners = {o["ownerId"]: o for o in ledger.snapshot()["owners"]}
+        assert owners[ids["owner"]]["state"] == "released"
+
+
+class Partition(httpx.HTTPTransport):
+    """Fails every renew while `cut` is set, as a network partition would."""
+
+    cut = False
+
+    def handle_request(self, request):
+        if self.cut and request.url.path.endswith("/renew"):
+            raise httpx.ConnectError("partitioned", request=request)
+        return super().handle_request(request)
+
+
+def test_a_lease_cut_off_longer_than_its_ttl_is_lost_and_reported_once(server):
+    partition = Partition()
+    lost = []
+    with Ledger(server.url, token=TOKEN, transport=partition, backoff=0.005) as ledger:
+        partition.cut = True
+        lease = ledger.join_as_owner("py-partitioned", ttl=0.15, on_lost=lost.append)
+        time.sleep(0.4)
+        assert not lease.lost, "unreachable is not lost: the client keeps trying"
+        partition.cut = False
+        deadline = time.monotonic() + 2
+        while not lease.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lease.lost
+        assert [e.code for e in lost] == ["conflict"]
+        assert ledger.owner_id is None, "records are no longer tagged with a lost owner"

@@ -1,0 +1,663 @@
+import { errorFor, InflightError, isInflightError, UnavailableError, WaitTimeoutError } from "./errors.js";
+import type {
+  ActivityRecord,
+  BeginRequest,
+  CancelRequest,
+  ErrorBody,
+  FailureStage,
+  Owner,
+  ReapCounts,
+  RegisterOwnerRequest,
+  RouteName,
+  SettleRequest,
+  Snapshot,
+  StartRequest,
+  TimestampInput,
+} from "./wire.js";
+import { ROUTES, SERVER_ERROR_CODES } from "./wire.js";
+
+/** What a call is: the fields of a begin. `service` and `provider` name its lane. */
+export type ActivitySpec = BeginRequest;
+
+/** Called as a record moves through its life; errors thrown here are ignored. */
+export interface Lifecycle {
+  onEnqueued?(record: ActivityRecord): void;
+  onStarted?(record: ActivityRecord): void;
+  onSettled?(record: ActivityRecord): void;
+}
+
+export interface RetryOptions {
+  /** Extra attempts after the first, for idempotent requests only. Default 3. */
+  retries?: number;
+  /** The first backoff; doubled each attempt, with jitter. Default 100 ms. */
+  baseDelayMs?: number;
+  /** The longest backoff. Default 2000 ms. */
+  maxDelayMs?: number;
+}
+
+export interface ClientOptions {
+  /** The server. Default: `INFLIGHT_URL`, else `http://127.0.0.1:7878`. */
+  baseUrl?: string;
+  /** The bearer token. Default: `INFLIGHT_TOKEN`, else none. */
+  token?: string;
+  /** How long one request may take (plus its `?wait=`). Default 10 s. */
+  requestTimeoutMs?: number;
+  retry?: RetryOptions;
+  /** Called for every record this client moves (besides each call's own). */
+  lifecycle?: Lifecycle;
+  /**
+   * Called when the ledger could not be told how a call ended (the call's
+   * own result still stands; the server reaps the record past its bound).
+   * Default: a process warning.
+   */
+  onLedgerError?(err: unknown, record: ActivityRecord): void;
+  /** A `fetch` to use instead of the global one. */
+  fetch?: typeof fetch;
+}
+
+export interface RunOptions extends Lifecycle {
+  /** Aborting it aborts the waiting and the call, and records the call `cancelled`. */
+  signal?: AbortSignal;
+  /** Like `signal`, after this long (waiting and executing together). */
+  timeoutMs?: number;
+  /** How long the call may wait in line before it gives up with `wait_timeout`. Default: no limit but `timeoutMs`. */
+  maxWaitMs?: number;
+  /** Where a thrown error happened. Default `provider`. */
+  failureStage?: FailureStage | ((err: unknown) => FailureStage);
+}
+
+export interface AdmitOptions {
+  signal?: AbortSignal;
+  /** Give up with `wait_timeout` after this long in line. Default: wait until admitted or aborted. */
+  maxWaitMs?: number;
+  /** How long each `?wait=` holds (at most 30 s). Default 10 s. */
+  waitStepMs?: number;
+}
+
+export interface LeaseOptions {
+  /** Tag every record this client begins with the owner (default true). */
+  tagRecords?: boolean;
+  /**
+   * Release the lease when the process receives these signals (`true`:
+   * `SIGTERM` and `SIGINT`), then let the signal do what it would have done.
+   */
+  releaseOnSignals?: boolean | NodeJS.Signals[];
+  /** Called once if the lease is lost (it ran out, or the server forgot the owner). */
+  onLost?(err: InflightError): void;
+}
+
+interface RequestOptions {
+  id?: string;
+  query?: Record<string, string | number | undefined>;
+  body?: object;
+  signal?: AbortSignal | undefined;
+  /** Extra time allowed for this request (a `?wait=`). */
+  extraTimeoutMs?: number;
+}
+
+const IDEMPOTENT: ReadonlySet<RouteName> = new Set<RouteName>([
+  "get", "start", "settle", "cancel", "snapshot", "reap", "renewOwner", "releaseOwner", "healthz",
+]);
+const SERVER_CODES: ReadonlySet<string> = new Set(SERVER_ERROR_CODES);
+const MAX_WAIT_STEP_MS = 30_000;
+
+/**
+ * Whether a failed request may be sent again. An idempotent one: when no
+ * answer came, or a 5xx. Any other (a begin): only when the server itself
+ * answered that it did not handle the request (503 `unavailable` at a limit,
+ * 408 `request_timeout`), since a lost answer may have recorded it.
+ */
+function retryable(error: InflightError, idempotent: boolean): boolean {
+  if (error.fromServer && (error.code === "unavailable" || error.code === "request_timeout")) return true;
+  return idempotent && (error.code === "unavailable" || error.code === "internal");
+}
+
+function toWireTime(value: TimestampInput | undefined): number | string | undefined {
+  return value instanceof Date ? value.getTime() : value;
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/** A signal aborted when any of `signals` is; `dispose` detaches it. */
+function anySignal(signals: (AbortSignal | undefined)[]): { signal: AbortSignal; dispose(): void } {
+  const controller = new AbortController();
+  const present = signals.filter((s): s is AbortSignal => s !== undefined);
+  const listeners: [AbortSignal, () => void][] = [];
+  const dispose = () => {
+    for (const [s, l] of listeners) s.removeEventListener("abort", l);
+  };
+  for (const s of present) {
+    if (s.aborted) {
+      controller.abort(s.reason);
+      dispose();
+      return { signal: controller.signal, dispose };
+    }
+    const l = () => {
+      controller.abort(s.reason);
+      dispose();
+    };
+    s.addEventListener("abort", l, { once: true });
+    listeners.push([s, l]);
+  }
+  return { signal: controller.signal, dispose };
+}
+
+/** A timeout signal whose timer never keeps the process alive, with a way to stop it. */
+function timeoutSignal(ms: number): { signal: AbortSignal; clear(): void } {
+  const controller = new AbortController();
+  const timer = setTimeout(
+    () => controller.abort(new DOMException(`timed out after ${ms} ms`, "TimeoutError")),
+    ms,
+  );
+  timer.unref?.();
+  return { signal: controller.signal, clear: () => clearTimeout(timer) };
+}
+
+function callHook<K extends keyof Lifecycle>(hooks: (Lifecycle | undefined)[], name: K, record: ActivityRecord) {
+  for (const h of hooks) {
+    try {
+      h?.[name]?.(record);
+    } catch {
+      // A hook's failure is the hook's: the call goes on.
+    }
+  }
+}
+
+/** A client of one inflight server. */
+export class InflightClient {
+  readonly baseUrl: string;
+  /** The owner whose id tags the records this client begins, if any. */
+  ownerId: string | undefined;
+  private readonly token: string | undefined;
+  private readonly requestTimeoutMs: number;
+  private readonly retries: number;
+  private readonly baseDelayMs: number;
+  private readonly maxDelayMs: number;
+  private readonly fetchImpl: typeof fetch;
+  readonly lifecycle: Lifecycle | undefined;
+  private readonly onLedgerError: (err: unknown, record: ActivityRecord) => void;
+
+  constructor(options: ClientOptions = {}) {
+    this.baseUrl = (options.baseUrl ?? process.env.INFLIGHT_URL ?? "http://127.0.0.1:7878").replace(/\/+$/, "");
+    this.token = options.token ?? process.env.INFLIGHT_TOKEN ?? undefined;
+    this.requestTimeoutMs = options.requestTimeoutMs ?? 10_000;
+    this.retries = options.retry?.retries ?? 3;
+    this.baseDelayMs = options.retry?.baseDelayMs ?? 100;
+    this.maxDelayMs = options.retry?.maxDelayMs ?? 2_000;
+    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    this.lifecycle = options.lifecycle;
+    this.onLedgerError =
+      options.onLedgerError ??
+      ((err, record) =>
+        process.emitWarning(
+          `inflight: could not record how activity ${record.activityId} ended (${String(err)}); ` +
+            "the server reaps it past its bound",
+          "InflightWarning",
+        ));
+  }
+
+  // ---- one request -------------------------------------------------------
+
+  /**
+   * Sends one request on `route`. Idempotent routes are retried with
+   * backoff when the server is unreachable or answers a 5xx; a begin only
+   * when the server answered that it did not handle it (503, 408), never
+   * after no answer (a lost answer may have recorded it, and a second begin
+   * would be a second record).
+   */
+  async request<T>(route: RouteName, options: RequestOptions = {}): Promise<T> {
+    const { method, path } = ROUTES[route];
+    let url = this.baseUrl + (options.id === undefined ? path : path.replace("{id}", encodeURIComponent(options.id)));
+    const query = Object.entries(options.query ?? {}).filter(([, v]) => v !== undefined);
+    if (query.length > 0) {
+      url += "?" + new URLSearchParams(query.map(([k, v]): [string, string] => [k, String(v)])).toString();
+    }
+    const headers: Record<string, string> = { accept: "application/json" };
+    if (options.body !== undefined) headers["content-type"] = "application/json";
+    if (this.token) headers.authorization = `Bearer ${this.token}`;
+    const body = options.body === undefined ? undefined : JSON.stringify(options.body);
+    const idempotent = IDEMPOTENT.has(route);
+    const attempts = this.retries + 1;
+
+    for (let attempt = 0; ; attempt++) {
+      const timeout = timeoutSignal(this.requestTimeoutMs + (options.extraTimeoutMs ?? 0));
+      const combined = anySignal([options.signal, timeout.signal]);
+      let error: InflightError;
+      try {
+        const response = await this.fetchImpl(url, { method, headers, body, signal: combined.signal });
+        const text = await response.text();
+        if (response.ok) return (text ? JSON.parse(text) : undefined) as T;
+        error = this.errorFromAnswer(response, text, `${method} ${path}`);
+      } catch (err) {
+        if (options.signal?.aborted) throw options.signal.reason;
+        const why = timeout.signal.aborted ? "timed out" : err instanceof Error ? err.message : String(err);
+        error = new UnavailableError("unavailable", `${method} ${url}: no answer from the server (${why})`, {
+          cause: err,
+        });
+      } finally {
+        timeout.clear();
+        combined.dispose();
+      }
+      if (!retryable(error, idempotent) || attempt + 1 >= attempts) throw error;
+      const backoff = Math.min(this.maxDelayMs, this.baseDelayMs * 2 ** attempt);
+      const delay = backoff / 2 + Math.random() * (backoff / 2);
+      await sleep(Math.max(delay, Math.min(error.retryAfterMs ?? 0, this.maxDelayMs)), options.signal);
+    }
+  }
+
+  private errorFromAnswer(response: Response, text: string, what: string): InflightError {
+    const retryAfter = Number(response.headers.get("retry-after"));
+    const extra = {
+      status: response.status,
+      ...(Number.isFinite(retryAfter) && retryAfter > 0 ? { retryAfterMs: retryAfter * 1000 } : {}),
+    };
+    try {
+      const parsed = JSON.parse(text) as Partial<ErrorBody>;
+      const code = parsed.error?.code;
+      if (typeof code === "string" && SERVER_CODES.has(code)) {
+        return errorFor(code, `${what}: ${parsed.error?.message ?? code}`, { ...extra, fromServer: true });
+      }
+    } catch {
+      // Not the server's error body: a proxy or something else answered.
+    }
+    const code = response.status >= 500 ? "unavailable" : "invalid_request";
+    return errorFor(code, `${what}: HTTP ${response.status} ${text.slice(0, 200)}`, extra);
+  }
+
+  // ---- the routes --------------------------------------------------------
+
+  /** Begins a record (`waiting`, or `executing` when `startedAt` is given). Never retried. */
+  async begin(spec: ActivitySpec, options: { signal?: AbortSignal } = {}): Promise<Activity> {
+    const body: BeginRequest = {
+      ...spec,
+      enqueuedAt: toWireTime(spec.enqueuedAt),
+      startedAt: toWireTime(spec.startedAt),
+      ownerId: spec.ownerId ?? this.ownerId,
+    };
+    const record = await this.request<ActivityRecord>("begin", { body, signal: options.signal });
+    return new Activity(this, record);
+  }
+
+  /** The record with this id (reaped first if it is past its bound). */
+  getActivity(id: string, options: { signal?: AbortSignal } = {}): Promise<ActivityRecord> {
+    return this.request<ActivityRecord>("get", { id, signal: options.signal });
+  }
+
+  /** The ledger as operators read it. */
+  snapshot(query: { limit?: number; since?: string } = {}, options: { signal?: AbortSignal } = {}): Promise<Snapshot> {
+    return this.request<Snapshot>("snapshot", { query, signal: options.signal });
+  }
+
+  /** Reaps every record past its bound now. */
+  reap(): Promise<ReapCounts> {
+    return this.request<ReapCounts>("reap", { body: {} });
+  }
+
+  /** Whether the server answers `/healthz`. */
+  async healthy(): Promise<boolean> {
+    try {
+      await this.request("healthz");
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Registers an owner without renewing it; `joinAsOwner` is the usual way. */
+  registerOwner(request: RegisterOwnerRequest): Promise<Owner> {
+    return this.request<Owner>("registerOwner", { body: request });
+  }
+
+  renewOwner(ownerId: string): Promise<Owner> {
+    return this.request<Owner>("renewOwner", { id: ownerId });
+  }
+
+  releaseOwner(ownerId: string): Promise<Owner> {
+    return this.request<Owner>("releaseOwner", { id: ownerId });
+  }
+
+  // ---- the lifecycle -----------------------------------------------------
+
+  /** Begins a record and waits in line until it is admitted (`executing`). */
+  async admit(spec: ActivitySpec, options: AdmitOptions & Lifecycle = {}): Promise<Activity> {
+    const activity = await this.begin(spec);
+    callHook([this.lifecycle, options], "onEnqueued", activity.record);
+    try {
+      await activity.admit(options);
+    } catch (err) {
+      await activity.cancelQuietly(reasonOf(err));
+      throw err;
+    }
+    callHook([this.lifecycle, options], "onStarted", activity.record);
+    return activity;
+  }
+
+  /**
+   * Runs `fn` as one provider call: begins a record, waits for admission,
+   * starts it, calls `fn`, then settles it by how `fn` ends (resolved:
+   * success; thrown: failure). When `options.signal` aborts or
+   * `options.timeoutMs` passes, the waiting or the call is aborted (the
+   * signal given to `fn` aborts), the record is settled `cancelled`, and
+   * `run` rejects with the abort's reason at once.
+   *
+   * Errors of the ledger before `fn` runs (a refused begin, `wait_timeout`,
+   * the server unreachable) reject `run` and `fn` is not called. Once `fn`
+   * has run, its own result or error is what `run` gives; a ledger error
+   * then goes to `onLedgerError`.
+   */
+  async run<T>(
+    spec: ActivitySpec,
+    fn: (signal: AbortSignal, activity: Activity) => Promise<T>,
+    options: RunOptions = {},
+  ): Promise<T> {
+    const hooks = [this.lifecycle, options];
+    const timeout = options.timeoutMs === undefined ? undefined : timeoutSignal(options.timeoutMs);
+    const aborted = anySignal([options.signal, timeout?.signal]);
+    const signal = aborted.signal;
+    try {
+      if (signal.aborted) throw signal.reason;
+      // The begin is not aborted: its answer carries the id needed to cancel.
+      const direct = spec.admission === "direct";
+      const now = new Date();
+      const activity = await this.begin(direct ? { ...spec, enqueuedAt: spec.enqueuedAt ?? now, startedAt: spec.startedAt ?? now } : spec);
+      callHook(hooks, "onEnqueued", activity.record);
+      if (!direct) {
+        try {
+          await activity.admit({ signal, ...(options.maxWaitMs === undefined ? {} : { maxWaitMs: options.maxWaitMs }) });
+        } catch (err) {
+          await this.endQuietly(activity, () => activity.cancel(reasonOf(signal.aborted ? signal.reason : err)), hooks);
+          throw signal.aborted ? signal.reason : err;
+        }
+      }
+      if (signal.aborted) {
+        await this.endQuietly(activity, () => activity.cancel(reasonOf(signal.reason)), hooks);
+        throw signal.reason;
+      }
+      callHook(hooks, "onStarted", activity.record);
+
+      let onAbort!: () => void;
+      const abortedWhileRunning = new Promise<never>((_, reject) => {
+        onAbort = () => reject(signal.reason);
+        signal.addEventListener("abort", onAbort, { once: true });
+      });
+      const call = Promise.resolve().then(() => fn(signal, activity));
+      call.catch(() => {}); // after an abort its ending is no one's concern
+      abortedWhileRunning.catch(() => {});
+      let result: T;
+      try {
+        result = await Promise.race([call, abortedWhileRunning]);
+      } catch (err) {
+        signal.removeEventListener("abort", onAbort);
+        if (signal.aborted) {
+          await this.endQuietly(activity, () => activity.cancel(reasonOf(signal.reason)), hooks);
+          throw signal.reason;
+        }
+        const stage = typeof options.failureStage === "function" ? options.failureStage(err) : options.failureStage;
+        await this.endQuietly(activity, () => activity.fail(stage ?? "provider"), hooks);
+        throw err;
+      }
+      signal.removeEventListener("abort", onAbort);
+      await this.endQuietly(activity, () => activity.succeed(), hooks);
+      return result;
+    } finally {
+      timeout?.clear();
+      aborted.dispose();
+    }
+  }
+
+  /**
+   * Runs `fn` as a call with no queue (admission `direct`: observed, never
+   * counted in a lane nor refused), settled like `run`.
+   */
+  observeUnqueued<T>(
+    spec: ActivitySpec,
+    fn: (signal: AbortSignal, activity: Activity) => Promise<T>,
+    options: RunOptions = {},
+  ): Promise<T> {
+    return this.run({ ...spec, admission: "direct" }, fn, options);
+  }
+
+  private async endQuietly(activity: Activity, end: () => Promise<ActivityRecord>, hooks: (Lifecycle | undefined)[]) {
+    try {
+      await end();
+      callHook(hooks, "onSettled", activity.record);
+    } catch (err) {
+      this.onLedgerError(err, activity.record);
+    }
+  }
+
+  /**
+   * Registers this process as an owner under a lease of `ttlMs`, renewed in
+   * the background every third of it (the timers never keep the process
+   * alive). Records this client begins carry the owner's id unless
+   * `tagRecords` is false. If the process dies, the server reaps its
+   * in-flight records once the lease runs out; `release()` is the clean
+   * shutdown (its in-flight records are cancelled).
+   */
+  async joinAsOwner(name: string, ttlMs = 30_000, options: LeaseOptions = {}): Promise<OwnerLease> {
+    const owner = await this.registerOwner({ name, ttlMs });
+    const lease = new OwnerLease(this, owner, options);
+    if (options.tagRecords ?? true) this.ownerId = owner.ownerId;
+    return lease;
+  }
+}
+
+function reasonOf(reason: unknown): string {
+  if (reason instanceof WaitTimeoutError) return "wait timeout";
+  if (reason instanceof Error || reason instanceof DOMException) {
+    if (reason.name === "TimeoutError") return "timeout";
+    if (reason.name === "AbortError") return "aborted";
+    return reason.name;
+  }
+  return "aborted";
+}
+
+/**
+ * One record, for code that has its own queue: `start()`, then `settle()`,
+ * or `cancel()`. Every transition is idempotent, so each is retried.
+ */
+export class Activity {
+  readonly id: string;
+  /** The record as the server last answered it. */
+  record: ActivityRecord;
+  private readonly client: InflightClient;
+
+  constructor(client: InflightClient, record: ActivityRecord) {
+    this.client = client;
+    this.record = record;
+    this.id = record.activityId;
+  }
+
+  private async update(p: Promise<ActivityRecord>): Promise<ActivityRecord> {
+    this.record = await p;
+    return this.record;
+  }
+
+  /** Whether the record has ended (settled, cancelled or reaped). */
+  get ended(): boolean {
+    return !["waiting", "executing"].includes(this.record.state);
+  }
+
+  /**
+   * Starts it: admitted at once, or `LaneFullError` (the record keeps its
+   * place in line). With `waitMs` (at most 30 s), the server holds the
+   * request until its turn comes or the wait ends.
+   */
+  start(options: { waitMs?: number; startedAt?: TimestampInput; signal?: AbortSignal } = {}): Promise<ActivityRecord> {
+    const body: StartRequest = options.startedAt === undefined ? {} : { startedAt: toWireTime(options.startedAt) };
+    const waitMs = options.waitMs === undefined ? undefined : Math.max(0, Math.min(MAX_WAIT_STEP_MS, Math.ceil(options.waitMs)));
+    return this.update(
+      this.client.request<ActivityRecord>("start", {
+        id: this.id,
+        body,
+        query: { wait: waitMs === undefined ? undefined : `${waitMs}ms` },
+        signal: options.signal,
+        extraTimeoutMs: waitMs ?? 0,
+      }),
+    );
+  }
+
+  /** Waits in line with bounded `?wait=` requests until admitted. */
+  async admit(options: AdmitOptions = {}): Promise<ActivityRecord> {
+    const step = Math.min(MAX_WAIT_STEP_MS, options.waitStepMs ?? 10_000);
+    const deadline = options.maxWaitMs === undefined ? Infinity : Date.now() + options.maxWaitMs;
+    for (;;) {
+      const left = deadline - Date.now();
+      try {
+        return await this.start({ waitMs: Math.max(0, Math.min(step, left)), ...(options.signal ? { signal: options.signal } : {}) });
+      } catch (err) {
+        if (!isInflightError(err, "lane_full")) throw err;
+        if (Date.now() >= deadline) {
+          throw new WaitTimeoutError(
+            "wait_timeout",
+            `activity ${this.id} was not admitted on ${this.record.service}::${this.record.provider} within ${options.maxWaitMs} ms`,
+            { cause: err },
+          );
+        }
+        if (options.signal?.aborted) throw options.signal.reason;
+      }
+    }
+  }
+
+  /** Settles it: success, or a failure (at `failureStage`). Repeating the same settle is harmless. */
+  settle(outcome: boolean | SettleRequest): Promise<ActivityRecord> {
+    const body: SettleRequest = typeof outcome === "boolean" ? { success: outcome } : { ...outcome, completedAt: toWireTime(outcome.completedAt) };
+    return this.update(this.client.request<ActivityRecord>("settle", { id: this.id, body }));
+  }
+
+  succeed(): Promise<ActivityRecord> {
+    return this.settle({ success: true });
+  }
+
+  fail(failureStage: FailureStage = "provider"): Promise<ActivityRecord> {
+    return this.settle({ success: false, failureStage });
+  }
+
+  /** Records an abort the caller observed: `cancelled`. Repeating it is harmless. */
+  cancel(reason?: string): Promise<ActivityRecord> {
+    const body: CancelRequest = reason === undefined ? {} : { reason };
+    return this.update(this.client.request<ActivityRecord>("cancel", { id: this.id, body }));
+  }
+
+  /** `cancel`, ignoring failures: for error paths that are already throwing. */
+  async cancelQuietly(reason?: string): Promise<void> {
+    try {
+      await this.cancel(reason);
+    } catch {
+      // The record is reaped past its bound if this cancel was lost.
+    }
+  }
+
+  /** Reads the record again. */
+  refresh(): Promise<ActivityRecord> {
+    return this.update(this.client.getActivity(this.id));
+  }
+}
+
+/** A registered owner whose lease this process renews in the background. */
+export class OwnerLease {
+  readonly id: string;
+  /** The owner as the server last answered it. */
+  owner: Owner;
+  private readonly client: InflightClient;
+  private readonly options: LeaseOptions;
+  private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private lostError: InflightError | undefined;
+  private releasing: Promise<Owner> | undefined;
+  private readonly signalHandlers: [NodeJS.Signals, () => void][] = [];
+
+  constructor(client: InflightClient, owner: Owner, options: LeaseOptions) {
+    this.client = client;
+    this.owner = owner;
+    this.id = owner.ownerId;
+    this.options = options;
+    this.schedule(owner.ttlMs / 3);
+    const signals =
+      options.releaseOnSignals === true ? (["SIGTERM", "SIGINT"] as NodeJS.Signals[]) : options.releaseOnSignals || [];
+    for (const sig of signals) {
+      const handler = () => {
+        this.removeSignalHandlers();
+        const done = () => {
+          // Do what the signal would have done had no one listened.
+          if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
+        };
+        this.release().then(done, done);
+      };
+      process.once(sig, handler);
+      this.signalHandlers.push([sig, handler]);
+    }
+  }
+
+  /** Whether the lease was lost (it ran out, or the server no longer knows the owner). */
+  get lost(): boolean {
+    return this.lostError !== undefined;
+  }
+
+  private schedule(ms: number) {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => void this.renewNow(), ms);
+    this.timer.unref();
+  }
+
+  /** Renews now (the background timer does this every third of the TTL). */
+  async renewNow(): Promise<void> {
+    if (this.stopped) return;
+    try {
+      this.owner = await this.client.renewOwner(this.id);
+      this.schedule(this.owner.ttlMs / 3);
+    } catch (err) {
+      if (isInflightError(err, "conflict") || isInflightError(err, "not_found")) {
+        this.markLost(err);
+      } else {
+        // Unreachable for now: try again soon, while the lease may still hold.
+        this.schedule(Math.max(100, this.owner.ttlMs / 10));
+      }
+    }
+  }
+
+  private markLost(err: InflightError) {
+    this.stop();
+    this.lostError = err;
+    try {
+      this.options.onLost?.(err);
+    } catch {
+      // The hook's failure is the hook's.
+    }
+  }
+
+  /** Stops renewing without telling the server (as a crash would). */
+  stop(): void {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.removeSignalHandlers();
+    if (this.client.ownerId === this.id) this.client.ownerId = undefined;
+  }
+
+  private removeSignalHandlers() {
+    for (const [sig, handler] of this.signalHandlers.splice(0)) process.removeListener(sig, handler);
+  }
+
+  /** A clean shutdown: stops renewing and releases the owner; its in-flight records are cancelled. */
+  release(): Promise<Owner> {
+    this.releasing ??= (async () => {
+      this.stop();
+      this.owner = await this.client.releaseOwner(this.id);
+      return this.owner;
+    })();
+    return this.releasing;
+  }
+}

@@ -1,0 +1,98 @@
+import type { ServerErrorCode } from "./wire.js";
+
+/**
+ * Every code an `InflightError` can carry: the server's codes, plus the
+ * client's own `wait_timeout` (the call waited in line longer than its
+ * `maxWaitMs`). `unavailable` is the server's (503: at a limit) and also
+ * the client's when no answer came (refused, reset, timed out) or a 5xx that
+ * is not the server's JSON error.
+ */
+export type ErrorCode = ServerErrorCode | "wait_timeout";
+
+/** An error from the ledger, typed by its `code`. */
+export class InflightError extends Error {
+  override name = "InflightError";
+  /** The server's error code, or the client's own (`unavailable`, `wait_timeout`). */
+  readonly code: ErrorCode;
+  /** The HTTP status, when the server answered. */
+  readonly status: number | undefined;
+  /** `Retry-After`, in milliseconds, when the server sent one. */
+  readonly retryAfterMs: number | undefined;
+  /**
+   * Whether the server itself answered with its error body (as opposed to no
+   * answer, or a proxy's). A 503 `unavailable` or 408 `request_timeout` from
+   * the server means that nothing was recorded.
+   */
+  readonly fromServer: boolean;
+
+  constructor(
+    code: ErrorCode,
+    message: string,
+    options: { status?: number; retryAfterMs?: number; cause?: unknown; fromServer?: boolean } = {},
+  ) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.code = code;
+    this.status = options.status;
+    this.retryAfterMs = options.retryAfterMs;
+    this.fromServer = options.fromServer ?? false;
+  }
+}
+
+/** 429 `lane_full`: the lane is at its cap for this record, which keeps its place in line. */
+export class LaneFullError extends InflightError {
+  override name = "LaneFullError";
+}
+/** The call waited in line longer than it was allowed (`maxWaitMs`); the record was cancelled. */
+export class WaitTimeoutError extends InflightError {
+  override name = "WaitTimeoutError";
+}
+/** 404 `not_found`: no activity or owner with that id. */
+export class NotFoundError extends InflightError {
+  override name = "NotFoundError";
+}
+/** 400 `invalid_request`: a field, parameter or id is invalid; the message names it. */
+export class InvalidRequestError extends InflightError {
+  override name = "InvalidRequestError";
+}
+/** 401 `unauthorized`: the server has a token and the request lacked it. */
+export class UnauthorizedError extends InflightError {
+  override name = "UnauthorizedError";
+}
+/** 408 `request_timeout`: the body did not arrive in time; nothing was recorded. */
+export class RequestTimeoutError extends InflightError {
+  override name = "RequestTimeoutError";
+}
+/** 409 `conflict`: the request contradicts the record or the owner. */
+export class ConflictError extends InflightError {
+  override name = "ConflictError";
+}
+/** 503 from the server (at a limit), or no answer (down, unreachable) or a proxy's 5xx. */
+export class UnavailableError extends InflightError {
+  override name = "UnavailableError";
+}
+
+const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
+  lane_full: LaneFullError,
+  wait_timeout: WaitTimeoutError,
+  not_found: NotFoundError,
+  invalid_request: InvalidRequestError,
+  unauthorized: UnauthorizedError,
+  conflict: ConflictError,
+  request_timeout: RequestTimeoutError,
+  unavailable: UnavailableError,
+};
+
+/** The error for `code`, of its class when it has one. */
+export function errorFor(
+  code: ErrorCode,
+  message: string,
+  options: { status?: number; retryAfterMs?: number; cause?: unknown; fromServer?: boolean } = {},
+): InflightError {
+  const Class = CLASSES[code] ?? InflightError;
+  return new Class(code, message, options);
+}
+
+/** Whether `err` is an `InflightError`, with `code` when given. */
+export function isInflightError(err: unknown, code?: ErrorCode): err is InflightError {
+  return err instanceof InflightError && (code === undefined || err.code === code);
+}

@@ -1,0 +1,18 @@
+// inflight-ledger: a client of the inflight server for Node.js 20+.
+export { Activity, InflightClient, OwnerLease } from "./client.js";
+export type { ActivitySpec, AdmitOptions, ClientOptions, LeaseOptions, Lifecycle, RetryOptions, RunOptions } from "./client.js";
+export {
+  ConflictError,
+  errorFor,
+  InflightError,
+  InvalidRequestError,
+  isInflightError,
+  LaneFullError,
+  NotFoundError,
+  RequestTimeoutError,
+  UnauthorizedError,
+  UnavailableError,
+  WaitTimeoutError,
+} from "./errors.js";
+export type { ErrorCode } from "./errors.js";
+export * from "./wire.js";

@@ -1,0 +1,284 @@
+// The wire: every route this client calls and every body it sends or reads,
+// as docs/api.md and `GET /openapi.json` describe them.
+//
+// Each type's field names also exist as a runtime list (`FIELDS`), checked
+// against the type at compile time both ways, so that the test suite can
+// compare what the client sends and reads with the server's OpenAPI document.
+
+/** A timestamp in a request: epoch milliseconds, an RFC 3339 string, or a Date. */
+export type TimestampInput = number | string | Date;
+
+export type Priority = "interactive" | "batch" | "unknown";
+export type Admission = "queued" | "direct";
+export type State = "waiting" | "executing" | "succeeded" | "failed" | "cancelled" | "reaped";
+export type Disposition = "abandoned" | "unsettled";
+export type ReapReason = "deadline" | "owner-lost";
+export type FailureStage = "provider" | "queue" | "unknown";
+export type OwnerState = "live" | "lost" | "released";
+
+/** The server's stable error codes (`{"error": {"code": ...}}`). */
+export const SERVER_ERROR_CODES = [
+  "invalid_request",
+  "unauthorized",
+  "not_found",
+  "method_not_allowed",
+  "request_timeout",
+  "conflict",
+  "payload_too_large",
+  "lane_full",
+  "internal",
+  "unavailable",
+] as const;
+export type ServerErrorCode = (typeof SERVER_ERROR_CODES)[number];
+
+/** `POST /v1/activities`. */
+export interface BeginRequest {
+  service: string;
+  provider: string;
+  class?: string;
+  operationStage?: string;
+  model?: string;
+  priority?: Priority;
+  admission?: Admission;
+  enqueuedAt?: TimestampInput;
+  startedAt?: TimestampInput;
+  deadlineMs?: number;
+  ownerId?: string;
+}
+
+/** `POST /v1/activities/{id}/start`. */
+export interface StartRequest {
+  startedAt?: TimestampInput;
+}
+
+/** `POST /v1/activities/{id}/settle`. */
+export interface SettleRequest {
+  success: boolean;
+  failureStage?: FailureStage;
+  completedAt?: TimestampInput;
+}
+
+/** `POST /v1/activities/{id}/cancel`. */
+export interface CancelRequest {
+  reason?: string;
+}
+
+/** `POST /v1/owners`. */
+export interface RegisterOwnerRequest {
+  name: string;
+  ttlMs?: number;
+}
+
+/** Every activity route answers with the record. */
+export interface ActivityRecord {
+  activityId: string;
+  service: string;
+  provider: string;
+  class: string;
+  operationStage: string;
+  model: string;
+  priority: Priority;
+  admission: Admission;
+  state: State;
+  disposition: Disposition | null;
+  reapReason: ReapReason | null;
+  ownerId: string | null;
+  enqueuedAt: string;
+  startedAt: string | null;
+  completedAt: string | null;
+  reapedAt: string | null;
+  deadlineMs: number;
+  reapableAt: string | null;
+  queueWaitMs: number | null;
+  executionMs: number | null;
+  success: boolean | null;
+  failureStage: FailureStage | null;
+  lateSettle: boolean;
+  /** Present only when a cancel gave a reason. */
+  cancelReason?: string;
+}
+
+/** A registered owner and its lease. */
+export interface Owner {
+  ownerId: string;
+  name: string;
+  ttlMs: number;
+  registeredAt: string;
+  renewedAt: string;
+  expiresAt: string;
+  state: OwnerState;
+  endedAt: string | null;
+  reapedRecords: number;
+  cancelledRecords: number;
+}
+
+/** Reaped records by disposition; also `POST /v1/reap`'s answer. */
+export interface ReapCounts {
+  abandoned: number;
+  unsettled: number;
+}
+
+/** One lane of native admission, over its `queued` records. */
+export interface Lane {
+  service: string;
+  provider: string;
+  cap: number | null;
+  executing: number;
+  waiting: number;
+  reaped: ReapCounts;
+  reapedOwnerLost: number;
+  lateSettles: number;
+  resurrections: number;
+  longestWaitMs: number;
+}
+
+/** The counters of one combination of labels. */
+export interface Aggregate {
+  service: string;
+  operationStage: string;
+  class: string;
+  provider: string;
+  model: string;
+  priority: Priority;
+  admission: Admission;
+  calls: number;
+  successes: number;
+  failures: number;
+  cancelled: number;
+  reaped: ReapCounts;
+  lateSettles: number;
+  inFlight: number;
+  avgQueueWaitMs: number | null;
+  maxQueueWaitMs: number | null;
+  avgExecutionMs: number | null;
+  maxExecutionMs: number | null;
+  lastSeenAt: string | null;
+}
+
+export interface InFlightRecord extends ActivityRecord {
+  elapsedMs: number;
+}
+
+export interface ReapedRecord extends ActivityRecord {
+  ageMs: number;
+}
+
+/** `GET /v1/snapshot`. */
+export interface Snapshot {
+  status: "ok" | "degraded";
+  at: string;
+  since: string;
+  nativeAdmission: Record<string, Lane>;
+  totalActivities: number;
+  totalSucceeded: number;
+  totalFailed: number;
+  totalCancelled: number;
+  totalInFlight: number;
+  totalRecentCompletions: number;
+  totalReaped: number;
+  totalReapedOwnerLost: number;
+  totalLateSettles: number;
+  totalResurrections: number;
+  reapedThisRead: ReapCounts;
+  inFlight: InFlightRecord[];
+  recentCompletions: ActivityRecord[];
+  reaped: ReapedRecord[];
+  inFlightTruncated: boolean;
+  recentCompletionsTruncated: boolean;
+  reapedTruncated: boolean;
+  aggregates: Aggregate[];
+  owners: Owner[];
+}
+
+export interface ErrorBody {
+  error: { code: ServerErrorCode; message: string };
+}
+
+// Field lists: the same names at run time. `Exact` fails to compile when a
+// list and its type disagree either way.
+type Exact<T, L extends readonly string[]> = [keyof T] extends [L[number]]
+  ? [L[number]] extends [keyof T]
+    ? L
+    : never
+  : never;
+function fields<T>() {
+  return <const L extends readonly string[]>(list: Exact<T, L>): L => list;
+}
+
+const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
+  "activityId", "service", "provider", "class", "operationStage", "model", "priority", "admission",
+  "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
+  "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
+  "lateSettle", "cancelReason",
+]);
+const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
+
+/**
+ * What the client sends and reads, by the name of the server's type: the
+ * test suite compares each list with the OpenAPI document.
+ */
+export const FIELDS = {
+  BeginRequest: fields<BeginRequest>()([
+    "service", "provider", "class", "operationStage", "model", "priority", "admission", "enqueuedAt",
+    "startedAt", "deadlineMs", "ownerId",
+  ]),
+  StartRequest: fields<StartRequest>()(["startedAt"]),
+  SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt"]),
+  CancelRequest: fields<CancelRequest>()(["reason"]),
+  RegisterOwnerRequest: fields<RegisterOwnerRequest>()(["name", "ttlMs"]),
+  ActivityRecord: ACTIVITY_RECORD_FIELDS,
+  Owner: fields<Owner>()([
+    "ownerId", "name", "ttlMs", "registeredAt", "renewedAt", "expiresAt", "state", "endedAt",
+    "reapedRecords", "cancelledRecords",
+  ]),
+  ReapCounts: REAP_COUNTS_FIELDS,
+  Lane: fields<Lane>()([
+    "service", "provider", "cap", "executing", "waiting", "reaped", "reapedOwnerLost", "lateSettles",
+    "resurrections", "longestWaitMs",
+  ]),
+  Aggregate: fields<Aggregate>()([
+    "service", "operationStage", "class", "provider", "model", "priority", "admission", "calls",
+    "successes", "failures", "cancelled", "reaped", "lateSettles", "inFlight", "avgQueueWaitMs",
+    "maxQueueWaitMs", "avgExecutionMs", "maxExecutionMs", "lastSeenAt",
+  ]),
+  InFlightRecord: fields<InFlightRecord>()([...ACTIVITY_RECORD_FIELDS, "elapsedMs"]),
+  ReapedRecord: fields<ReapedRecord>()([...ACTIVITY_RECORD_FIELDS, "ageMs"]),
+  Snapshot: fields<Snapshot>()([
+    "status", "at", "since", "nativeAdmission", "totalActivities", "totalSucceeded", "totalFailed",
+    "totalCancelled", "totalInFlight", "totalRecentCompletions", "totalReaped", "totalReapedOwnerLost",
+    "totalLateSettles", "totalResurrections", "reapedThisRead", "inFlight", "recentCompletions",
+    "reaped", "inFlightTruncated", "recentCompletionsTruncated", "reapedTruncated", "aggregates",
+    "owners",
+  ]),
+  ErrorBody: fields<ErrorBody>()(["error"]),
+  ErrorDetail: fields<ErrorBody["error"]>()(["code", "message"]),
+} as const;
+
+/** Every route the client calls: method, path template, query parameters. */
+export const ROUTES = {
+  begin: { method: "POST", path: "/v1/activities", query: [] },
+  get: { method: "GET", path: "/v1/activities/{id}", query: [] },
+  start: { method: "POST", path: "/v1/activities/{id}/start", query: ["wait"] },
+  settle: { method: "POST", path: "/v1/activities/{id}/settle", query: [] },
+  cancel: { method: "POST", path: "/v1/activities/{id}/cancel", query: [] },
+  snapshot: { method: "GET", path: "/v1/snapshot", query: ["limit", "since"] },
+  reap: { method: "POST", path: "/v1/reap", query: [] },
+  registerOwner: { method: "POST", path: "/v1/owners", query: [] },
+  renewOwner: { method: "POST", path: "/v1/owners/{id}/renew", query: [] },
+  releaseOwner: { method: "DELETE", path: "/v1/owners/{id}", query: [] },
+  healthz: { method: "GET", path: "/healthz", query: [] },
+} as const satisfies Record<string, { method: string; path: string; query: readonly string[] }>;
+export type RouteName = keyof typeof ROUTES;
+
+/**
+ * Routes the server has that this client deliberately does not call (they
+ * are for people and scrapers). A route in the document that is in neither
+ * list fails the check, so a new route is a decision, not an accident.
+ */
+export const ROUTES_NOT_CALLED = [
+  "GET /",
+  "GET /dashboard.js",
+  "GET /dashboard.css",
+  "GET /metrics",
+  "GET /openapi.json",
+] as const;

@@ -1,0 +1,396 @@
+// The client against the real server: every path of a call's life.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import {
+  InflightClient,
+  InflightError,
+  InvalidRequestError,
+  LaneFullError,
+  NotFoundError,
+  UnauthorizedError,
+  UnavailableError,
+  WaitTimeoutError,
+} from "../dist/index.js";
+import { freePort, laneCounts, sleep, startServer } from "./server.js";
+
+const TOKEN = "ts-client-test-token";
+const CAPPED = ["wait", "exec", "timeout", "owner", "full", "maxwait"].map((s) => `${s}::capped`);
+
+let server;
+let client;
+
+before(async () => {
+  server = await startServer({ lanes: Object.fromEntries(CAPPED.map((l) => [l, 1])), token: TOKEN });
+  client = new InflightClient({ baseUrl: server.url, token: TOKEN });
+});
+after(async () => {
+  await server?.stop();
+});
+
+/** Polls `check` until it is true (at most 10 s). */
+async function until(check) {
+  const deadline = Date.now() + 10_000;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error("timed out");
+    await sleep(10);
+  }
+}
+
+/** Asserts the lane has nothing in flight and counts nothing. */
+async function assertLaneEmpty(lane) {
+  assert.deepEqual(await laneCounts(client, lane), { executing: 0, waiting: 0, inFlight: 0 }, lane);
+}
+
+/** Holds the lane's only slot until `release()` settles it. */
+async function holdSlot(lane) {
+  const [service, provider] = lane.split("::");
+  const holder = await client.admit({ service, provider });
+  assert.equal(holder.record.state, "executing");
+  return holder;
+}
+
+describe("run", () => {
+  test("a full lifecycle: begun, admitted, started, settled succeeded, hooks in order", async () => {
+    const events = [];
+    const result = await client.run(
+      { service: "life", provider: "ollama", class: "embedding", model: "nomic-embed-text", operationStage: "ingest" },
+      async (signal, activity) => {
+        assert.equal(signal.aborted, false);
+        assert.equal(activity.record.state, "executing");
+        return 42;
+      },
+      {
+        onEnqueued: (r) => events.push(["enqueued", r.state]),
+        onStarted: (r) => events.push(["started", r.state]),
+        onSettled: (r) => events.push(["settled", r.state]),
+      },
+    );
+    assert.equal(result, 42);
+    assert.deepEqual(events, [
+      ["enqueued", "waiting"],
+      ["started", "executing"],
+      ["settled", "succeeded"],
+    ]);
+    const snap = await client.snapshot();
+    const done = snap.recentCompletions.find((r) => r.service === "life");
+    assert.equal(done.state, "succeeded");
+    assert.equal(done.success, true);
+    assert.equal(done.model, "nomic-embed-text");
+    await assertLaneEmpty("life::ollama");
+  });
+
+  test("a failure: the callback's error is rethrown and the record failed at the provider", async () => {
+    let id;
+    const boom = new Error("provider said 500");
+    await assert.rejects(
+      client.run({ service: "fail", provider: "ollama" }, async (_signal, activity) => {
+        id = activity.id;
+        throw boom;
+      }),
+      (err) => err === boom,
+    );
+    const record = await client.getActivity(id);
+    assert.equal(record.state, "failed");
+    assert.equal(record.success, false);
+    assert.equal(record.failureStage, "provider");
+    await assertLaneEmpty("fail::ollama");
+  });
+
+  test("an abort while waiting in line cancels the record and leaves nothing in flight", async () => {
+    const lane = "wait::capped";
+    const holder = await holdSlot(lane);
+    const controller = new AbortController();
+    let called = false;
+    let waiting;
+    const started = Date.now();
+    const run = client.run(
+      { service: "wait", provider: "capped" },
+      async () => {
+        called = true;
+      },
+      { signal: controller.signal, onEnqueued: (r) => (waiting = r) },
+    );
+    await until(async () => waiting !== undefined);
+    await sleep(200); // in its ?wait= request
+    assert.deepEqual(await laneCounts(client, lane), { executing: 1, waiting: 1, inFlight: 2 });
+    controller.abort();
+    await assert.rejects(run, { name: "AbortError" });
+    assert.ok(Date.now() - started < 2000, "the abort ended the wait at once");
+    assert.equal(called, false);
+    const record = await client.getActivity(waiting.activityId);
+    assert.equal(record.state, "cancelled");
+    assert.equal(record.startedAt, null);
+    await holder.succeed();
+    await assertLaneEmpty(lane);
+  });
+
+  test("an abort while executing aborts the callback's signal and cancels the record", async () => {
+    const lane = "exec::capped";
+    const controller = new AbortController();
+    let id;
+    let sawAbort = false;
+    const run = client.run(
+      { service: "exec", provider: "capped" },
+      (signal, activity) =>
+        new Promise((_, reject) => {
+          id = activity.id;
+          signal.addEventListener("abort", () => {
+            sawAbort = true;
+            reject(signal.reason);
+          });
+        }),
+      { signal: controller.signal },
+    );
+    await until(async () => id !== undefined); // the callback runs
+    assert.deepEqual(await laneCounts(client, lane), { executing: 1, waiting: 0, inFlight: 1 });
+    controller.abort();
+    await assert.rejects(run, { name: "AbortError" });
+    assert.ok(sawAbort);
+    const record = await client.getActivity(id);
+    assert.equal(record.state, "cancelled");
+    assert.notEqual(record.startedAt, null);
+    await assertLaneEmpty(lane);
+  });
+
+  test("an abort ends run at once even when the callback ignores its signal", async () => {
+    const controller = new AbortController();
+    const run = client.run({ service: "deaf", provider: "p" }, () => sleep(3000), { signal: controller.signal });
+    await sleep(100);
+    const t = Date.now();
+    controller.abort();
+    await assert.rejects(run, { name: "AbortError" });
+    assert.ok(Date.now() - t < 1000);
+    await assertLaneEmpty("deaf::p");
+  });
+
+  test("a timeout cancels the record with the reason `timeout`", async () => {
+    const lane = "timeout::capped";
+    let id;
+    const t = Date.now();
+    await assert.rejects(
+      client.run(
+        { service: "timeout", provider: "capped" },
+        (signal, activity) => {
+          id = activity.id;
+          return new Promise((resolve, reject) => {
+            const timer = setTimeout(resolve, 5000);
+            signal.addEventListener("abort", () => {
+              clearTimeout(timer);
+              reject(signal.reason);
+            });
+          });
+        },
+        { timeoutMs: 300 },
+      ),
+      { name: "TimeoutError" },
+    );
+    assert.ok(Date.now() - t < 2000);
+    const record = await client.getActivity(id);
+    assert.equal(record.state, "cancelled");
+    assert.equal(record.cancelReason, "timeout");
+    await assertLaneEmpty(lane);
+  });
+
+  test("waiting in line past maxWaitMs is wait_timeout, and the record is cancelled", async () => {
+    const lane = "maxwait::capped";
+    const holder = await holdSlot(lane);
+    let waiting;
+    await assert.rejects(
+      client.run({ service: "maxwait", provider: "capped" }, async () => assert.fail("never admitted"), {
+        maxWaitMs: 300,
+        onEnqueued: (r) => (waiting = r),
+      }),
+      (err) => err instanceof WaitTimeoutError && err.code === "wait_timeout",
+    );
+    assert.equal((await client.getActivity(waiting.activityId)).state, "cancelled");
+    await holder.succeed();
+    await assertLaneEmpty(lane);
+  });
+
+  test("observeUnqueued records a direct call, never counted in a lane", async () => {
+    let id;
+    const value = await client.observeUnqueued({ service: "direct", provider: "openai" }, async (_s, activity) => {
+      id = activity.id;
+      assert.equal(activity.record.state, "executing");
+      assert.equal(activity.record.admission, "direct");
+      return "ok";
+    });
+    assert.equal(value, "ok");
+    assert.equal((await client.getActivity(id)).state, "succeeded");
+  });
+});
+
+describe("the handle and errors", () => {
+  test("lane_full: a start whose turn has not come is LaneFullError, and the record keeps its place", async () => {
+    const lane = "full::capped";
+    const holder = await holdSlot(lane);
+    const second = await client.begin({ service: "full", provider: "capped" });
+    await assert.rejects(second.start(), (err) => {
+      assert.ok(err instanceof LaneFullError);
+      assert.equal(err.code, "lane_full");
+      assert.equal(err.status, 429);
+      assert.equal(err.retryAfterMs, 1000);
+      return true;
+    });
+    assert.equal((await second.refresh()).state, "waiting");
+    // A begin already started on the full lane is refused and records nothing.
+    await assert.rejects(client.begin({ service: "full", provider: "capped", startedAt: new Date() }), LaneFullError);
+    assert.deepEqual(await laneCounts(client, lane), { executing: 1, waiting: 1, inFlight: 2 });
+    // The slot freed, the waiting record's turn comes within its wait.
+    setTimeout(() => holder.succeed(), 100);
+    const started = await second.start({ waitMs: 5000 });
+    assert.equal(started.state, "executing");
+    await second.settle({ success: false, failureStage: "queue" });
+    assert.equal(second.record.failureStage, "queue");
+    // Every transition repeated is harmless.
+    await second.settle({ success: false, failureStage: "queue" });
+    await assertLaneEmpty(lane);
+  });
+
+  test("errors are typed by the server's code", async () => {
+    await assert.rejects(client.begin({ service: "bad label!", provider: "p" }), (err) => {
+      assert.ok(err instanceof InvalidRequestError);
+      assert.equal(err.code, "invalid_request");
+      assert.match(err.message, /service/);
+      return true;
+    });
+    await assert.rejects(client.getActivity("01939b1c-0000-7000-8000-000000000000"), NotFoundError);
+    const a = await client.begin({ service: "conflict", provider: "p" });
+    await a.succeed();
+    await assert.rejects(a.cancel(), { code: "conflict" });
+    const anonymous = new InflightClient({ baseUrl: server.url, token: "" });
+    await assert.rejects(anonymous.snapshot(), (err) => err instanceof UnauthorizedError && err.status === 401);
+  });
+
+  test("the server unreachable: unavailable; idempotent requests retried, a begin never", async () => {
+    const port = await freePort();
+    let calls = [];
+    const counting = (url, init) => {
+      calls.push(`${init.method} ${new URL(url).pathname}`);
+      return fetch(url, init);
+    };
+    const down = new InflightClient({
+      baseUrl: `http://127.0.0.1:${port}`,
+      fetch: counting,
+      retry: { retries: 2, baseDelayMs: 5 },
+    });
+    let fnCalled = false;
+    await assert.rejects(
+      down.run({ service: "down", provider: "p" }, async () => {
+        fnCalled = true;
+      }),
+      (err) => err instanceof UnavailableError && err.code === "unavailable" && err instanceof InflightError,
+    );
+    assert.equal(fnCalled, false);
+    assert.deepEqual(calls, ["POST /v1/activities"], "a begin is sent once");
+    calls = [];
+    await assert.rejects(down.snapshot(), UnavailableError);
+    assert.equal(calls.length, 3, "a read is tried 1 + 2 times");
+    assert.equal(await down.healthy(), false);
+  });
+
+  test("a begin is retried only when the server answered that it handled nothing (503, 408)", async () => {
+    const seen = [];
+    const answers = [];
+    const scripted = async (url, init) => {
+      seen.push(init.method);
+      const next = answers.shift();
+      if (next) return next();
+      return fetch(url, init);
+    };
+    const c = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: scripted, retry: { baseDelayMs: 5 } });
+    const serverBody = (code) => JSON.stringify({ error: { code, message: "at a limit" } });
+    answers.push(
+      () => new Response(serverBody("unavailable"), { status: 503 }),
+      () => new Response(serverBody("request_timeout"), { status: 408 }),
+    );
+    const a = await c.begin({ service: "retry", provider: "p" });
+    assert.equal(a.record.state, "waiting");
+    assert.equal(seen.length, 3, "two refusals that recorded nothing, then the begin");
+    // A proxy's 502 proves nothing: the begin may have been recorded.
+    seen.length = 0;
+    answers.push(() => new Response("bad gateway", { status: 502 }));
+    await assert.rejects(c.begin({ service: "retry", provider: "p" }), (err) => {
+      assert.equal(err.code, "unavailable");
+      assert.equal(err.fromServer, false);
+      return true;
+    });
+    assert.equal(seen.length, 1);
+    await a.cancel();
+  });
+
+  test("a 5xx without the server's body is unavailable and retried for idempotent transitions", async () => {
+    let attempts = 0;
+    const flaky = async (url, init) => {
+      attempts++;
+      if (attempts < 3) return new Response("bad gateway", { status: 502 });
+      return fetch(url, init);
+    };
+    const c = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: flaky, retry: { baseDelayMs: 5 } });
+    const snap = await c.snapshot();
+    assert.equal(typeof snap.totalActivities, "number");
+    assert.equal(attempts, 3);
+  });
+});
+
+describe("owner leases", () => {
+  test("a dead owner's slot comes back once its lease runs out", async () => {
+    const lane = "owner::capped";
+    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN });
+    const lease = await owners.joinAsOwner("ts-dying-worker", 300);
+    const held = await owners.admit({ service: "owner", provider: "capped" });
+    assert.equal(held.record.ownerId, lease.id);
+    // The process "dies": no more renewals, no settle.
+    lease.stop();
+    const t = Date.now();
+    const next = await client.admit({ service: "owner", provider: "capped" }, { maxWaitMs: 5000 });
+    assert.ok(Date.now() - t < 3000, "the slot came back within the lease, not the deadline bound");
+    const dead = await client.getActivity(held.id);
+    assert.equal(dead.state, "reaped");
+    assert.equal(dead.reapReason, "owner-lost");
+    assert.equal(dead.disposition, "unsettled");
+    await next.succeed();
+    // The dead process's late settle is absorbed, never counted.
+    const late = await held.succeed();
+    assert.equal(late.state, "reaped");
+    assert.equal(late.lateSettle, true);
+    await assertLaneEmpty(lane);
+  });
+
+  test("a lease renews in the background, tags records, and release cancels its in-flight records", async () => {
+    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN });
+    const lease = await owners.joinAsOwner("ts-worker", 300);
+    const a = await owners.begin({ service: "lease", provider: "p" });
+    assert.equal(a.record.ownerId, lease.id);
+    await sleep(900); // three TTLs: alive only if renewed
+    assert.equal(lease.lost, false);
+    assert.equal((await a.refresh()).state, "waiting");
+    const owner = await lease.release();
+    assert.equal(owner.state, "released");
+    assert.equal(owner.cancelledRecords, 1);
+    assert.equal((await a.refresh()).state, "cancelled");
+    assert.equal(owners.ownerId, undefined, "records are no longer tagged");
+    await lease.release(); // twice is harmless
+  });
+
+  test("a lease cut off longer than its TTL is lost, and reported once", async () => {
+    let partitioned = false;
+    const cutOff = (url, init) => {
+      if (partitioned && String(url).endsWith("/renew")) return Promise.reject(new TypeError("fetch failed"));
+      return fetch(url, init);
+    };
+    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: cutOff, retry: { baseDelayMs: 5 } });
+    const lost = [];
+    const lease = await owners.joinAsOwner("ts-partitioned", 150, { onLost: (err) => lost.push(err) });
+    partitioned = true;
+    await sleep(400);
+    assert.equal(lease.lost, false, "unreachable is not lost: the client keeps trying");
+    partitioned = false;
+    for (let i = 0; i < 40 && !lease.lost; i++) await sleep(25);
+    assert.equal(lease.lost, true);
+    assert.equal(lost.length, 1);
+    assert.equal(lost[0].code, "conflict");
+    assert.equal(owners.ownerId, undefined, "records are no longer tagged with a lost owner");
+  });
+});
