@@ -22,6 +22,9 @@ pub(super) fn migrate(
     let key = settings.lock_key();
     let failed = |context: &'static str| move |err: postgres::Error| Fault::of(&err).error(context, err);
     conn.client
+        .batch_execute(sql::MIGRATION_SESSION)
+        .map_err(failed("cannot set up the migration"))?;
+    conn.client
         .execute(sql::MIGRATION_LOCK, &[&key])
         .map_err(failed("cannot take the migration lock"))?;
     let migrated = migrate_locked(&mut conn, settings, config, clock);
@@ -31,6 +34,10 @@ pub(super) fn migrate(
         .map_err(failed("cannot release the migration lock"));
     migrated?;
     unlocked?;
+    // Back to a writer's settings: it serves as one from here on.
+    conn.client
+        .batch_execute(sql::SESSION)
+        .map_err(failed("cannot set up a PostgreSQL connection"))?;
     Ok(conn)
 }
 
