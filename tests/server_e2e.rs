@@ -1133,3 +1133,152 @@ async fn floods_of_bad_requests_get_4xx_while_good_clients_are_served() {
     let (_, snapshot) = server.get("/v1/snapshot").await;
     assert_eq!(snapshot["totalActivities"], 30, "bad requests record nothing");
 }
+
+/// The environment a slot-holding child process reads: the server's base URL.
+const HOLDER_BASE: &str = "INFLIGHT_TEST_HOLDER_BASE";
+
+/// Child process: registers an owner with a one-second lease, takes a slot
+/// on the capped lane, says so, and renews until it is killed. Run by hand
+/// (without the environment), it does nothing.
+#[tokio::test]
+#[ignore = "a child process of killed_client_processes_give_their_slots_back_through_their_leases"]
+async fn child_holds_a_slot_over_http() {
+    let Ok(base) = std::env::var(HOLDER_BASE) else {
+        return;
+    };
+    let http = reqwest::Client::new();
+    let post = |path: String, body: Value| {
+        let request = http.post(format!("{base}{path}")).json(&body);
+        async move {
+            let response = request.send().await.expect("the server answers");
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, owner) = post("/v1/owners".to_owned(), json!({"name": "holder", "ttlMs": 1000})).await;
+    assert_eq!(status, 201, "{owner}");
+    let owner = owner["ownerId"].as_str().unwrap().to_owned();
+    let (status, record) = post(
+        "/v1/activities".to_owned(),
+        json!({"service": "kb", "provider": "ollama", "class": "embedding", "ownerId": owner}),
+    )
+    .await;
+    assert_eq!(status, 201, "{record}");
+    let id = record["activityId"].as_str().unwrap();
+    let (status, _) = post(format!("/v1/activities/{id}/start?wait=30s"), json!({})).await;
+    assert_eq!(status, 200);
+    println!("HOLDING {id}");
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        post(format!("/v1/owners/{owner}/renew"), json!({})).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_client_processes_give_their_slots_back_through_their_leases() {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = temp_store(&dir);
+    let server = Server::start(Launch {
+        store: Some(&store),
+        args: config_file(
+            &dir,
+            "[reap]\ninterval = \"100ms\"\n[lanes.\"kb::ollama\"]\ncap = 2\n",
+        ),
+        ..Launch::default()
+    })
+    .await;
+
+    // Two client processes take both slots.
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_holds_a_slot_over_http",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(HOLDER_BASE, &server.base)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let held = tokio::time::timeout(PATIENCE, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.starts_with("HOLDING ") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .unwrap_or(false);
+        assert!(held, "a holder did not get its slot");
+        holders.push(child);
+    }
+
+    // Meanwhile, the cap is watched, and four calls wait in line.
+    let stop = Arc::new(AtomicBool::new(false));
+    let most = Arc::new(AtomicI64::new(0));
+    let watcher = {
+        let (base, stop, most) = (server.base.clone(), Arc::clone(&stop), Arc::clone(&most));
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while !stop.load(Ordering::Relaxed) {
+                let snapshot: Value = http
+                    .get(format!("{base}/v1/snapshot?limit=1"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let executing = snapshot["nativeAdmission"]["kb::ollama"]["executing"]
+                    .as_i64()
+                    .unwrap_or(0);
+                most.fetch_max(executing, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let id = server
+            .begin(json!({"service": "kb", "provider": "ollama", "class": "embedding"}))
+            .await;
+        waiters.push(id);
+    }
+    let killed_at = std::time::Instant::now();
+    for mut holder in holders {
+        holder.kill().await.unwrap();
+    }
+    // Their leases run out (1 s), their records are reaped owner-lost, and
+    // the first two in line get the slots.
+    for id in &waiters[..2] {
+        let (status, record) = server
+            .post(&format!("/v1/activities/{id}/start?wait=10s"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{record}");
+    }
+    let reclaimed_in = killed_at.elapsed();
+    let (status, _) = server
+        .post(&format!("/v1/activities/{}/start", waiters[2]), json!({}))
+        .await;
+    assert_eq!(status, 429, "the lane is full again with the two admitted");
+    stop.store(true, Ordering::Relaxed);
+    watcher.await.unwrap();
+    assert!(
+        most.load(Ordering::Relaxed) <= 2,
+        "{} executing on a cap-2 lane",
+        most.load(Ordering::Relaxed)
+    );
+    let (_, snapshot) = server.get("/v1/snapshot").await;
+    assert_eq!(snapshot["totalReapedOwnerLost"], 2, "{snapshot}");
+    eprintln!("two killed client processes' slots came back in {reclaimed_in:?} (lease 1 s)");
+    assert!(reclaimed_in < Duration::from_secs(5), "{reclaimed_in:?}");
+}

@@ -73,7 +73,7 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7878].
     #[arg(long, env = "INFLIGHT_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Store URL: `sqlite://PATH` or `memory:` [default: sqlite://inflight.db].
+    /// Store URL: `sqlite://PATH`, `postgres://user@host:port/db` or `memory:` [default: sqlite://inflight.db].
     #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// Bearer token required on /v1 routes and /metrics [default: none].

@@ -21,6 +21,7 @@
 mod admission_scale;
 mod http_lifecycle;
 mod memory_lifecycle;
+mod postgres;
 mod profile;
 mod reap_scale;
 mod report;
@@ -39,6 +40,7 @@ use serde_json::json;
 use crate::admission_scale::admission_scale;
 use crate::http_lifecycle::http_lifecycle;
 use crate::memory_lifecycle::memory_lifecycle;
+use crate::postgres::{postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances};
 use crate::profile::{count_lifecycles, profile_lifecycles};
 use crate::reap_scale::reap_scale;
 use crate::report::Case;
@@ -54,6 +56,9 @@ const CASES: &[&str] = &[
     "reap_scale",
     "admission_scale",
     "http_lifecycle",
+    "postgres_lifecycle",
+    "postgres_snapshot_scale",
+    "postgres_two_instances",
 ];
 
 /// Benchmarks of the inflight ledger against hand-written baselines.
@@ -65,7 +70,10 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
-    /// snapshot_scale, reap_scale, admission_scale, http_lifecycle.
+    /// snapshot_scale, reap_scale, admission_scale, http_lifecycle,
+    /// postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances
+    /// (these three on the PostgreSQL server INFLIGHT_TEST_POSTGRES_URL names,
+    /// by default postgres@127.0.0.1:5432).
     #[arg(long = "case", value_name = "NAME")]
     cases: Vec<String>,
     /// Where the temporary SQLite files go (default: the system temp dir).
@@ -112,8 +120,11 @@ struct Plan {
     /// which it stops taking more (a slow decision must not stall the run).
     admission_samples: usize,
     admission_budget: Duration,
-    /// How long `http_lifecycle` runs after its warm-up.
+    /// How long `http_lifecycle` runs after its warm-up (and
+    /// `postgres_two_instances`).
     http_window: Duration,
+    /// Settled history in `postgres_snapshot_scale`: small, large.
+    postgres_snapshot_scales: (usize, usize),
 }
 
 impl Plan {
@@ -132,6 +143,7 @@ impl Plan {
                 admission_samples: 2_001,
                 admission_budget: Duration::from_secs(10),
                 http_window: Duration::from_secs(3),
+                postgres_snapshot_scales: (10_000, 100_000),
             }
         } else {
             Self {
@@ -147,6 +159,7 @@ impl Plan {
                 admission_samples: 10_001,
                 admission_budget: Duration::from_secs(30),
                 http_window: Duration::from_secs(10),
+                postgres_snapshot_scales: (10_000, 1_000_000),
             }
         }
     }
@@ -212,6 +225,15 @@ fn main() -> Result<()> {
         ("reap_scale", Box::new(|| reap_scale(&plan, &dir))),
         ("admission_scale", Box::new(|| admission_scale(&plan, &dir))),
         ("http_lifecycle", Box::new(|| http_lifecycle(&plan, &dir))),
+        ("postgres_lifecycle", Box::new(|| postgres_lifecycle(&plan))),
+        (
+            "postgres_snapshot_scale",
+            Box::new(|| postgres_snapshot_scale(&plan)),
+        ),
+        (
+            "postgres_two_instances",
+            Box::new(|| postgres_two_instances(&plan)),
+        ),
     ];
     for (name, run) in runners {
         if !selected(name) {

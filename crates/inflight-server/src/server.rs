@@ -542,7 +542,7 @@ mod tests {
     #[test]
     fn an_unsupported_store_is_a_config_error() {
         let settings =
-            ServerSettings::merge(&overrides(None, Some("postgres://x"), None), Settings::default()).unwrap();
+            ServerSettings::merge(&overrides(None, Some("mysql://x"), None), Settings::default()).unwrap();
         match open_ledger(&settings) {
             Err(err @ ServeError::Config { .. }) => assert!(err.is_config()),
             other => panic!("expected a config error, got {other:?}"),

@@ -955,6 +955,11 @@ async fn library_errors_map_to_their_codes_and_internals_never_leak() {
         (ErrorKind::LaneFull, StatusCode::TOO_MANY_REQUESTS, "lane_full"),
         (ErrorKind::Closed, StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         (ErrorKind::Storage, StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        (
+            ErrorKind::Unavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+        ),
     ];
     for (kind, status, code) in cases {
         let error = ApiError::from(LedgerError::new(kind, "disk /var/lib/secret.db is corrupt"));
@@ -965,11 +970,23 @@ async fn library_errors_map_to_their_codes_and_internals_never_leak() {
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let body: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(body["error"]["code"], code);
-        if status == StatusCode::INTERNAL_SERVER_ERROR {
+        if status.is_server_error() {
             let message = body["error"]["message"].as_str().unwrap();
             assert!(!message.contains("secret"), "internals leak: {message}");
         }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(response_retry_after(kind).await.as_deref(), Some("1"));
+        }
     }
+}
+
+/// The `Retry-After` header of the answer to an error of `kind`.
+async fn response_retry_after(kind: ErrorKind) -> Option<String> {
+    let response = ApiError::from(LedgerError::new(kind, "down")).into_response();
+    response
+        .headers()
+        .get(axum::http::header::RETRY_AFTER)
+        .map(|value| value.to_str().unwrap().to_owned())
 }
 
 fn capped_api(cap: u32) -> Api {

@@ -290,3 +290,26 @@ async fn every_parameterless_read_answers_a_documented_status_and_media_type() {
     // /, /dashboard.js, /dashboard.css, /healthz, /metrics, /openapi.json, /v1/snapshot.
     assert!(checked >= 7, "{checked}");
 }
+
+/// The document the clients are built and checked against, committed.
+const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/openapi.json");
+
+/// A route or a field of the wire that changes without the committed
+/// document changing fails here: the clients would no longer match.
+/// `INFLIGHT_WRITE_OPENAPI=1 cargo test -p inflight-server --test openapi`
+/// rewrites it, for a change that is meant.
+#[tokio::test]
+async fn the_committed_document_is_the_served_one() {
+    let (_, served) = send(&router(None), "get", "/openapi.json").await;
+    let text = format!("{}\n", serde_json::to_string_pretty(&served).unwrap());
+    if std::env::var_os("INFLIGHT_WRITE_OPENAPI").is_some() {
+        std::fs::write(COMMITTED, &text).unwrap();
+    }
+    let committed = std::fs::read_to_string(COMMITTED).unwrap_or_default();
+    assert!(
+        committed == text,
+        "clients/openapi.json differs from the document the server serves: a route or a field \
+         changed. If the change is meant, rewrite it with \
+         `INFLIGHT_WRITE_OPENAPI=1 cargo test -p inflight-server --test openapi` and update the clients."
+    );
+}

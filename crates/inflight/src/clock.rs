@@ -18,6 +18,14 @@ use crate::domain::Timestamp;
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time.
     fn now(&self) -> Timestamp;
+
+    /// Whether this is the operating system's wall clock. A store with a
+    /// clock of its own that every host shares (PostgreSQL's) decides with
+    /// that one instead; any other clock (a test's [`FakeClock`]) overrides
+    /// the store's, so that tests drive time the same way on every store.
+    fn is_system(&self) -> bool {
+        false
+    }
 }
 
 /// The operating system's wall clock.
@@ -27,6 +35,10 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         Timestamp::from_millis(wall_millis(Precision::Exact))
+    }
+
+    fn is_system(&self) -> bool {
+        true
     }
 }
 

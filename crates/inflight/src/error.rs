@@ -24,6 +24,11 @@ pub enum ErrorKind {
     Closed,
     /// The store failed (disk, database). The details are in the source.
     Storage,
+    /// The store cannot be reached now (a database server that is down or
+    /// restarting): the command may be retried. Whether a command that met
+    /// a connection lost at its commit landed is unknown; reading its
+    /// record says.
+    Unavailable,
 }
 
 impl ErrorKind {
@@ -36,6 +41,7 @@ impl ErrorKind {
             Self::LaneFull => "lane_full",
             Self::Closed => "closed",
             Self::Storage => "storage",
+            Self::Unavailable => "unavailable",
         }
     }
 }
@@ -86,6 +92,21 @@ impl LedgerError {
         }))
     }
 
+    /// An error of `kind` caused by `source`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn caused(
+        kind: ErrorKind,
+        context: &str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self(Box::new(Inner {
+            kind,
+            message: format!("{context}: {source}"),
+            source: Some(Box::new(source)),
+            lane: None,
+        }))
+    }
+
     /// Why it failed.
     pub fn kind(&self) -> ErrorKind {
         self.0.kind
@@ -112,7 +133,7 @@ impl LedgerError {
         Self::new(ErrorKind::InvalidInput, message)
     }
 
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // only a store that can close
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))] // only a store that can close
     pub(crate) fn closed() -> Self {
         Self::new(ErrorKind::Closed, "the ledger is shut down")
     }

@@ -81,14 +81,24 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
 /// The URL [`store::open`] opens a store from, given a fresh directory of
-/// its own.
-type StoreUrl = fn(&Path) -> String;
+/// its own, and what must live as long as the store (a test database).
+type StoreUrl = fn(&Path) -> (String, Box<dyn std::any::Any>);
 
 /// Every store under test, by name. One line per store.
 const STORES: &[(&str, StoreUrl)] = &[
-    ("memory", |_| "memory:".to_owned()),
+    ("memory", |_| ("memory:".to_owned(), Box::new(()))),
     ("sqlite", |dir| {
-        format!("sqlite://{}", dir.join("ledger.db").display())
+        (
+            format!("sqlite://{}", dir.join("ledger.db").display()),
+            Box::new(()),
+        )
+    }),
+    // A fresh schema on the test server (`INFLIGHT_TEST_POSTGRES_URL`),
+    // one writer, so that commands land in the order they were sent.
+    #[cfg(feature = "postgres")]
+    ("postgres", |_| {
+        let database = inflight::store::postgres::testing::TestDatabase::new();
+        (database.store_url("pool=1&listen=false"), Box::new(database))
     }),
 ];
 
@@ -1468,6 +1478,7 @@ struct Subject {
     store: Arc<dyn Store>,
     /// The owner ids this store handed out, by `o`.
     owner_ids: Vec<String>,
+    _keep: Box<dyn std::any::Any>,
     _dir: tempfile::TempDir,
 }
 
@@ -1488,12 +1499,14 @@ fn open_stores(clock: &FakeClock) -> Vec<Subject> {
         .iter()
         .map(|(name, url)| {
             let dir = scratch_dir();
-            let store = store::open(&url(dir.path()), Arc::clone(&config), Arc::new(clock.clone()))
+            let (url, keep) = url(dir.path());
+            let store = store::open(&url, Arc::clone(&config), Arc::new(clock.clone()))
                 .unwrap_or_else(|err| panic!("cannot open the {name} store: {err}"));
             Subject {
                 name,
                 store,
                 owner_ids: Vec::new(),
+                _keep: keep,
                 _dir: dir,
             }
         })

@@ -184,3 +184,13 @@ proptest! {
         runtime().block_on(run(Backend::Sqlite, ops))?;
     }
 }
+
+#[cfg(feature = "postgres")]
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn counts_never_drift_from_the_records_in_postgres(ops in proptest::collection::vec(op(), 1..30)) {
+        runtime().block_on(run(Backend::Postgres, ops))?;
+    }
+}

@@ -125,6 +125,10 @@ impl From<LedgerError> for ApiError {
             ErrorKind::NotFound => Self::not_found(err.message()),
             ErrorKind::Conflict => Self::conflict(err.message()),
             ErrorKind::LaneFull => Self::lane_full(err.message()),
+            ErrorKind::Unavailable => {
+                tracing::warn!(error = %err, "the store is unavailable");
+                Self::unavailable("the store cannot be reached now; retry later")
+            }
             kind => {
                 let source = std::error::Error::source(&err).map(ToString::to_string);
                 tracing::error!(

@@ -189,6 +189,13 @@ impl std::ops::Deref for ActivityLabels {
 }
 
 impl ActivityLabels {
+    /// Which shared set this is: equal for clones of one set, different for
+    /// sets built apart (even equal ones). Kept as a number, so that holding
+    /// it holds nothing.
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
     /// Whether both are the same shared set, not merely equal ones.
     #[cfg(test)]
     pub(crate) fn is_shared_with(&self, other: &Self) -> bool {

@@ -42,7 +42,8 @@ impl LedgerBuilder {
         }
     }
 
-    /// Keeps records in the store at `url` (`memory:`, `sqlite://PATH`).
+    /// Keeps records in the store at `url` (`memory:`, `sqlite://PATH`,
+    /// `postgres://user@host:port/db`).
     /// The default is `memory:`.
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = url.into();
@@ -86,7 +87,7 @@ impl LedgerBuilder {
         };
         let config = Arc::new(self.config);
         let store = store::open(&self.store_url, Arc::clone(&config), Arc::clone(&self.clock))?;
-        Ok(Ledger {
+        let ledger = Ledger {
             inner: Arc::new(Inner {
                 store,
                 config,
@@ -99,6 +100,16 @@ impl LedgerBuilder {
                 stats: LedgerStats::default(),
                 labels_folded: std::sync::atomic::AtomicU64::new(0),
             }),
-        })
+        };
+        // Capacity freed by another process sharing the store wakes this
+        // one's waiters; held weakly, so that the store does not keep the
+        // ledger alive.
+        let weak = Arc::downgrade(&ledger.inner);
+        ledger.inner.store.watch_capacity(Arc::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.capacity_changed.capacity_freed();
+            }
+        }));
+        Ok(ledger)
     }
 }

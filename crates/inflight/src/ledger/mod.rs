@@ -268,13 +268,13 @@ impl Ledger {
                 .clone();
         }
         let begun = if new.owner_id.is_some() || self.inner.auto_owner.is_none() {
-            let sent = new.labels.clone();
+            let sent = new.labels.identity();
             let begun = self
                 .run(Command::Begin { new })
                 .await
                 .and_then(store::Reply::into_record);
             if let Ok(record) = &begun {
-                self.count_if_folded(&sent, record);
+                self.count_if_folded(sent, record);
             }
             begun
         } else {
@@ -347,7 +347,7 @@ impl Ledger {
         let id = new.activity_id;
         let owner = self.auto_owner_id().await?;
         new.owner_id = Some(owner.to_string());
-        let sent = new.labels.clone();
+        let sent = new.labels.identity();
         let record = match self.run(Command::Begin { new }).await {
             // The lease ran out before a renewal noticed (a long pause, say):
             // this process is alive, so it registers anew and begins again.
@@ -356,19 +356,23 @@ impl Ledger {
                 let mut new =
                     spec.validate(id, &self.inner.labels, &|labels| self.warn_if_undeclared(labels))?;
                 new.owner_id = Some(self.auto_owner_id().await?.to_string());
-                self.run(Command::Begin { new }).await?.into_record()
+                let again = new.labels.identity();
+                let record = self.run(Command::Begin { new }).await?.into_record()?;
+                self.count_if_folded(again, &record);
+                return Ok(record);
             }
             other => other?.into_record(),
         }?;
-        self.count_if_folded(&sent, &record);
+        self.count_if_folded(sent, &record);
         Ok(record)
     }
 
-    /// Counts a begin whose labels the store folded: it records the call
-    /// under other labels than were sent. Shared label sets compare by
-    /// pointer first, so an unfolded begin pays one comparison.
-    fn count_if_folded(&self, sent: &crate::domain::labels::ActivityLabels, record: &ActivityRecord) {
-        if record.labels != *sent {
+    /// Counts a begin whose labels the store folded. The engine records a
+    /// begin under the very label set it was sent unless it folds them
+    /// (`store::engine::bound_labels`), so comparing which set the record
+    /// holds is enough, and costs an unfolded begin one comparison.
+    fn count_if_folded(&self, sent: usize, record: &ActivityRecord) {
+        if record.labels.identity() != sent {
             self.inner
                 .labels_folded
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -14,7 +14,7 @@ use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
 use crate::domain::labels::{ActivityLabels, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
@@ -91,6 +91,14 @@ pub(crate) trait Txn {
     /// How many distinct lanes, and how many aggregates, have totals
     /// stored.
     fn label_census(&mut self) -> Result<(i64, i64), LedgerError>;
+
+    /// Takes the lane's admission lock until the transaction ends, before
+    /// an admission decision reads the lane: a store shared by several
+    /// writers at once (PostgreSQL) serializes every decision on one lane
+    /// with it. A store with one writer has nothing to do.
+    fn lock_lane(&mut self, _lane: &LaneKey) -> Result<(), LedgerError> {
+        Ok(())
+    }
 
     // The questions of `domain::query`.
 
@@ -357,6 +365,9 @@ fn admit(
         return Ok(());
     };
     let lane = record.lane();
+    // Locked before anything is read, so that the reap and the counts below
+    // see every decision on this lane that committed before.
+    txn.lock_lane(&lane)?;
     reap_all(txn, now)?;
     match admission::decide(Some(cap), txn.lane_position(&LaneQuery::of(record, newcomer))?) {
         Decision::Admit => Ok(()),

@@ -24,12 +24,20 @@ use crate::stats::CallSnapshot;
 
 pub(crate) mod engine;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+
+/// What a store calls when another process sharing it may have freed
+/// capacity ([`Store::watch_capacity`]).
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
 
 /// A request to a store. Each runs atomically, at the time the store reads
 /// from its clock once the transaction holds the write lock, so that the
@@ -230,6 +238,14 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     fn call_stats(&self) -> CallSnapshot {
         CallSnapshot::default()
     }
+
+    /// Asks the store to call `wake` whenever another process sharing it
+    /// granted or freed a slot (PostgreSQL's notifications), so that this
+    /// process's waiters ask again at once rather than at their next poll.
+    /// A store that hears nothing from other processes ignores it.
+    fn watch_capacity(&self, wake: Wake) {
+        let _ = wake;
+    }
 }
 
 mod sealed {
@@ -238,6 +254,8 @@ mod sealed {
     impl Sealed for super::MemoryStore {}
     #[cfg(feature = "sqlite")]
     impl Sealed for super::SqliteStore {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for super::PostgresStore {}
 }
 
 /// How durable an acknowledged command is, for a store that syncs to disk:
@@ -296,10 +314,15 @@ pub const DEFAULT_URL: &str = "sqlite://inflight.db";
 ///   when missing. `?synchronous=normal` (or `full`, the default) sets its
 ///   durability ([`Synchronous`]).
 ///
+/// - `postgres://user@host:port/db` (or `postgresql://`) is a database
+///   that several hosts share; it needs the `postgres` feature. Its
+///   parameters are described in the `store::postgres` module docs.
+///
 /// # Errors
 /// An unknown scheme, query parameter or value is
 /// [`ErrorKind::InvalidInput`], named; a database that cannot be opened or
-/// migrated is [`ErrorKind::Storage`].
+/// migrated is [`ErrorKind::Storage`]; a database server that cannot be
+/// reached is [`ErrorKind::Unavailable`].
 pub fn open(
     url: &str,
     config: Arc<LedgerConfig>,
@@ -349,8 +372,20 @@ pub fn open(
             )));
         }
     }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            return Ok(Arc::new(PostgresStore::open(url, config, clock)?));
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            return Err(LedgerError::invalid(
+                "a postgres:// store URL needs the PostgreSQL store: build inflight with its `postgres` feature",
+            ));
+        }
+    }
     Err(LedgerError::invalid(format!(
-        "unsupported store URL {url:?}: use \"memory:\" or \"sqlite://PATH\""
+        "unsupported store URL {url:?}: use \"memory:\", \"sqlite://PATH\" or \"postgres://user@host:port/db\""
     )))
 }
 
@@ -370,7 +405,11 @@ mod tests {
     #[test]
     fn a_store_url_names_what_is_wrong_with_it() {
         let message = |url: &str| opened(url).unwrap_err().to_string();
-        assert!(message("postgres://x").contains("unsupported store URL"));
+        assert!(message("mysql://x").contains("unsupported store URL"));
+        #[cfg(not(feature = "postgres"))]
+        assert!(message("postgres://x").contains("needs the PostgreSQL store"));
+        #[cfg(feature = "postgres")]
+        assert!(message("postgres://h/db?pool=x").contains("pool \"x\""));
         assert!(message("sqlite://").contains("needs a file path"));
         assert!(message("sqlite://x.db?journal=wal").contains("unknown parameter \"journal=wal\""));
         #[cfg(feature = "sqlite")]

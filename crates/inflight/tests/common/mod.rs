@@ -15,12 +15,23 @@ pub const MS: Duration = Duration::from_millis(1);
 pub enum Backend {
     Memory,
     Sqlite,
+    /// A fresh schema on the test PostgreSQL server
+    /// (`INFLIGHT_TEST_POSTGRES_URL`).
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+/// What a store keeps outside the process, dropped after the ledger.
+pub enum Scratch {
+    Dir(tempfile::TempDir),
+    #[cfg(feature = "postgres")]
+    Database(inflight::store::postgres::testing::TestDatabase),
 }
 
 pub struct Harness {
     pub ledger: Ledger,
     pub clock: FakeClock,
-    pub _dir: Option<tempfile::TempDir>,
+    pub _dir: Option<Scratch>,
 }
 
 impl Harness {
@@ -31,7 +42,12 @@ impl Harness {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-                (url, Some(dir))
+                (url, Some(Scratch::Dir(dir)))
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                let database = inflight::store::postgres::testing::TestDatabase::new();
+                (database.store_url(""), Some(Scratch::Database(database)))
             }
         };
         let ledger = Ledger::builder(config)
@@ -105,6 +121,15 @@ macro_rules! against_every_store {
                 #[tokio::test(start_paused = true)]
                 async fn $name() {
                     super::$name(super::Backend::Sqlite).await
+                }
+            )+
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await
                 }
             )+
         }

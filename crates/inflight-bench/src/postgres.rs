@@ -1,0 +1,389 @@
+//! The PostgreSQL cases, each on a fresh schema of the test server
+//! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432):
+//!
+//! - `postgres_lifecycle`: lifecycles per second through the PostgreSQL
+//!   ledger (one writer, group commit) against plain `tokio-postgres`, one
+//!   connection per caller, one autocommit statement per transition on a
+//!   comparable table; 8 and 64 callers.
+//! - `postgres_snapshot_scale`: a snapshot's latency with a large settled
+//!   history against a small one.
+//! - `postgres_two_instances`: two ledgers on one database sharing a cap-4
+//!   lane under 32 callers: grants per second, and the wake-up latency from
+//!   a settle on one instance to the grant it frees on the other.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use inflight::store::postgres::testing::TestDatabase;
+use inflight::{ActivitySpec, Ledger, LedgerConfig, Outcome, SnapshotOptions};
+use serde_json::json;
+
+use crate::report::{human_count, ms, percentile, round, spread, Case, Target};
+use crate::sqlite_env::{ledger_lifecycle, long_lived, multi_thread, now_ms, populate_in_flight};
+use crate::Plan;
+
+/// The baseline's table: the columns a lifecycle writes, keyed by id.
+const BASELINE_TABLE: &str = "CREATE TABLE calls (
+    id           TEXT PRIMARY KEY,
+    service      TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    class        TEXT NOT NULL,
+    model        TEXT NOT NULL,
+    state        TEXT NOT NULL,
+    enqueued_at  BIGINT NOT NULL,
+    started_at   BIGINT,
+    completed_at BIGINT,
+    success      BOOLEAN
+)";
+const BASELINE_BEGIN: &str = "INSERT INTO calls (id, service, provider, class, model, state, enqueued_at) \
+     VALUES ($1, 'knowledge-base', 'ollama', 'embedding', 'nomic-embed-text', 'waiting', $2)";
+const BASELINE_START: &str = "UPDATE calls SET state = 'executing', started_at = $2 WHERE id = $1";
+const BASELINE_SETTLE: &str =
+    "UPDATE calls SET state = 'succeeded', completed_at = $2, success = true WHERE id = $1";
+
+/// A ledger on `database`'s schema, on the system clock (the database's).
+fn ledger_on(database: &TestDatabase, config: LedgerConfig, extra: &str) -> Result<Ledger> {
+    Ledger::builder(config)
+        .store_url(database.store_url(extra))
+        .build()
+        .context("open the PostgreSQL ledger")
+}
+
+/// A plain connection for the baseline, in the schema.
+async fn baseline_client(database: &TestDatabase) -> Result<tokio_postgres::Client> {
+    let url = database.store_url("");
+    let (base, query) = url.split_once('?').expect("a schema parameter");
+    let schema = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("schema="))
+        .expect("a schema parameter");
+    let (client, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .context("connect the baseline")?;
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("SET search_path TO \"{schema}\""))
+        .await?;
+    Ok(client)
+}
+
+async fn ours_rate(ledger: &Ledger, callers: usize, window: Duration) -> Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + window;
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (ledger, done) = (ledger.clone(), Arc::clone(&done));
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                ledger_lifecycle(&ledger).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn baseline_rate(clients: &[Arc<tokio_postgres::Client>], window: Duration) -> Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + window;
+    let mut tasks = Vec::new();
+    for client in clients {
+        let (client, done) = (Arc::clone(client), Arc::clone(&done));
+        tasks.push(tokio::spawn(async move {
+            let begin = client.prepare(BASELINE_BEGIN).await?;
+            let start = client.prepare(BASELINE_START).await?;
+            let settle = client.prepare(BASELINE_SETTLE).await?;
+            while Instant::now() < until {
+                let id = uuid::Uuid::new_v4().to_string();
+                client.execute(&begin, &[&id, &now_ms()]).await?;
+                client.execute(&start, &[&id, &now_ms()]).await?;
+                client.execute(&settle, &[&id, &now_ms()]).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The caller counts of `postgres_lifecycle`.
+const CALLERS: [usize; 2] = [8, 64];
+
+pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
+    let runtime = multi_thread()?;
+    let mut cases = Vec::new();
+    for callers in CALLERS {
+        let database = TestDatabase::new();
+        let pool = std::env::var("INFLIGHT_BENCH_PG_POOL").unwrap_or_else(|_| "1".to_owned());
+        let ledger = ledger_on(&database, LedgerConfig::default(), &format!("pool={pool}"))?;
+        let (ours, base, ratios) = runtime.block_on(async {
+            let mut clients = Vec::new();
+            for _ in 0..callers {
+                clients.push(Arc::new(baseline_client(&database).await?));
+            }
+            clients[0].batch_execute(BASELINE_TABLE).await?;
+            let warm = plan.sqlite_window / 2;
+            baseline_rate(&clients, warm).await?;
+            ours_rate(&ledger, callers, warm).await?;
+            // Interleaved pairs, baseline then ours: a slow spell of the
+            // shared machine hits both sides of a pair alike.
+            let (mut ours, mut base, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..plan.sqlite_pairs {
+                let b = baseline_rate(&clients, plan.sqlite_window).await?;
+                let o = ours_rate(&ledger, callers, plan.sqlite_window).await?;
+                base.push(b);
+                ours.push(o);
+                ratios.push(o / b);
+            }
+            Ok::<_, anyhow::Error>((ours, base, ratios))
+        })?;
+        drop(ledger);
+        let name = format!("postgres_lifecycle_{callers}");
+        let (o_min, ours, o_max) = spread(&ours);
+        let (b_min, base, b_max) = spread(&base);
+        let (r_min, ratio, r_max) = spread(&ratios);
+        eprintln!(
+            "  {name}: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median {base:.0}/s \
+             (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x (min {r_min:.2}, max {r_max:.2})"
+        );
+        cases.push(Case {
+            name,
+            ours,
+            baseline: Some(base),
+            unit: "lifecycles/s",
+            target: if callers >= 64 {
+                Target::AtLeast(2.0)
+            } else {
+                Target::Report
+            },
+            paired_ratio: Some(ratio),
+            note: format!(
+                "{callers} callers (ours: tokio tasks, one writer connection, group commit; baseline: \
+                 tokio-postgres, a connection per caller, one autocommit statement per transition); \
+                 synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
+                 (min {r_min:.2}x, max {r_max:.2}x)",
+                plan.sqlite_pairs,
+                plan.sqlite_window.as_secs_f64(),
+            ),
+            extra: serde_json::Map::from_iter([
+                ("callers".to_owned(), json!(callers)),
+                ("pairs".to_owned(), json!(plan.sqlite_pairs)),
+                ("ratio_min".to_owned(), json!(round(r_min))),
+                ("ratio_max".to_owned(), json!(round(r_max))),
+            ]),
+        });
+    }
+    Ok(cases)
+}
+
+pub(crate) fn postgres_snapshot_scale(plan: &Plan) -> Result<Vec<Case>> {
+    let runtime = multi_thread()?;
+    let t0 = now_ms();
+    let options = SnapshotOptions::default();
+    let (small, large) = plan.postgres_snapshot_scales;
+    let mut stores = Vec::new();
+    for scale in [small, large] {
+        let database = TestDatabase::new();
+        let loading = Instant::now();
+        inflight::store::postgres::seed_history(
+            &database.store_url("listen=false"),
+            scale,
+            inflight::Timestamp::from_millis(t0),
+        )
+        .context("seed_history")?;
+        eprintln!(
+            "  postgres_snapshot_scale: seeded {scale} history rows in {:.1}s",
+            loading.elapsed().as_secs_f64()
+        );
+        let ledger = ledger_on(&database, LedgerConfig::default(), "listen=false")?;
+        runtime.block_on(async {
+            populate_in_flight(&ledger, 1_000, long_lived(t0)).await?;
+            let check = ledger.snapshot(options).await?;
+            if check.total_in_flight != 1_000 || check.total_recent_completions < scale as i64 {
+                bail!(
+                    "snapshot at scale {scale} sees {} in flight and {} recent completions",
+                    check.total_in_flight,
+                    check.total_recent_completions
+                );
+            }
+            Ok(())
+        })?;
+        stores.push((scale, database, ledger));
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 2];
+    runtime.block_on(async {
+        for round in 0..plan.snapshot_samples + 3 {
+            for (index, (_, _, ledger)) in stores.iter().enumerate() {
+                let started = Instant::now();
+                black_box(ledger.snapshot(options).await?);
+                // The first rounds warm the caches.
+                if round >= 3 {
+                    samples[index].push(ms(started.elapsed()));
+                }
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let ratios: Vec<f64> = samples[1]
+        .iter()
+        .zip(&samples[0])
+        .map(|(large, small)| large / small)
+        .collect();
+    let (_, small_ms, _) = spread(&samples[0]);
+    let (_, large_ms, _) = spread(&samples[1]);
+    let (r_min, ratio, r_max) = spread(&ratios);
+    Ok(vec![Case {
+        name: "postgres_snapshot_scale".to_owned(),
+        ours: large_ms,
+        baseline: Some(small_ms),
+        unit: "ms",
+        target: Target::AtMost(1.5),
+        paired_ratio: Some(ratio),
+        note: format!(
+            "median snapshot latency with {} settled records of history (ours) against {} (baseline), \
+             1,000 in flight in both, {} interleaved samples; ratio = median of the pairs' ratios \
+             (min {r_min:.2}x, max {r_max:.2}x)",
+            human_count(large),
+            human_count(small),
+            plan.snapshot_samples,
+        ),
+        extra: serde_json::Map::from_iter([
+            ("history_large".to_owned(), json!(large)),
+            ("history_small".to_owned(), json!(small)),
+        ]),
+    }])
+}
+
+/// What the two-instance load records: grants and settles, by instance.
+#[derive(Default)]
+struct Timeline {
+    /// (when, instance) of each settle that freed a slot.
+    settles: Vec<(Instant, usize)>,
+    /// (when, instance) of each grant that had to wait in line.
+    waited_grants: Vec<(Instant, usize)>,
+}
+
+pub(crate) fn postgres_two_instances(plan: &Plan) -> Result<Vec<Case>> {
+    const CALLERS: usize = 32;
+    const CAP: u32 = 4;
+    let runtime = multi_thread()?;
+    let database = TestDatabase::new();
+    let config = || LedgerConfig::default().with_lane_cap("knowledge-base::ollama", CAP);
+    let ledgers = [
+        ledger_on(&database, config()?, "")?,
+        ledger_on(&database, config()?, "")?,
+    ];
+    let spec = || {
+        ActivitySpec::new("knowledge-base", "ollama")
+            .class("embedding")
+            .model("nomic-embed-text")
+    };
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let grants = Arc::new(AtomicU64::new(0));
+    let window = plan.http_window;
+    let elapsed = runtime.block_on(async {
+        // A short warm-up: connections, statements, the lane's row.
+        for ledger in &ledgers {
+            ledger.admit(spec()).await?.settle(Outcome::Success).await?;
+        }
+        let started = Instant::now();
+        let until = started + window;
+        let mut tasks = Vec::new();
+        for caller in 0..CALLERS {
+            let instance = caller % 2;
+            let ledger = ledgers[instance].clone();
+            let (timeline, grants) = (Arc::clone(&timeline), Arc::clone(&grants));
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < until {
+                    let asked = Instant::now();
+                    let permit = ledger.admit(spec()).await?;
+                    let granted = Instant::now();
+                    grants.fetch_add(1, Ordering::Relaxed);
+                    // Waited in line rather than admitted on arrival.
+                    if granted - asked > Duration::from_millis(2) {
+                        timeline.lock().unwrap().waited_grants.push((granted, instance));
+                    }
+                    // A short call holding the slot.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    permit.settle(Outcome::Success).await?;
+                    timeline.lock().unwrap().settles.push((Instant::now(), instance));
+                }
+                Ok::<_, anyhow::Error>(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        Ok::<_, anyhow::Error>(started.elapsed())
+    })?;
+    let rate = grants.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64();
+    // A grant was freed by the other instance when the last settle before
+    // it, on either instance, was on the other one: its latency is from
+    // that settle's acknowledgement to the grant.
+    let timeline = timeline.lock().unwrap();
+    let mut settles = timeline.settles.clone();
+    settles.sort_by_key(|(at, _)| *at);
+    let mut latencies: Vec<f64> = timeline
+        .waited_grants
+        .iter()
+        .filter_map(|(granted, instance)| {
+            let last = settles.partition_point(|(at, _)| at <= granted);
+            let (settled, by) = settles.get(last.checked_sub(1)?)?;
+            (by != instance).then(|| ms(*granted - *settled))
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    if latencies.is_empty() {
+        bail!("no grant was freed by the other instance");
+    }
+    let (p50, p99) = (percentile(&latencies, 50.0), percentile(&latencies, 99.0));
+    eprintln!(
+        "  postgres_two_instances: {rate:.0} grants/s; wake-up across instances p50 {p50:.1} ms, p99 {p99:.1} ms \
+         ({} samples)",
+        latencies.len()
+    );
+    Ok(vec![
+        Case {
+            name: "postgres_two_instances".to_owned(),
+            ours: rate,
+            baseline: None,
+            unit: "grants/s",
+            target: Target::Report,
+            paired_ratio: None,
+            note: format!(
+                "two ledgers on one database, a cap-{CAP} lane, {CALLERS} callers (half on each) admitting, \
+                 holding the slot 5 ms and settling, for {:.0}s; wake-up across instances p50 {p50:.1} ms, \
+                 p99 {p99:.1} ms over {} grants freed by the other instance",
+                window.as_secs_f64(),
+                latencies.len()
+            ),
+            extra: serde_json::Map::from_iter([
+                ("wake_p50_ms".to_owned(), json!(round(p50))),
+                ("wake_p99_ms".to_owned(), json!(round(p99))),
+                ("wake_samples".to_owned(), json!(latencies.len())),
+            ]),
+        },
+        Case {
+            name: "postgres_two_instances_wake_p99".to_owned(),
+            ours: p99,
+            baseline: None,
+            unit: "ms",
+            target: Target::Report,
+            paired_ratio: None,
+            note: format!("p99 of the wake-up latency above (p50 {p50:.1} ms)"),
+            extra: serde_json::Map::new(),
+        },
+    ])
+}

@@ -1,0 +1,86 @@
+//! The listener: one connection per instance that `LISTEN`s on the store's
+//! channel and wakes this process's waiters when another instance granted
+//! or freed a slot. A notification is only a hint (a woken waiter asks the
+//! store again), so one lost while the connection was down costs a poll:
+//! after every reconnect the waiters are woken once anyway.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use postgres::fallible_iterator::FallibleIterator;
+
+use crate::store::Wake;
+
+use super::{sql, Settings};
+
+/// How long the listener waits for a notification before it looks at
+/// whether it should stop.
+const TICK: Duration = Duration::from_millis(250);
+/// How often an idle listener checks that its connection is alive.
+const PING_EVERY: Duration = Duration::from_secs(5);
+/// The longest pause between two attempts to reconnect.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+pub(super) fn listen_loop(settings: &Settings, wake: &Mutex<Option<Wake>>, stop: &AtomicBool) {
+    let fire = || {
+        let wake = wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(wake) = wake {
+            wake();
+        }
+    };
+    let mut backoff = Duration::from_millis(100);
+    while !stop.load(Ordering::SeqCst) {
+        let mut client = match settings.client() {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::warn!(error = %err, "the PostgreSQL listener cannot connect; retrying");
+                std::thread::sleep(jittered(backoff));
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        if let Err(err) = client.batch_execute(&sql::listen(&settings.channel)) {
+            tracing::warn!(error = %err, "the PostgreSQL listener cannot LISTEN; retrying");
+            std::thread::sleep(jittered(backoff));
+            continue;
+        }
+        backoff = Duration::from_millis(100);
+        // Whatever was sent while no one listened.
+        fire();
+        let mut last_ping = Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            let next = client.notifications().timeout_iter(TICK).next();
+            match next {
+                Ok(Some(_)) => {
+                    // Every pending one at once: one wake-up serves them all.
+                    let _ = client.notifications().iter().count();
+                    fire();
+                }
+                Ok(None) => {
+                    if last_ping.elapsed() >= PING_EVERY {
+                        last_ping = Instant::now();
+                        if client.is_valid(Duration::from_secs(2)).is_err() {
+                            break;
+                        }
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "the PostgreSQL listener lost its connection; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// `pause` plus up to half of it again, so that instances that lost the
+/// server together do not all come back in the same instant.
+fn jittered(pause: Duration) -> Duration {
+    let random = RandomState::new().hash_one(Instant::now());
+    pause + pause.mul_f64((random % 1000) as f64 / 2000.0)
+}

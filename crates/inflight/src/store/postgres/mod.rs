@@ -1,0 +1,491 @@
+//! The store for several hosts: one PostgreSQL database that every
+//! instance shares, with the same guarantees as one process.
+//!
+//! # Driver
+//! The blocking `postgres` client (the synchronous face of `tokio-postgres`,
+//! by the same maintainers) on the store's own threads. The engine is one
+//! sync implementation of every command over a `Txn` (`store::engine`);
+//! a blocking client lets this store run that same engine, unchanged, on a
+//! writer thread per connection, exactly as the SQLite store does, instead
+//! of a second, async engine. Statements are prepared once per connection
+//! and cached; every transaction groups the commands that waited for the
+//! writer (group commit), so one round trip to commit serves them all.
+//!
+//! # Guarantees across instances
+//! - **Caps, first come first served**: before an admission decision the
+//!   engine locks the lane's row (`SELECT ... FROM lanes ... FOR UPDATE`,
+//!   `LOCK_LANE` in `sql.rs`), then reaps, counts and decides in separate
+//!   READ COMMITTED statements that each see every decision committed
+//!   before the lock was granted. No `SKIP LOCKED`, no SERIALIZABLE.
+//! - **Exactly-once reaps**: every read that leads to a write locks its
+//!   rows; a second reaper waits, re-reads, and no longer finds a record
+//!   the first one reaped.
+//! - **One clock**: each transaction reads its "now" from the SQL function
+//!   `inflight_now()`, the database's `clock_timestamp()`; hosts' clocks
+//!   never decide a reap. A ledger built on another clock than the system's
+//!   (a test's `FakeClock`) overrides it per transaction with
+//!   `SET LOCAL inflight.now_ms`.
+//! - **Waking waiters elsewhere**: a transaction that grants or frees a slot
+//!   sends `pg_notify` before it commits; each instance keeps one `LISTEN`
+//!   connection (reconnected when lost) and wakes its waiters, who also
+//!   poll. `listen=false` turns the listener off (PgBouncer in transaction
+//!   mode).
+//! - **Migrations** are versioned (`inflight_schema`), run under
+//!   `pg_advisory_lock`, and an instance refuses a schema newer than it.
+//!
+//! # URL
+//! `postgres://user@host:port/db` (or `postgresql://`), with any parameter
+//! the `postgres` client takes (`connect_timeout`, `application_name`, ...)
+//! and these of the store's own:
+//! - `schema=NAME`: the schema the tables live in (created if missing);
+//!   the connection's default otherwise;
+//! - `pool=N`: writer connections, 1 to 64. The default, 1, lands the
+//!   commands of this process in the order they were submitted, as the
+//!   SQLite store does (a dropped handle's cancel lands before the snapshot
+//!   asked for next); group commit makes one writer enough for throughput.
+//!   More writers run groups in parallel, and give up that order between
+//!   commands submitted concurrently;
+//! - `listen=false`: no `LISTEN` connection; waiters poll.
+//!
+//! TLS is not supported yet: connect over a private network or a local
+//! socket proxy.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+use crate::config::LedgerConfig;
+use crate::error::LedgerError;
+use crate::stats::{CallSnapshot, CallStats};
+
+use super::{Command, Reply, Store, StoreFuture, Wake};
+
+mod listen;
+mod schema;
+mod sql;
+#[doc(hidden)]
+pub mod testing;
+mod txn;
+mod writer;
+
+use txn::{Conn, Fault};
+use writer::{write_loop, Job, Writer};
+
+/// How long opening a connection may take before the command that needed
+/// it fails as `unavailable`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Writer connections when the URL names none.
+pub const DEFAULT_POOL: usize = 1;
+
+/// Where and how to connect, from a store URL.
+#[derive(Clone)]
+struct Settings {
+    config: postgres::Config,
+    schema: Option<String>,
+    pool: usize,
+    listen: bool,
+    /// The notification channel: one per schema, so that ledgers sharing a
+    /// database in different schemas do not wake each other.
+    channel: String,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("hosts", &self.config.get_hosts())
+            .field("dbname", &self.config.get_dbname())
+            .field("schema", &self.schema)
+            .field("pool", &self.pool)
+            .field("listen", &self.listen)
+            .finish()
+    }
+}
+
+impl Settings {
+    /// Reads `url`; its store parameters are taken out, the rest is the
+    /// client's.
+    fn parse(url: &str) -> Result<Self, LedgerError> {
+        let named = |message: String| LedgerError::invalid(format!("store URL {}: {message}", redact(url)));
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut schema = None;
+        let mut pool = DEFAULT_POOL;
+        let mut listen = true;
+        let mut passed = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            match pair.split_once('=') {
+                Some(("schema", value)) => {
+                    let valid = !value.is_empty()
+                        && value.len() <= 63
+                        && value
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                    if !valid {
+                        return Err(named(format!(
+                            "schema {value:?} is not 1 to 63 lowercase letters, digits or underscores"
+                        )));
+                    }
+                    schema = Some(value.to_owned());
+                }
+                Some(("pool", value)) => {
+                    pool = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .ok_or_else(|| named(format!("pool {value:?} is not a number from 1 to 64")))?;
+                }
+                Some(("listen", value)) => {
+                    listen = match value {
+                        "true" => true,
+                        "false" => false,
+                        other => return Err(named(format!("listen {other:?} is not one of true, false"))),
+                    };
+                }
+                _ => passed.push(pair),
+            }
+        }
+        let client_url = if passed.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", passed.join("&"))
+        };
+        let mut config = postgres::Config::from_str(&client_url).map_err(|err| named(err.to_string()))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("inflight");
+        }
+        // A peer that vanished without closing is noticed within seconds.
+        config.keepalives(true).keepalives_idle(Duration::from_secs(5));
+        let channel = match &schema {
+            Some(schema) => format!("inflight_capacity_{schema}"),
+            None => "inflight_capacity".to_owned(),
+        };
+        Ok(Self {
+            config,
+            schema,
+            pool,
+            listen,
+            channel,
+        })
+    }
+
+    /// A new connection, set up for the store.
+    fn connect(&self) -> Result<Conn, LedgerError> {
+        let mut client = self.client()?;
+        let mut setup = vec![sql::SESSION.to_owned()];
+        if let Some(schema) = &self.schema {
+            setup.push(sql::use_schema(schema));
+        }
+        client
+            .batch_execute(&setup.join("; "))
+            .map_err(|err| Fault::of(&err).error("cannot set up a PostgreSQL connection", err))?;
+        Ok(Conn::new(client, self.channel.clone()))
+    }
+
+    /// A new connection, as the server gives it.
+    fn client(&self) -> Result<postgres::Client, LedgerError> {
+        self.config.connect(postgres::NoTls).map_err(|err| {
+            let fault = Fault::of(&err);
+            let fault = if fault == Fault::Other && err.as_db_error().is_none() {
+                Fault::Unavailable
+            } else {
+                fault
+            };
+            fault.error("cannot connect to PostgreSQL", err)
+        })
+    }
+
+    /// The key the migration lock is taken on.
+    fn lock_key(&self) -> String {
+        format!("inflight.migrate:{}", self.schema.as_deref().unwrap_or(""))
+    }
+}
+
+/// `url` without its password, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    match authority.rsplit_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or("");
+            format!("{scheme}://{name}:***@{host}/{path}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A ledger store in a PostgreSQL database, shared by every instance that
+/// opens it.
+pub struct PostgresStore {
+    settings: Arc<Settings>,
+    jobs: RwLock<Option<mpsc::Sender<Job>>>,
+    writers: Mutex<Vec<thread::JoinHandle<()>>>,
+    wake: Arc<Mutex<Option<Wake>>>,
+    stop: Arc<AtomicBool>,
+    /// The call histograms, which the writers publish to after each commit.
+    calls: Arc<Mutex<CallStats>>,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url`, migrates it (under an advisory
+    /// lock, so that instances starting together take turns), recomputes
+    /// the bounds of in-flight records under `config`, and starts the
+    /// writers and the listener.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a bad URL; `Unavailable` when the server cannot
+    /// be reached; `Storage` when the schema is newer than this build or
+    /// cannot be migrated.
+    pub fn open(url: &str, config: Arc<LedgerConfig>, clock: Arc<dyn Clock>) -> Result<Self, LedgerError> {
+        let settings = Arc::new(Settings::parse(url)?);
+        let first = off_runtime(|| schema::migrate(&settings, &config, clock.as_ref()))?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        let mut writers = Vec::with_capacity(settings.pool);
+        let mut first = Some(first);
+        let calls = Arc::new(Mutex::new(CallStats::default()));
+        for index in 0..settings.pool {
+            let writer = Writer {
+                settings: Arc::clone(&settings),
+                conn: first.take(),
+                config: Arc::clone(&config),
+                clock: Arc::clone(&clock),
+                calls: Arc::clone(&calls),
+            };
+            let queue = Arc::clone(&queue);
+            let handle = thread::Builder::new()
+                .name(format!("inflight-pg-{index}"))
+                .spawn(move || write_loop(writer, &queue))
+                .map_err(|err| LedgerError::storage("cannot start a PostgreSQL writer thread", err))?;
+            writers.push(handle);
+        }
+        let wake: Arc<Mutex<Option<Wake>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        if settings.listen {
+            let (settings, wake, stop) = (Arc::clone(&settings), Arc::clone(&wake), Arc::clone(&stop));
+            thread::Builder::new()
+                .name("inflight-pg-listen".into())
+                .spawn(move || listen::listen_loop(&settings, &wake, &stop))
+                .map_err(|err| LedgerError::storage("cannot start the PostgreSQL listener", err))?;
+        }
+        Ok(Self {
+            settings,
+            jobs: RwLock::new(Some(jobs)),
+            writers: Mutex::new(writers),
+            wake,
+            stop,
+            calls,
+        })
+    }
+
+    /// How many writer connections it keeps.
+    pub fn pool(&self) -> usize {
+        self.settings.pool
+    }
+
+    /// Whether it keeps a `LISTEN` connection.
+    pub fn listens(&self) -> bool {
+        self.settings.listen
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Store for PostgresStore {
+    fn call_stats(&self) -> CallSnapshot {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
+    }
+
+    fn execute(&self, command: Command) -> StoreFuture {
+        let (reply, answer) = oneshot::channel();
+        let sent = match &*self
+            .jobs
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            Some(jobs) => jobs.send(Job::Run(command, reply)).is_ok(),
+            None => false,
+        };
+        StoreFuture::pending(async move {
+            if !sent {
+                return Err(LedgerError::closed());
+            }
+            answer.await.map_err(|_| LedgerError::closed())?
+        })
+    }
+
+    fn close(&self) -> StoreFuture {
+        self.stop.store(true, Ordering::SeqCst);
+        // The writers answer what is queued, then find the queue closed.
+        drop(
+            self.jobs
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
+        let writers = std::mem::take(
+            &mut *self
+                .writers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let (done, closed) = oneshot::channel();
+        let joined = thread::Builder::new()
+            .name("inflight-pg-close".into())
+            .spawn(move || {
+                for writer in writers {
+                    let _ = writer.join();
+                }
+                let _ = done.send(());
+            });
+        StoreFuture::pending(async move {
+            if joined.is_ok() {
+                let _ = closed.await;
+            }
+            Ok(Reply::Closed)
+        })
+    }
+
+    fn watch_capacity(&self, wake: Wake) {
+        *self
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
+    }
+}
+
+/// Bulk-loads `count` settled records, completed over the hour before
+/// `completed_at`, with their counters, straight into the database at
+/// `url` (migrated first): for benchmarks that need a large history fast.
+/// Not for production use.
+///
+/// # Errors
+/// As [`PostgresStore::open`], and `Storage` when a write fails.
+#[doc(hidden)]
+pub fn seed_history(
+    url: &str,
+    count: usize,
+    completed_at: crate::domain::Timestamp,
+) -> Result<(), LedgerError> {
+    use crate::domain::counters::Totals;
+    use crate::domain::labels::{ActivityLabels, RawLabels};
+    use crate::domain::query;
+    use crate::domain::record::{ActivityId, Admission, Priority};
+
+    let settings = Settings::parse(url)?;
+    let config = LedgerConfig::default();
+    off_runtime(|| {
+        let mut conn = schema::migrate(&settings, &config, &crate::clock::SystemClock)?;
+        let failed = |err: postgres::Error| LedgerError::storage("cannot seed history", err);
+        let mut counts = txn::PendingCounts::default();
+        let mut tx = conn.client.transaction().map_err(failed)?;
+        let mut done = 0;
+        while done < count {
+            let batch = (count - done).min(10_000);
+            let (mut ids, mut enqueued, mut started, mut completed) = (
+                Vec::with_capacity(batch),
+                Vec::with_capacity(batch),
+                Vec::with_capacity(batch),
+                Vec::with_capacity(batch),
+            );
+            for i in done..done + batch {
+                let at = completed_at.sub_millis(i as i64 % 3_600_000);
+                ids.push(ActivityId::new().to_string());
+                enqueued.push(at.as_millis() - 20);
+                started.push(at.as_millis() - 10);
+                completed.push(at.as_millis());
+                *counts
+                    .completions
+                    .entry(query::completion_minute(at))
+                    .or_default() += 1;
+            }
+            tx.execute(sql::SEED_RECORDS, &[&ids, &enqueued, &started, &completed])
+                .map_err(failed)?;
+            done += batch;
+        }
+        tx.commit().map_err(failed)?;
+        let n = count as i64;
+        let labels = ActivityLabels::validate(&RawLabels {
+            service: "bench-history",
+            provider: "ollama",
+            class: Some("embedding"),
+            operation_stage: Some("history"),
+            model: Some("nomic-embed-text"),
+        })?;
+        counts.totals.insert(
+            (labels, Priority::Batch, Admission::Queued),
+            Totals {
+                calls: n,
+                succeeded: n,
+                queue_wait_count: n,
+                queue_wait_sum_ms: 10 * n,
+                queue_wait_max_ms: 10,
+                execution_count: n,
+                execution_sum_ms: 10 * n,
+                execution_max_ms: 10,
+                last_seen_at: Some(completed_at),
+                ..Totals::default()
+            },
+        );
+        counts
+            .write(&mut conn)
+            .map_err(|(context, err)| LedgerError::storage(context, err))?;
+        conn.client.batch_execute(sql::ANALYZE).map_err(failed)
+    })
+}
+
+/// Runs `work` on a thread of its own: the blocking client runs a runtime
+/// of its own for each call, which must not be nested in the caller's
+/// (opening a store from async code).
+pub(crate) fn off_runtime<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    thread::scope(|scope| match scope.spawn(work).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_names_what_is_wrong_with_it() {
+        let message = |url: &str| Settings::parse(url).unwrap_err().to_string();
+        assert!(message("postgres://u@h/db?pool=0").contains("pool \"0\" is not a number from 1 to 64"));
+        assert!(message("postgres://u@h/db?listen=no").contains("listen \"no\" is not one of true, false"));
+        assert!(message("postgres://u@h/db?schema=Bad-Name").contains("schema \"Bad-Name\""));
+        assert!(message("postgres://u:secret@h/db?bogus=1").contains("u:***@h"));
+        let settings =
+            Settings::parse("postgresql://u@h:5433/db?schema=a1&pool=2&listen=false&application_name=x")
+                .unwrap();
+        assert_eq!((settings.pool, settings.listen), (2, false));
+        assert_eq!(settings.schema.as_deref(), Some("a1"));
+        assert_eq!(settings.config.get_application_name(), Some("x"));
+        assert_eq!(settings.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+    }
+}

@@ -1,0 +1,673 @@
+//! Every statement the PostgreSQL store runs, in one place, so that a test
+//! can show the plan of each (`STATEMENTS`, and the `EXPLAIN` tests below)
+//! and none slips past it.
+//!
+//! Each query answers one question of [`crate::domain::query`]; its doc
+//! names the reference it must agree with. Text columns are
+//! `COLLATE "C"`, so that ids and labels order by their bytes, as the
+//! domain orders them, whatever the database's collation.
+//!
+//! Reads that lead to a write lock the rows they read (`FOR UPDATE`): under
+//! READ COMMITTED a second transaction that wants the same row waits for
+//! the first, then re-reads it, and a record the first reaped or settled no
+//! longer matches `state IN ('waiting', 'executing')`. That is what makes
+//! every reap happen exactly once however many instances reap at once.
+
+/// The record columns, in `record_from_row` order.
+macro_rules! record_columns {
+    () => {
+        "activity_id, service, provider, class, operation_stage, model, priority, \
+     admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
+     reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
+     cancel_reason"
+    };
+}
+
+/// The owner columns, in `owner_from_row` order.
+macro_rules! owner_columns {
+    () => {
+        "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
+     reaped_records, cancelled_records"
+    };
+}
+
+/// The condition of the partial indexes on records in flight.
+macro_rules! in_flight {
+    () => {
+        "state IN ('waiting', 'executing')"
+    };
+}
+
+/// Versioned migrations: the row `version = n` of `inflight_schema` says
+/// that the first `n` ran. Each runs in one transaction with its row.
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
+CREATE TABLE activities (
+    activity_id          TEXT COLLATE "C" PRIMARY KEY,
+    service              TEXT COLLATE "C" NOT NULL,
+    provider             TEXT COLLATE "C" NOT NULL,
+    class                TEXT COLLATE "C" NOT NULL,
+    operation_stage      TEXT COLLATE "C" NOT NULL,
+    model                TEXT COLLATE "C" NOT NULL,
+    priority             TEXT COLLATE "C" NOT NULL,
+    admission            TEXT COLLATE "C" NOT NULL,
+    state                TEXT COLLATE "C" NOT NULL,
+    disposition          TEXT COLLATE "C",
+    reap_reason          TEXT COLLATE "C",
+    owner_id             TEXT COLLATE "C",
+    enqueued_at          BIGINT NOT NULL,
+    started_at           BIGINT,
+    completed_at         BIGINT,
+    reaped_at            BIGINT,
+    declared_deadline_ms BIGINT,
+    deadline_ms          BIGINT NOT NULL,
+    reapable_at          BIGINT,
+    success              BOOLEAN,
+    failure_stage        TEXT COLLATE "C",
+    late_settle          BOOLEAN NOT NULL DEFAULT false,
+    cancel_reason        TEXT
+);
+-- The expiry index: a reap pass reads only what is due.
+CREATE INDEX activities_due ON activities (reapable_at, activity_id) WHERE reapable_at IS NOT NULL;
+CREATE INDEX activities_in_flight ON activities (enqueued_at, activity_id)
+    WHERE state IN ('waiting', 'executing');
+CREATE INDEX activities_completed ON activities (completed_at, activity_id) WHERE completed_at IS NOT NULL;
+CREATE INDEX activities_reaped ON activities (reaped_at, activity_id) WHERE reaped_at IS NOT NULL;
+CREATE INDEX activities_owner ON activities (owner_id, enqueued_at, activity_id)
+    WHERE owner_id IS NOT NULL AND state IN ('waiting', 'executing');
+CREATE INDEX activities_lane ON activities (service, provider, admission, state, enqueued_at, activity_id)
+    WHERE state IN ('waiting', 'executing');
+
+-- One row per lane: the admission lock (`LOCK_LANE`).
+CREATE TABLE lanes (
+    service  TEXT COLLATE "C" NOT NULL,
+    provider TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (service, provider)
+);
+
+-- Counters maintained as records change; pruning records never lowers them.
+CREATE TABLE aggregates (
+    service            TEXT COLLATE "C" NOT NULL,
+    operation_stage    TEXT COLLATE "C" NOT NULL,
+    class              TEXT COLLATE "C" NOT NULL,
+    provider           TEXT COLLATE "C" NOT NULL,
+    model              TEXT COLLATE "C" NOT NULL,
+    priority           TEXT COLLATE "C" NOT NULL,
+    admission          TEXT COLLATE "C" NOT NULL,
+    calls              BIGINT NOT NULL DEFAULT 0,
+    succeeded          BIGINT NOT NULL DEFAULT 0,
+    failed             BIGINT NOT NULL DEFAULT 0,
+    cancelled          BIGINT NOT NULL DEFAULT 0,
+    reaped_abandoned   BIGINT NOT NULL DEFAULT 0,
+    reaped_unsettled   BIGINT NOT NULL DEFAULT 0,
+    reaped_owner_lost  BIGINT NOT NULL DEFAULT 0,
+    late_settles       BIGINT NOT NULL DEFAULT 0,
+    resurrections      BIGINT NOT NULL DEFAULT 0,
+    in_flight          BIGINT NOT NULL DEFAULT 0,
+    queue_wait_count   BIGINT NOT NULL DEFAULT 0,
+    queue_wait_sum_ms  BIGINT NOT NULL DEFAULT 0,
+    queue_wait_max_ms  BIGINT NOT NULL DEFAULT 0,
+    execution_count    BIGINT NOT NULL DEFAULT 0,
+    execution_sum_ms   BIGINT NOT NULL DEFAULT 0,
+    execution_max_ms   BIGINT NOT NULL DEFAULT 0,
+    last_seen_at       BIGINT,
+    PRIMARY KEY (service, operation_stage, class, provider, model, priority, admission)
+);
+
+-- Owner leases.
+CREATE TABLE owners (
+    owner_id          TEXT COLLATE "C" PRIMARY KEY,
+    name              TEXT COLLATE "C" NOT NULL,
+    ttl_ms            BIGINT NOT NULL,
+    registered_at     BIGINT NOT NULL,
+    renewed_at        BIGINT NOT NULL,
+    expires_at        BIGINT NOT NULL,
+    state             TEXT COLLATE "C" NOT NULL,
+    ended_at          BIGINT,
+    reaped_records    BIGINT NOT NULL DEFAULT 0,
+    cancelled_records BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX owners_live ON owners (expires_at) WHERE state = 'live';
+CREATE INDEX owners_ended ON owners (ended_at) WHERE ended_at IS NOT NULL;
+
+-- Completions per minute: a snapshot counts its window from these, never
+-- by scanning history.
+CREATE TABLE completion_minutes (
+    minute      BIGINT PRIMARY KEY,
+    completions BIGINT NOT NULL
+);
+
+-- The one clock: every "now" of this store is read from this function,
+-- inside the transaction that uses it. A test overrides it for one
+-- transaction with `SET LOCAL inflight.now_ms = '...'`.
+CREATE FUNCTION inflight_now() RETURNS BIGINT LANGUAGE sql VOLATILE AS $$
+    SELECT COALESCE(NULLIF(current_setting('inflight.now_ms', true), '')::BIGINT,
+                    floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
+$$;
+"#,
+    r#"
+-- Owner-lost reaps split by disposition, so that reaps are counted by
+-- disposition and reason (`Totals::reaps_ever`); counted from the records
+-- still stored.
+ALTER TABLE aggregates ADD COLUMN reaped_owner_lost_abandoned BIGINT NOT NULL DEFAULT 0;
+UPDATE aggregates AS g SET reaped_owner_lost_abandoned = LEAST(g.reaped_owner_lost, (
+    SELECT COUNT(*) FROM activities AS a
+    WHERE a.service = g.service AND a.operation_stage = g.operation_stage
+      AND a.class = g.class AND a.provider = g.provider AND a.model = g.model
+      AND a.priority = g.priority AND a.admission = g.admission
+      AND a.state = 'reaped' AND a.disposition = 'abandoned' AND a.reap_reason = 'owner-lost'))
+WHERE g.reaped_owner_lost > 0;
+"#,
+];
+
+/// The table of applied migrations; created by the migration runner
+/// before it reads the version.
+pub(super) const SCHEMA_TABLE: &str = "CREATE TABLE IF NOT EXISTS inflight_schema (\
+     version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())";
+pub(super) const SCHEMA_VERSION: &str = "SELECT COALESCE(MAX(version), 0)::BIGINT FROM inflight_schema";
+pub(super) const RECORD_VERSION: &str = "INSERT INTO inflight_schema (version) VALUES ($1)";
+/// Held by the instance that migrates, on its own connection: several
+/// instances starting at once migrate one after the other. `$1` names the
+/// schema.
+pub(super) const MIGRATION_LOCK: &str = "SELECT pg_advisory_lock(hashtext($1))";
+pub(super) const MIGRATION_UNLOCK: &str = "SELECT pg_advisory_unlock(hashtext($1))";
+/// While migrating: an instance waits for another's migration (and the
+/// rebound's row locks) for up to a minute rather than [`SESSION`]'s 4 s.
+pub(super) const MIGRATION_SESSION: &str = "SET lock_timeout = '60s'";
+
+/// Opens every transaction and reads its "now" from the one clock, in one
+/// round trip (a simple query).
+pub(super) const BEGIN_NOW: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT inflight_now()";
+/// Like [`BEGIN_NOW`], with the clock overridden for this transaction: the
+/// `{}` is the time in epoch milliseconds, an integer formatted by the store.
+pub(super) const BEGIN_AT: &str =
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL inflight.now_ms = '{}'; SELECT inflight_now()";
+pub(super) const COMMIT: &str = "COMMIT";
+pub(super) const ROLLBACK: &str = "ROLLBACK";
+pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
+pub(super) const RELEASE: &str = "RELEASE SAVEPOINT command";
+pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT command";
+/// Set on every connection: a lane lock held by a stuck transaction
+/// elsewhere fails a command as `unavailable` within this, never hangs it.
+pub(super) const SESSION: &str = "SET lock_timeout = '4s'";
+
+/// The record `$1`, locked: every read of one record may lead to a write.
+pub(super) const GET_RECORD: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE activity_id = $1 FOR UPDATE"
+);
+
+/// A new record; no row when the id is taken (a conflict, which must not
+/// abort the transaction that the group shares).
+pub(super) const INSERT_RECORD: &str = concat!(
+    "INSERT INTO activities (",
+    record_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
+     $20, $21, $22, $23) ON CONFLICT (activity_id) DO NOTHING"
+);
+
+pub(super) const UPDATE_RECORD: &str =
+    "UPDATE activities SET service = $2, provider = $3, class = $4, operation_stage = $5, model = $6, \
+     priority = $7, admission = $8, state = $9, disposition = $10, reap_reason = $11, owner_id = $12, \
+     enqueued_at = $13, started_at = $14, completed_at = $15, reaped_at = $16, \
+     declared_deadline_ms = $17, deadline_ms = $18, reapable_at = $19, success = $20, \
+     failure_stage = $21, late_settle = $22, cancel_reason = $23 WHERE activity_id = $1";
+
+pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
+
+/// The admission lock of the lane `$1::$2`: every decision on a lane holds
+/// it until its transaction ends. No `SKIP LOCKED` (it would break first
+/// come, first served), no count-then-claim.
+pub(super) const LOCK_LANE: &str = "SELECT 1 FROM lanes WHERE service = $1 AND provider = $2 FOR UPDATE";
+/// The lane's row, the first time it is asked for.
+pub(super) const ADD_LANE: &str =
+    "INSERT INTO lanes (service, provider) VALUES ($1, $2) ON CONFLICT (service, provider) DO NOTHING";
+
+pub(super) const ADD_TO_AGGREGATE: &str =
+    "INSERT INTO aggregates AS a (service, operation_stage, class, provider, model, priority, admission, \
+     calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
+     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
+     $20, $21, $22, $23, $24, $25) \
+     ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
+     calls = a.calls + excluded.calls, succeeded = a.succeeded + excluded.succeeded, \
+     failed = a.failed + excluded.failed, cancelled = a.cancelled + excluded.cancelled, \
+     reaped_abandoned = a.reaped_abandoned + excluded.reaped_abandoned, \
+     reaped_unsettled = a.reaped_unsettled + excluded.reaped_unsettled, \
+     reaped_owner_lost = a.reaped_owner_lost + excluded.reaped_owner_lost, \
+     reaped_owner_lost_abandoned = a.reaped_owner_lost_abandoned + excluded.reaped_owner_lost_abandoned, \
+     late_settles = a.late_settles + excluded.late_settles, \
+     resurrections = a.resurrections + excluded.resurrections, \
+     in_flight = a.in_flight + excluded.in_flight, \
+     queue_wait_count = a.queue_wait_count + excluded.queue_wait_count, \
+     queue_wait_sum_ms = a.queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
+     queue_wait_max_ms = GREATEST(a.queue_wait_max_ms, excluded.queue_wait_max_ms), \
+     execution_count = a.execution_count + excluded.execution_count, \
+     execution_sum_ms = a.execution_sum_ms + excluded.execution_sum_ms, \
+     execution_max_ms = GREATEST(a.execution_max_ms, excluded.execution_max_ms), \
+     last_seen_at = GREATEST(a.last_seen_at, excluded.last_seen_at)";
+
+pub(super) const AGGREGATES: &str =
+    "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
+     succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
+     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
+     reaped_owner_lost_abandoned \
+     FROM aggregates";
+
+/// Whether an aggregate has totals stored: its primary key.
+pub(super) const AGGREGATE_KNOWN: &str = "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 \
+     AND operation_stage = $2 AND class = $3 AND provider = $4 AND model = $5 AND priority = $6 \
+     AND admission = $7)";
+
+/// Whether a lane has an aggregate: the primary key's first column, then
+/// the service's own aggregates.
+pub(super) const LANE_KNOWN: &str =
+    "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 AND provider = $2)";
+
+/// Distinct lanes and aggregates. Reads every aggregate, which the label
+/// bounds themselves keep few (`domain::cardinality`); asked only for a
+/// begin whose aggregate is new.
+pub(super) const LABEL_CENSUS: &str = "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT service, provider \
+     FROM aggregates) AS lanes), (SELECT COUNT(*) FROM aggregates)";
+
+pub(super) const COUNT_COMPLETIONS: &str =
+    "INSERT INTO completion_minutes AS m (minute, completions) VALUES ($1, $2) \
+     ON CONFLICT (minute) DO UPDATE SET completions = m.completions + excluded.completions";
+
+pub(super) const COMPLETION_MINUTES_FROM: &str =
+    "SELECT COALESCE(SUM(completions), 0)::BIGINT FROM completion_minutes WHERE minute >= $1";
+
+pub(super) const DELETE_MINUTES_BEFORE: &str = "DELETE FROM completion_minutes WHERE minute < $1";
+
+/// Walks every record: `Command::Stats`, never on a hot path.
+pub(super) const STORED_RECORDS: &str = "SELECT COUNT(*) FROM activities";
+
+/// The owner `$1`, locked: a read of an owner may lose or renew it.
+pub(super) const GET_OWNER: &str = concat!(
+    "SELECT ",
+    owner_columns!(),
+    " FROM owners WHERE owner_id = $1 FOR UPDATE"
+);
+
+pub(super) const PUT_OWNER: &str = concat!(
+    "INSERT INTO owners (",
+    owner_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (owner_id) DO UPDATE SET \
+     name = excluded.name, ttl_ms = excluded.ttl_ms, registered_at = excluded.registered_at, \
+     renewed_at = excluded.renewed_at, expires_at = excluded.expires_at, state = excluded.state, \
+     ended_at = excluded.ended_at, reaped_records = excluded.reaped_records, \
+     cancelled_records = excluded.cancelled_records"
+);
+
+/// `query::is_due`, in `query::due_order`, locked: a record another
+/// reaper reaped first no longer matches once its lock is released, so it
+/// is neither returned nor counted again. `reapableAt` is set only while a
+/// record is in flight.
+pub(super) const DUE: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < $1 \
+     ORDER BY reapable_at, activity_id LIMIT $2 FOR UPDATE"
+);
+
+/// `LaneQuery::counts`: $1 service, $2 provider, $3 the asking record's
+/// id, $4 its `enqueuedAt`, $5 whether it is a newcomer. Read after
+/// `LOCK_LANE`, in a statement of its own, so it sees every decision on the
+/// lane that committed before the lock was granted.
+pub(super) const LANE_POSITION: &str = concat!(
+    "SELECT \
+       (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
+          AND admission = 'queued' AND ",
+    in_flight!(),
+    " AND state = 'executing' AND activity_id <> $3), \
+       (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
+          AND admission = 'queued' AND ",
+    in_flight!(),
+    " AND state = 'waiting' AND activity_id <> $3 \
+          AND (enqueued_at < $4 OR (enqueued_at = $4 AND ($5 OR activity_id < $3))))"
+);
+
+/// Records in flight in `query::line_order`.
+pub(super) const IN_FLIGHT: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE ",
+    in_flight!(),
+    " ORDER BY enqueued_at, activity_id LIMIT $1"
+);
+
+/// [`IN_FLIGHT`], locked: the rebound at open rewrites what it reads.
+pub(super) const IN_FLIGHT_LOCKED: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE ",
+    in_flight!(),
+    " ORDER BY enqueued_at, activity_id LIMIT $1 FOR UPDATE"
+);
+
+pub(super) const IN_FLIGHT_COUNT: &str = concat!("SELECT COUNT(*) FROM activities WHERE ", in_flight!());
+
+/// `query::lane_loads`.
+pub(super) const LANE_LOADS: &str = concat!(
+    "SELECT service, provider, COUNT(*) FILTER (WHERE state = 'executing'), \
+     COUNT(*) FILTER (WHERE state = 'waiting'), \
+     MIN(enqueued_at) FILTER (WHERE state = 'waiting'), \
+     MIN(reapable_at) FILTER (WHERE state = 'waiting') \
+     FROM activities WHERE ",
+    in_flight!(),
+    " AND admission = 'queued' GROUP BY service, provider ORDER BY service, provider"
+);
+
+/// `Window::completed`, in `Window::completed_order`. `completedAt` is set
+/// only by a settle.
+pub(super) const COMPLETED: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE completed_at >= $1 \
+     ORDER BY completed_at DESC, activity_id DESC LIMIT $2"
+);
+
+pub(super) const COMPLETED_BETWEEN: &str =
+    "SELECT COUNT(*) FROM activities WHERE completed_at >= $1 AND completed_at < $2";
+
+/// `Window::reaped`, in `Window::reaped_order`. `reapedAt` is set only
+/// while a record is reaped.
+pub(super) const REAPED: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE reaped_at >= $1 \
+     ORDER BY reaped_at DESC, activity_id DESC LIMIT $2"
+);
+
+/// `Window::lists_owner`, in `Window::owner_order`.
+pub(super) const LISTED_OWNERS: &str = concat!(
+    "(SELECT ",
+    owner_columns!(),
+    " FROM owners WHERE state = 'live') \
+     UNION ALL (SELECT ",
+    owner_columns!(),
+    " FROM owners WHERE ended_at >= $1 AND state <> 'live') \
+     ORDER BY registered_at, owner_id"
+);
+
+/// `Owner::is_expired`, locked: each is then lost.
+pub(super) const EXPIRED_OWNERS: &str = concat!(
+    "SELECT ",
+    owner_columns!(),
+    " FROM owners WHERE state = 'live' AND expires_at < $1 ORDER BY owner_id FOR UPDATE"
+);
+
+/// An owner's records in flight, in `query::line_order`, locked: a
+/// release cancels them, a loss reaps them.
+pub(super) const OWNER_IN_FLIGHT: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE owner_id = $1 AND ",
+    in_flight!(),
+    " ORDER BY enqueued_at, activity_id FOR UPDATE"
+);
+
+/// `Retention::prunes`, in `Retention::record_order`: the oldest `$2` of
+/// each end index, merged.
+pub(super) const PRUNABLE: &str = "SELECT activity_id, ended_at FROM ( \
+       (SELECT activity_id, completed_at AS ended_at FROM activities WHERE completed_at < $1 \
+        ORDER BY completed_at, activity_id LIMIT $2) \
+       UNION ALL \
+       (SELECT activity_id, reaped_at AS ended_at FROM activities WHERE reaped_at < $1 \
+        ORDER BY reaped_at, activity_id LIMIT $2)) AS ended \
+     ORDER BY ended_at, activity_id LIMIT $2";
+
+/// `Retention::prunes_owner`.
+pub(super) const PRUNE_OWNERS: &str = "DELETE FROM owners WHERE ended_at < $1";
+
+/// A hint to every instance's listener that a slot was granted or freed;
+/// sent inside the committing transaction, so it is delivered only if it
+/// commits. `$1` is the channel.
+pub(super) const NOTIFY: &str = "SELECT pg_notify($1, '')";
+
+/// The bulk loader's insert (`seed_history`): `$1` ids, `$2` enqueued,
+/// `$3` started and `$4` completed instants, all arrays.
+pub(super) const SEED_RECORDS: &str = concat!(
+    "INSERT INTO activities (",
+    record_columns!(),
+    ") SELECT id, 'bench-history', 'ollama', 'embedding', \
+     'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, e, s, c, NULL, \
+     NULL, 300000, NULL, true, NULL, false, NULL \
+     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(id, e, s, c)"
+);
+
+/// Refreshes the planner's statistics after the bulk loader.
+pub(super) const ANALYZE: &str = "ANALYZE activities, aggregates, completion_minutes";
+
+/// How a statement may read the tables.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// Reads or writes through indexes only: never a scan of `activities`
+    /// or `owners` beyond a partial index of what is in flight or live.
+    Indexed,
+    /// Meant to walk history (statistics, migrations, the bulk loader).
+    WalksHistory,
+    /// Not a query that reads the ledger's tables (transactions, locks).
+    Control,
+}
+
+/// Every statement above, by name, with how it may read the tables.
+#[cfg(test)]
+pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
+    ("SCHEMA_TABLE", SCHEMA_TABLE, Reach::Control),
+    ("SCHEMA_VERSION", SCHEMA_VERSION, Reach::Control),
+    ("RECORD_VERSION", RECORD_VERSION, Reach::Control),
+    ("MIGRATION_LOCK", MIGRATION_LOCK, Reach::Control),
+    ("MIGRATION_UNLOCK", MIGRATION_UNLOCK, Reach::Control),
+    ("MIGRATION_SESSION", MIGRATION_SESSION, Reach::Control),
+    ("BEGIN_NOW", BEGIN_NOW, Reach::Control),
+    ("BEGIN_AT", BEGIN_AT, Reach::Control),
+    ("COMMIT", COMMIT, Reach::Control),
+    ("ROLLBACK", ROLLBACK, Reach::Control),
+    ("SAVEPOINT", SAVEPOINT, Reach::Control),
+    ("RELEASE", RELEASE, Reach::Control),
+    ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),
+    ("SESSION", SESSION, Reach::Control),
+    ("GET_RECORD", GET_RECORD, Reach::Indexed),
+    ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
+    ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
+    ("DELETE_RECORDS", DELETE_RECORDS, Reach::Indexed),
+    ("LOCK_LANE", LOCK_LANE, Reach::Indexed),
+    ("ADD_LANE", ADD_LANE, Reach::Indexed),
+    ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
+    ("AGGREGATES", AGGREGATES, Reach::Indexed),
+    ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
+    ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
+    ("LABEL_CENSUS", LABEL_CENSUS, Reach::Indexed),
+    ("COUNT_COMPLETIONS", COUNT_COMPLETIONS, Reach::Indexed),
+    ("COMPLETION_MINUTES_FROM", COMPLETION_MINUTES_FROM, Reach::Indexed),
+    ("DELETE_MINUTES_BEFORE", DELETE_MINUTES_BEFORE, Reach::Indexed),
+    ("STORED_RECORDS", STORED_RECORDS, Reach::WalksHistory),
+    ("GET_OWNER", GET_OWNER, Reach::Indexed),
+    ("PUT_OWNER", PUT_OWNER, Reach::Indexed),
+    ("DUE", DUE, Reach::Indexed),
+    ("LANE_POSITION", LANE_POSITION, Reach::Indexed),
+    ("IN_FLIGHT", IN_FLIGHT, Reach::Indexed),
+    ("IN_FLIGHT_LOCKED", IN_FLIGHT_LOCKED, Reach::Indexed),
+    ("IN_FLIGHT_COUNT", IN_FLIGHT_COUNT, Reach::Indexed),
+    ("LANE_LOADS", LANE_LOADS, Reach::Indexed),
+    ("COMPLETED", COMPLETED, Reach::Indexed),
+    ("COMPLETED_BETWEEN", COMPLETED_BETWEEN, Reach::Indexed),
+    ("REAPED", REAPED, Reach::Indexed),
+    ("LISTED_OWNERS", LISTED_OWNERS, Reach::Indexed),
+    ("EXPIRED_OWNERS", EXPIRED_OWNERS, Reach::Indexed),
+    ("OWNER_IN_FLIGHT", OWNER_IN_FLIGHT, Reach::Indexed),
+    ("PRUNABLE", PRUNABLE, Reach::Indexed),
+    ("PRUNE_OWNERS", PRUNE_OWNERS, Reach::Indexed),
+    ("NOTIFY", NOTIFY, Reach::Control),
+    ("SEED_RECORDS", SEED_RECORDS, Reach::WalksHistory),
+    ("ANALYZE", ANALYZE, Reach::Control),
+];
+
+/// `LISTEN` for `channel`, quoted as an identifier (LISTEN takes no
+/// parameter).
+pub(super) fn listen(channel: &str) -> String {
+    format!("LISTEN {}", quote_ident(channel))
+}
+
+/// Makes `schema` the connection's schema.
+pub(super) fn use_schema(schema: &str) -> String {
+    format!("SET search_path TO {}", quote_ident(schema))
+}
+
+/// Creates `schema` if it is missing.
+pub(super) fn create_schema(schema: &str) -> String {
+    format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema))
+}
+
+/// `name` as a quoted SQL identifier.
+pub(super) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::TestDatabase;
+    use super::super::{off_runtime, seed_history};
+    use super::*;
+
+    /// The plan of `sql` as PostgreSQL would run it for any parameters (a
+    /// generic plan), one line per node.
+    fn plan(client: &mut postgres::Client, sql: &str) -> Vec<String> {
+        let params = client.prepare(sql).unwrap().params().len();
+        client
+            .batch_execute(&format!("PREPARE checked AS {sql}"))
+            .unwrap();
+        let args = if params == 0 {
+            String::new()
+        } else {
+            format!("({})", vec!["NULL"; params].join(", "))
+        };
+        let lines = client
+            .simple_query(&format!("EXPLAIN EXECUTE checked{args}"))
+            .unwrap()
+            .into_iter()
+            .filter_map(|message| match message {
+                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect();
+        client.batch_execute("DEALLOCATE checked").unwrap();
+        lines
+    }
+
+    /// The nodes of a plan that read `activities` or `owners` whole.
+    fn history_scans(plan: &[String]) -> Vec<String> {
+        plan.iter()
+            .filter(|line| line.contains("Seq Scan on activities") || line.contains("Seq Scan on owners"))
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn no_statement_on_a_hot_path_scans_history() {
+        // A history of settled records, analyzed, as a ledger in
+        // production has: the plans are those PostgreSQL picks for it.
+        let database = TestDatabase::new();
+        seed_history(
+            &database.store_url("listen=false"),
+            20_000,
+            crate::domain::Timestamp::from_millis(1_786_000_000_000),
+        )
+        .unwrap();
+        let failures = off_runtime(|| {
+            let mut client = database.client();
+            // And owners that ended long ago, with one live.
+            client
+                .batch_execute(
+                    "INSERT INTO owners (owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, \
+                     state, ended_at) SELECT 'o' || n, 'worker', 2000, n, n, n + 2000, \
+                     CASE WHEN n = 1 THEN 'live' ELSE 'released' END, CASE WHEN n = 1 THEN NULL ELSE n + 1 END \
+                     FROM generate_series(1, 20000) AS n; ANALYZE owners",
+                )
+                .unwrap();
+            client
+                .batch_execute("SET plan_cache_mode = force_generic_plan")
+                .unwrap();
+            let mut failures = Vec::new();
+            for (name, sql, reach) in STATEMENTS {
+                if *reach != Reach::Indexed {
+                    continue;
+                }
+                let plan = plan(&mut client, sql);
+                let scans = history_scans(&plan);
+                if !scans.is_empty() {
+                    failures.push(format!("{name}: {}", plan.join("\n")));
+                }
+            }
+            failures
+        });
+        assert!(
+            failures.is_empty(),
+            "statements that scan history:\n{}",
+            failures.join("\n\n")
+        );
+    }
+
+    #[test]
+    fn the_check_catches_a_query_no_index_serves() {
+        let database = TestDatabase::new();
+        seed_history(
+            &database.store_url("listen=false"),
+            20_000,
+            crate::domain::Timestamp::from_millis(1_786_000_000_000),
+        )
+        .unwrap();
+        let plan = off_runtime(|| {
+            let mut client = database.client();
+            client
+                .batch_execute("SET plan_cache_mode = force_generic_plan")
+                .unwrap();
+            // By model: no index covers it, so history is scanned.
+            plan(&mut client, "SELECT COUNT(*) FROM activities WHERE model = $1")
+        });
+        assert!(!history_scans(&plan).is_empty(), "{plan:?}");
+    }
+
+    #[test]
+    fn every_statement_the_store_runs_is_listed() {
+        // The store's own code holds no SQL: every statement is here, and
+        // so in the plan check below.
+        let store = [
+            ("mod.rs", include_str!("mod.rs")),
+            ("schema.rs", include_str!("schema.rs")),
+            ("writer.rs", include_str!("writer.rs")),
+            ("txn.rs", include_str!("txn.rs")),
+            ("listen.rs", include_str!("listen.rs")),
+        ];
+        for (file, text) in store {
+            for keyword in [
+                "\"SELECT",
+                "\"INSERT",
+                "\"UPDATE",
+                "\"DELETE",
+                "\"SAVEPOINT",
+                "\"LISTEN",
+            ] {
+                assert!(
+                    !text.contains(keyword),
+                    "src/store/postgres/{file} holds SQL ({keyword}); move it to sql.rs"
+                );
+            }
+        }
+        let here = include_str!("sql.rs");
+        let declared = here
+            .lines()
+            .filter(|line| line.starts_with("pub(super) const ") && line.contains(": &str"))
+            .count();
+        assert_eq!(
+            STATEMENTS.len(),
+            declared,
+            "a statement of sql.rs is missing from STATEMENTS"
+        );
+    }
+}

@@ -1,0 +1,743 @@
+//! The transaction: [`PgTxn`] implements the engine's `Txn` over one
+//! connection, with one statement of `sql.rs` per primitive and question,
+//! and adds up the counter changes of a group to write them once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use postgres::types::ToSql;
+use postgres::{Client, Row, Statement};
+
+use crate::config::LedgerConfig;
+use crate::domain::admission::LanePosition;
+use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::labels::{ActivityLabels, Label, LabelSet};
+use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::query::{LaneQuery, Retention, Window};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
+use crate::domain::snapshot::LaneLoad;
+use crate::domain::timestamp::Timestamp;
+use crate::domain::transition::Effect;
+use crate::domain::ParseError;
+use crate::error::{ErrorKind, LedgerError};
+use crate::stats::Landed;
+use crate::store::engine::Txn;
+
+use super::sql;
+
+/// What a failed statement means for the transaction it ran in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fault {
+    /// A deadlock or serialization failure: run the group again.
+    Retry,
+    /// The connection is gone or the server refuses work: `unavailable`.
+    Unavailable,
+    /// Anything else: a storage failure of this command.
+    Other,
+}
+
+impl Fault {
+    pub(super) fn of(err: &postgres::Error) -> Self {
+        use postgres::error::SqlState;
+        if err.is_closed() {
+            return Self::Unavailable;
+        }
+        match err.code() {
+            Some(code)
+                if *code == SqlState::T_R_DEADLOCK_DETECTED
+                    || *code == SqlState::T_R_SERIALIZATION_FAILURE =>
+            {
+                Self::Retry
+            }
+            Some(code)
+                if code.code().starts_with("08")
+                    || code.code().starts_with("57P")
+                    || *code == SqlState::LOCK_NOT_AVAILABLE
+                    || *code == SqlState::QUERY_CANCELED =>
+            {
+                Self::Unavailable
+            }
+            Some(_) => Self::Other,
+            // No code: the client's side failed, an I/O error on the socket
+            // unless it is a conversion of a value.
+            None => {
+                let io = std::error::Error::source(err).is_some_and(|source| source.is::<std::io::Error>());
+                if io {
+                    Self::Unavailable
+                } else {
+                    Self::Other
+                }
+            }
+        }
+    }
+
+    /// `err` as a ledger error of the kind this fault says.
+    pub(super) fn error(self, context: &str, err: postgres::Error) -> LedgerError {
+        let kind = match self {
+            Self::Unavailable => ErrorKind::Unavailable,
+            Self::Retry | Self::Other => ErrorKind::Storage,
+        };
+        LedgerError::caused(kind, context, err)
+    }
+}
+
+/// One connection and the statements prepared on it, each once, found again
+/// by the address of its text.
+pub(super) struct Conn {
+    pub(super) client: Client,
+    /// The channel this store's notifications go to.
+    pub(super) channel: String,
+    prepared: HashMap<(usize, usize), Statement>,
+}
+
+impl Conn {
+    pub(super) fn new(client: Client, channel: String) -> Self {
+        Self {
+            client,
+            channel,
+            prepared: HashMap::with_capacity(48),
+        }
+    }
+
+    /// `sql`, prepared the first time it is asked for.
+    pub(super) fn prepare(&mut self, sql: &'static str) -> Result<Statement, postgres::Error> {
+        let key = (sql.as_ptr() as usize, sql.len());
+        if let Some(statement) = self.prepared.get(&key) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql)?;
+        self.prepared.insert(key, statement.clone());
+        Ok(statement)
+    }
+}
+
+pub(super) struct PgTxn<'c> {
+    conn: &'c mut Conn,
+    /// Which lanes have caps: only theirs wake other instances.
+    config: &'c LedgerConfig,
+    /// The record the last `peek` read (and locked), until anything writes.
+    peeked: Option<Arc<ActivityRecord>>,
+    /// The counter changes of this command, for its group to write.
+    pub(super) counts: PendingCounts,
+    /// What the last failed statement means, if one failed.
+    pub(super) fault: Option<Fault>,
+    /// Whether a slot of a lane was granted or freed: the group then
+    /// notifies the other instances.
+    pub(super) capacity_changed: bool,
+    /// Whether reads of records in flight lock them (the rebound at open).
+    pub(super) lock_in_flight: bool,
+    /// What this command did, to publish once its group is committed.
+    pub(super) landed: Vec<Landed>,
+}
+
+impl<'c> PgTxn<'c> {
+    pub(super) fn new(conn: &'c mut Conn, config: &'c LedgerConfig) -> Self {
+        Self {
+            conn,
+            config,
+            peeked: None,
+            counts: PendingCounts::default(),
+            fault: None,
+            capacity_changed: false,
+            lock_in_flight: false,
+            landed: Vec::new(),
+        }
+    }
+
+    fn failed(&mut self, context: &str, err: postgres::Error) -> LedgerError {
+        let fault = Fault::of(&err);
+        self.fault = Some(fault);
+        fault.error(context, err)
+    }
+
+    fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, LedgerError> {
+        let result = self
+            .conn
+            .prepare(sql)
+            .and_then(|statement| self.conn.client.query(&statement, params));
+        result.map_err(|err| self.failed("cannot read", err))
+    }
+
+    fn execute(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, LedgerError> {
+        let result = self
+            .conn
+            .prepare(sql)
+            .and_then(|statement| self.conn.client.execute(&statement, params));
+        result.map_err(|err| self.failed("cannot write", err))
+    }
+
+    fn count(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<i64, LedgerError> {
+        let rows = self.query(sql, params)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "a count returned no row"))?;
+        column(row, 0)
+    }
+
+    fn records(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<ActivityRecord>, LedgerError> {
+        self.query(sql, params)?.iter().map(record_from_row).collect()
+    }
+
+    fn shared(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        Ok(self.records(sql, params)?.into_iter().map(Arc::new).collect())
+    }
+
+    fn owners(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Owner>, LedgerError> {
+        self.query(sql, params)?.iter().map(owner_from_row).collect()
+    }
+
+    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<u64, LedgerError> {
+        if record.admission == Admission::Queued
+            && record.state != State::Waiting
+            && self.config.cap_of(&record.labels).is_some()
+        {
+            self.capacity_changed = true;
+        }
+        let id = record.activity_id.to_string();
+        let (enqueued, started, completed, reaped, reapable) = (
+            record.enqueued_at.as_millis(),
+            ms_opt(record.started_at),
+            ms_opt(record.completed_at),
+            ms_opt(record.reaped_at),
+            ms_opt(record.reapable_at),
+        );
+        self.execute(
+            sql,
+            &[
+                &id,
+                &record.labels.service.as_str(),
+                &record.labels.provider.as_str(),
+                &record.labels.class.as_str(),
+                &record.labels.operation_stage.as_str(),
+                &&*record.labels.model,
+                &record.priority.as_str(),
+                &record.admission.as_str(),
+                &record.state.as_str(),
+                &record.disposition.map(|d| d.as_str()),
+                &record.reap_reason.map(|r| r.as_str()),
+                &record.owner_id,
+                &enqueued,
+                &started,
+                &completed,
+                &reaped,
+                &record.declared_deadline_ms,
+                &record.deadline_ms,
+                &reapable,
+                &record.success,
+                &record.failure_stage.map(|s| s.as_str()),
+                &record.late_settle,
+                &record.cancel_reason,
+            ],
+        )
+    }
+
+    /// Writes the counter changes so far; before a read of the counters.
+    fn flush_counts(&mut self) -> Result<(), LedgerError> {
+        let mut counts = std::mem::take(&mut self.counts);
+        let written = counts.write(self.conn);
+        written.map_err(|(context, err)| self.failed(context, err))
+    }
+}
+
+/// Counter changes not yet written: the totals of each aggregate and the
+/// completions of each minute. Written in key order, so that two groups
+/// that count into the same rows lock them in the same order.
+#[derive(Default)]
+pub(super) struct PendingCounts {
+    pub(super) totals: HashMap<(ActivityLabels, Priority, Admission), Totals>,
+    pub(super) completions: BTreeMap<i64, i64>,
+}
+
+impl PendingCounts {
+    pub(super) fn merge(&mut self, other: Self) {
+        for (key, totals) in other.totals {
+            self.totals.entry(key).or_default().add(&totals);
+        }
+        for (minute, completions) in other.completions {
+            *self.completions.entry(minute).or_default() += completions;
+        }
+    }
+
+    /// Writes them all and forgets them.
+    pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), (&'static str, postgres::Error)> {
+        let mut totals: Vec<(AggregateKey, Totals)> = self
+            .totals
+            .drain()
+            .map(|((labels, priority, admission), totals)| {
+                (AggregateKey::new(&labels, priority, admission), totals)
+            })
+            .collect();
+        totals.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if !totals.is_empty() {
+            let statement = conn
+                .prepare(sql::ADD_TO_AGGREGATE)
+                .map_err(|err| ("cannot prepare", err))?;
+            for (key, d) in totals {
+                let last_seen = ms_opt(d.last_seen_at);
+                conn.client
+                    .execute(
+                        &statement,
+                        &[
+                            &&*key.service,
+                            &&*key.operation_stage,
+                            &&*key.class,
+                            &&*key.provider,
+                            &&*key.model,
+                            &key.priority.as_str(),
+                            &key.admission.as_str(),
+                            &d.calls,
+                            &d.succeeded,
+                            &d.failed,
+                            &d.cancelled,
+                            &d.reaped_abandoned,
+                            &d.reaped_unsettled,
+                            &d.reaped_owner_lost,
+                            &d.late_settles,
+                            &d.resurrections,
+                            &d.in_flight,
+                            &d.queue_wait_count,
+                            &d.queue_wait_sum_ms,
+                            &d.queue_wait_max_ms,
+                            &d.execution_count,
+                            &d.execution_sum_ms,
+                            &d.execution_max_ms,
+                            &last_seen,
+                            &d.reaped_owner_lost_abandoned,
+                        ],
+                    )
+                    .map_err(|err| ("cannot update counters", err))?;
+            }
+        }
+        if !self.completions.is_empty() {
+            let statement = conn
+                .prepare(sql::COUNT_COMPLETIONS)
+                .map_err(|err| ("cannot prepare", err))?;
+            for (minute, completions) in std::mem::take(&mut self.completions) {
+                conn.client
+                    .execute(&statement, &[&minute, &completions])
+                    .map_err(|err| ("cannot count completions", err))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn column<'a, T: postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, LedgerError> {
+    row.try_get(index)
+        .map_err(|err| LedgerError::storage("cannot read a column", err))
+}
+
+/// An instant from its column (epoch milliseconds).
+fn at(row: &Row, index: usize) -> Result<Timestamp, LedgerError> {
+    column::<i64>(row, index).map(Timestamp::from_millis)
+}
+
+/// An optional instant, NULL for none.
+fn at_opt(row: &Row, index: usize) -> Result<Option<Timestamp>, LedgerError> {
+    Ok(column::<Option<i64>>(row, index)?.map(Timestamp::from_millis))
+}
+
+/// An optional instant as a column value.
+fn ms_opt(at: Option<Timestamp>) -> Option<i64> {
+    at.map(Timestamp::as_millis)
+}
+
+fn parsed<T: std::str::FromStr<Err = ParseError>>(row: &Row, index: usize) -> Result<T, LedgerError> {
+    let text: &str = column(row, index)?;
+    text.parse()
+        .map_err(|err: ParseError| LedgerError::storage("cannot read a column", err))
+}
+
+fn parsed_optional<T: std::str::FromStr<Err = ParseError>>(
+    row: &Row,
+    index: usize,
+) -> Result<Option<T>, LedgerError> {
+    let text: Option<&str> = column(row, index)?;
+    text.map(|text| text.parse())
+        .transpose()
+        .map_err(|err: ParseError| LedgerError::storage("cannot read a column", err))
+}
+
+fn id_from(text: &str) -> Result<ActivityId, LedgerError> {
+    text.parse()
+        .map_err(|err: uuid::Error| LedgerError::storage("cannot read an activity id", err))
+}
+
+pub(super) fn record_from_row(row: &Row) -> Result<ActivityRecord, LedgerError> {
+    let mut record = ActivityRecord {
+        activity_id: id_from(column(row, 0)?)?,
+        labels: ActivityLabels::new(LabelSet {
+            service: Label::trusted(column::<String>(row, 1)?),
+            provider: Label::trusted(column::<String>(row, 2)?),
+            class: Label::trusted(column::<String>(row, 3)?),
+            operation_stage: Label::trusted(column::<String>(row, 4)?),
+            model: column::<String>(row, 5)?.into(),
+        }),
+        priority: parsed(row, 6)?,
+        admission: parsed(row, 7)?,
+        state: parsed(row, 8)?,
+        disposition: parsed_optional(row, 9)?,
+        reap_reason: parsed_optional(row, 10)?,
+        owner_id: column(row, 11)?,
+        enqueued_at: at(row, 12)?,
+        started_at: at_opt(row, 13)?,
+        completed_at: at_opt(row, 14)?,
+        reaped_at: at_opt(row, 15)?,
+        declared_deadline_ms: column(row, 16)?,
+        deadline_ms: column(row, 17)?,
+        reapable_at: at_opt(row, 18)?,
+        queue_wait_ms: None,
+        execution_ms: None,
+        success: column(row, 19)?,
+        failure_stage: parsed_optional(row, 20)?,
+        late_settle: column(row, 21)?,
+        cancel_reason: column(row, 22)?,
+    };
+    // Not stored: implied by the instants.
+    record.derive_durations();
+    Ok(record)
+}
+
+pub(super) fn owner_from_row(row: &Row) -> Result<Owner, LedgerError> {
+    Ok(Owner {
+        owner_id: OwnerId::trusted(column::<String>(row, 0)?),
+        name: Label::trusted(column::<String>(row, 1)?),
+        ttl_ms: column(row, 2)?,
+        registered_at: at(row, 3)?,
+        renewed_at: at(row, 4)?,
+        expires_at: at(row, 5)?,
+        state: parsed(row, 6)?,
+        ended_at: at_opt(row, 7)?,
+        reaped_records: column(row, 8)?,
+        cancelled_records: column(row, 9)?,
+    })
+}
+
+fn limit_of(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+impl Txn for PgTxn<'_> {
+    fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        let id = id.to_string();
+        let rows = self.query(sql::GET_RECORD, &[&id])?;
+        rows.first()
+            .map(|row| record_from_row(row).map(Arc::new))
+            .transpose()
+    }
+
+    fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.peeked = None;
+        if self.write(sql::INSERT_RECORD, record)? == 0 {
+            // The primary key: the id is taken. Stores agree on the kind.
+            return Err(LedgerError::new(
+                ErrorKind::Conflict,
+                format!("activity {} already exists", record.activity_id),
+            ));
+        }
+        Ok(())
+    }
+
+    fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
+        self.peeked = None;
+        self.write(sql::UPDATE_RECORD, record).map(|_| ())
+    }
+
+    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
+        let Some(record) = self.get(id)? else {
+            return Ok(false);
+        };
+        look(&record);
+        // Kept (and locked) for a modify that follows.
+        self.peeked = Some(record);
+        Ok(true)
+    }
+
+    fn modify(
+        &mut self,
+        id: ActivityId,
+        change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
+    ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        let peeked = self.peeked.take().filter(|record| record.activity_id == id);
+        let Some(mut record) = peeked.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
+            return Ok(None);
+        };
+        if change(Arc::make_mut(&mut record)) {
+            self.write(sql::UPDATE_RECORD, &record)?;
+        }
+        Ok(Some(record))
+    }
+
+    fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
+        self.peeked = None;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        self.execute(sql::DELETE_RECORDS, &[&ids])
+            .map(|deleted| usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+        let key = (record.labels.clone(), record.priority, record.admission);
+        let totals = self.counts.totals.entry(key).or_default();
+        for effect in effects {
+            totals.count(effect);
+        }
+        Ok(())
+    }
+
+    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
+        *self.counts.completions.entry(minute).or_default() += 1;
+        Ok(())
+    }
+
+    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
+        // What this command counted (a reap on read) is part of what it reads.
+        self.flush_counts()?;
+        let rows = self.query(sql::AGGREGATES, &[])?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    AggregateKey {
+                        service: column::<&str>(row, 0)?.into(),
+                        operation_stage: column::<&str>(row, 1)?.into(),
+                        class: column::<&str>(row, 2)?.into(),
+                        provider: column::<&str>(row, 3)?.into(),
+                        model: column::<&str>(row, 4)?.into(),
+                        priority: parsed(row, 5)?,
+                        admission: parsed(row, 6)?,
+                    },
+                    Totals {
+                        calls: column(row, 7)?,
+                        succeeded: column(row, 8)?,
+                        failed: column(row, 9)?,
+                        cancelled: column(row, 10)?,
+                        reaped_abandoned: column(row, 11)?,
+                        reaped_unsettled: column(row, 12)?,
+                        reaped_owner_lost: column(row, 13)?,
+                        late_settles: column(row, 14)?,
+                        resurrections: column(row, 15)?,
+                        in_flight: column(row, 16)?,
+                        queue_wait_count: column(row, 17)?,
+                        queue_wait_sum_ms: column(row, 18)?,
+                        queue_wait_max_ms: column(row, 19)?,
+                        execution_count: column(row, 20)?,
+                        execution_sum_ms: column(row, 21)?,
+                        execution_max_ms: column(row, 22)?,
+                        last_seen_at: at_opt(row, 23)?,
+                        reaped_owner_lost_abandoned: column(row, 24)?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
+        self.flush_counts()?;
+        self.count(sql::COMPLETION_MINUTES_FROM, &[&minute])
+    }
+
+    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
+        self.flush_counts()?;
+        self.execute(sql::DELETE_MINUTES_BEFORE, &[&minute]).map(|_| ())
+    }
+
+    fn stored_records(&mut self) -> Result<i64, LedgerError> {
+        self.count(sql::STORED_RECORDS, &[])
+    }
+
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
+        Ok(self.owners(sql::GET_OWNER, &[&id.as_str()])?.pop())
+    }
+
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
+        if let Some(landed) = Landed::of(record, effect) {
+            self.landed.push(landed);
+        }
+    }
+
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        let (registered, renewed, expires, ended) = (
+            owner.registered_at.as_millis(),
+            owner.renewed_at.as_millis(),
+            owner.expires_at.as_millis(),
+            ms_opt(owner.ended_at),
+        );
+        self.execute(
+            sql::PUT_OWNER,
+            &[
+                &owner.owner_id.as_str(),
+                &owner.name.as_str(),
+                &owner.ttl_ms,
+                &registered,
+                &renewed,
+                &expires,
+                &owner.state.as_str(),
+                &ended,
+                &owner.reaped_records,
+                &owner.cancelled_records,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        // Commands earlier in this group count into rows not written yet;
+        // those decide against what was committed, so a group of new
+        // aggregates can pass a limit by at most its own size.
+        if self
+            .counts
+            .totals
+            .contains_key(&(labels.clone(), priority, admission))
+        {
+            return Ok(true);
+        }
+        let rows = self.query(
+            sql::AGGREGATE_KNOWN,
+            &[
+                &labels.service.as_str(),
+                &labels.operation_stage.as_str(),
+                &labels.class.as_str(),
+                &labels.provider.as_str(),
+                &&*labels.model,
+                &priority.as_str(),
+                &admission.as_str(),
+            ],
+        )?;
+        rows.first().map_or(Ok(false), |row| column(row, 0))
+    }
+
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        let rows = self.query(
+            sql::LANE_KNOWN,
+            &[&labels.service.as_str(), &labels.provider.as_str()],
+        )?;
+        rows.first().map_or(Ok(false), |row| column(row, 0))
+    }
+
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        let rows = self.query(sql::LABEL_CENSUS, &[])?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "the label census returned no row"))?;
+        Ok((column(row, 0)?, column(row, 1)?))
+    }
+
+    fn lock_lane(&mut self, lane: &LaneKey) -> Result<(), LedgerError> {
+        let (service, provider) = (lane.service.as_str(), lane.provider.as_str());
+        if self.query(sql::LOCK_LANE, &[&service, &provider])?.is_empty() {
+            // The lane's first decision: its row, then its lock.
+            self.execute(sql::ADD_LANE, &[&service, &provider])?;
+            self.query(sql::LOCK_LANE, &[&service, &provider])?;
+        }
+        Ok(())
+    }
+
+    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        self.shared(sql::DUE, &[&now.as_millis(), &limit_of(limit)])
+    }
+
+    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
+        let id = query.activity_id.to_string();
+        let rows = self.query(
+            sql::LANE_POSITION,
+            &[
+                &query.lane.service.as_str(),
+                &query.lane.provider.as_str(),
+                &id,
+                &query.enqueued_at.as_millis(),
+                &query.newcomer,
+            ],
+        )?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "the lane count returned no row"))?;
+        Ok(LanePosition {
+            executing: column(row, 0)?,
+            waiting_ahead: column(row, 1)?,
+        })
+    }
+
+    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        let sql = if self.lock_in_flight {
+            sql::IN_FLIGHT_LOCKED
+        } else {
+            sql::IN_FLIGHT
+        };
+        self.shared(sql, &[&limit_of(limit)])
+    }
+
+    fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
+        self.count(sql::IN_FLIGHT_COUNT, &[])
+    }
+
+    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
+        let rows = self.query(sql::LANE_LOADS, &[])?;
+        rows.iter()
+            .map(|row| {
+                Ok(LaneLoad {
+                    lane: LaneKey {
+                        service: Label::trusted(column::<String>(row, 0)?),
+                        provider: Label::trusted(column::<String>(row, 1)?),
+                    },
+                    executing: column(row, 2)?,
+                    waiting: column(row, 3)?,
+                    oldest_waiting_since: at_opt(row, 4)?,
+                    next_waiting_reapable_at: at_opt(row, 5)?,
+                })
+            })
+            .collect()
+    }
+
+    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        self.records(sql::COMPLETED, &[&window.since.as_millis(), &limit_of(limit)])
+    }
+
+    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
+        self.count(sql::COMPLETED_BETWEEN, &[&from.as_millis(), &to.as_millis()])
+    }
+
+    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        self.records(sql::REAPED, &[&window.since.as_millis(), &limit_of(limit)])
+    }
+
+    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
+        self.owners(sql::LISTED_OWNERS, &[&window.since.as_millis()])
+    }
+
+    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError> {
+        self.owners(sql::EXPIRED_OWNERS, &[&now.as_millis()])
+    }
+
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        self.shared(sql::OWNER_IN_FLIGHT, &[&id.as_str()])
+    }
+
+    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
+        let rows = self.query(sql::PRUNABLE, &[&retention.before.as_millis(), &limit_of(limit)])?;
+        rows.iter().map(|row| id_from(column(row, 0)?)).collect()
+    }
+
+    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
+        self.execute(sql::PRUNE_OWNERS, &[&retention.before.as_millis()])
+            .map(|_| ())
+    }
+}

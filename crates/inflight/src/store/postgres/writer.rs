@@ -1,0 +1,351 @@
+//! The writer threads: a few per process (the pool), each owning one
+//! connection. Commands that arrive while a writer's transaction is being
+//! written are grouped into its next one (group commit), and each is
+//! acknowledged only once that transaction committed.
+//!
+//! A group runs without savepoints; one that meets a storage failure is
+//! rolled back and run again with a savepoint per command. One that meets
+//! a deadlock (lane locks taken in different orders by two groups) or a
+//! serialization failure is rolled back and run again whole. A lost
+//! connection fails its group as `unavailable` and is opened again for the
+//! next one, so the store recovers by itself when the server returns.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+use crate::config::LedgerConfig;
+use crate::domain::timestamp::Timestamp;
+use crate::error::{ErrorKind, LedgerError};
+use crate::stats::{CallStats, Landed};
+use crate::store::engine;
+use crate::store::{Command, Reply};
+
+use super::sql;
+use super::txn::{Conn, Fault, PendingCounts, PgTxn};
+use super::Settings;
+
+/// The most commands grouped into one transaction.
+const MAX_GROUP: usize = 256;
+/// The longest a group waits for the callers of the previous one.
+const GROUP_WAIT: Duration = Duration::from_micros(300);
+/// How many times a group is run again after a deadlock.
+const RETRIES: usize = 5;
+
+/// What the writer threads are asked to do.
+pub(super) enum Job {
+    /// Run a command and answer it.
+    Run(Command, oneshot::Sender<Result<Reply, LedgerError>>),
+}
+
+/// One writer: its connection (opened again when lost) and where it takes
+/// jobs from.
+pub(super) struct Writer {
+    pub(super) settings: Arc<Settings>,
+    pub(super) conn: Option<Conn>,
+    pub(super) config: Arc<LedgerConfig>,
+    pub(super) clock: Arc<dyn Clock>,
+    /// The call histograms, published to after each commit.
+    pub(super) calls: Arc<Mutex<CallStats>>,
+}
+
+pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>) {
+    let mut last_group = 1;
+    loop {
+        let group = {
+            // One writer gathers a group at a time; the others run theirs.
+            let Ok(queue) = queue.lock() else { return };
+            let Ok(first) = queue.recv() else { return };
+            let mut group = Group::default();
+            group.push(first);
+            drain(&queue, &mut group);
+            // Callers answered by the last commit resubmit within
+            // microseconds: when the last group was larger, wait briefly for
+            // them so that one commit serves them all.
+            if group.commands.len() < last_group {
+                let until = Instant::now() + GROUP_WAIT;
+                while group.commands.len() < last_group {
+                    let Some(left) = until.checked_duration_since(Instant::now()) else {
+                        break;
+                    };
+                    match queue.recv_timeout(left) {
+                        Ok(job) => {
+                            group.push(job);
+                            drain(&queue, &mut group);
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            group
+        };
+        last_group = group.commands.len().max(1);
+        let results = writer.run_group(group.commands);
+        for (reply, result) in group.replies.into_iter().zip(results) {
+            // A caller that went away still had its command committed.
+            let _ = reply.send(result);
+        }
+    }
+}
+
+/// The commands of one transaction and their callers.
+#[derive(Default)]
+struct Group {
+    commands: Vec<Command>,
+    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+}
+
+impl Group {
+    fn push(&mut self, job: Job) {
+        let Job::Run(command, reply) = job;
+        self.commands.push(command);
+        self.replies.push(reply);
+    }
+}
+
+fn drain(queue: &mpsc::Receiver<Job>, group: &mut Group) {
+    while group.commands.len() < MAX_GROUP {
+        match queue.try_recv() {
+            Ok(job) => group.push(job),
+            Err(_) => return,
+        }
+    }
+}
+
+/// How a transaction undoes a command's storage failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    /// The whole transaction rolls back.
+    Whole,
+    /// The command's savepoint rolls back.
+    PerCommand,
+}
+
+/// Why a transaction was rolled back.
+enum Failed {
+    /// A command hit a storage failure under [`Isolation::Whole`].
+    Command(LedgerError),
+    /// A deadlock or serialization failure: run the group again.
+    Retry(LedgerError),
+    /// The transaction itself failed (begin, counters, commit, connection).
+    Transaction(LedgerError),
+}
+
+fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>> {
+    if err.kind() == ErrorKind::Unavailable {
+        tracing::warn!(error = %err, "PostgreSQL is unavailable");
+    } else {
+        tracing::error!(error = %err, "PostgreSQL transaction failed");
+    }
+    (0..count)
+        .map(|_| Err(LedgerError::new(err.kind(), err.message().to_owned())))
+        .collect()
+}
+
+impl Writer {
+    /// The connection, opened (again) when there is none or it was lost.
+    fn connection(&mut self) -> Result<&mut Conn, LedgerError> {
+        if self.conn.as_ref().is_none_or(|conn| conn.client.is_closed()) {
+            self.conn = None;
+            self.conn = Some(self.settings.connect()?);
+        }
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+
+    /// Runs `commands` in one transaction and answers each.
+    pub(super) fn run_group(&mut self, commands: Vec<Command>) -> Vec<Result<Reply, LedgerError>> {
+        let count = commands.len();
+        let mut isolation = Isolation::Whole;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let again = commands.clone();
+            match self.run_transaction(again, isolation) {
+                Ok((results, landed)) => {
+                    // Committed: what landed is published, each command's apart.
+                    let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+                    for landed in landed.iter().filter(|landed| !landed.is_empty()) {
+                        for event in landed {
+                            event.publish(&mut calls);
+                        }
+                        calls.finish();
+                    }
+                    return results;
+                }
+                Err(Failed::Command(_)) if isolation == Isolation::Whole && count > 1 => {
+                    isolation = Isolation::PerCommand;
+                }
+                Err(Failed::Command(err)) if count == 1 => return vec![Err(err)],
+                Err(Failed::Retry(err)) if attempt <= RETRIES => {
+                    tracing::debug!(error = %err, attempt, "PostgreSQL group runs again");
+                }
+                Err(Failed::Command(err) | Failed::Retry(err) | Failed::Transaction(err)) => {
+                    return failed_all(count, &err)
+                }
+            }
+        }
+    }
+
+    /// Runs `commands` in one transaction and commits it; rolled back when
+    /// it fails.
+    fn run_transaction(&mut self, commands: Vec<Command>, isolation: Isolation) -> Result<Committed, Failed> {
+        let override_now = (!self.clock.is_system()).then(|| self.clock.now());
+        let config = Arc::clone(&self.config);
+        let conn = self.connection().map_err(Failed::Transaction)?;
+        let now = begin(conn, override_now).map_err(|(fault, err)| match fault {
+            Fault::Retry => Failed::Retry(err),
+            _ => Failed::Transaction(err),
+        })?;
+        let run = run_commands(conn, &config, commands, isolation, now);
+        if run.is_err() && !conn.client.is_closed() {
+            if let Err(err) = conn.client.batch_execute(sql::ROLLBACK) {
+                tracing::error!(error = %err, "PostgreSQL rollback failed");
+            }
+        }
+        run
+    }
+}
+
+/// Opens a transaction and reads its "now" from the one clock
+/// (`inflight_now()`), overridden by `at` when the ledger runs on a clock
+/// of its own (a test's).
+pub(super) fn begin(conn: &mut Conn, at: Option<Timestamp>) -> Result<Timestamp, (Fault, LedgerError)> {
+    let text = match at {
+        None => std::borrow::Cow::Borrowed(sql::BEGIN_NOW),
+        Some(at) => std::borrow::Cow::Owned(sql::BEGIN_AT.replace("{}", &at.as_millis().to_string())),
+    };
+    let messages = conn.client.simple_query(&text).map_err(|err| {
+        let fault = Fault::of(&err);
+        (fault, fault.error("cannot begin a transaction", err))
+    })?;
+    messages
+        .iter()
+        .find_map(|message| match message {
+            postgres::SimpleQueryMessage::Row(row) => row
+                .get(0)
+                .and_then(|now| now.parse().ok())
+                .map(Timestamp::from_millis),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            (
+                Fault::Other,
+                LedgerError::new(ErrorKind::Storage, "inflight_now() returned no time"),
+            )
+        })
+}
+
+fn control(conn: &mut Conn, sql: &'static str) -> Result<(), (Fault, LedgerError)> {
+    conn.client.batch_execute(sql).map_err(|err| {
+        let fault = Fault::of(&err);
+        (fault, fault.error(sql, err))
+    })
+}
+
+fn transaction_failure((fault, err): (Fault, LedgerError)) -> Failed {
+    match fault {
+        Fault::Retry => Failed::Retry(err),
+        _ => Failed::Transaction(err),
+    }
+}
+
+/// The body of a transaction, from its first command to its commit.
+fn run_commands(
+    conn: &mut Conn,
+    config: &LedgerConfig,
+    commands: Vec<Command>,
+    isolation: Isolation,
+    now: Timestamp,
+) -> Result<Committed, Failed> {
+    let mut results = Vec::with_capacity(commands.len());
+    let mut landed = Vec::with_capacity(commands.len());
+    let mut counts = PendingCounts::default();
+    let mut capacity_changed = false;
+    for command in commands {
+        if matches!(command, Command::Snapshot { .. }) {
+            counts.write(conn).map_err(|(context, err)| {
+                transaction_failure((Fault::of(&err), Fault::of(&err).error(context, err)))
+            })?;
+        }
+        if isolation == Isolation::PerCommand {
+            if let Err((fault, err)) = control(conn, sql::SAVEPOINT) {
+                return Err(transaction_failure((fault, err)));
+            }
+        }
+        let mut txn = PgTxn::new(conn, config);
+        let result = engine::execute(&mut txn, config, command, now);
+        let pending = std::mem::take(&mut txn.counts);
+        let did = std::mem::take(&mut txn.landed);
+        let fault = txn.fault;
+        let changed = txn.capacity_changed;
+        match fault {
+            Some(Fault::Retry) => return Err(Failed::Retry(result.err().unwrap_or_else(deadlock))),
+            Some(Fault::Unavailable) => {
+                return Err(Failed::Transaction(result.err().unwrap_or_else(unavailable)))
+            }
+            _ => {}
+        }
+        // A refusal keeps what time forced (a reap); a storage failure keeps
+        // nothing, its counts included.
+        let keep = fault.is_none() && !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
+        match isolation {
+            Isolation::Whole if keep => {}
+            Isolation::Whole => {
+                return Err(Failed::Command(result.err().unwrap_or_else(|| {
+                    LedgerError::new(ErrorKind::Storage, "a statement failed")
+                })))
+            }
+            Isolation::PerCommand if keep => control(conn, sql::RELEASE).map_err(transaction_failure)?,
+            Isolation::PerCommand => {
+                control(conn, sql::ROLLBACK_TO).map_err(transaction_failure)?;
+                control(conn, sql::RELEASE).map_err(transaction_failure)?;
+            }
+        }
+        if keep {
+            counts.merge(pending);
+            capacity_changed |= changed;
+            results.push(result);
+            landed.push(did);
+        } else {
+            results.push(Err(result.err().unwrap_or_else(|| {
+                LedgerError::new(ErrorKind::Storage, "a statement failed")
+            })));
+        }
+    }
+    counts.write(conn).map_err(|(context, err)| {
+        transaction_failure((Fault::of(&err), Fault::of(&err).error(context, err)))
+    })?;
+    if capacity_changed {
+        notify(conn).map_err(transaction_failure)?;
+    }
+    control(conn, sql::COMMIT).map_err(transaction_failure)?;
+    Ok((results, landed))
+}
+
+/// What a committed transaction answers, and what each of its commands
+/// did that landed.
+type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
+
+/// Tells every instance's listener that a slot was granted or freed, inside
+/// the transaction: delivered only if it commits.
+fn notify(conn: &mut Conn) -> Result<(), (Fault, LedgerError)> {
+    let channel = conn.channel.clone();
+    let result = conn
+        .prepare(sql::NOTIFY)
+        .and_then(|statement| conn.client.execute(&statement, &[&channel]));
+    result.map(|_| ()).map_err(|err| {
+        let fault = Fault::of(&err);
+        (fault, fault.error("cannot notify", err))
+    })
+}
+
+fn deadlock() -> LedgerError {
+    LedgerError::new(ErrorKind::Storage, "deadlock")
+}
+
+fn unavailable() -> LedgerError {
+    LedgerError::new(ErrorKind::Unavailable, "PostgreSQL is unavailable")
+}

@@ -1,0 +1,557 @@
+//! Several `inflight serve` processes on one PostgreSQL database behave as
+//! one ledger: caps hold across them (also against a transaction held
+//! open mid-decision), first come first served, each leaked record is
+//! reaped once however many reapers run, a waiter on one is woken promptly
+//! by a settle on the other, an owner's lease works across them, and a
+//! server whose database goes away answers 503 `unavailable` within seconds
+//! and recovers by itself.
+//!
+//! The database is a fresh schema on the test server
+//! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432).
+//! Polling real processes is unavoidable here; every wait is bounded.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use inflight::store::postgres::testing::TestDatabase;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+const BIN: &str = env!("CARGO_BIN_EXE_inflight");
+/// How long anything may take before the test gives up.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Short classes and a reaper that never runs on its own, so that the
+/// tests' own reap calls are the only reapers.
+const CONFIG: &str = r#"
+[reap]
+factor = 1
+interval = "1h"
+[classes.fast]
+deadline = 100
+[classes.embedding]
+deadline = "5m"
+[lanes."capped::ollama"]
+cap = 2
+[lanes."single::ollama"]
+cap = 1
+[lanes."held::ollama"]
+cap = 2
+"#;
+
+struct Server {
+    _child: Child,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Server {
+    async fn start(store: &str, config: &std::path::Path) -> Self {
+        let mut command = Command::new(BIN);
+        for var in [
+            "INFLIGHT_CONFIG",
+            "INFLIGHT_LISTEN",
+            "INFLIGHT_STORE",
+            "INFLIGHT_TOKEN",
+        ] {
+            command.env_remove(var);
+        }
+        command
+            .args([
+                "--log-format",
+                "json",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--store",
+                store,
+            ])
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info");
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (sender, mut logs) = mpsc::unbounded_channel::<Value>();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = sender.send(serde_json::from_str(&line).unwrap_or(json!({ "raw": line })));
+            }
+        });
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut seen = Vec::new();
+        let addr = loop {
+            match tokio::time::timeout_at(deadline, logs.recv()).await {
+                Ok(Some(line)) => {
+                    let listening = line["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("listening on http://"));
+                    if listening {
+                        break line["fields"]["addr"].as_str().expect("addr").to_owned();
+                    }
+                    seen.push(line);
+                }
+                Ok(None) => panic!("the server exited before listening; its log: {seen:#?}"),
+                Err(_) => panic!("the server did not listen in time; its log: {seen:#?}"),
+            }
+        };
+        // Keep draining its log, so that it never blocks on a full pipe.
+        tokio::spawn(async move { while logs.recv().await.is_some() {} });
+        Self {
+            _child: child,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::builder().timeout(PATIENCE).build().unwrap(),
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON answer"))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    async fn begin(&self, body: Value) -> String {
+        let (status, record) = self.post("/v1/activities", body).await;
+        assert_eq!(status, 201, "{record}");
+        record["activityId"].as_str().unwrap().to_owned()
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn config_file() -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), CONFIG).unwrap();
+    file
+}
+
+/// Two servers on one fresh database.
+async fn two_servers(database: &TestDatabase, config: &tempfile::NamedTempFile) -> Arc<[Server; 2]> {
+    let url = database.store_url("");
+    let a = Server::start(&url, config.path()).await;
+    let b = Server::start(&url, config.path()).await;
+    Arc::new([a, b])
+}
+
+/// The executing and waiting counts of `lane`, from a snapshot.
+async fn lane_counts(server: &Server, lane: &str) -> (i64, i64) {
+    let (status, snapshot) = server.get("/v1/snapshot").await;
+    assert_eq!(status, 200, "{snapshot}");
+    let row = &snapshot["nativeAdmission"][lane];
+    assert!(row.is_object(), "no lane {lane} in {snapshot}");
+    (
+        row["executing"].as_i64().unwrap(),
+        row["waiting"].as_i64().unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cap_holds_across_two_servers_under_concurrent_starts() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    for round in 0..3 {
+        let mut starts = JoinSet::new();
+        for i in 0..6 {
+            let servers = Arc::clone(&servers);
+            starts.spawn(async move {
+                let now = now_ms();
+                let body = json!({"service": "capped", "provider": "ollama", "class": "embedding",
+                                  "enqueuedAt": now, "startedAt": now});
+                servers[i % 2].post("/v1/activities", body).await
+            });
+        }
+        let mut admitted = Vec::new();
+        let mut refused = 0;
+        while let Some(answer) = starts.join_next().await {
+            let (status, body) = answer.unwrap();
+            match status {
+                201 => admitted.push(body["activityId"].as_str().unwrap().to_owned()),
+                429 => refused += 1,
+                other => panic!("unexpected {other}: {body}"),
+            }
+        }
+        assert_eq!((admitted.len(), refused), (2, 4), "round {round}");
+        assert_eq!(lane_counts(&servers[1], "capped::ollama").await, (2, 0));
+        // Settled on the other server than the one that began it, maybe.
+        for (i, id) in admitted.iter().enumerate() {
+            let (status, body) = servers[i % 2]
+                .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_starts_are_admitted_first_come_first_served_across_servers() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let body = json!({"service": "capped", "provider": "ollama", "class": "embedding"});
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(servers[i % 2].begin(body.clone()).await);
+    }
+    let mut starts = JoinSet::new();
+    for (i, id) in ids.iter().enumerate() {
+        let (servers, id) = (Arc::clone(&servers), id.clone());
+        starts.spawn(async move {
+            let (status, _) = servers[(i + 1) % 2]
+                .post(&format!("/v1/activities/{id}/start"), json!({}))
+                .await;
+            (id, status)
+        });
+    }
+    let mut admitted = Vec::new();
+    while let Some(answer) = starts.join_next().await {
+        let (id, status) = answer.unwrap();
+        assert!(status == 200 || status == 429, "{status}");
+        if status == 200 {
+            admitted.push(id);
+        }
+    }
+    admitted.sort();
+    let mut first_two = ids[..2].to_vec();
+    first_two.sort();
+    assert_eq!(admitted, first_two, "the two enqueued first, and only they");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forty_leaked_records_are_reaped_once_by_four_concurrent_reapers() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    for i in 0..40 {
+        let now = now_ms();
+        let body = json!({"service": "leaky", "provider": "ollama", "class": "fast",
+                          "enqueuedAt": now, "startedAt": now});
+        servers[i % 2].begin(body).await;
+    }
+    // Past their bound (100 ms, factor 1) by the database's clock.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut reapers = JoinSet::new();
+    for i in 0..4 {
+        let servers = Arc::clone(&servers);
+        reapers.spawn(async move { servers[i % 2].post("/v1/reap", json!({})).await });
+    }
+    let mut reaped = 0;
+    while let Some(answer) = reapers.join_next().await {
+        let (status, counts) = answer.unwrap();
+        assert_eq!(status, 200, "{counts}");
+        reaped += counts["unsettled"].as_i64().unwrap() + counts["abandoned"].as_i64().unwrap();
+    }
+    assert_eq!(reaped, 40, "each record reaped exactly once");
+    let (_, again) = servers[0].post("/v1/reap", json!({})).await;
+    assert_eq!(again, json!({"abandoned": 0, "unsettled": 0}));
+    let (_, snapshot) = servers[1].get("/v1/snapshot").await;
+    let counted: i64 = snapshot["aggregates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["reaped"]["unsettled"].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(counted, 40, "the counters agree: {snapshot}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_on_one_server_is_admitted_promptly_after_a_settle_on_the_other() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let mut latencies = Vec::new();
+    for _ in 0..5 {
+        let now = now_ms();
+        let holder = servers[0]
+            .begin(
+                json!({"service": "single", "provider": "ollama", "class": "embedding",
+                          "enqueuedAt": now, "startedAt": now}),
+            )
+            .await;
+        let waiter = servers[1]
+            .begin(json!({"service": "single", "provider": "ollama", "class": "embedding"}))
+            .await;
+        let waiting = {
+            let servers = Arc::clone(&servers);
+            tokio::spawn(async move {
+                let answer = servers[1]
+                    .post(&format!("/v1/activities/{waiter}/start?wait=20s"), json!({}))
+                    .await;
+                (answer, Instant::now())
+            })
+        };
+        // Let it wait in line first.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "admitted while the slot was held");
+        let settled = servers[0]
+            .post(
+                &format!("/v1/activities/{holder}/settle"),
+                json!({"success": true}),
+            )
+            .await;
+        let settled_at = Instant::now();
+        assert_eq!(settled.0, 200, "{}", settled.1);
+        let ((status, record), admitted_at) = waiting.await.unwrap();
+        assert_eq!(status, 200, "{record}");
+        latencies.push(admitted_at.saturating_duration_since(settled_at));
+        let id = record["activityId"].as_str().unwrap();
+        servers[1]
+            .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+            .await;
+    }
+    eprintln!("wake-up latencies after the settle: {latencies:?}");
+    latencies.sort();
+    assert!(
+        latencies[latencies.len() / 2] <= Duration::from_millis(100),
+        "median wake-up after the settle was over 100 ms: {latencies:?}"
+    );
+    assert!(
+        latencies
+            .iter()
+            .all(|latency| *latency <= Duration::from_millis(250)),
+        "a wake-up took over 250 ms: {latencies:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_held_open_mid_decision_cannot_push_a_lane_over_its_cap() {
+    // The pgqueuer reproduction: an instance has granted a slot and not yet
+    // committed when others decide. Counting alone would see a free slot
+    // twice; the lane lock makes them wait, then count it.
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    // The lane's row exists once a decision has been taken on it.
+    let now = now_ms();
+    let first = servers[0]
+        .begin(
+            json!({"service": "held", "provider": "ollama", "class": "embedding",
+                      "enqueuedAt": now, "startedAt": now}),
+        )
+        .await;
+    let (locked, lock_taken) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let held = {
+        let mut client = database.client();
+        std::thread::spawn(move || {
+            let now = now_ms();
+            let mut tx = client.transaction().unwrap();
+            tx.batch_execute("SELECT 1 FROM lanes WHERE service = 'held' AND provider = 'ollama' FOR UPDATE")
+                .unwrap();
+            tx.batch_execute(&format!(
+                "INSERT INTO activities (activity_id, service, provider, class, operation_stage, model, \
+                 priority, admission, state, enqueued_at, started_at, deadline_ms, reapable_at) \
+                 VALUES ('00000000-0000-4000-8000-000000000001', 'held', 'ollama', 'embedding', \
+                 'unknown', 'unknown', 'unknown', 'queued', 'executing', {now}, {now}, 300000, {})",
+                now + 300_000
+            ))
+            .unwrap();
+            locked.send(()).unwrap();
+            released.recv().unwrap();
+            tx.commit().unwrap();
+        })
+    };
+    lock_taken.recv().unwrap();
+    let mut starts = JoinSet::new();
+    for i in 0..3 {
+        let servers = Arc::clone(&servers);
+        starts.spawn(async move {
+            let now = now_ms();
+            let body = json!({"service": "held", "provider": "ollama", "class": "embedding",
+                              "enqueuedAt": now, "startedAt": now});
+            servers[i % 2].post("/v1/activities", body).await
+        });
+    }
+    // They wait on the lane lock, not on a count.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(starts.len() == 3 && !starts.is_empty());
+    release.send(()).unwrap();
+    tokio::task::spawn_blocking(move || held.join().unwrap())
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    while let Some(answer) = starts.join_next().await {
+        statuses.push(answer.unwrap().0);
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [429, 429, 429],
+        "the held slot and {first} fill the cap of 2"
+    );
+    assert_eq!(lane_counts(&servers[0], "held::ollama").await, (2, 0));
+}
+
+/// A TCP proxy in front of the database that can be cut and restored.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut proxy = Self {
+            port,
+            upstream,
+            running: None,
+        };
+        proxy.serve(listener);
+        proxy
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let upstream = self.upstream.clone();
+        self.running = Some(tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let upstream = upstream.clone();
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        }));
+    }
+
+    /// Closes every connection and refuses new ones.
+    fn cut(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.abort();
+        }
+    }
+
+    async fn restore(&mut self) {
+        let listener = TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
+        self.serve(listener);
+    }
+}
+
+/// `url` with its host and port replaced by `authority`.
+fn via(url: &str, authority: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (server, path) = rest.split_once('/').unwrap();
+    let user = server
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{user}{authority}/{path}")
+}
+
+/// The database's host and port.
+fn upstream_of(url: &str) -> String {
+    let rest = url.split_once("://").unwrap().1;
+    let server = rest.split('/').next().unwrap();
+    let host = server.rsplit_once('@').map_or(server, |(_, host)| host);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_whose_database_goes_away_answers_503_and_recovers_by_itself() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let url = database.store_url("");
+    let mut proxy = Proxy::start(upstream_of(&url)).await;
+    let server = Server::start(&via(&url, &format!("127.0.0.1:{}", proxy.port)), config.path()).await;
+    let body = json!({"service": "restart", "provider": "ollama", "class": "embedding"});
+    let mut acknowledged = Vec::new();
+    for _ in 0..5 {
+        acknowledged.push(server.begin(body.clone()).await);
+    }
+
+    proxy.cut();
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let (status, answer) = server.post("/v1/activities", body.clone()).await;
+        let took = asked.elapsed();
+        assert_eq!(status, 503, "{answer}");
+        assert_eq!(answer["error"]["code"], "unavailable", "{answer}");
+        assert!(took <= Duration::from_secs(5), "answered after {took:?}");
+    }
+
+    proxy.restore().await;
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, answer) = server.post("/v1/activities", body.clone()).await;
+        if status == 201 {
+            acknowledged.push(answer["activityId"].as_str().unwrap().to_owned());
+            break;
+        }
+        assert_eq!(status, 503, "{answer}");
+        assert!(Instant::now() < give_up, "not recovered within 20 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in &acknowledged {
+        let (status, record) = server.get(&format!("/v1/activities/{id}")).await;
+        assert_eq!(status, 200, "acknowledged {id} is kept: {record}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_registered_on_one_server_is_renewed_and_lost_on_the_other() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let (status, owner) = servers[0]
+        .post("/v1/owners", json!({"name": "worker-a", "ttlMs": 1500}))
+        .await;
+    assert_eq!(status, 201, "{owner}");
+    let owner_id = owner["ownerId"].as_str().unwrap().to_owned();
+    let body = json!({"service": "owned", "provider": "ollama", "class": "embedding", "ownerId": owner_id});
+    let record = servers[1].begin(body).await;
+    // Renewed on the other server than the one it registered on: alive.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, renewed) = servers[1]
+            .post(&format!("/v1/owners/{owner_id}/renew"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{renewed}");
+    }
+    let (_, seen) = servers[0].get(&format!("/v1/activities/{record}")).await;
+    assert_eq!(seen["state"], "waiting", "a renewed owner's record lives: {seen}");
+    // No more renewals: lost past its lease, by the database's clock, and
+    // its record reaped as owner-lost on whichever server looks.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let (_, seen) = servers[0].get(&format!("/v1/activities/{record}")).await;
+    assert_eq!(seen["state"], "reaped", "{seen}");
+    assert_eq!(seen["reapReason"], "owner-lost", "{seen}");
+    let (status, refused) = servers[1]
+        .post(&format!("/v1/owners/{owner_id}/renew"), json!({}))
+        .await;
+    assert_eq!(status, 409, "a lost owner cannot renew: {refused}");
+}
