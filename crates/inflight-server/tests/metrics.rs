@@ -352,3 +352,55 @@ async fn the_series_per_aggregate_are_there_when_asked_for() {
         "0",
     );
 }
+
+/// A client that sends a new `service` on every call (the incident in issue
+/// 15: 20,000 of them left 20,000 lanes and a 30 MB scrape) leaves at most
+/// the configured lanes, and a scrape that stays small.
+#[tokio::test]
+async fn twenty_thousand_distinct_services_leave_the_scrape_bounded() {
+    const CALLS: usize = 20_000;
+    let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
+    let settings = Settings::from_toml("[labels]\nmax_lanes = 50\n").unwrap();
+    let ledger = Ledger::builder(settings.ledger)
+        .store_url("memory:")
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let api = Api {
+        router: app(AppState::new(ledger.clone())),
+        clock,
+    };
+    for i in 0..CALLS {
+        let id = api
+            .begin(json!({"service": format!("tenant-{i}"), "provider": "ollama", "class": "embedding"}))
+            .await;
+        api.post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+            .await;
+    }
+    let (text, samples) = api.metrics().await;
+    let lanes: std::collections::BTreeSet<_> = samples
+        .keys()
+        .filter(|series| series.starts_with("inflight_settled_total{"))
+        .filter_map(|series| series.split("service=\"").nth(1)?.split('"').next())
+        .collect();
+    eprintln!(
+        "{CALLS} distinct services: {} lanes in the scrape, {} bytes",
+        lanes.len(),
+        text.len()
+    );
+    assert!(lanes.len() <= 51, "{} lanes", lanes.len());
+    assert!(
+        lanes.contains("other"),
+        "the folded calls are counted under other"
+    );
+    assert!(text.len() < 64 * 1024, "a scrape of {} bytes", text.len());
+    expect(
+        &samples,
+        &text,
+        "inflight_labels_folded_total",
+        &(CALLS - 50).to_string(),
+    );
+    let snapshot = api.send(Method::GET, "/v1/snapshot", None).await.1;
+    let snapshot: Value = serde_json::from_str(&snapshot).unwrap();
+    assert_eq!(snapshot["totalSucceeded"], CALLS);
+}

@@ -192,6 +192,9 @@ pub struct StatsSnapshot {
     pub rejected: BTreeMap<(LaneKey, Rejection), u64>,
     /// Reaper passes completed (whether or not they reaped anything).
     pub reaper_runs: u64,
+    /// Begins through this ledger whose labels were folded into `other`
+    /// ([`Ledger::labels_folded`](crate::Ledger::labels_folded)).
+    pub labels_folded: u64,
     /// How long each reaper pass took.
     pub reap_duration: Histogram,
 }
@@ -235,6 +238,7 @@ impl LedgerStats {
             execution: calls.execution,
             rejected: state.rejected.iter().map(|(k, n)| (k.clone(), *n)).collect(),
             reaper_runs: self.reaper_runs.load(Ordering::Relaxed),
+            labels_folded: 0,
             reap_duration: state.reap_duration.clone(),
         }
     }

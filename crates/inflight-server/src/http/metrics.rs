@@ -345,6 +345,13 @@ fn register_stats(registry: &mut Registry, stats: &StatsSnapshot) {
         "Background reaper passes this instance completed",
         runs,
     );
+    let folded = Counter::<u64>::default();
+    folded.inc_by(stats.labels_folded);
+    registry.register(
+        "labels_folded",
+        "Begins through this instance whose labels were folded into `other`: outside a vocabulary, or past the limit on distinct lanes or label sets",
+        folded,
+    );
     let by_lane_class = |histograms: &BTreeMap<LaneClass, Histogram>| {
         histograms
             .iter()

@@ -304,7 +304,9 @@ impl Ledger {
     /// times, the admissions it refused, its reaper's passes. Per process;
     /// the store's counters (in the [`Snapshot`]) are the ledger's own.
     pub fn stats(&self) -> StatsSnapshot {
-        self.inner.stats.snapshot(self.inner.store.call_stats())
+        let mut stats = self.inner.stats.snapshot(self.inner.store.call_stats());
+        stats.labels_folded = self.labels_folded();
+        stats
     }
 
     /// Says once per lane, as a warning, that a call runs on a lane the
