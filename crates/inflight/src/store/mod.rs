@@ -389,6 +389,55 @@ pub fn open(
     )))
 }
 
+/// The aggregate and the totals that `count` records of a benchmark's bulk
+/// loader (`seed_history` of the SQLite and PostgreSQL stores) count in:
+/// settled with success after a 10 ms wait and 10 ms of execution, the last
+/// at `completed_at`. One definition, so that both loaders agree.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn seeded_history_totals(
+    count: usize,
+    completed_at: crate::domain::Timestamp,
+) -> Result<
+    (
+        (
+            crate::domain::labels::ActivityLabels,
+            crate::domain::Priority,
+            crate::domain::Admission,
+        ),
+        crate::domain::Totals,
+    ),
+    LedgerError,
+> {
+    let n = i64::try_from(count).unwrap_or(i64::MAX);
+    let labels = crate::domain::labels::ActivityLabels::validate(&crate::domain::labels::RawLabels {
+        service: "bench-history",
+        provider: "ollama",
+        class: Some("embedding"),
+        operation_stage: Some("history"),
+        model: Some("nomic-embed-text"),
+    })?;
+    let totals = crate::domain::Totals {
+        calls: n,
+        succeeded: n,
+        queue_wait_count: n,
+        queue_wait_sum_ms: 10 * n,
+        queue_wait_max_ms: 10,
+        execution_count: n,
+        execution_sum_ms: 10 * n,
+        execution_max_ms: 10,
+        last_seen_at: Some(completed_at),
+        ..crate::domain::Totals::default()
+    };
+    Ok((
+        (
+            labels,
+            crate::domain::Priority::Batch,
+            crate::domain::Admission::Queued,
+        ),
+        totals,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

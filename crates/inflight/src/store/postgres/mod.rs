@@ -392,10 +392,8 @@ pub fn seed_history(
     count: usize,
     completed_at: crate::domain::Timestamp,
 ) -> Result<(), LedgerError> {
-    use crate::domain::counters::Totals;
-    use crate::domain::labels::{ActivityLabels, RawLabels};
     use crate::domain::query;
-    use crate::domain::record::{ActivityId, Admission, Priority};
+    use crate::domain::record::ActivityId;
 
     let settings = Settings::parse(url)?;
     let config = LedgerConfig::default();
@@ -429,29 +427,8 @@ pub fn seed_history(
             done += batch;
         }
         tx.commit().map_err(failed)?;
-        let n = count as i64;
-        let labels = ActivityLabels::validate(&RawLabels {
-            service: "bench-history",
-            provider: "ollama",
-            class: Some("embedding"),
-            operation_stage: Some("history"),
-            model: Some("nomic-embed-text"),
-        })?;
-        counts.totals.insert(
-            (labels, Priority::Batch, Admission::Queued),
-            Totals {
-                calls: n,
-                succeeded: n,
-                queue_wait_count: n,
-                queue_wait_sum_ms: 10 * n,
-                queue_wait_max_ms: 10,
-                execution_count: n,
-                execution_sum_ms: 10 * n,
-                execution_max_ms: 10,
-                last_seen_at: Some(completed_at),
-                ..Totals::default()
-            },
-        );
+        let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
+        counts.totals.insert(aggregate, totals);
         counts
             .write(&mut conn)
             .map_err(|(context, err)| LedgerError::storage(context, err))?;

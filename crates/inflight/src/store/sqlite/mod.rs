@@ -19,10 +19,8 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
-use crate::domain::counters::Totals;
-use crate::domain::labels::ActivityLabels;
 use crate::domain::query;
-use crate::domain::record::{ActivityId, Admission, Priority};
+use crate::domain::record::ActivityId;
 use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
 use crate::stats::{CallSnapshot, CallStats};
@@ -171,29 +169,8 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Timestamp) -> Resul
                 .entry(query::completion_minute(Timestamp::from_millis(done)))
                 .or_default() += 1;
         }
-        let n = count as i64;
-        let labels = ActivityLabels::validate(&crate::domain::labels::RawLabels {
-            service: "bench-history",
-            provider: "ollama",
-            class: Some("embedding"),
-            operation_stage: Some("history"),
-            model: Some("nomic-embed-text"),
-        })?;
-        counts.totals.insert(
-            (labels, Priority::Batch, Admission::Queued),
-            Totals {
-                calls: n,
-                succeeded: n,
-                queue_wait_count: n,
-                queue_wait_sum_ms: 10 * n,
-                queue_wait_max_ms: 10,
-                execution_count: n,
-                execution_sum_ms: 10 * n,
-                execution_max_ms: 10,
-                last_seen_at: Some(completed_at),
-                ..Totals::default()
-            },
-        );
+        let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
+        counts.totals.insert(aggregate, totals);
         counts.write(&mut rows::Statements::new(&tx))?;
     }
     tx.commit().map_err(sql_error("cannot commit"))
