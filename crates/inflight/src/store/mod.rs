@@ -389,6 +389,40 @@ pub fn open(
     )))
 }
 
+/// The aggregate of a call: its labels, priority and admission.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) type AggregateSlot = (
+    crate::domain::labels::ActivityLabels,
+    crate::domain::Priority,
+    crate::domain::Admission,
+);
+
+/// Aggregates a SQL store has seen committed, so that a begin on a label
+/// set it knows asks the database nothing (`Txn::aggregate_known`, on every
+/// begin). Totals are never deleted, so what was seen stays true. Bounded:
+/// past [`KnownAggregates::MAX`] entries it forgets them all and asks again.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Default)]
+pub(crate) struct KnownAggregates(std::collections::HashSet<AggregateSlot>);
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl KnownAggregates {
+    /// Past the default limit on label sets, and a few MB at most.
+    const MAX: usize = 16_384;
+
+    pub(crate) fn contains(&self, slot: &AggregateSlot) -> bool {
+        self.0.contains(slot)
+    }
+
+    /// Remembers `slot`, which the database said it holds.
+    pub(crate) fn insert(&mut self, slot: AggregateSlot) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(slot);
+    }
+}
+
 /// The aggregate and the totals that `count` records of a benchmark's bulk
 /// loader (`seed_history` of the SQLite and PostgreSQL stores) count in:
 /// settled with success after a 10 ms wait and 10 ms of execution, the last

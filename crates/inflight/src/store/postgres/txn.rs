@@ -88,6 +88,8 @@ pub(super) struct Conn {
     /// The channel this store's notifications go to.
     pub(super) channel: String,
     prepared: HashMap<(usize, usize), Statement>,
+    /// Aggregates this connection saw stored.
+    known_aggregates: crate::store::KnownAggregates,
 }
 
 impl Conn {
@@ -96,6 +98,7 @@ impl Conn {
             client,
             channel,
             prepared: HashMap::with_capacity(48),
+            known_aggregates: crate::store::KnownAggregates::default(),
         }
     }
 
@@ -600,14 +603,10 @@ impl Txn for PgTxn<'_> {
         priority: Priority,
         admission: Admission,
     ) -> Result<bool, LedgerError> {
-        // Commands earlier in this group count into rows not written yet;
-        // those decide against what was committed, so a group of new
-        // aggregates can pass a limit by at most its own size.
-        if self
-            .counts
-            .totals
-            .contains_key(&(labels.clone(), priority, admission))
-        {
+        let slot = (labels.clone(), priority, admission);
+        // As in the SQLite store: what earlier commands of the group counted
+        // is not written yet, and they decide against what was committed.
+        if self.conn.known_aggregates.contains(&slot) || self.counts.totals.contains_key(&slot) {
             return Ok(true);
         }
         let rows = self.query(
@@ -622,7 +621,11 @@ impl Txn for PgTxn<'_> {
                 &admission.as_str(),
             ],
         )?;
-        rows.first().map_or(Ok(false), |row| column(row, 0))
+        let known = rows.first().map_or(Ok(false), |row| column(row, 0))?;
+        if known {
+            self.conn.known_aggregates.insert(slot);
+        }
+        Ok(known)
     }
 
     fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {

@@ -117,6 +117,9 @@ pub(super) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord>
 pub(super) struct Statements<'c> {
     conn: &'c Connection,
     prepared: Vec<(usize, usize, Statement<'c>)>,
+    /// Aggregates this connection saw stored: it lives as long as the
+    /// statements, for the same reason.
+    pub(super) known_aggregates: crate::store::KnownAggregates,
 }
 
 impl<'c> Statements<'c> {
@@ -124,6 +127,7 @@ impl<'c> Statements<'c> {
         Self {
             conn,
             prepared: Vec::with_capacity(48),
+            known_aggregates: crate::store::KnownAggregates::default(),
         }
     }
 

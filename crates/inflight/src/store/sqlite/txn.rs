@@ -276,17 +276,14 @@ impl Txn for SqliteTxn<'_, '_> {
         priority: Priority,
         admission: Admission,
     ) -> Result<bool, LedgerError> {
+        let slot = (labels.clone(), priority, admission);
         // Commands earlier in this group count into rows not written yet;
         // those decide against what was committed, so a group of new
         // aggregates can pass a limit by at most its own size.
-        if self
-            .counts
-            .totals
-            .contains_key(&(labels.clone(), priority, admission))
-        {
+        if self.st.known_aggregates.contains(&slot) || self.counts.totals.contains_key(&slot) {
             return Ok(true);
         }
-        self.value(
+        let known = self.value(
             sql::AGGREGATE_KNOWN,
             params![
                 labels.service.as_str(),
@@ -297,7 +294,11 @@ impl Txn for SqliteTxn<'_, '_> {
                 priority.as_str(),
                 admission.as_str(),
             ],
-        )
+        )?;
+        if known {
+            self.st.known_aggregates.insert(slot);
+        }
+        Ok(known)
     }
 
     fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
