@@ -81,9 +81,11 @@ mod tests {
     #[test]
     fn the_page_loads_nothing_from_elsewhere() {
         for text in [PAGE, SCRIPT, STYLE] {
-            assert!(!text.contains("http://") || text.contains("http://www.w3.org/2000/svg"));
-            assert!(!text.contains("https://"));
-            assert!(!text.contains("//cdn"));
+            // The SVG namespace is a name, never fetched.
+            let text = text.replace("http://www.w3.org/2000/svg", "");
+            for outside in ["http://", "https://", "//cdn"] {
+                assert!(!text.contains(outside), "the dashboard refers to {outside}");
+            }
         }
     }
 }
