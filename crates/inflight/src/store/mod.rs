@@ -389,6 +389,36 @@ pub fn open(
     )))
 }
 
+/// Asserts that a SQL store keeps every statement in its `sql.rs`: none of
+/// `files` (name, text) holds a string that starts with one of `keywords`,
+/// and every statement `sql_rs` declares is among the `listed` its plan
+/// check reads. Shared by the SQLite and PostgreSQL stores' tests.
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
+pub(crate) fn assert_sql_only_in_sql_rs(
+    store: &str,
+    files: &[(&str, &str)],
+    keywords: &[&str],
+    sql_rs: &str,
+    listed: usize,
+) {
+    for (file, text) in files {
+        for keyword in keywords {
+            assert!(
+                !text.contains(&format!("\"{keyword}")),
+                "src/store/{store}/{file} holds SQL ({keyword}); move it to sql.rs"
+            );
+        }
+    }
+    let declared = sql_rs
+        .lines()
+        .filter(|line| line.starts_with("pub(super) const ") && line.contains(": &str"))
+        .count();
+    assert_eq!(
+        listed, declared,
+        "a statement of {store}/sql.rs is missing from STATEMENTS"
+    );
+}
+
 /// The aggregate of a call: its labels, priority and admission.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) type AggregateSlot = (

@@ -637,37 +637,18 @@ mod tests {
     fn every_statement_the_store_runs_is_listed() {
         // The store's own code holds no SQL: every statement is here, and
         // so in the plan check below.
-        let store = [
-            ("mod.rs", include_str!("mod.rs")),
-            ("schema.rs", include_str!("schema.rs")),
-            ("writer.rs", include_str!("writer.rs")),
-            ("txn.rs", include_str!("txn.rs")),
-            ("listen.rs", include_str!("listen.rs")),
-        ];
-        for (file, text) in store {
-            for keyword in [
-                "\"SELECT",
-                "\"INSERT",
-                "\"UPDATE",
-                "\"DELETE",
-                "\"SAVEPOINT",
-                "\"LISTEN",
-            ] {
-                assert!(
-                    !text.contains(keyword),
-                    "src/store/postgres/{file} holds SQL ({keyword}); move it to sql.rs"
-                );
-            }
-        }
-        let here = include_str!("sql.rs");
-        let declared = here
-            .lines()
-            .filter(|line| line.starts_with("pub(super) const ") && line.contains(": &str"))
-            .count();
-        assert_eq!(
+        crate::store::assert_sql_only_in_sql_rs(
+            "postgres",
+            &[
+                ("mod.rs", include_str!("mod.rs")),
+                ("schema.rs", include_str!("schema.rs")),
+                ("writer.rs", include_str!("writer.rs")),
+                ("txn.rs", include_str!("txn.rs")),
+                ("listen.rs", include_str!("listen.rs")),
+            ],
+            &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "LISTEN"],
+            include_str!("sql.rs"),
             STATEMENTS.len(),
-            declared,
-            "a statement of sql.rs is missing from STATEMENTS"
         );
     }
 }

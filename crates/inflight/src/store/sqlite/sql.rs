@@ -516,37 +516,18 @@ mod tests {
     fn every_statement_the_store_prepares_is_listed() {
         // The store's own code holds no SQL: every statement is here, and
         // so in the plan check above.
-        let store = [
-            ("mod.rs", include_str!("mod.rs")),
-            ("schema.rs", include_str!("schema.rs")),
-            ("writer.rs", include_str!("writer.rs")),
-            ("rows.rs", include_str!("rows.rs")),
-            ("txn.rs", include_str!("txn.rs")),
-        ];
-        for (file, text) in store {
-            for keyword in [
-                "\"SELECT",
-                "\"INSERT",
-                "\"UPDATE",
-                "\"DELETE",
-                "\"SAVEPOINT",
-                "\"RELEASE",
-            ] {
-                assert!(
-                    !text.contains(keyword),
-                    "src/store/sqlite/{file} holds SQL ({keyword}); move it to sql.rs"
-                );
-            }
-        }
-        let here = include_str!("sql.rs");
-        let declared = here
-            .lines()
-            .filter(|line| line.starts_with("pub(super) const ") && line.contains(": &str"))
-            .count();
-        assert_eq!(
+        crate::store::assert_sql_only_in_sql_rs(
+            "sqlite",
+            &[
+                ("mod.rs", include_str!("mod.rs")),
+                ("schema.rs", include_str!("schema.rs")),
+                ("writer.rs", include_str!("writer.rs")),
+                ("rows.rs", include_str!("rows.rs")),
+                ("txn.rs", include_str!("txn.rs")),
+            ],
+            &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "RELEASE"],
+            include_str!("sql.rs"),
             STATEMENTS.len(),
-            declared,
-            "a statement of sql.rs is missing from STATEMENTS"
         );
     }
 }
