@@ -110,7 +110,7 @@ pub enum ServeError {
     /// The store could not be opened.
     #[error("cannot open the store {url}: {message}")]
     Store {
-        /// The store URL.
+        /// The store URL, without its password.
         url: String,
         /// Why.
         message: String,
@@ -247,7 +247,7 @@ pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
         .map_err(|err| match err.kind() {
             ErrorKind::InvalidInput => config_error("store", err.message().to_owned()),
             _ => ServeError::Store {
-                url: settings.store.clone(),
+                url: inflight::store::redacted_url(&settings.store),
                 message: err.to_string(),
             },
         })
@@ -260,6 +260,7 @@ pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
 /// See [`ServeError`].
 pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
     let ledger = open_ledger(&settings)?;
+    tracing::info!(store = %inflight::store::redacted_url(&settings.store), "opened the store");
     let listener = TcpListener::bind(&settings.listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -547,5 +548,21 @@ mod tests {
             Err(err @ ServeError::Config { .. }) => assert!(err.is_config()),
             other => panic!("expected a config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_opened_is_named_without_its_password() {
+        // Nothing listens on port 1: the connection is refused at once.
+        let url = "postgres://app:s3cret@127.0.0.1:1/ledger";
+        let settings = ServerSettings::merge(&overrides(None, Some(url), None), Settings::default()).unwrap();
+        let err = open_ledger(&settings).expect_err("nothing listens on port 1");
+        let message = err.to_string();
+        assert!(!message.contains("s3cret"), "{message}");
+        assert!(
+            message.contains("postgres://app:***@127.0.0.1:1/ledger"),
+            "{message}"
+        );
+        // The reason, not only the driver's "error connecting to server".
+        assert!(message.to_lowercase().contains("refused"), "{message}");
     }
 }

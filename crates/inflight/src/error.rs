@@ -99,9 +99,21 @@ impl LedgerError {
         context: &str,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
+        // The whole chain: a driver's own text is often only "db error" or
+        // "error connecting to server", with the reason one level down.
+        let mut message = format!("{context}: {source}");
+        let mut cause = std::error::Error::source(&source);
+        while let Some(err) = cause {
+            let text = err.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            cause = err.source();
+        }
         Self(Box::new(Inner {
             kind,
-            message: format!("{context}: {source}"),
+            message,
             source: Some(Box::new(source)),
             lane: None,
         }))
@@ -177,3 +189,44 @@ impl From<Refusal> for LedgerError {
 
 /// The library's result type.
 pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Driver(std::io::Error);
+
+    impl fmt::Display for Driver {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("error connecting to server")
+        }
+    }
+
+    impl std::error::Error for Driver {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_caused_error_says_the_reason_a_driver_keeps_one_level_down() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let err = LedgerError::caused(
+            ErrorKind::Unavailable,
+            "cannot connect to PostgreSQL",
+            Driver(refused),
+        );
+        assert_eq!(
+            err.message(),
+            "cannot connect to PostgreSQL: error connecting to server: Connection refused"
+        );
+    }
+
+    #[test]
+    fn a_caused_error_does_not_repeat_a_reason_its_source_already_gave() {
+        let io = std::io::Error::other("disk full");
+        let err = LedgerError::caused(ErrorKind::Storage, "cannot write", io);
+        assert_eq!(err.message(), "cannot write: disk full");
+    }
+}

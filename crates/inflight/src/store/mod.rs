@@ -306,6 +306,46 @@ impl fmt::Display for Synchronous {
 /// `inflight.db` in the working directory.
 pub const DEFAULT_URL: &str = "sqlite://inflight.db";
 
+/// `url` with its password, if any, replaced by `***`: the user-info
+/// password (`postgres://user:PASSWORD@host/db`) and a `password=` query
+/// parameter. A store URL may carry the database's credentials, and it
+/// appears in logs and error messages.
+pub fn redacted_url(url: &str) -> String {
+    let (head, query) = url
+        .split_once('?')
+        .map_or((url, None), |(head, query)| (head, Some(query)));
+    let head = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_once('/').map_or((rest, None), |(a, p)| (a, Some(p)));
+            let authority = match authority.rsplit_once('@') {
+                Some((user, host)) if user.contains(':') => {
+                    let name = user.split(':').next().unwrap_or("");
+                    format!("{name}:***@{host}")
+                }
+                _ => authority.to_owned(),
+            };
+            match path {
+                Some(path) => format!("{scheme}://{authority}/{path}"),
+                None => format!("{scheme}://{authority}"),
+            }
+        }
+        None => head.to_owned(),
+    };
+    match query {
+        Some(query) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{head}?{}", pairs.join("&"))
+        }
+        None => head,
+    }
+}
+
 /// Opens the store named by `url` under `config`.
 ///
 /// - `memory:` keeps everything in this process.
@@ -385,7 +425,8 @@ pub fn open(
         }
     }
     Err(LedgerError::invalid(format!(
-        "unsupported store URL {url:?}: use \"memory:\", \"sqlite://PATH\" or \"postgres://user@host:port/db\""
+        "unsupported store URL {:?}: use \"memory:\", \"sqlite://PATH\" or \"postgres://user@host:port/db\"",
+        redacted_url(url)
     )))
 }
 
@@ -513,6 +554,31 @@ mod tests {
             Arc::new(LedgerConfig::default()),
             Arc::new(FakeClock::at(crate::Timestamp::MIN)),
         )
+    }
+
+    #[test]
+    fn a_store_url_shows_no_password() {
+        for (url, shown) in [
+            (
+                "postgres://app:s3cret@db:5432/ledger",
+                "postgres://app:***@db:5432/ledger",
+            ),
+            ("postgresql://app:s3cret@db", "postgresql://app:***@db"),
+            (
+                "postgres://app@db/ledger?password=s3cret&sslmode=disable",
+                "postgres://app@db/ledger?password=***&sslmode=disable",
+            ),
+            ("postgres://app@db/ledger", "postgres://app@db/ledger"),
+            (
+                "sqlite://inflight.db?synchronous=normal",
+                "sqlite://inflight.db?synchronous=normal",
+            ),
+            ("memory:", "memory:"),
+        ] {
+            assert_eq!(redacted_url(url), shown, "{url}");
+        }
+        let err = opened("postgress://app:s3cret@db/ledger").unwrap_err();
+        assert!(!err.message().contains("s3cret"), "{err}");
     }
 
     #[test]

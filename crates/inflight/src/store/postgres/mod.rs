@@ -112,7 +112,9 @@ impl Settings {
     /// Reads `url`; its store parameters are taken out, the rest is the
     /// client's.
     fn parse(url: &str) -> Result<Self, LedgerError> {
-        let named = |message: String| LedgerError::invalid(format!("store URL {}: {message}", redact(url)));
+        let named = |message: String| {
+            LedgerError::invalid(format!("store URL {}: {message}", super::redacted_url(url)))
+        };
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut schema = None;
         let mut pool = DEFAULT_POOL;
@@ -206,21 +208,6 @@ impl Settings {
     /// The key the migration lock is taken on.
     fn lock_key(&self) -> String {
         format!("inflight.migrate:{}", self.schema.as_deref().unwrap_or(""))
-    }
-}
-
-/// `url` without its password, for messages.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-    match authority.rsplit_once('@') {
-        Some((user, host)) if user.contains(':') => {
-            let name = user.split(':').next().unwrap_or("");
-            format!("{scheme}://{name}:***@{host}/{path}")
-        }
-        _ => url.to_owned(),
     }
 }
 
