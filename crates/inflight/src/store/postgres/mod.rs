@@ -47,8 +47,12 @@
 //!   commands submitted concurrently;
 //! - `listen=false`: no `LISTEN` connection; waiters poll.
 //!
-//! TLS is not supported yet: connect over a private network or a local
-//! socket proxy.
+//! - `sslmode=require` (or `verify-ca`, `verify-full`): TLS, with the
+//!   server's certificate verified, chain and host name, against the
+//!   system's roots or the PEM file `sslrootcert=PATH` names. This is
+//!   stricter than libpq's `require`, which does not verify: a ledger's
+//!   connection is not one to give to whoever answers. `disable` and
+//!   `prefer` (the default) connect without TLS.
 
 use std::fmt;
 use std::str::FromStr;
@@ -84,10 +88,81 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Writer connections when the URL names none.
 pub const DEFAULT_POOL: usize = 1;
 
+/// How connections are secured, from `sslmode` and `sslrootcert`.
+#[derive(Clone)]
+enum Tls {
+    /// Plain TCP: `sslmode=disable` or `prefer`.
+    Off,
+    /// TLS with the server's certificate verified.
+    On(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Tls {
+    /// The TLS `sslmode` asks for, verified against the certificates in
+    /// `root_cert` (a PEM file), or the system's when `None`.
+    fn new(mode: &str, root_cert: Option<&str>) -> Result<Self, String> {
+        match mode {
+            "disable" | "prefer" => {
+                if root_cert.is_some() {
+                    return Err(format!(
+                        "sslrootcert is given but sslmode is {mode:?}: with no TLS it would not be used; \
+                         set sslmode=require"
+                    ));
+                }
+                return Ok(Self::Off);
+            }
+            "require" | "verify-ca" | "verify-full" => {}
+            other => {
+                return Err(format!(
+                    "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
+                ))
+            }
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        match root_cert {
+            Some(path) => {
+                use rustls::pki_types::{pem::PemObject, CertificateDer};
+                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                    .and_then(Iterator::collect)
+                    .map_err(|err| {
+                        format!("sslrootcert {path:?} cannot be read as PEM certificates: {err}")
+                    })?;
+                if certs.is_empty() {
+                    return Err(format!("sslrootcert {path:?} holds no certificate"));
+                }
+                for cert in certs {
+                    roots.add(cert).map_err(|err| {
+                        format!("sslrootcert {path:?} holds a certificate that cannot be used: {err}")
+                    })?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+                if roots.is_empty() {
+                    return Err(
+                        "sslmode=require, and no sslrootcert is given and the system has no root \
+                                certificates: name the server's CA with sslrootcert=PATH"
+                            .to_owned(),
+                    );
+                }
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|err| format!("TLS cannot be set up: {err}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Self::On(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
+    }
+}
+
 /// Where and how to connect, from a store URL.
 #[derive(Clone)]
 struct Settings {
     config: postgres::Config,
+    tls: Tls,
     schema: Option<String>,
     pool: usize,
     listen: bool,
@@ -104,6 +179,7 @@ impl fmt::Debug for Settings {
             .field("schema", &self.schema)
             .field("pool", &self.pool)
             .field("listen", &self.listen)
+            .field("tls", &matches!(self.tls, Tls::On(_)))
             .finish()
     }
 }
@@ -119,6 +195,8 @@ impl Settings {
         let mut schema = None;
         let mut pool = DEFAULT_POOL;
         let mut listen = true;
+        let mut ssl_mode = "prefer";
+        let mut root_cert = None;
         let mut passed = Vec::new();
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             match pair.split_once('=') {
@@ -149,6 +227,10 @@ impl Settings {
                         other => return Err(named(format!("listen {other:?} is not one of true, false"))),
                     };
                 }
+                // Read here, not by the client: it knows neither the
+                // verify modes nor the root certificate file.
+                Some(("sslmode", value)) => ssl_mode = value,
+                Some(("sslrootcert", value)) => root_cert = Some(value),
                 _ => passed.push(pair),
             }
         }
@@ -157,7 +239,12 @@ impl Settings {
         } else {
             format!("{base}?{}", passed.join("&"))
         };
+        let tls = Tls::new(ssl_mode, root_cert).map_err(named)?;
         let mut config = postgres::Config::from_str(&client_url).map_err(|err| named(err.to_string()))?;
+        config.ssl_mode(match tls {
+            Tls::Off => postgres::config::SslMode::Disable,
+            Tls::On(_) => postgres::config::SslMode::Require,
+        });
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -172,6 +259,7 @@ impl Settings {
         };
         Ok(Self {
             config,
+            tls,
             schema,
             pool,
             listen,
@@ -194,7 +282,11 @@ impl Settings {
 
     /// A new connection, as the server gives it.
     fn client(&self) -> Result<postgres::Client, LedgerError> {
-        self.config.connect(postgres::NoTls).map_err(|err| {
+        let connected = match &self.tls {
+            Tls::Off => self.config.connect(postgres::NoTls),
+            Tls::On(tls) => self.config.connect(tls.clone()),
+        };
+        connected.map_err(|err| {
             let fault = Fault::of(&err);
             let fault = if fault == Fault::Other && err.as_db_error().is_none() {
                 Fault::Unavailable
@@ -451,5 +543,42 @@ mod tests {
         assert_eq!(settings.schema.as_deref(), Some("a1"));
         assert_eq!(settings.config.get_application_name(), Some("x"));
         assert_eq!(settings.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+    }
+
+    #[test]
+    fn tls_is_asked_for_with_sslmode_and_its_roots_are_checked() {
+        let message = |url: &str| Settings::parse(url).unwrap_err().to_string();
+        assert!(message("postgres://u@h/db?sslmode=allow").contains("sslmode \"allow\" is not one of"));
+        assert!(
+            message("postgres://u@h/db?sslmode=require&sslrootcert=/nonexistent/ca.pem")
+                .contains("sslrootcert \"/nonexistent/ca.pem\" cannot be read")
+        );
+        assert!(message("postgres://u@h/db?sslrootcert=/etc/hosts").contains("set sslmode=require"));
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no certificate here\n").unwrap();
+        let url = format!(
+            "postgres://u@h/db?sslmode=require&sslrootcert={}",
+            empty.display()
+        );
+        assert!(
+            message(&url).contains("holds no certificate"),
+            "{}",
+            message(&url)
+        );
+
+        for (url, tls) in [
+            ("postgres://u@h/db", false),
+            ("postgres://u@h/db?sslmode=disable", false),
+            ("postgres://u@h/db?sslmode=prefer", false),
+        ] {
+            let settings = Settings::parse(url).unwrap();
+            assert_eq!(matches!(settings.tls, Tls::On(_)), tls, "{url}");
+            assert_eq!(
+                settings.config.get_ssl_mode(),
+                postgres::config::SslMode::Disable,
+                "{url}"
+            );
+        }
     }
 }
