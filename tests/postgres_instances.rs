@@ -10,21 +10,16 @@
 //! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432).
 //! Polling real processes is unavoidable here; every wait is bounded.
 
-use std::process::Stdio;
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::{Launch, Server};
 use inflight::store::postgres::testing::TestDatabase;
-use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-
-const BIN: &str = env!("CARGO_BIN_EXE_inflight");
-/// How long anything may take before the test gives up.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Short classes and a reaper that never runs on its own, so that the
 /// tests' own reap calls are the only reapers.
@@ -44,100 +39,19 @@ cap = 1
 cap = 2
 "#;
 
-struct Server {
-    _child: Child,
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Server {
-    async fn start(store: &str, config: &std::path::Path) -> Self {
-        let mut command = Command::new(BIN);
-        for var in [
-            "INFLIGHT_CONFIG",
-            "INFLIGHT_LISTEN",
-            "INFLIGHT_STORE",
-            "INFLIGHT_TOKEN",
-        ] {
-            command.env_remove(var);
-        }
-        command
-            .args([
-                "--log-format",
-                "json",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--store",
-                store,
-            ])
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info");
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the binary starts");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (sender, mut logs) = mpsc::unbounded_channel::<Value>();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let _ = sender.send(serde_json::from_str(&line).unwrap_or(json!({ "raw": line })));
-            }
-        });
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        let mut seen = Vec::new();
-        let addr = loop {
-            match tokio::time::timeout_at(deadline, logs.recv()).await {
-                Ok(Some(line)) => {
-                    let listening = line["fields"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.starts_with("listening on http://"));
-                    if listening {
-                        break line["fields"]["addr"].as_str().expect("addr").to_owned();
-                    }
-                    seen.push(line);
-                }
-                Ok(None) => panic!("the server exited before listening; its log: {seen:#?}"),
-                Err(_) => panic!("the server did not listen in time; its log: {seen:#?}"),
-            }
-        };
-        // Keep draining its log, so that it never blocks on a full pipe.
-        tokio::spawn(async move { while logs.recv().await.is_some() {} });
-        Self {
-            _child: child,
-            base: format!("http://{addr}"),
-            http: reqwest::Client::builder().timeout(PATIENCE).build().unwrap(),
-        }
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.expect("the server answers");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("a JSON answer"))
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        self.call(reqwest::Method::GET, path, None).await
-    }
-
-    async fn begin(&self, body: Value) -> String {
-        let (status, record) = self.post("/v1/activities", body).await;
-        assert_eq!(status, 201, "{record}");
-        record["activityId"].as_str().unwrap().to_owned()
-    }
+/// A server on `store`, configured by `config`, on a free port.
+async fn start(store: &str, config: &std::path::Path) -> Server {
+    Server::start(Launch {
+        store: Some(store.to_owned()),
+        args: vec![
+            "--listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--config".to_owned(),
+            config.display().to_string(),
+        ],
+        ..Launch::default()
+    })
+    .await
 }
 
 fn now_ms() -> i64 {
@@ -153,8 +67,8 @@ fn config_file() -> tempfile::NamedTempFile {
 /// Two servers on one fresh database.
 async fn two_servers(database: &TestDatabase, config: &tempfile::NamedTempFile) -> Arc<[Server; 2]> {
     let url = database.store_url("");
-    let a = Server::start(&url, config.path()).await;
-    let b = Server::start(&url, config.path()).await;
+    let a = start(&url, config.path()).await;
+    let b = start(&url, config.path()).await;
     Arc::new([a, b])
 }
 
@@ -487,7 +401,7 @@ async fn a_server_whose_database_goes_away_answers_503_and_recovers_by_itself() 
     let config = config_file();
     let url = database.store_url("");
     let mut proxy = Proxy::start(upstream_of(&url)).await;
-    let server = Server::start(&via(&url, &format!("127.0.0.1:{}", proxy.port)), config.path()).await;
+    let server = start(&via(&url, &format!("127.0.0.1:{}", proxy.port)), config.path()).await;
     let body = json!({"service": "restart", "provider": "ollama", "class": "embedding"});
     let mut acknowledged = Vec::new();
     for _ in 0..5 {

@@ -3,161 +3,20 @@
 //! bounded loop with a generous limit, so a loaded machine only makes it
 //! slower.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::load::kill_9_under_load;
+use common::{config_file, inflight, sqlite, Launch, Server, PATIENCE};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_inflight");
-/// How long anything may take before the test gives up.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A running `inflight serve`.
-struct Server {
-    child: Child,
-    base: String,
-    logs: mpsc::UnboundedReceiver<Value>,
-    token: Option<String>,
-    http: reqwest::Client,
-}
-
-/// How to start one.
-#[derive(Default)]
-struct Launch<'a> {
-    store: Option<&'a Path>,
-    /// The store's durability (`?synchronous=`), when not the default.
-    synchronous: Option<&'a str>,
-    args: Vec<String>,
-    env: Vec<(&'static str, String)>,
-    token: Option<&'a str>,
-}
-
-fn inflight() -> Command {
-    let mut command = Command::new(BIN);
-    for var in [
-        "INFLIGHT_CONFIG",
-        "INFLIGHT_LISTEN",
-        "INFLIGHT_STORE",
-        "INFLIGHT_TOKEN",
-        "RUST_LOG",
-    ] {
-        command.env_remove(var);
-    }
-    command
-}
-
-impl Server {
-    async fn start(launch: Launch<'_>) -> Self {
-        let mut command = inflight();
-        command.args(["--log-format", "json", "serve"]);
-        if let Some(store) = launch.store {
-            let mut url = format!("sqlite://{}", store.display());
-            if let Some(synchronous) = launch.synchronous {
-                url.push_str(&format!("?synchronous={synchronous}"));
-            }
-            command.args(["--store", &url]);
-        }
-        command.args(&launch.args);
-        command.env("RUST_LOG", "info");
-        for (key, value) in &launch.env {
-            command.env(key, value);
-        }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the binary starts");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (sender, logs) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let value = serde_json::from_str(&line).unwrap_or(json!({ "raw": line }));
-                if sender.send(value).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut server = Self {
-            child,
-            base: String::new(),
-            logs,
-            token: launch.token.map(str::to_owned),
-            http: reqwest::Client::builder().timeout(PATIENCE).build().unwrap(),
-        };
-        let line = server
-            .wait_for_log("the server to listen", |line| {
-                line["fields"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("listening on http://"))
-            })
-            .await;
-        let addr = line["fields"]["addr"].as_str().expect("addr field");
-        server.base = format!("http://{addr}");
-        server
-    }
-
-    /// Waits (bounded) for a log line matching `pred`.
-    async fn wait_for_log(&mut self, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Value {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        let mut seen = Vec::new();
-        loop {
-            match tokio::time::timeout_at(deadline, self.logs.recv()).await {
-                Ok(Some(line)) if pred(&line) => return line,
-                Ok(Some(line)) => seen.push(line),
-                Ok(None) => panic!("the server exited while waiting for {what}; its log: {seen:#?}"),
-                Err(_) => panic!("timed out waiting for {what}; its log: {seen:#?}"),
-            }
-        }
-    }
-
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut request = self.request(method, path);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.expect("the server answers");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("a JSON answer"))
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        self.call(reqwest::Method::GET, path, None).await
-    }
-
-    /// Begins a record; returns its id.
-    async fn begin(&self, body: Value) -> String {
-        let (status, record) = self.post("/v1/activities", body).await;
-        assert_eq!(status, 201, "{record}");
-        record["activityId"].as_str().unwrap().to_owned()
-    }
-
-    /// `kill -9`.
-    async fn crash(mut self) {
-        self.child.kill().await.expect("SIGKILL");
-    }
-}
-
-fn temp_store(dir: &tempfile::TempDir) -> PathBuf {
-    dir.path().join("inflight.db")
+/// The store URL of a fresh SQLite file in `dir`.
+fn temp_store(dir: &tempfile::TempDir) -> String {
+    sqlite(&dir.path().join("inflight.db"), None)
 }
 
 async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
@@ -182,7 +41,7 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let mut server = Server::start(Launch {
-        store: Some(&store),
+        store: Some(store.clone()),
         // flag > environment: the environment's address is not local.
         args: vec!["--listen".into(), "127.0.0.1:0".into()],
         env: vec![
@@ -190,7 +49,6 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
             ("INFLIGHT_TOKEN", "e2e-token".into()),
         ],
         token: Some("e2e-token"),
-        ..Launch::default()
     })
     .await;
 
@@ -291,7 +149,7 @@ async fn the_cli_takes_the_short_ids_its_tables_show() {
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let server = Server::start(Launch {
-        store: Some(&store),
+        store: Some(store.clone()),
         args: vec!["--listen".into(), "127.0.0.1:0".into()],
         ..Launch::default()
     })
@@ -438,10 +296,9 @@ async fn records_survive_kill_9_under_synchronous_normal() {
 
 async fn records_survive_kill_9(synchronous: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
-    let store = temp_store(&dir);
+    let store = sqlite(&dir.path().join("inflight.db"), synchronous);
     let first = Server::start(Launch {
-        store: Some(&store),
-        synchronous,
+        store: Some(store.clone()),
         args: vec!["--listen".into(), "127.0.0.1:0".into()],
         ..Launch::default()
     })
@@ -471,8 +328,7 @@ async fn records_survive_kill_9(synchronous: Option<&str>) {
     )
     .unwrap();
     let mut second = Server::start(Launch {
-        store: Some(&store),
-        synchronous,
+        store: Some(store.clone()),
         env: vec![
             ("INFLIGHT_CONFIG", config.display().to_string()),
             ("INFLIGHT_LISTEN", "127.0.0.1:0".into()),
@@ -534,7 +390,7 @@ async fn eight_concurrent_clients_leave_every_lane_at_zero_and_count_each_lifecy
     let store = temp_store(&dir);
     let server = std::sync::Arc::new(
         Server::start(Launch {
-            store: Some(&store),
+            store: Some(store.clone()),
             args: vec!["--listen".into(), "127.0.0.1:0".into()],
             ..Launch::default()
         })
@@ -643,18 +499,6 @@ async fn check_config_exits_0_when_valid_and_2_naming_the_key() {
     assert_eq!(code, Some(2), "{err}");
 }
 
-/// Writes `text` as a configuration file in `dir`; the `--config` arguments.
-fn config_file(dir: &tempfile::TempDir, text: &str) -> Vec<String> {
-    let path = dir.path().join("inflight.toml");
-    std::fs::write(&path, text).unwrap();
-    vec![
-        "--config".to_owned(),
-        path.display().to_string(),
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-    ]
-}
-
 /// Opens a connection to `server` that sends half a request header and
 /// never the rest.
 async fn slow_client(server: &Server) -> tokio::net::TcpStream {
@@ -685,7 +529,7 @@ async fn five_thousand_slow_clients_neither_starve_the_others_nor_stay_open() {
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let server = Server::start(Launch {
-        store: Some(&store),
+        store: Some(store.clone()),
         args: config_file(&dir, "[server]\nheader_timeout = \"3s\"\n"),
         ..Launch::default()
     })
@@ -760,7 +604,7 @@ async fn a_connection_past_max_connections_is_answered_503_with_retry_after() {
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let server = Server::start(Launch {
-        store: Some(&store),
+        store: Some(store.clone()),
         args: config_file(&dir, "[server]\nmax_connections = 20\nheader_timeout = \"30s\"\n"),
         ..Launch::default()
     })
@@ -806,167 +650,16 @@ async fn a_connection_past_max_connections_is_answered_503_with_retry_after() {
     }
 }
 
-/// What the clients were told before the crash, per record.
-#[derive(Default, Clone, Copy, Debug)]
-struct Acknowledged {
-    started: bool,
-    settled: bool,
-}
-
-/// Eight clients run lifecycles as fast as they can until the server is
-/// killed. After a restart on the same file: every transition acknowledged
-/// before the kill is there, every record is counted once, and the records
-/// in flight at the crash end reaped, never stuck.
+/// Eight clients run lifecycles until the server is killed; a server
+/// restarted on the same file finds every acknowledged transition, counts
+/// each record once, and reaps what was in flight.
 async fn acknowledged_work_survives_kill_9_under_load(synchronous: Option<&str>) {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    const CLIENTS: usize = 8;
     let dir = tempfile::tempdir().unwrap();
-    let store = temp_store(&dir);
-    let mut args = config_file(
-        &dir,
-        "[reap]\nfactor = 1\ninterval = \"100ms\"\n[classes.embedding]\ndeadline = \"500ms\"\n",
-    );
-    args.truncate(2);
-    args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
-    let server = Server::start(Launch {
-        store: Some(&store),
-        synchronous,
-        args: args.clone(),
-        ..Launch::default()
-    })
-    .await;
-    let acked: Arc<Mutex<HashMap<String, Acknowledged>>> = Arc::default();
-    let mut clients = Vec::new();
-    for client in 0..CLIENTS {
-        let (base, acked) = (server.base.clone(), Arc::clone(&acked));
-        clients.push(tokio::spawn(async move {
-            let http = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap();
-            let post = |path: String, body: Value| {
-                let request = http.post(format!("{base}{path}")).json(&body);
-                async move {
-                    match request.send().await {
-                        Ok(response) if response.status().is_success() => response.json::<Value>().await.ok(),
-                        _ => None,
-                    }
-                }
-            };
-            for round in 0.. {
-                let kb = json!({"service": "knowledge-base", "provider": "ollama", "class": "embedding",
-                                "operationStage": format!("client-{client}")});
-                let Some(record) = post("/v1/activities".to_owned(), kb).await else {
-                    return;
-                };
-                let id = record["activityId"].as_str().unwrap().to_owned();
-                acked.lock().unwrap().insert(id.clone(), Acknowledged::default());
-                // Some calls are left in flight, as a crash would find them.
-                if round % 5 == 4 {
-                    continue;
-                }
-                if post(format!("/v1/activities/{id}/start"), json!({}))
-                    .await
-                    .is_none()
-                {
-                    return;
-                }
-                acked.lock().unwrap().get_mut(&id).unwrap().started = true;
-                if round % 7 == 6 {
-                    continue;
-                }
-                if post(format!("/v1/activities/{id}/settle"), json!({"success": true}))
-                    .await
-                    .is_none()
-                {
-                    return;
-                }
-                acked.lock().unwrap().get_mut(&id).unwrap().settled = true;
-            }
-        }));
-    }
-    // Load for a while, then the kill, mid-flight.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while acked.lock().unwrap().values().filter(|a| a.settled).count() < 200 {
-        assert!(tokio::time::Instant::now() < deadline, "the load never got going");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    server.crash().await;
-    for client in clients {
-        client.await.unwrap();
-    }
-    let acked = acked.lock().unwrap().clone();
-
-    let server = Server::start(Launch {
-        store: Some(&store),
-        synchronous,
-        args,
-        ..Launch::default()
-    })
-    .await;
-    // The records in flight at the crash end reaped, by the reaper alone.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let snapshot = loop {
-        let (status, snapshot) = server.get("/v1/snapshot?limit=10000&since=1h").await;
-        assert_eq!(status, 200);
-        if snapshot["totalInFlight"] == 0 {
-            break snapshot;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "records stuck in flight: {snapshot}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-
-    // Every acknowledged transition is there.
-    let mut states: HashMap<String, String> = HashMap::new();
-    for section in ["recentCompletions", "reaped"] {
-        for record in snapshot[section].as_array().unwrap() {
-            let id = record["activityId"].as_str().unwrap().to_owned();
-            assert!(
-                states
-                    .insert(id.clone(), record["state"].as_str().unwrap().to_owned())
-                    .is_none(),
-                "{id} listed twice"
-            );
-        }
-    }
-    assert!(!snapshot["recentCompletionsTruncated"].as_bool().unwrap());
-    assert!(!snapshot["reapedTruncated"].as_bool().unwrap());
-    for (id, ack) in &acked {
-        let state = states
-            .get(id)
-            .unwrap_or_else(|| panic!("acknowledged begin {id} was lost"));
-        if ack.settled {
-            assert_eq!(state, "succeeded", "acknowledged settle of {id} was lost");
-        } else if ack.started {
-            assert!(state == "reaped" || state == "succeeded", "{id}: {state}");
-            let (_, record) = server.get(&format!("/v1/activities/{id}")).await;
-            assert!(
-                !record["startedAt"].is_null(),
-                "acknowledged start of {id} was lost: {record}"
-            );
-        }
-    }
-    // Each record counted once: the counters match the records.
-    let stored = i64::try_from(states.len()).unwrap();
-    let succeeded = i64::try_from(states.values().filter(|s| *s == "succeeded").count()).unwrap();
-    let reaped = i64::try_from(states.values().filter(|s| *s == "reaped").count()).unwrap();
-    assert_eq!(snapshot["totalActivities"], stored, "{snapshot}");
-    assert_eq!(snapshot["totalSucceeded"], succeeded);
-    assert_eq!(snapshot["totalReaped"], reaped);
-    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
-    assert_eq!(
-        (lane["executing"].as_i64(), lane["waiting"].as_i64()),
-        (Some(0), Some(0))
-    );
+    let store = sqlite(&dir.path().join("inflight.db"), synchronous);
+    let figures = kill_9_under_load(&store).await;
     eprintln!(
-        "kill -9 under load ({}): {} records acknowledged, {stored} stored, {succeeded} succeeded, {reaped} reaped",
-        synchronous.unwrap_or("full"),
-        acked.len()
+        "kill -9 under load (SQLite, synchronous = {}): {figures}",
+        synchronous.unwrap_or("full")
     );
 }
 
@@ -1002,7 +695,7 @@ async fn floods_of_bad_requests_get_4xx_while_good_clients_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let server = Server::start(Launch {
-        store: Some(&store),
+        store: Some(store.clone()),
         args: config_file(&dir, "[server]\nbody_timeout = \"1s\"\nheader_timeout = \"2s\"\n"),
         ..Launch::default()
     })
@@ -1182,7 +875,7 @@ async fn killed_client_processes_give_their_slots_back_through_their_leases() {
     let dir = tempfile::tempdir().unwrap();
     let store = temp_store(&dir);
     let server = Server::start(Launch {
-        store: Some(&store),
+        store: Some(store.clone()),
         args: config_file(
             &dir,
             "[reap]\ninterval = \"100ms\"\n[lanes.\"kb::ollama\"]\ncap = 2\n",

@@ -1,8 +1,9 @@
 //! Every reap is one structured `tracing` event at INFO (target
 //! `inflight::reap`) with the activity id, lane, class, disposition,
 //! reason, age and bound; a command that reaps several records also logs
-//! one summary line. On both stores: SQLite's are published by its writer
-//! thread once the transaction committed, so the subscriber is global.
+//! one summary line. On every store: SQLite's and PostgreSQL's are
+//! published by their writer threads once the transaction committed, so the
+//! subscriber is global.
 //!
 //! One test, run in sequence: the events of one scenario are told apart
 //! from another's by draining the capture between them.
@@ -197,4 +198,11 @@ async fn every_reap_is_one_info_event_and_a_pass_that_reaps_several_adds_a_summa
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("reaps.db").display());
     scenario(&url, &events).await;
+    // PostgreSQL's "now" is the database's clock, overridden per
+    // transaction by the ledger's `FakeClock`.
+    #[cfg(feature = "postgres")]
+    {
+        let database = inflight::store::postgres::testing::TestDatabase::new();
+        scenario(&database.store_url(""), &events).await;
+    }
 }
