@@ -5,6 +5,7 @@
 //! slower.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod load;
 
 use std::path::Path;
