@@ -56,6 +56,17 @@ fn a_schema_newer_than_the_build_is_refused_with_a_clear_message() {
 }
 
 #[test]
+fn waiters_poll_each_second_with_a_listener_and_every_50_ms_without() {
+    let database = TestDatabase::new();
+    let listening = open(&database.store_url("")).unwrap();
+    assert_eq!(listening.recheck_within(), store::RECHECK_HEARD);
+    assert_eq!(store::RECHECK_HEARD, Duration::from_secs(1));
+    let polling = open(&database.store_url("listen=false")).unwrap();
+    assert_eq!(polling.recheck_within(), store::RECHECK_UNHEARD);
+    assert_eq!(store::RECHECK_UNHEARD, Duration::from_millis(50));
+}
+
+#[test]
 fn an_unreachable_server_is_unavailable_not_a_hang() {
     // Nothing listens on port 1.
     let started = Instant::now();

@@ -20,10 +20,16 @@ use crate::error::{ErrorKind, LedgerError};
 use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
 use crate::stats::Rejection;
 
-/// How often a record waiting in line asks again, for capacity freed by
-/// another process sharing the store (this process's own settles wake it at
-/// once).
-pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// How long a record waiting in line sleeps before it asks again, unwoken:
+/// a random time between half of `within` (the store's
+/// [`Store::recheck_within`](crate::store::Store::recheck_within)) and all
+/// of it, so that waiters that went to sleep together do not all ask the
+/// store in the same instant.
+fn recheck_after(within: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let random = foldhash::fast::RandomState::default().hash_one(std::time::Instant::now());
+    within / 2 + within.mul_f64((random % 1024) as f64 / 2048.0)
+}
 
 /// Where records waiting in line in this process are woken when capacity
 /// may have come back (a settle, a cancel, a reap).
@@ -211,7 +217,8 @@ impl Ledger {
                     if give_up.is_some_and(|give_up| now >= give_up) {
                         return self.count_refusal(Err(err), Rejection::WaitTimeout);
                     }
-                    let poll = give_up.map_or(POLL_INTERVAL, |give_up| (give_up - now).min(POLL_INTERVAL));
+                    let recheck = recheck_after(self.inner.store.recheck_within());
+                    let poll = give_up.map_or(recheck, |give_up| (give_up - now).min(recheck));
                     tokio::select! {
                         () = &mut woken => {}
                         () = tokio::time::sleep(poll) => {}
@@ -228,6 +235,19 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::*;
+
+    #[test]
+    fn a_waiter_asks_again_between_half_and_all_of_the_stores_recheck() {
+        let within = Duration::from_millis(1000);
+        let pauses: Vec<Duration> = (0..200).map(|_| recheck_after(within)).collect();
+        assert!(
+            pauses.iter().all(|p| *p >= within / 2 && *p <= within),
+            "{pauses:?}"
+        );
+        // Jittered: waiters that slept together do not all wake together.
+        let distinct: std::collections::HashSet<_> = pauses.iter().collect();
+        assert!(distinct.len() > 20, "{} distinct pauses", distinct.len());
+    }
 
     #[test]
     fn capacity_freed_wakes_a_start_counted_in_line() {

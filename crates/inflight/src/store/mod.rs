@@ -10,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
@@ -246,7 +247,26 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     fn watch_capacity(&self, wake: Wake) {
         let _ = wake;
     }
+
+    /// The longest a start waiting in line goes without asking again when
+    /// nothing woke it: the net for capacity freed where this process does
+    /// not hear of it. [`RECHECK_UNHEARD`] by default, for a store that
+    /// other processes may change unheard (a SQLite file several processes
+    /// share); a store that hears them ([`Store::watch_capacity`]) needs it
+    /// only for a notification lost while its listener reconnects.
+    fn recheck_within(&self) -> Duration {
+        RECHECK_UNHEARD
+    }
 }
+
+/// How soon a start waiting in line asks again, unwoken, on a store that
+/// other processes may change without this one hearing of it.
+pub const RECHECK_UNHEARD: Duration = Duration::from_millis(50);
+/// How soon it asks again on a store that hears of other processes'
+/// grants and freed slots: at most a second late after a lost
+/// notification, without every waiter asking the database 20 times a
+/// second.
+pub const RECHECK_HEARD: Duration = Duration::from_secs(1);
 
 mod sealed {
     /// Implemented by this crate's stores only.

@@ -456,6 +456,17 @@ impl Store for PostgresStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
     }
+
+    fn recheck_within(&self) -> Duration {
+        // With its listener, another instance's grant or freed slot wakes
+        // the waiters at once; without it (PgBouncer in transaction mode)
+        // polling is all they have.
+        if self.settings.listen {
+            super::RECHECK_HEARD
+        } else {
+            super::RECHECK_UNHEARD
+        }
+    }
 }
 
 /// Bulk-loads `count` settled records, completed over the hour before
