@@ -59,14 +59,18 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
         .map_err(|_| ApiError::invalid(format!("{raw:?} is not an activity id (a UUID)")))
 }
 
-/// `POST /v1/activities`.
+/// `POST /v1/activities[?start=now[&wait=DURATION]]`.
 #[utoipa::path(post, path = "/v1/activities", operation_id = "beginActivity", tag = "activities",
-    summary = "Begin a record",
+    summary = "Begin a record, or begin it started (`?start=now`)",
     description = "A record begun without `startedAt` is `waiting` and never refused for capacity; \
-        one begun with `startedAt` is `executing`, an admission decision on a capped lane.",
+        one begun with `startedAt` is `executing`, an admission decision on a capped lane. \
+        With `start=now`, the server stamps the start with its own clock; with `wait` too, the request \
+        holds until the lane admits the record or the wait ends (then the record is cancelled and the \
+        answer is 429): a lifecycle in two requests, this one and the settle.",
+    params(api::BeginQuery),
     request_body = api::BeginRequest,
     responses(
-        (status = 201, description = "The record begun", body = api::ActivityRecord,
+        (status = 201, description = "The record begun (`executing` with `start=now`)", body = api::ActivityRecord,
             headers(("Location" = String, description = "`/v1/activities/{id}`")),
             links(
                 ("getActivity" = (operation_id = "getActivity", parameters(("id" = "$response.body#/activityId")))),
@@ -74,22 +78,55 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
                 ("settleActivity" = (operation_id = "settleActivity", parameters(("id" = "$response.body#/activityId")))),
                 ("cancelActivity" = (operation_id = "cancelActivity", parameters(("id" = "$response.body#/activityId")))),
             )),
-        (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`", body = api::ErrorBody),
+        (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`; a bad `start` or \
+            `wait`, `wait` without `start=now`, or `startedAt` with `start=now`", body = api::ErrorBody),
         (status = 409, description = "The owner is lost or released", body = api::ErrorBody),
-        (status = 429, description = "Begun started on a lane at its cap; nothing is recorded", body = api::ErrorBody,
+        (status = 429, description = "Begun started on a lane at its cap (after the `wait`, if any). Nothing holds \
+            a slot or a place in line: without `wait` nothing is recorded; after a `wait` the record is \
+            recorded `cancelled`", body = api::ErrorBody,
             headers(("Retry-After" = String, description = "`1`: a hint, capacity may come back sooner"))),
     ))]
 pub(super) async fn begin(
     State(state): State<AppState>,
+    QueryString(query): QueryString<api::BeginQuery>,
     RequiredBody(request): RequiredBody<api::BeginRequest>,
 ) -> Answer<impl IntoResponse> {
-    let record = state
-        .ledger()
-        .begin_record(convert::activity_spec(request))
-        .await?
-        .to_api();
+    let start_now = begin_starts_now(&query, &request)?;
+    let spec = convert::activity_spec(request);
+    let record = match start_now {
+        Some(wait) => state.ledger().begin_started(spec, wait).await?,
+        None => state.ledger().begin_record(spec).await?,
+    }
+    .to_api();
     let location = format!("/v1/activities/{}", record.activity_id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(record)))
+}
+
+/// Whether a begin asks to be started now (`start=now`), and then how long
+/// it may wait in line (zero when `wait` is unset).
+fn begin_starts_now(query: &api::BeginQuery, request: &api::BeginRequest) -> Answer<Option<Duration>> {
+    match query.start.as_deref() {
+        None => {
+            if query.wait.is_some() {
+                return Err(ApiError::invalid(
+                    "`wait` needs `start=now`: without it a begin does not start the record",
+                ));
+            }
+            Ok(None)
+        }
+        Some("now") => {
+            if request.started_at.is_some() {
+                return Err(ApiError::invalid(
+                    "`startedAt`: leave it out with `start=now`, which stamps the start with the server's clock",
+                ));
+            }
+            let wait = query.wait.as_deref().map(parse_wait).transpose()?;
+            Ok(Some(wait.unwrap_or(Duration::ZERO)))
+        }
+        Some(other) => Err(ApiError::invalid(format!(
+            "`start` must be \"now\" (or left out), got {other:?}"
+        ))),
+    }
 }
 
 /// `GET /v1/activities/{id}`.
