@@ -51,6 +51,11 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if first != Some(&b'{') {
         return Err(not_an_object(bytes));
     }
+    // A body that reads pays no path tracking; one refused is read again
+    // with it, to name the field.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut json = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut json).map_err(field_error)?;
     json.end().map_err(not_json)?;
