@@ -1165,11 +1165,59 @@ async fn begin_with_start_now_whose_wait_ends_is_429_and_its_record_is_cancelled
     let record = api.get(&format!("/v1/activities/{id}")).await;
     assert_eq!(record.status, StatusCode::OK, "{}", record.body);
     assert_eq!(record.body["state"], "cancelled");
+    assert_eq!(record.body["cancelReason"], "wait ended");
     let lane = &api.snapshot().await["nativeAdmission"]["knowledge-base::ollama"];
     assert_eq!(
         (lane["executing"].as_i64(), lane["waiting"].as_i64()),
         (Some(1), Some(0))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn begin_with_start_now_whose_request_ends_while_waiting_cancels_its_record() {
+    let api = capped_api(1);
+    started_now(
+        &api.post("/v1/activities?start=now", &kb().to_string()).await,
+        "first",
+    );
+    let router = api.router.clone();
+    let held = tokio::spawn(async move {
+        let request = Request::post("/v1/activities?start=now&wait=30s")
+            .body(Body::from(kb().to_string()))
+            .unwrap();
+        router.oneshot(request).await.unwrap().status()
+    });
+    let waiting = |snapshot: &Value| {
+        snapshot["nativeAdmission"]["knowledge-base::ollama"]["waiting"]
+            .as_i64()
+            .unwrap()
+    };
+    let mut snapshot = api.snapshot().await;
+    for _ in 0..100 {
+        if waiting(&snapshot) == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+        snapshot = api.snapshot().await;
+    }
+    assert_eq!(waiting(&snapshot), 1, "the held begin is recorded waiting");
+    // The client goes away: the request's future is dropped mid-wait.
+    held.abort();
+    let _ = held.await;
+    for _ in 0..100 {
+        snapshot = api.snapshot().await;
+        if waiting(&snapshot) == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        waiting(&snapshot),
+        0,
+        "nothing is left waiting in line: {snapshot}"
+    );
+    assert_eq!(snapshot["totalActivities"], 2);
+    assert_eq!(snapshot["totalInFlight"], 1, "only the first, executing");
 }
 
 #[tokio::test]
