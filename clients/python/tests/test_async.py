@@ -50,6 +50,21 @@ async def test_full_lifecycle_with_hooks(server):
         assert await counts(ledger, "alife::ollama") == EMPTY
 
 
+async def test_begin_with_start_now_admits_and_waits_in_line(server):
+    async with AsyncLedger(server.url, token=TOKEN) as ledger:
+        first = await ledger.begin(service="anow", provider="capped", start_now=True)
+        assert first.record["state"] == "executing"
+        with pytest.raises(LaneFullError):
+            await ledger.begin(service="anow", provider="capped", start_now=True, wait=0.2)
+        held = asyncio.create_task(ledger.begin(service="anow", provider="capped", start_now=True, wait=10))
+        await asyncio.sleep(0.3)
+        await first.succeed()
+        second = await held
+        assert second.record["state"] == "executing"
+        await second.succeed()
+        assert await counts(ledger, "anow::capped") == EMPTY
+
+
 async def test_failure_settles_failed(server):
     async with AsyncLedger(server.url, token=TOKEN) as ledger:
         with pytest.raises(RuntimeError):

@@ -169,6 +169,26 @@ def test_lane_full_keeps_the_place_in_line(ledger):
     assert counts(ledger, lane) == EMPTY
 
 
+def test_begin_with_start_now_admits_waits_and_cancels_when_the_wait_ends(ledger):
+    lane = "now::capped"
+    first = ledger.begin(service="now", provider="capped", start_now=True)
+    assert first.record["state"] == "executing"
+    assert first.record["startedAt"] == first.record["enqueuedAt"]  # the server's clock
+    with pytest.raises(LaneFullError):
+        ledger.begin(service="now", provider="capped", start_now=True)
+    with pytest.raises(LaneFullError) as info:
+        ledger.begin(service="now", provider="capped", start_now=True, wait=0.2)
+    assert "cancelled" in str(info.value)
+    assert counts(ledger, lane) == {"executing": 1, "waiting": 0, "inFlight": 1}
+    threading.Timer(0.3, first.succeed).start()
+    second = ledger.begin(service="now", provider="capped", start_now=True, wait=10)
+    assert second.record["state"] == "executing"
+    second.succeed()
+    assert counts(ledger, lane) == EMPTY
+    with pytest.raises(ValueError):
+        ledger.begin(service="now", provider="capped", wait=1)
+
+
 def test_errors_are_typed_by_code(ledger, server):
     with pytest.raises(InvalidRequestError, match="service") as info:
         ledger.begin(service="bad label!", provider="p")

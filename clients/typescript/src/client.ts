@@ -279,15 +279,37 @@ export class InflightClient {
 
   // ---- the routes --------------------------------------------------------
 
-  /** Begins a record (`waiting`, or `executing` when `startedAt` is given). Never retried. */
-  async begin(spec: ActivitySpec, options: { signal?: AbortSignal } = {}): Promise<Activity> {
+  /**
+   * Begins a record (`waiting`, or `executing` when `startedAt` is given). Never retried.
+   *
+   * With `startNow`, the server begins it started on its own clock
+   * (`?start=now`): a lifecycle in two requests, this and the settle. On a
+   * full lane that is `LaneFullError`, with nothing holding a slot or a place
+   * in line. With `waitMs` too (at most 30 s), the server holds the request
+   * until the lane admits the record or the wait ends; then the record is
+   * cancelled and the answer is `LaneFullError`.
+   */
+  async begin(
+    spec: ActivitySpec,
+    options: { signal?: AbortSignal; startNow?: boolean; waitMs?: number } = {},
+  ): Promise<Activity> {
+    if (options.waitMs !== undefined && !options.startNow) {
+      throw new TypeError("begin: waitMs needs startNow (a begin without it does not start the record)");
+    }
     const body: BeginRequest = {
       ...spec,
       enqueuedAt: toWireTime(spec.enqueuedAt),
       startedAt: toWireTime(spec.startedAt),
       ownerId: spec.ownerId ?? this.ownerId,
     };
-    const record = await this.request<ActivityRecord>("begin", { body, signal: options.signal });
+    const waitMs = options.waitMs === undefined ? undefined : Math.max(0, Math.min(MAX_WAIT_STEP_MS, Math.ceil(options.waitMs)));
+    const query = options.startNow ? { start: "now", wait: waitMs === undefined ? undefined : `${waitMs}ms` } : {};
+    const record = await this.request<ActivityRecord>("begin", {
+      body,
+      query,
+      signal: options.signal,
+      extraTimeoutMs: waitMs ?? 0,
+    });
     return new Activity(this, record);
   }
 

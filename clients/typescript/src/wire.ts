@@ -256,7 +256,7 @@ export const FIELDS = {
 
 /** Every route the client calls: method, path template, query parameters. */
 export const ROUTES = {
-  begin: { method: "POST", path: "/v1/activities", query: [] },
+  begin: { method: "POST", path: "/v1/activities", query: ["start", "wait"] },
   get: { method: "GET", path: "/v1/activities/{id}", query: [] },
   start: { method: "POST", path: "/v1/activities/{id}/start", query: ["wait"] },
   settle: { method: "POST", path: "/v1/activities/{id}/settle", query: [] },

@@ -15,7 +15,7 @@ import {
 import { freePort, laneCounts, sleep, startServer } from "./server.js";
 
 const TOKEN = "ts-client-test-token";
-const CAPPED = ["wait", "exec", "timeout", "owner", "full", "maxwait"].map((s) => `${s}::capped`);
+const CAPPED = ["wait", "exec", "timeout", "owner", "full", "maxwait", "now"].map((s) => `${s}::capped`);
 
 let server;
 let client;
@@ -49,6 +49,26 @@ async function holdSlot(lane) {
   assert.equal(holder.record.state, "executing");
   return holder;
 }
+
+describe("begin with startNow", () => {
+  test("admits at once, waits in line, and on a wait that ends is refused with its record cancelled", async () => {
+    const spec = { service: "now", provider: "capped" };
+    const first = await client.begin(spec, { startNow: true });
+    assert.equal(first.record.state, "executing");
+    assert.equal(first.record.startedAt, first.record.enqueuedAt, "stamped with the server's clock");
+    await assert.rejects(client.begin(spec, { startNow: true }), LaneFullError);
+    await assert.rejects(client.begin(spec, { startNow: true, waitMs: 200 }), LaneFullError);
+    assert.deepEqual(await laneCounts(client, "now::capped"), { executing: 1, waiting: 0, inFlight: 1 });
+    const held = client.begin(spec, { startNow: true, waitMs: 10_000 });
+    await until(async () => (await laneCounts(client, "now::capped")).waiting === 1);
+    await first.succeed();
+    const second = await held;
+    assert.equal(second.record.state, "executing");
+    await second.succeed();
+    await assertLaneEmpty("now::capped");
+    await assert.rejects(client.begin(spec, { waitMs: 200 }), TypeError);
+  });
+});
 
 describe("run", () => {
   test("a full lifecycle: begun, admitted, started, settled succeeded, hooks in order", async () => {

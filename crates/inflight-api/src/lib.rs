@@ -13,7 +13,7 @@
 //!
 //! - Requests ([`request`]): [`BeginRequest`], [`StartRequest`],
 //!   [`SettleRequest`], [`CancelRequest`], [`RegisterOwnerRequest`], and the
-//!   query strings [`StartQuery`] and [`SnapshotQuery`]. Unknown fields are
+//!   query strings [`BeginQuery`], [`StartQuery`] and [`SnapshotQuery`]. Unknown fields are
 //!   ignored, and a field set to `null` is the same as a missing one.
 //! - Answers ([`response`]): [`ActivityRecord`], [`Snapshot`] (with its
 //!   [`Lane`]s, [`InFlightRecord`]s, [`ReapedRecord`]s and [`Aggregate`]s),
@@ -138,7 +138,8 @@ pub mod values;
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use parse::ParseError;
 pub use request::{
-    BeginRequest, CancelRequest, RegisterOwnerRequest, SettleRequest, SnapshotQuery, StartQuery, StartRequest,
+    BeginQuery, BeginRequest, CancelRequest, RegisterOwnerRequest, SettleRequest, SnapshotQuery, StartQuery,
+    StartRequest,
 };
 pub use response::{
     ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,

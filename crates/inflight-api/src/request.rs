@@ -124,6 +124,25 @@ pub struct RegisterOwnerRequest {
     pub ttl_ms: Option<i64>,
 }
 
+/// The query string of `POST /v1/activities`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
+pub struct BeginQuery {
+    /// `now`: begin the record started, stamped with the server's clock (do
+    /// not send `startedAt` with it). On a capped lane this is an admission
+    /// decision. Unset: the record is begun as the body says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(example = "now"))]
+    pub start: Option<String>,
+    /// With `start=now`: how long to hold the request for the record's turn
+    /// on a full lane, a duration (`500ms`, `5s`) of at most `30s`. When it
+    /// ends first the record is cancelled and the answer is 429. Unset:
+    /// answer at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(example = "5s"))]
+    pub wait: Option<String>,
+}
+
 /// The query string of `POST /v1/activities/{id}/start`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]

@@ -242,12 +242,55 @@ impl From<Timestamp> for SystemTime {
     }
 }
 
+impl Timestamp {
+    /// The text [`Display`](fmt::Display) writes, into `buf` without
+    /// allocating, for an instant in years 0 to 9999 (every instant read
+    /// back is); `None` otherwise. An answer carries up to five timestamps,
+    /// and chrono's writer allocated a `String` for each.
+    fn rfc3339_into(self, buf: &mut [u8; 24]) -> Option<&str> {
+        use chrono::{Datelike, Timelike};
+        let at = DateTime::<Utc>::from_timestamp_millis(self.0).unwrap_or_default();
+        let year = u32::try_from(at.year()).ok().filter(|year| *year <= 9999)?;
+        let mut put = |from: usize, digits: usize, mut value: u32| {
+            for at in (from..from + digits).rev() {
+                buf[at] = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        };
+        put(0, 4, year);
+        put(5, 2, at.month());
+        put(8, 2, at.day());
+        put(11, 2, at.hour());
+        put(14, 2, at.minute());
+        put(17, 2, at.second());
+        put(20, 3, at.timestamp_subsec_millis());
+        for (at, byte) in [
+            (4, b'-'),
+            (7, b'-'),
+            (10, b'T'),
+            (13, b':'),
+            (16, b':'),
+            (19, b'.'),
+            (23, b'Z'),
+        ] {
+            buf[at] = byte;
+        }
+        std::str::from_utf8(buf).ok()
+    }
+}
+
 impl fmt::Display for Timestamp {
     /// RFC 3339 UTC with milliseconds and a `Z`. An instant no calendar date
     /// holds is written as the epoch, as the server always has.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let at = DateTime::<Utc>::from_timestamp_millis(self.0).unwrap_or_default();
-        f.write_str(&at.to_rfc3339_opts(SecondsFormat::Millis, true))
+        let mut buf = [0; 24];
+        match self.rfc3339_into(&mut buf) {
+            Some(text) => f.write_str(text),
+            None => {
+                let at = DateTime::<Utc>::from_timestamp_millis(self.0).unwrap_or_default();
+                f.write_str(&at.to_rfc3339_opts(SecondsFormat::Millis, true))
+            }
+        }
     }
 }
 
@@ -265,7 +308,11 @@ impl FromStr for Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let mut buf = [0; 24];
+        match self.rfc3339_into(&mut buf) {
+            Some(text) => serializer.serialize_str(text),
+            None => serializer.collect_str(self),
+        }
     }
 }
 
@@ -429,6 +476,30 @@ mod tests {
             Timestamp::from_millis(i64::MAX).to_string(),
             "1970-01-01T00:00:00.000Z"
         );
+    }
+
+    #[test]
+    fn the_writer_without_allocation_writes_what_chrono_writes() {
+        let chrono_writes = |millis: i64| {
+            DateTime::<Utc>::from_timestamp_millis(millis)
+                .unwrap_or_default()
+                .to_rfc3339_opts(SecondsFormat::Millis, true)
+        };
+        let mut millis = -62_167_219_200_000; // 0000-01-01
+        while millis < Timestamp::MAX.0 + 10_000_000_000_000 {
+            let at = Timestamp::from_millis(millis);
+            assert_eq!(at.to_string(), chrono_writes(millis), "{millis}");
+            assert_eq!(
+                serde_json::to_string(&at).unwrap(),
+                format!("\"{}\"", chrono_writes(millis)),
+                "{millis}"
+            );
+            millis += 7_919_993_123; // about 92 days and an odd remainder
+        }
+        // Years past 9999 and before 0 are chrono's to write.
+        for millis in [-62_167_219_200_001, 253_402_300_800_000] {
+            assert_eq!(Timestamp::from_millis(millis).to_string(), chrono_writes(millis));
+        }
     }
 
     #[test]

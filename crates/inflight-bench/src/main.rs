@@ -41,7 +41,7 @@ use crate::admission_scale::admission_scale;
 use crate::http_lifecycle::http_lifecycle;
 use crate::memory_lifecycle::memory_lifecycle;
 use crate::postgres::{postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances};
-use crate::profile::{count_lifecycles, profile_lifecycles};
+use crate::profile::{count_lifecycles, drive_http, profile_lifecycles};
 use crate::reap_scale::reap_scale;
 use crate::report::Case;
 use crate::snapshot_scale::snapshot_scale;
@@ -70,7 +70,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
-    /// snapshot_scale, reap_scale, admission_scale, http_lifecycle,
+    /// snapshot_scale, reap_scale, admission_scale, http_lifecycle (with
+    /// http_lifecycle_two_requests),
     /// postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances
     /// (these three on the PostgreSQL server INFLIGHT_TEST_POSTGRES_URL names,
     /// by default postgres@127.0.0.1:5432).
@@ -90,6 +91,14 @@ struct Args {
     /// The durability `--profile-lifecycles` runs under.
     #[arg(long, value_name = "SYNC", default_value = "normal", hide = true)]
     profile_synchronous: Synchronous,
+    /// With `--profile-lifecycles N`: instead of a ledger in process, drive
+    /// the `inflight serve` at this base URL (run under a profiler) with 16
+    /// clients doing N lifecycles each over HTTP.
+    #[arg(long, value_name = "URL", hide = true)]
+    drive_http: Option<String>,
+    /// With `--drive-http`: a lifecycle in 3 requests or 2 (`?start=now`).
+    #[arg(long, value_name = "N", default_value_t = 3, hide = true)]
+    drive_requests: u8,
     /// Instead of the cases: run `memory_lifecycle`'s two sides N times
     /// each, untimed, in the functions `count_ours` and `count_baseline`,
     /// for an instruction counter to read (see docs/performance.md).
@@ -192,6 +201,9 @@ fn main() -> Result<()> {
     let selected = |name: &str| args.cases.is_empty() || args.cases.iter().any(|c| c == name);
     let plan = Plan::new(args.quick);
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    if let (Some(n), Some(url)) = (args.profile_lifecycles, &args.drive_http) {
+        return drive_http(url, n, args.drive_requests);
+    }
     if let Some(n) = args.profile_lifecycles {
         return profile_lifecycles(&dir, n, &args.profile_side, args.profile_synchronous);
     }

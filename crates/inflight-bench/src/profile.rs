@@ -1,4 +1,5 @@
-//! The hidden modes: `--profile-lifecycles` for a profiler and
+//! The hidden modes: `--profile-lifecycles` for a profiler (in process, or
+//! over HTTP against a server run under one with `--drive-http`) and
 //! `--count-lifecycles` for an instruction counter.
 
 use std::path::Path;
@@ -8,10 +9,42 @@ use anyhow::{bail, Result};
 use inflight::store::Synchronous;
 use inflight::{Ledger, LedgerConfig};
 
+use crate::http_lifecycle::{client, drive, Requests, HTTP_CLIENTS};
 use crate::memory_lifecycle::HandLedger;
 use crate::sqlite_env::{
     baseline_lifecycle, ledger_lifecycle, multi_thread, sqlite_ledger_at, Pragmas, TempDir, BASELINE_TABLE,
 };
+
+/// `--profile-lifecycles N --drive-http URL`: 16 clients doing `n`
+/// lifecycles each, spelled in `requests` requests (3 or 2), against the
+/// server at `url`, after a warm-up of `n / 10` each; for a profiler
+/// watching the server.
+pub(crate) fn drive_http(url: &str, n: usize, requests: u8) -> Result<()> {
+    let requests = match requests {
+        3 => Requests::Three,
+        2 => Requests::Two,
+        other => bail!("--drive-requests {other}: 3 or 2"),
+    };
+    let base = url.trim_end_matches('/');
+    let runtime = multi_thread()?;
+    runtime.block_on(async {
+        let client = client()?;
+        // Bounded by the count, not by time.
+        let forever = std::time::Duration::from_secs(24 * 3600);
+        drive(&client, base, requests, HTTP_CLIENTS, forever, Some(n / 10)).await?;
+        let (mut latencies, lifecycles, elapsed) =
+            drive(&client, base, requests, HTTP_CLIENTS, forever, Some(n)).await?;
+        latencies.sort_by(f64::total_cmp);
+        println!(
+            "{lifecycles} lifecycles in {:.3}s ({:.0}/s) in {requests:?} requests; per request p50 {:.2} ms, p99 {:.2} ms",
+            elapsed.as_secs_f64(),
+            lifecycles as f64 / elapsed.as_secs_f64(),
+            crate::report::percentile(&latencies, 50.0),
+            crate::report::percentile(&latencies, 99.0),
+        );
+        Ok(())
+    })
+}
 
 /// `--profile-lifecycles`: `n` lifecycles with one caller on `side`, after
 /// a warm-up of `n / 10`, and nothing else.

@@ -1051,6 +1051,208 @@ async fn start_on_a_full_lane_is_429_with_retry_after_and_wait_holds_until_the_t
     );
 }
 
+/// The record a `start=now` begin answered, asserting 201 and `executing`
+/// since the server's clock.
+fn started_now(reply: &Reply, what: &str) -> String {
+    assert_eq!(reply.status, StatusCode::CREATED, "{what}: {}", reply.body);
+    assert_eq!(reply.body["state"], "executing", "{what}");
+    // Stamped with the server's clock, which also stamped `enqueuedAt`.
+    assert_eq!(reply.body["startedAt"], reply.body["enqueuedAt"], "{what}");
+    let id = reply.body["activityId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        reply.headers.get(header::LOCATION).unwrap(),
+        &format!("/v1/activities/{id}"),
+        "{what}"
+    );
+    id
+}
+
+#[tokio::test(start_paused = true)]
+async fn begin_with_start_now_is_admitted_at_once_when_the_lane_has_room() {
+    let api = capped_api(2);
+    for wait in ["", "&wait=5s"] {
+        let reply = api
+            .post(&format!("/v1/activities?start=now{wait}"), &kb().to_string())
+            .await;
+        started_now(&reply, wait);
+    }
+    let snapshot = api.snapshot().await;
+    let lane = &snapshot["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(
+        (lane["executing"].as_i64(), lane["waiting"].as_i64()),
+        (Some(2), Some(0))
+    );
+    // Full now, and no wait: refused at once, nothing recorded.
+    let full = api.post("/v1/activities?start=now", &kb().to_string()).await;
+    full.assert_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "lane_full",
+        "start=now on a full lane",
+    );
+    assert_eq!(full.headers.get(header::RETRY_AFTER).unwrap(), "1");
+    assert_eq!(api.snapshot().await["totalActivities"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn begin_with_start_now_and_wait_is_admitted_when_a_settle_frees_the_slot() {
+    let api = capped_api(1);
+    let first = started_now(
+        &api.post("/v1/activities?start=now", &kb().to_string()).await,
+        "first",
+    );
+    let router = api.router.clone();
+    let held = tokio::spawn(async move {
+        let request = Request::post("/v1/activities?start=now&wait=30s")
+            .body(Body::from(kb().to_string()))
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+    });
+    // The held begin waits in line: recorded `waiting`, first in line.
+    let mut waiting = 0;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+        let snapshot = api.snapshot().await;
+        waiting = snapshot["nativeAdmission"]["knowledge-base::ollama"]["waiting"]
+            .as_i64()
+            .unwrap();
+        if waiting == 1 {
+            break;
+        }
+    }
+    assert_eq!(waiting, 1, "the held begin is recorded waiting");
+    api.clock.advance(Duration::from_millis(250));
+    let settled = api
+        .post(&format!("/v1/activities/{first}/settle"), r#"{"success": true}"#)
+        .await;
+    assert_eq!(settled.status, StatusCode::OK);
+    let (status, record) = held.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{record}");
+    assert_eq!(record["state"], "executing");
+    assert_eq!(record["queueWaitMs"].as_i64(), Some(250), "{record}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn begin_with_start_now_whose_wait_ends_is_429_and_its_record_is_cancelled() {
+    let api = capped_api(1);
+    started_now(
+        &api.post("/v1/activities?start=now", &kb().to_string()).await,
+        "first",
+    );
+    let started = tokio::time::Instant::now();
+    let refused = api
+        .post("/v1/activities?start=now&wait=2s", &kb().to_string())
+        .await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2),
+        "it held the request for the wait"
+    );
+    refused.assert_error(StatusCode::TOO_MANY_REQUESTS, "lane_full", "the wait ended first");
+    assert_eq!(refused.headers.get(header::RETRY_AFTER).unwrap(), "1");
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("cancelled") && message.contains("2s"),
+        "{message}"
+    );
+    // The record begun for the wait is cancelled: it holds no place in line.
+    let id = message
+        .split_whitespace()
+        .nth(message.split_whitespace().position(|w| w == "activity").unwrap() + 1)
+        .unwrap();
+    let record = api.get(&format!("/v1/activities/{id}")).await;
+    assert_eq!(record.status, StatusCode::OK, "{}", record.body);
+    assert_eq!(record.body["state"], "cancelled");
+    assert_eq!(record.body["cancelReason"], "wait ended");
+    let lane = &api.snapshot().await["nativeAdmission"]["knowledge-base::ollama"];
+    assert_eq!(
+        (lane["executing"].as_i64(), lane["waiting"].as_i64()),
+        (Some(1), Some(0))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn begin_with_start_now_whose_request_ends_while_waiting_cancels_its_record() {
+    let api = capped_api(1);
+    started_now(
+        &api.post("/v1/activities?start=now", &kb().to_string()).await,
+        "first",
+    );
+    let router = api.router.clone();
+    let held = tokio::spawn(async move {
+        let request = Request::post("/v1/activities?start=now&wait=30s")
+            .body(Body::from(kb().to_string()))
+            .unwrap();
+        router.oneshot(request).await.unwrap().status()
+    });
+    let waiting = |snapshot: &Value| {
+        snapshot["nativeAdmission"]["knowledge-base::ollama"]["waiting"]
+            .as_i64()
+            .unwrap()
+    };
+    let mut snapshot = api.snapshot().await;
+    for _ in 0..100 {
+        if waiting(&snapshot) == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+        snapshot = api.snapshot().await;
+    }
+    assert_eq!(waiting(&snapshot), 1, "the held begin is recorded waiting");
+    // The client goes away: the request's future is dropped mid-wait.
+    held.abort();
+    let _ = held.await;
+    for _ in 0..100 {
+        snapshot = api.snapshot().await;
+        if waiting(&snapshot) == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        waiting(&snapshot),
+        0,
+        "nothing is left waiting in line: {snapshot}"
+    );
+    assert_eq!(snapshot["totalActivities"], 2);
+    assert_eq!(snapshot["totalInFlight"], 1, "only the first, executing");
+}
+
+#[tokio::test]
+async fn begin_with_start_now_refuses_bad_parameters_naming_them_and_records_nothing() {
+    let api = capped_api(1);
+    let started = json!({"service": "knowledge-base", "provider": "ollama", "startedAt": T0});
+    for (uri, body, field) in [
+        ("/v1/activities?start=later", kb(), "`start`"),
+        ("/v1/activities?start=", kb(), "`start`"),
+        ("/v1/activities?wait=5s", kb(), "`wait`"),
+        ("/v1/activities?start=now&wait=31s", kb(), "`wait`"),
+        ("/v1/activities?start=now&wait=soon", kb(), "`wait`"),
+        ("/v1/activities?start=now&start=now", kb(), "start"),
+        ("/v1/activities?start=now", started, "`startedAt`"),
+    ] {
+        let reply = api.post(uri, &body.to_string()).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", uri);
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{uri}: {message}");
+    }
+    assert_eq!(api.snapshot().await["totalActivities"], 0);
+}
+
+#[tokio::test]
+async fn begin_with_start_now_on_a_lane_without_a_cap_is_never_refused() {
+    let api = api();
+    for _ in 0..3 {
+        let reply = api
+            .post("/v1/activities?start=now&wait=5s", &kb().to_string())
+            .await;
+        started_now(&reply, "uncapped");
+    }
+    assert_eq!(api.snapshot().await["totalInFlight"], 3);
+}
+
 #[tokio::test]
 async fn owners_register_renew_release_and_tag_their_records() {
     let api = capped_api(4);

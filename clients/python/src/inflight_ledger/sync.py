@@ -111,9 +111,28 @@ class Ledger:
 
     # ---- the routes ----------------------------------------------------
 
-    def begin(self, spec: Optional[Mapping[str, Any]] = None, **fields: Any) -> "Activity":
-        """Begins a record (``waiting``, or ``executing`` with ``started_at``). Never retried."""
-        record = self.request("begin", body=build_spec(spec, fields, self.owner_id))
+    def begin(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        start_now: bool = False,
+        wait: Optional[float] = None,
+        **fields: Any,
+    ) -> "Activity":
+        """Begins a record (``waiting``, or ``executing`` with ``started_at``). Never retried.
+
+        With ``start_now``, the server begins it started on its own clock
+        (``?start=now``): a lifecycle in two requests, this and the settle. On
+        a full lane that is ``LaneFullError``, with nothing holding a slot or a
+        place in line. With ``wait`` seconds too (at most 30), the server holds
+        the request until the lane admits the record or the wait ends; then the
+        record is cancelled and the answer is ``LaneFullError``."""
+        if wait is not None and not start_now:
+            raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
+        query = {"start": "now", "wait": wait_param(wait)} if start_now else None
+        record = self.request(
+            "begin", query=query, body=build_spec(spec, fields, self.owner_id), extra_timeout=wait or 0.0
+        )
         return Activity(self, record)
 
     def get_activity(self, activity_id: str) -> ActivityRecord:

@@ -259,7 +259,7 @@ class Route:
 #: idempotent: a lost answer may have recorded it, and a second begin would
 #: be a second record.
 ROUTES: Dict[str, Route] = {
-    "begin": Route("POST", "/v1/activities", idempotent=False),
+    "begin": Route("POST", "/v1/activities", ("start", "wait"), idempotent=False),
     "get": Route("GET", "/v1/activities/{id}"),
     "start": Route("POST", "/v1/activities/{id}/start", ("wait",)),
     "settle": Route("POST", "/v1/activities/{id}/settle"),

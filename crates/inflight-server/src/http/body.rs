@@ -51,6 +51,11 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if first != Some(&b'{') {
         return Err(not_an_object(bytes));
     }
+    // A body that reads pays no path tracking; one refused is read again
+    // with it, to name the field.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut json = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut json).map_err(field_error)?;
     json.end().map_err(not_json)?;
@@ -70,6 +75,10 @@ pub fn parse_optional_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiEr
 /// # Errors
 /// `invalid_request` naming the parameter `T` refuses.
 pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
+    // As for bodies: path tracking only to name what was refused.
+    if let Ok(value) = serde_urlencoded::from_str(query) {
+        return Ok(value);
+    }
     let pairs = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
     serde_path_to_error::deserialize(pairs).map_err(|err| {
         let at_root = err.path().iter().next().is_none();

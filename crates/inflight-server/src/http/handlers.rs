@@ -22,6 +22,33 @@ use inflight_api as api;
 
 type Answer<T> = Result<T, ApiError>;
 
+/// About the size of a record's JSON, so that writing it takes one buffer:
+/// axum's `Json` starts at 128 bytes and grew three times for a record, a
+/// quarter of the cost of the answer (docs/performance.md, "HTTP").
+const RECORD_JSON_BYTES: usize = 1024;
+
+/// A record as the JSON body of an answer.
+pub(super) struct RecordJson(api::ActivityRecord);
+
+impl IntoResponse for RecordJson {
+    fn into_response(self) -> axum::response::Response {
+        let mut body = Vec::with_capacity(RECORD_JSON_BYTES);
+        match serde_json::to_writer(&mut body, &self.0) {
+            Ok(()) => (
+                [(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static("application/json"),
+                )],
+                body,
+            )
+                .into_response(),
+            // Cannot happen (a record is strings, numbers and booleans);
+            // axum's own answer to a failed serialization, if it did.
+            Err(_) => Json(self.0).into_response(),
+        }
+    }
+}
+
 /// The `{id}` of an activity route, for the OpenAPI document.
 #[derive(utoipa::IntoParams)]
 #[into_params(names("id"), parameter_in = Path)]
@@ -59,14 +86,18 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
         .map_err(|_| ApiError::invalid(format!("{raw:?} is not an activity id (a UUID)")))
 }
 
-/// `POST /v1/activities`.
+/// `POST /v1/activities[?start=now[&wait=DURATION]]`.
 #[utoipa::path(post, path = "/v1/activities", operation_id = "beginActivity", tag = "activities",
-    summary = "Begin a record",
+    summary = "Begin a record, or begin it started (`?start=now`)",
     description = "A record begun without `startedAt` is `waiting` and never refused for capacity; \
-        one begun with `startedAt` is `executing`, an admission decision on a capped lane.",
+        one begun with `startedAt` is `executing`, an admission decision on a capped lane. \
+        With `start=now`, the server stamps the start with its own clock; with `wait` too, the request \
+        holds until the lane admits the record or the wait ends (then the record is cancelled and the \
+        answer is 429): a lifecycle in two requests, this one and the settle.",
+    params(api::BeginQuery),
     request_body = api::BeginRequest,
     responses(
-        (status = 201, description = "The record begun", body = api::ActivityRecord,
+        (status = 201, description = "The record begun (`executing` with `start=now`)", body = api::ActivityRecord,
             headers(("Location" = String, description = "`/v1/activities/{id}`")),
             links(
                 ("getActivity" = (operation_id = "getActivity", parameters(("id" = "$response.body#/activityId")))),
@@ -74,22 +105,59 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
                 ("settleActivity" = (operation_id = "settleActivity", parameters(("id" = "$response.body#/activityId")))),
                 ("cancelActivity" = (operation_id = "cancelActivity", parameters(("id" = "$response.body#/activityId")))),
             )),
-        (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`", body = api::ErrorBody),
+        (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`; a bad `start` or \
+            `wait`, `wait` without `start=now`, or `startedAt` with `start=now`", body = api::ErrorBody),
         (status = 409, description = "The owner is lost or released", body = api::ErrorBody),
-        (status = 429, description = "Begun started on a lane at its cap; nothing is recorded", body = api::ErrorBody,
+        (status = 429, description = "Begun started on a lane at its cap (after the `wait`, if any). Nothing holds \
+            a slot or a place in line: without `wait` nothing is recorded; after a `wait` the record is \
+            recorded `cancelled`", body = api::ErrorBody,
             headers(("Retry-After" = String, description = "`1`: a hint, capacity may come back sooner"))),
     ))]
 pub(super) async fn begin(
     State(state): State<AppState>,
+    QueryString(query): QueryString<api::BeginQuery>,
     RequiredBody(request): RequiredBody<api::BeginRequest>,
 ) -> Answer<impl IntoResponse> {
-    let record = state
-        .ledger()
-        .begin_record(convert::activity_spec(request))
-        .await?
-        .to_api();
+    let start_now = begin_starts_now(&query, &request)?;
+    let spec = convert::activity_spec(request);
+    let record = match start_now {
+        Some(wait) => state.ledger().begin_started(spec, wait).await?,
+        None => state.ledger().begin_record(spec).await?,
+    }
+    .to_api();
     let location = format!("/v1/activities/{}", record.activity_id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(record)))
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        RecordJson(record),
+    ))
+}
+
+/// Whether a begin asks to be started now (`start=now`), and then how long
+/// it may wait in line (zero when `wait` is unset).
+fn begin_starts_now(query: &api::BeginQuery, request: &api::BeginRequest) -> Answer<Option<Duration>> {
+    match query.start.as_deref() {
+        None => {
+            if query.wait.is_some() {
+                return Err(ApiError::invalid(
+                    "`wait` needs `start=now`: without it a begin does not start the record",
+                ));
+            }
+            Ok(None)
+        }
+        Some("now") => {
+            if request.started_at.is_some() {
+                return Err(ApiError::invalid(
+                    "`startedAt`: leave it out with `start=now`, which stamps the start with the server's clock",
+                ));
+            }
+            let wait = query.wait.as_deref().map(parse_wait).transpose()?;
+            Ok(Some(wait.unwrap_or(Duration::ZERO)))
+        }
+        Some(other) => Err(ApiError::invalid(format!(
+            "`start` must be \"now\" (or left out), got {other:?}"
+        ))),
+    }
 }
 
 /// `GET /v1/activities/{id}`.
@@ -104,9 +172,9 @@ pub(super) async fn begin(
 pub(super) async fn get(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-) -> Answer<Json<api::ActivityRecord>> {
+) -> Answer<RecordJson> {
     let id = activity_id(path)?;
-    Ok(Json(state.ledger().get(id).await?.to_api()))
+    Ok(RecordJson(state.ledger().get(id).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/start[?wait=DURATION]`: an admission decision.
@@ -132,7 +200,7 @@ pub(super) async fn start(
     path: Result<Path<String>, PathRejection>,
     QueryString(query): QueryString<api::StartQuery>,
     OptionalBody(request): OptionalBody<api::StartRequest>,
-) -> Answer<Json<api::ActivityRecord>> {
+) -> Answer<RecordJson> {
     let id = activity_id(path)?;
     let wait = query.wait.as_deref().map(parse_wait).transpose()?;
     let started_at = request.started_at;
@@ -140,7 +208,7 @@ pub(super) async fn start(
         Some(wait) => state.ledger().start_waiting(id, started_at, Some(wait)).await?,
         None => state.ledger().start(id, started_at).await?,
     };
-    Ok(Json(record.to_api()))
+    Ok(RecordJson(record.to_api()))
 }
 
 /// `wait`: a duration of at most 30 s.
@@ -249,10 +317,10 @@ pub(super) async fn settle(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     RequiredBody(request): RequiredBody<api::SettleRequest>,
-) -> Answer<Json<api::ActivityRecord>> {
+) -> Answer<RecordJson> {
     let id = activity_id(path)?;
     let settlement = convert::settlement(&request);
-    Ok(Json(state.ledger().settle(id, settlement).await?.to_api()))
+    Ok(RecordJson(state.ledger().settle(id, settlement).await?.to_api()))
 }
 
 /// `POST /v1/activities/{id}/cancel`.
@@ -270,9 +338,11 @@ pub(super) async fn cancel(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     OptionalBody(request): OptionalBody<api::CancelRequest>,
-) -> Answer<Json<api::ActivityRecord>> {
+) -> Answer<RecordJson> {
     let id = activity_id(path)?;
-    Ok(Json(state.ledger().cancel(id, request.reason).await?.to_api()))
+    Ok(RecordJson(
+        state.ledger().cancel(id, request.reason).await?.to_api(),
+    ))
 }
 
 /// What the snapshot's query string asks for; the ledger bounds `limit`.

@@ -140,8 +140,9 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .layer(middleware::from_fn_with_state(state.clone(), limit_requests))
+        // One layer for both guards: each `from_fn` layer boxes and clones
+        // the rest of the stack for every request.
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
@@ -183,9 +184,12 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
 /// Holds one of [`Limits::max_requests`] permits while a request is
 /// handled, and answers 503 when none is left; `/healthz` is exempt, so that
 /// a liveness probe does not restart a server that is only busy. Tells the
-/// body extractors how long a body may take to arrive.
-async fn limit_requests(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if !is_limited(request.uri().path()) {
+/// body extractors how long a body may take to arrive. Then, when a token
+/// is set, answers 401 to a request for a route behind it that does not
+/// carry it (after the limit, as when they were two layers).
+async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if !is_limited(path) {
         return next.run(request).await;
     }
     let Ok(_permit) = state.requests.try_acquire() else {
@@ -195,15 +199,8 @@ async fn limit_requests(State(state): State<AppState>, mut request: Request, nex
         ))
         .into_response();
     };
-    request
-        .extensions_mut()
-        .insert(body::BodyTimeout(state.limits.body_timeout()));
-    next.run(request).await
-}
-
-async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        if needs_token(request.uri().path()) && !bearer_matches(request.headers(), token) {
+        if needs_token(path) && !bearer_matches(request.headers(), token) {
             let mut response = ApiError::unauthorized().into_response();
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -212,6 +209,9 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
             return response;
         }
     }
+    request
+        .extensions_mut()
+        .insert(body::BodyTimeout(state.limits.body_timeout()));
     next.run(request).await
 }
 

@@ -183,6 +183,75 @@ impl Ledger {
         Ok(Permit { handle })
     }
 
+    /// Begins a call started now, on this ledger's clock, waiting in line
+    /// up to `wait` for its lane to admit it; returns the record, executing.
+    /// For callers that settle it by id later (the HTTP API's
+    /// `POST /v1/activities?start=now`).
+    ///
+    /// First one begin already started: when the lane admits it at once (no
+    /// cap, room and no one waiting, or `direct` admission) that is the whole
+    /// cost, one command. When the lane refuses and `wait` is longer than
+    /// zero, the call is begun `waiting` and waits in line as
+    /// [`Ledger::start_waiting`] does. If its turn has not come within
+    /// `wait`, the record is cancelled, so that it holds no place in line
+    /// ahead of the caller's retry, and the answer is `LaneFull`. A
+    /// `startedAt` on `spec` is replaced by now.
+    ///
+    /// # Errors
+    /// `LaneFull` when the lane has not admitted the call within `wait`:
+    /// with no wait nothing is recorded, after a wait the record is
+    /// `cancelled` (its id is in the message). Otherwise as
+    /// [`Ledger::begin`] and [`Ledger::start`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe for the lane: a future dropped before it returns leaves
+    /// nothing holding a slot or a place in line. A record it submitted is
+    /// then recorded `cancelled` (as a dropped [`ActivityHandle`] is).
+    pub async fn begin_started(
+        &self,
+        mut spec: ActivitySpec,
+        wait: Duration,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
+        let now = self.now();
+        // A client's `enqueuedAt` a little ahead of this clock must not put
+        // the start before it.
+        let started = spec.enqueued_at_set().map_or(now, |enqueued| enqueued.max(now));
+        spec.set_started_at(Some(started));
+        let mut guard = super::BeginGuard {
+            ledger: self,
+            id: ActivityId::new(),
+            armed: true,
+        };
+        let at_once = self.begin_uncounted(&spec, guard.id).await;
+        guard.armed = false;
+        match at_once {
+            Err(err) if err.kind() == ErrorKind::LaneFull && !wait.is_zero() => {}
+            other => return self.count_refusal(other, Rejection::LaneFull),
+        }
+        // Refused at once: nothing was recorded. Begin it waiting, and wait
+        // in line with a handle that cancels it if this future is dropped.
+        spec.set_started_at(None);
+        let mut handle = self.begin(spec).await?;
+        match self.start_waiting(handle.id(), None, Some(wait)).await {
+            Ok(record) => {
+                handle.armed = false;
+                Ok(record)
+            }
+            Err(err) if err.kind() == ErrorKind::LaneFull => {
+                let id = handle.id();
+                handle.cancel(Some("wait ended".to_owned())).await?;
+                let lane = err.lane().cloned().ok_or(err)?;
+                let message = format!(
+                    "lane {lane} did not admit activity {id} within {}; it is recorded cancelled and \
+                     holds no place in line",
+                    humantime::format_duration(wait)
+                );
+                Err(LedgerError::lane_full(lane, message))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
     /// Starts the record `id`, waiting in line up to `wait` for its turn
     /// (forever when `None`).
     ///

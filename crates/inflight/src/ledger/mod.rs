@@ -258,6 +258,18 @@ impl Ledger {
         spec: &ActivitySpec,
         id: ActivityId,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
+        let begun = self.begin_uncounted(spec, id).await;
+        // A begin already started is an admission decision, taken at once.
+        self.count_refusal(begun, Rejection::LaneFull)
+    }
+
+    /// Records a new activity `id`; a `LaneFull` refusal is not counted in
+    /// the statistics, for a caller that waits in line after it.
+    pub(crate) async fn begin_uncounted(
+        &self,
+        spec: &ActivitySpec,
+        id: ActivityId,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
         let mut new = spec.validate(id, &self.inner.labels, &|labels| self.warn_if_undeclared(labels))?;
         if new.owner_id.is_none() {
             new.owner_id = self
@@ -282,8 +294,7 @@ impl Ledger {
             // the common path's future stays small and cheap to move.
             Box::pin(self.begin_as_auto_owner(spec, new)).await
         };
-        // A begin already started is an admission decision, taken at once.
-        self.count_refusal(begun, Rejection::LaneFull)
+        begun
     }
 
     /// Counts `result` in the statistics if it is a `LaneFull` refusal.

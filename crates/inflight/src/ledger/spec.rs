@@ -95,6 +95,17 @@ impl ActivitySpec {
         self
     }
 
+    /// Sets or clears the start: `Ledger::begin_started` begins with it
+    /// and, if the lane refuses, again without it.
+    pub(super) fn set_started_at(&mut self, at: Option<Timestamp>) {
+        self.started_at = at;
+    }
+
+    /// When it was enqueued, if the caller said.
+    pub(super) fn enqueued_at_set(&self) -> Option<Timestamp> {
+        self.enqueued_at
+    }
+
     /// Tags it with the owner (process lease) `owner`, instead of the one
     /// this ledger joined as, if any.
     pub fn owner(mut self, owner: &OwnerId) -> Self {
