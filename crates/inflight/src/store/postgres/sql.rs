@@ -214,6 +214,48 @@ pub(super) const UPDATE_RECORD: &str =
      declared_deadline_ms = $17, deadline_ms = $18, reapable_at = $19, success = $20, \
      failure_stage = $21, late_settle = $22, cancel_reason = $23 WHERE activity_id = $1";
 
+/// The records `$1` (an array of ids, sorted) that a group's commands
+/// name, locked in id order before its first command runs: one round trip
+/// instead of one [`GET_RECORD`] per command, and two groups that name the
+/// same records lock them in the same order.
+pub(super) const LOCK_RECORDS: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM activities WHERE activity_id = ANY($1) ORDER BY activity_id FOR UPDATE"
+);
+
+/// A group's deferred record writes in one statement: `$1`..`$23` are the
+/// columns of every written record, in `record_columns!` order, as arrays
+/// one element per record; `$24` says which are new. The new ones are
+/// inserted (none when the id is taken), the others updated (their rows
+/// are locked already); the two counts let the store check that each
+/// landed.
+pub(super) const WRITE_RECORDS: &str = concat!(
+    "WITH w AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+     $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], \
+     $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[], \
+     $19::bigint[], $20::boolean[], $21::text[], $22::boolean[], $23::text[], $24::boolean[]) \
+     AS w(",
+    record_columns!(),
+    ", fresh)), \
+     updated AS (UPDATE activities AS a SET service = w.service, provider = w.provider, \
+     class = w.class, operation_stage = w.operation_stage, model = w.model, priority = w.priority, \
+     admission = w.admission, state = w.state, disposition = w.disposition, \
+     reap_reason = w.reap_reason, owner_id = w.owner_id, enqueued_at = w.enqueued_at, \
+     started_at = w.started_at, completed_at = w.completed_at, reaped_at = w.reaped_at, \
+     declared_deadline_ms = w.declared_deadline_ms, deadline_ms = w.deadline_ms, \
+     reapable_at = w.reapable_at, success = w.success, failure_stage = w.failure_stage, \
+     late_settle = w.late_settle, cancel_reason = w.cancel_reason \
+     FROM w WHERE a.activity_id = ANY($1) AND a.activity_id = w.activity_id AND NOT w.fresh \
+     RETURNING 1), \
+     inserted AS (INSERT INTO activities (",
+    record_columns!(),
+    ") SELECT ",
+    record_columns!(),
+    " FROM w WHERE w.fresh ON CONFLICT (activity_id) DO NOTHING RETURNING 1) \
+     SELECT (SELECT COUNT(*) FROM updated), (SELECT COUNT(*) FROM inserted)"
+);
+
 pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
 
 /// The admission lock of the lane `$1::$2`: every decision on a lane holds
@@ -476,6 +518,8 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORDS", DELETE_RECORDS, Reach::Indexed),
+    ("LOCK_RECORDS", LOCK_RECORDS, Reach::Indexed),
+    ("WRITE_RECORDS", WRITE_RECORDS, Reach::Indexed),
     ("LOCK_LANE", LOCK_LANE, Reach::Indexed),
     ("ADD_LANE", ADD_LANE, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
