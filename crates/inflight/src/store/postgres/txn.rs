@@ -148,8 +148,8 @@ pub(super) struct Records {
 pub(super) enum Unflushed {
     /// The statement failed.
     Failed(postgres::Error),
-    /// It ran, but fewer rows were inserted or updated than written: an id
-    /// taken (see [`Fault::Redo`]).
+    /// It ran, but not as written: an id taken (see [`Fault::Redo`]), or a
+    /// record to overwrite gone.
     Unexpected,
 }
 
@@ -270,12 +270,15 @@ impl Records {
                 ],
             )
             .map_err(Unflushed::Failed)?;
-        let (updated, inserted): (i64, i64) = (
+        let counts: (i64, i64, i64) = (
             row.try_get(0).map_err(Unflushed::Failed)?,
             row.try_get(1).map_err(Unflushed::Failed)?,
+            row.try_get(2).map_err(Unflushed::Failed)?,
         );
-        let expected = (records.len() - new, new);
-        if (updated, inserted) != (expected.0 as i64, expected.1 as i64) {
+        // Every overwrite found its row (it holds its lock), and every new
+        // record its id free.
+        let expected = (records.len() - new, 0, new);
+        if counts != (expected.0 as i64, expected.1, expected.2 as i64) {
             return Err(Unflushed::Unexpected);
         }
         Ok(())
@@ -505,8 +508,11 @@ impl PendingCounts {
         }
     }
 
-    /// Writes them all and forgets them.
+    /// Writes them all, in one statement, and forgets them.
     pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), (&'static str, postgres::Error)> {
+        if self.totals.is_empty() && self.completions.is_empty() {
+            return Ok(());
+        }
         let mut totals: Vec<(AggregateKey, Totals)> = self
             .totals
             .drain()
@@ -515,56 +521,56 @@ impl PendingCounts {
             })
             .collect();
         totals.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        if !totals.is_empty() {
-            let statement = conn
-                .prepare(sql::ADD_TO_AGGREGATE)
-                .map_err(|err| ("cannot prepare", err))?;
-            for (key, d) in totals {
-                let last_seen = ms_opt(d.last_seen_at);
-                conn.client
-                    .execute(
-                        &statement,
-                        &[
-                            &&*key.service,
-                            &&*key.operation_stage,
-                            &&*key.class,
-                            &&*key.provider,
-                            &&*key.model,
-                            &key.priority.as_str(),
-                            &key.admission.as_str(),
-                            &d.calls,
-                            &d.succeeded,
-                            &d.failed,
-                            &d.cancelled,
-                            &d.reaped_abandoned,
-                            &d.reaped_unsettled,
-                            &d.reaped_owner_lost,
-                            &d.late_settles,
-                            &d.resurrections,
-                            &d.in_flight,
-                            &d.queue_wait_count,
-                            &d.queue_wait_sum_ms,
-                            &d.queue_wait_max_ms,
-                            &d.execution_count,
-                            &d.execution_sum_ms,
-                            &d.execution_max_ms,
-                            &last_seen,
-                            &d.reaped_owner_lost_abandoned,
-                        ],
-                    )
-                    .map_err(|err| ("cannot update counters", err))?;
-            }
-        }
-        if !self.completions.is_empty() {
-            let statement = conn
-                .prepare(sql::COUNT_COMPLETIONS)
-                .map_err(|err| ("cannot prepare", err))?;
-            for (minute, completions) in std::mem::take(&mut self.completions) {
-                conn.client
-                    .execute(&statement, &[&minute, &completions])
-                    .map_err(|err| ("cannot count completions", err))?;
-            }
-        }
+        let key = |f: fn(&AggregateKey) -> &str| totals.iter().map(|(k, _)| f(k)).collect::<Vec<&str>>();
+        let sum = |f: fn(&Totals) -> i64| totals.iter().map(|(_, d)| f(d)).collect::<Vec<i64>>();
+        let (service, stage, class, provider, model) = (
+            key(|k| &k.service),
+            key(|k| &k.operation_stage),
+            key(|k| &k.class),
+            key(|k| &k.provider),
+            key(|k| &k.model),
+        );
+        let (priority, admission) = (key(|k| k.priority.as_str()), key(|k| k.admission.as_str()));
+        let last_seen: Vec<Option<i64>> = totals.iter().map(|(_, d)| ms_opt(d.last_seen_at)).collect();
+        let (minutes, completions): (Vec<i64>, Vec<i64>) =
+            std::mem::take(&mut self.completions).into_iter().unzip();
+        let statement = conn
+            .prepare(sql::ADD_COUNTS)
+            .map_err(|err| ("cannot prepare", err))?;
+        conn.client
+            .execute(
+                &statement,
+                &[
+                    &service,
+                    &stage,
+                    &class,
+                    &provider,
+                    &model,
+                    &priority,
+                    &admission,
+                    &sum(|d| d.calls),
+                    &sum(|d| d.succeeded),
+                    &sum(|d| d.failed),
+                    &sum(|d| d.cancelled),
+                    &sum(|d| d.reaped_abandoned),
+                    &sum(|d| d.reaped_unsettled),
+                    &sum(|d| d.reaped_owner_lost),
+                    &sum(|d| d.late_settles),
+                    &sum(|d| d.resurrections),
+                    &sum(|d| d.in_flight),
+                    &sum(|d| d.queue_wait_count),
+                    &sum(|d| d.queue_wait_sum_ms),
+                    &sum(|d| d.queue_wait_max_ms),
+                    &sum(|d| d.execution_count),
+                    &sum(|d| d.execution_sum_ms),
+                    &sum(|d| d.execution_max_ms),
+                    &last_seen,
+                    &sum(|d| d.reaped_owner_lost_abandoned),
+                    &minutes,
+                    &completions,
+                ],
+            )
+            .map_err(|err| ("cannot update counters", err))?;
         Ok(())
     }
 }
