@@ -42,8 +42,10 @@
 //! - `pool=N`: writer connections, 1 to 64. The default, 1, lands the
 //!   commands of this process in the order they were submitted, as the
 //!   SQLite store does (a dropped handle's cancel lands before the snapshot
-//!   asked for next); group commit makes one writer enough for throughput.
-//!   More writers run groups in parallel, and give up that order between
+//!   asked for next); group commit shares one commit between every command
+//!   waiting. More writers run groups in parallel, so that their commits
+//!   overlap (two gave the most throughput in `docs/performance.md`; they
+//!   wait on each other's counter rows), and give up that order between
 //!   commands submitted concurrently;
 //! - `listen=false`: no `LISTEN` connection; waiters poll.
 //!
