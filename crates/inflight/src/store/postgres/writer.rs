@@ -501,6 +501,38 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_sees_the_changes_of_the_commands_before_it_in_its_group() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let (a, b) = (NewActivity::fixture("chat"), NewActivity::fixture("chat"));
+        writer.run_group(vec![begin(&a), begin(&b)]);
+        let results = writer.run_group(vec![
+            transition(a.activity_id, start()),
+            transition(b.activity_id, start()),
+            transition(b.activity_id, settle()),
+            Command::Snapshot {
+                options: crate::domain::snapshot::SnapshotOptions::default(),
+            },
+        ]);
+        let Ok(Reply::Snapshot(snapshot)) = &results[3] else {
+            panic!("not a snapshot: {:?}", results[3]);
+        };
+        let in_flight: Vec<_> = snapshot
+            .in_flight
+            .iter()
+            .map(|entry| (entry.record.activity_id, entry.record.state))
+            .collect();
+        assert_eq!(in_flight, vec![(a.activity_id, State::Executing)]);
+        let completed: Vec<_> = snapshot
+            .recent_completions
+            .iter()
+            .map(|record| record.activity_id)
+            .collect();
+        assert_eq!(completed, vec![b.activity_id]);
+        assert_eq!((snapshot.total_activities, snapshot.total_succeeded), (2, 1));
+    }
+
+    #[test]
     fn a_storage_failure_undoes_only_its_own_command() {
         let database = TestDatabase::new();
         let mut writer = writer(&database);
