@@ -44,9 +44,9 @@
 //!   SQLite store does (a dropped handle's cancel lands before the snapshot
 //!   asked for next); group commit shares one commit between every command
 //!   waiting. More writers run groups in parallel, so that their commits
-//!   overlap (two gave the most throughput in `docs/performance.md`; they
-//!   wait on each other's counter rows), and give up that order between
-//!   commands submitted concurrently;
+//!   overlap (though they wait on each other's counter rows: see
+//!   `docs/performance.md`), and give up that order between commands
+//!   submitted concurrently;
 //! - `listen=false`: no `LISTEN` connection; waiters poll.
 //!
 //! TLS is not supported yet: connect over a private network or a local
