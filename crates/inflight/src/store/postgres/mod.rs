@@ -42,9 +42,11 @@
 //! - `pool=N`: writer connections, 1 to 64. The default, 1, lands the
 //!   commands of this process in the order they were submitted, as the
 //!   SQLite store does (a dropped handle's cancel lands before the snapshot
-//!   asked for next); group commit makes one writer enough for throughput.
-//!   More writers run groups in parallel, and give up that order between
-//!   commands submitted concurrently;
+//!   asked for next); group commit shares one commit between every command
+//!   waiting. More writers run groups in parallel, so that their commits
+//!   overlap (though they wait on each other's counter rows: see
+//!   `docs/performance.md`), and give up that order between commands
+//!   submitted concurrently;
 //! - `listen=false`: no `LISTEN` connection; waiters poll.
 //!
 //! - `sslmode=require` (or `verify-ca`, `verify-full`): TLS, with the

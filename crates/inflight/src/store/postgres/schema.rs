@@ -7,7 +7,7 @@ use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
 
 use super::sql::{self, MIGRATIONS};
-use super::txn::{Conn, Fault, PgTxn};
+use super::txn::{Conn, Fault, PgTxn, Records};
 use super::{writer, Settings};
 
 /// Migrates the database and rebounds what is in flight, holding the
@@ -92,7 +92,8 @@ fn migrate_locked(
 fn rebound_in_flight(conn: &mut Conn, config: &LedgerConfig, clock: &dyn Clock) -> Result<(), LedgerError> {
     let at = (!clock.is_system()).then(|| clock.now());
     writer::begin(conn, at).map_err(|(_, err)| err)?;
-    let mut txn = PgTxn::new(conn, config);
+    let mut records = Records::new(false);
+    let mut txn = PgTxn::new(conn, config, &mut records);
     txn.lock_in_flight = true;
     let rebound = engine::rebound(&mut txn, config.policy());
     let control = if rebound.is_ok() {

@@ -31,6 +31,14 @@ const LIST_TEST_DATABASES: &str = "SELECT datname FROM pg_database WHERE datname
 const DROP_DATABASE: &str = "DROP DATABASE IF EXISTS {} WITH (FORCE)";
 const CREATE_DATABASE: &str = "CREATE DATABASE {}";
 const DROP_SCHEMA: &str = "DROP SCHEMA IF EXISTS {} CASCADE";
+/// Makes every write of a record of class `broken` fail, as a storage
+/// failure of the command that writes it (the store's own tests).
+#[cfg(test)]
+pub(super) const BREAK_CLASS: &str =
+    "CREATE FUNCTION refuse_broken() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN IF NEW.class = 'broken' THEN RAISE EXCEPTION 'broken by the test'; END IF; RETURN NEW; END $$; \
+     CREATE TRIGGER refuse_broken BEFORE INSERT OR UPDATE ON activities \
+     FOR EACH ROW EXECUTE FUNCTION refuse_broken()";
 
 /// This run's database name.
 fn run_name() -> String {

@@ -1,6 +1,13 @@
 //! The transaction: [`PgTxn`] implements the engine's `Txn` over one
 //! connection, with one statement of `sql.rs` per primitive and question,
 //! and adds up the counter changes of a group to write them once.
+//!
+//! [`Records`] keeps what a group's transaction knows of the records it
+//! holds locked: those its commands name, read and locked in one round trip
+//! before the first runs ([`Records::lock`]), and those it wrote since.
+//! Reads of them are served from it; without savepoints, writes to records
+//! wait in it and go out in one statement ([`Records::flush`]) before any
+//! statement that reads `activities`, and before the commit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -34,6 +41,11 @@ pub(super) enum Fault {
     Unavailable,
     /// Anything else: a storage failure of this command.
     Other,
+    /// A deferred write did not land as its command expected (an id taken
+    /// by a record this transaction had not read): the group runs again
+    /// writing each record at once, so that the command that meets it is
+    /// told, as without deferral.
+    Redo,
 }
 
 impl Fault {
@@ -75,7 +87,7 @@ impl Fault {
     pub(super) fn error(self, context: &str, err: postgres::Error) -> LedgerError {
         let kind = match self {
             Self::Unavailable => ErrorKind::Unavailable,
-            Self::Retry | Self::Other => ErrorKind::Storage,
+            Self::Retry | Self::Other | Self::Redo => ErrorKind::Storage,
         };
         LedgerError::caused(kind, context, err)
     }
@@ -114,12 +126,171 @@ impl Conn {
     }
 }
 
+/// What a group's transaction knows of the records it holds locked, and
+/// its record writes not sent yet.
+///
+/// Every record here is locked by the transaction (read `FOR UPDATE`,
+/// written, or inserted by it), so no other transaction can change it
+/// before the commit: its version here is the one stored, once the
+/// deferred writes are sent.
+#[derive(Default)]
+pub(super) struct Records {
+    /// The records, as this transaction left them.
+    cached: HashMap<ActivityId, Arc<ActivityRecord>>,
+    /// Writes not sent yet, by id: the record, and whether it is new.
+    pending: BTreeMap<ActivityId, (Arc<ActivityRecord>, bool)>,
+    /// Whether writes wait for [`Records::flush`]; each is sent at once
+    /// otherwise (a group run with a savepoint per command).
+    defer: bool,
+}
+
+/// Why deferred writes were not all sent.
+pub(super) enum Unflushed {
+    /// The statement failed.
+    Failed(postgres::Error),
+    /// It ran, but not as written: an id taken (see [`Fault::Redo`]), or a
+    /// record to overwrite gone.
+    Unexpected,
+}
+
+impl Records {
+    /// Nothing known; writes deferred when `defer`.
+    pub(super) fn new(defer: bool) -> Self {
+        Self {
+            defer,
+            ..Self::default()
+        }
+    }
+
+    /// Reads and locks the records `ids` (sorted, so that groups lock in
+    /// one order) in one statement, and keeps them. An id with no record is
+    /// simply not kept: its command reads it again, and finds nothing.
+    pub(super) fn lock(&mut self, conn: &mut Conn, ids: &[ActivityId]) -> Result<(), postgres::Error> {
+        let mut ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let statement = conn.prepare(sql::LOCK_RECORDS)?;
+        for row in conn.client.query(&statement, &[&ids])? {
+            // A row that cannot be read is left to its command's own read,
+            // which fails that command alone.
+            if let Ok(record) = record_from_row(&row) {
+                self.cached.insert(record.activity_id, Arc::new(record));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets everything: after a command's savepoint was rolled back, the
+    /// records it changed are no longer as kept here.
+    pub(super) fn forget(&mut self) {
+        self.cached.clear();
+        self.pending.clear();
+    }
+
+    /// Sends the deferred writes, in one statement.
+    pub(super) fn flush(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let records: Vec<&ActivityRecord> = pending.values().map(|(record, _)| &**record).collect();
+        let fresh: Vec<bool> = pending.values().map(|(_, fresh)| *fresh).collect();
+        let new = fresh.iter().filter(|fresh| **fresh).count();
+        let text = |f: fn(&ActivityRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<&str>>();
+        let text_opt = |f: fn(&ActivityRecord) -> Option<&str>| {
+            records.iter().map(|r| f(r)).collect::<Vec<Option<&str>>>()
+        };
+        let ms = |f: fn(&ActivityRecord) -> Option<i64>| {
+            records.iter().map(|r| f(r)).collect::<Vec<Option<i64>>>()
+        };
+        let ids: Vec<String> = records.iter().map(|r| r.activity_id.to_string()).collect();
+        let (service, provider, class, stage, model) = (
+            text(|r| r.labels.service.as_str()),
+            text(|r| r.labels.provider.as_str()),
+            text(|r| r.labels.class.as_str()),
+            text(|r| r.labels.operation_stage.as_str()),
+            text(|r| &r.labels.model),
+        );
+        let (priority, admission, state) = (
+            text(|r| r.priority.as_str()),
+            text(|r| r.admission.as_str()),
+            text(|r| r.state.as_str()),
+        );
+        let (disposition, reap_reason, owner) = (
+            text_opt(|r| r.disposition.map(|d| d.as_str())),
+            text_opt(|r| r.reap_reason.map(|r| r.as_str())),
+            text_opt(|r| r.owner_id.as_deref()),
+        );
+        let enqueued: Vec<i64> = records.iter().map(|r| r.enqueued_at.as_millis()).collect();
+        let (started, completed, reaped, declared) = (
+            ms(|r| ms_opt(r.started_at)),
+            ms(|r| ms_opt(r.completed_at)),
+            ms(|r| ms_opt(r.reaped_at)),
+            ms(|r| r.declared_deadline_ms),
+        );
+        let deadline: Vec<i64> = records.iter().map(|r| r.deadline_ms).collect();
+        let reapable = ms(|r| ms_opt(r.reapable_at));
+        let success: Vec<Option<bool>> = records.iter().map(|r| r.success).collect();
+        let failure_stage = text_opt(|r| r.failure_stage.map(|s| s.as_str()));
+        let late: Vec<bool> = records.iter().map(|r| r.late_settle).collect();
+        let cancel = text_opt(|r| r.cancel_reason.as_deref());
+        let statement = conn.prepare(sql::WRITE_RECORDS).map_err(Unflushed::Failed)?;
+        let row = conn
+            .client
+            .query_one(
+                &statement,
+                &[
+                    &ids,
+                    &service,
+                    &provider,
+                    &class,
+                    &stage,
+                    &model,
+                    &priority,
+                    &admission,
+                    &state,
+                    &disposition,
+                    &reap_reason,
+                    &owner,
+                    &enqueued,
+                    &started,
+                    &completed,
+                    &reaped,
+                    &declared,
+                    &deadline,
+                    &reapable,
+                    &success,
+                    &failure_stage,
+                    &late,
+                    &cancel,
+                    &fresh,
+                ],
+            )
+            .map_err(Unflushed::Failed)?;
+        let counts: (i64, i64, i64) = (
+            row.try_get(0).map_err(Unflushed::Failed)?,
+            row.try_get(1).map_err(Unflushed::Failed)?,
+            row.try_get(2).map_err(Unflushed::Failed)?,
+        );
+        // Every overwrite found its row (it holds its lock), and every new
+        // record its id free.
+        let expected = (records.len() - new, 0, new);
+        if counts != (expected.0 as i64, expected.1, expected.2 as i64) {
+            return Err(Unflushed::Unexpected);
+        }
+        Ok(())
+    }
+}
+
 pub(super) struct PgTxn<'c> {
     conn: &'c mut Conn,
     /// Which lanes have caps: only theirs wake other instances.
     config: &'c LedgerConfig,
-    /// The record the last `peek` read (and locked), until anything writes.
-    peeked: Option<Arc<ActivityRecord>>,
+    /// The group's records: what it locked, and its deferred writes.
+    records: &'c mut Records,
     /// The counter changes of this command, for its group to write.
     pub(super) counts: PendingCounts,
     /// What the last failed statement means, if one failed.
@@ -134,11 +305,11 @@ pub(super) struct PgTxn<'c> {
 }
 
 impl<'c> PgTxn<'c> {
-    pub(super) fn new(conn: &'c mut Conn, config: &'c LedgerConfig) -> Self {
+    pub(super) fn new(conn: &'c mut Conn, config: &'c LedgerConfig, records: &'c mut Records) -> Self {
         Self {
             conn,
             config,
-            peeked: None,
+            records,
             counts: PendingCounts::default(),
             fault: None,
             capacity_changed: false,
@@ -153,7 +324,35 @@ impl<'c> PgTxn<'c> {
         fault.error(context, err)
     }
 
+    /// Sends the deferred record writes: before any statement that reads
+    /// `activities`, so that it sees them.
+    fn flush(&mut self) -> Result<(), LedgerError> {
+        match self.records.flush(self.conn) {
+            Ok(()) => Ok(()),
+            Err(Unflushed::Failed(err)) => Err(self.failed("cannot write records", err)),
+            Err(Unflushed::Unexpected) => {
+                self.fault = Some(Fault::Redo);
+                Err(LedgerError::new(
+                    ErrorKind::Storage,
+                    "a deferred record write did not land",
+                ))
+            }
+        }
+    }
+
+    /// `sql`, a statement that reads or writes `activities`, after the
+    /// deferred writes.
     fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, LedgerError> {
+        self.flush()?;
+        self.query_other(sql, params)
+    }
+
+    /// `sql`, a statement that touches no record: deferred writes may wait.
+    fn query_other(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, LedgerError> {
         let result = self
             .conn
             .prepare(sql)
@@ -161,7 +360,18 @@ impl<'c> PgTxn<'c> {
         result.map_err(|err| self.failed("cannot read", err))
     }
 
+    /// Like [`PgTxn::query`], for a statement that returns no rows.
     fn execute(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, LedgerError> {
+        self.flush()?;
+        self.execute_other(sql, params)
+    }
+
+    /// Like [`PgTxn::query_other`], for a statement that returns no rows.
+    fn execute_other(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, LedgerError> {
         let result = self
             .conn
             .prepare(sql)
@@ -198,16 +408,41 @@ impl<'c> PgTxn<'c> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Owner>, LedgerError> {
-        self.query(sql, params)?.iter().map(owner_from_row).collect()
+        self.query_other(sql, params)?
+            .iter()
+            .map(owner_from_row)
+            .collect()
     }
 
-    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<u64, LedgerError> {
+    /// Stores `record`, new when `fresh`: deferred, or at once; kept as
+    /// this transaction's version of it either way.
+    fn store(&mut self, record: &Arc<ActivityRecord>, fresh: bool) -> Result<(), LedgerError> {
         if record.admission == Admission::Queued
             && record.state != State::Waiting
             && self.config.cap_of(&record.labels).is_some()
         {
             self.capacity_changed = true;
         }
+        let id = record.activity_id;
+        if self.records.defer {
+            if fresh && self.records.cached.contains_key(&id) {
+                return Err(taken(id));
+            }
+            // A record inserted then changed in one group is still new.
+            let fresh = fresh || self.records.pending.get(&id).is_some_and(|(_, fresh)| *fresh);
+            self.records.pending.insert(id, (Arc::clone(record), fresh));
+        } else if fresh {
+            if self.write(sql::INSERT_RECORD, record)? == 0 {
+                return Err(taken(id));
+            }
+        } else {
+            self.write(sql::UPDATE_RECORD, record)?;
+        }
+        self.records.cached.insert(id, Arc::clone(record));
+        Ok(())
+    }
+
+    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<u64, LedgerError> {
         let id = record.activity_id.to_string();
         let (enqueued, started, completed, reaped, reapable) = (
             record.enqueued_at.as_millis(),
@@ -273,8 +508,11 @@ impl PendingCounts {
         }
     }
 
-    /// Writes them all and forgets them.
+    /// Writes them all, in one statement, and forgets them.
     pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), (&'static str, postgres::Error)> {
+        if self.totals.is_empty() && self.completions.is_empty() {
+            return Ok(());
+        }
         let mut totals: Vec<(AggregateKey, Totals)> = self
             .totals
             .drain()
@@ -283,56 +521,56 @@ impl PendingCounts {
             })
             .collect();
         totals.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        if !totals.is_empty() {
-            let statement = conn
-                .prepare(sql::ADD_TO_AGGREGATE)
-                .map_err(|err| ("cannot prepare", err))?;
-            for (key, d) in totals {
-                let last_seen = ms_opt(d.last_seen_at);
-                conn.client
-                    .execute(
-                        &statement,
-                        &[
-                            &&*key.service,
-                            &&*key.operation_stage,
-                            &&*key.class,
-                            &&*key.provider,
-                            &&*key.model,
-                            &key.priority.as_str(),
-                            &key.admission.as_str(),
-                            &d.calls,
-                            &d.succeeded,
-                            &d.failed,
-                            &d.cancelled,
-                            &d.reaped_abandoned,
-                            &d.reaped_unsettled,
-                            &d.reaped_owner_lost,
-                            &d.late_settles,
-                            &d.resurrections,
-                            &d.in_flight,
-                            &d.queue_wait_count,
-                            &d.queue_wait_sum_ms,
-                            &d.queue_wait_max_ms,
-                            &d.execution_count,
-                            &d.execution_sum_ms,
-                            &d.execution_max_ms,
-                            &last_seen,
-                            &d.reaped_owner_lost_abandoned,
-                        ],
-                    )
-                    .map_err(|err| ("cannot update counters", err))?;
-            }
-        }
-        if !self.completions.is_empty() {
-            let statement = conn
-                .prepare(sql::COUNT_COMPLETIONS)
-                .map_err(|err| ("cannot prepare", err))?;
-            for (minute, completions) in std::mem::take(&mut self.completions) {
-                conn.client
-                    .execute(&statement, &[&minute, &completions])
-                    .map_err(|err| ("cannot count completions", err))?;
-            }
-        }
+        let key = |f: fn(&AggregateKey) -> &str| totals.iter().map(|(k, _)| f(k)).collect::<Vec<&str>>();
+        let sum = |f: fn(&Totals) -> i64| totals.iter().map(|(_, d)| f(d)).collect::<Vec<i64>>();
+        let (service, stage, class, provider, model) = (
+            key(|k| &k.service),
+            key(|k| &k.operation_stage),
+            key(|k| &k.class),
+            key(|k| &k.provider),
+            key(|k| &k.model),
+        );
+        let (priority, admission) = (key(|k| k.priority.as_str()), key(|k| k.admission.as_str()));
+        let last_seen: Vec<Option<i64>> = totals.iter().map(|(_, d)| ms_opt(d.last_seen_at)).collect();
+        let (minutes, completions): (Vec<i64>, Vec<i64>) =
+            std::mem::take(&mut self.completions).into_iter().unzip();
+        let statement = conn
+            .prepare(sql::ADD_COUNTS)
+            .map_err(|err| ("cannot prepare", err))?;
+        conn.client
+            .execute(
+                &statement,
+                &[
+                    &service,
+                    &stage,
+                    &class,
+                    &provider,
+                    &model,
+                    &priority,
+                    &admission,
+                    &sum(|d| d.calls),
+                    &sum(|d| d.succeeded),
+                    &sum(|d| d.failed),
+                    &sum(|d| d.cancelled),
+                    &sum(|d| d.reaped_abandoned),
+                    &sum(|d| d.reaped_unsettled),
+                    &sum(|d| d.reaped_owner_lost),
+                    &sum(|d| d.late_settles),
+                    &sum(|d| d.resurrections),
+                    &sum(|d| d.in_flight),
+                    &sum(|d| d.queue_wait_count),
+                    &sum(|d| d.queue_wait_sum_ms),
+                    &sum(|d| d.queue_wait_max_ms),
+                    &sum(|d| d.execution_count),
+                    &sum(|d| d.execution_sum_ms),
+                    &sum(|d| d.execution_max_ms),
+                    &last_seen,
+                    &sum(|d| d.reaped_owner_lost_abandoned),
+                    &minutes,
+                    &completions,
+                ],
+            )
+            .map_err(|err| ("cannot update counters", err))?;
         Ok(())
     }
 }
@@ -432,30 +670,37 @@ fn limit_of(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
+/// The conflict of an insert whose id is taken. Stores agree on the kind.
+fn taken(id: ActivityId) -> LedgerError {
+    LedgerError::new(ErrorKind::Conflict, format!("activity {id} already exists"))
+}
+
 impl Txn for PgTxn<'_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        let id = id.to_string();
-        let rows = self.query(sql::GET_RECORD, &[&id])?;
-        rows.first()
+        if let Some(record) = self.records.cached.get(&id) {
+            return Ok(Some(Arc::clone(record)));
+        }
+        // Not kept, so not written by this transaction: nothing deferred
+        // concerns it.
+        let text = id.to_string();
+        let rows = self.query_other(sql::GET_RECORD, &[&text])?;
+        let record = rows
+            .first()
             .map(|row| record_from_row(row).map(Arc::new))
-            .transpose()
+            .transpose()?;
+        if let Some(record) = &record {
+            // Locked by the read: kept for the rest of the transaction.
+            self.records.cached.insert(id, Arc::clone(record));
+        }
+        Ok(record)
     }
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.peeked = None;
-        if self.write(sql::INSERT_RECORD, record)? == 0 {
-            // The primary key: the id is taken. Stores agree on the kind.
-            return Err(LedgerError::new(
-                ErrorKind::Conflict,
-                format!("activity {} already exists", record.activity_id),
-            ));
-        }
-        Ok(())
+        self.store(record, true)
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.peeked = None;
-        self.write(sql::UPDATE_RECORD, record).map(|_| ())
+        self.store(record, false)
     }
 
     fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
@@ -463,8 +708,6 @@ impl Txn for PgTxn<'_> {
             return Ok(false);
         };
         look(&record);
-        // Kept (and locked) for a modify that follows.
-        self.peeked = Some(record);
         Ok(true)
     }
 
@@ -473,24 +716,32 @@ impl Txn for PgTxn<'_> {
         id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        let peeked = self.peeked.take().filter(|record| record.activity_id == id);
-        let Some(mut record) = peeked.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
+        if self.get(id)?.is_none() {
             return Ok(None);
-        };
+        }
+        // Taken out, so that the change copies nothing when no reply holds
+        // the record; put back by `store`, or as it was.
+        let mut record = self.records.cached.remove(&id).expect("kept by get");
         if change(Arc::make_mut(&mut record)) {
-            self.write(sql::UPDATE_RECORD, &record)?;
+            // A failed write leaves it out: the command is undone, and the
+            // record read again if asked for.
+            self.store(&record, false)?;
+        } else {
+            self.records.cached.insert(id, Arc::clone(&record));
         }
         Ok(Some(record))
     }
 
     fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
-        self.peeked = None;
         if ids.is_empty() {
             return Ok(0);
         }
-        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        self.execute(sql::DELETE_RECORDS, &[&ids])
-            .map(|deleted| usize::try_from(deleted).unwrap_or(usize::MAX))
+        let texts: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let deleted = self.execute(sql::DELETE_RECORDS, &[&texts])?;
+        for id in ids {
+            self.records.cached.remove(id);
+        }
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
@@ -510,7 +761,7 @@ impl Txn for PgTxn<'_> {
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
         // What this command counted (a reap on read) is part of what it reads.
         self.flush_counts()?;
-        let rows = self.query(sql::AGGREGATES, &[])?;
+        let rows = self.query_other(sql::AGGREGATES, &[])?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -555,7 +806,8 @@ impl Txn for PgTxn<'_> {
 
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
         self.flush_counts()?;
-        self.execute(sql::DELETE_MINUTES_BEFORE, &[&minute]).map(|_| ())
+        self.execute_other(sql::DELETE_MINUTES_BEFORE, &[&minute])
+            .map(|_| ())
     }
 
     fn stored_records(&mut self) -> Result<i64, LedgerError> {
@@ -579,7 +831,7 @@ impl Txn for PgTxn<'_> {
             owner.expires_at.as_millis(),
             ms_opt(owner.ended_at),
         );
-        self.execute(
+        self.execute_other(
             sql::PUT_OWNER,
             &[
                 &owner.owner_id.as_str(),
@@ -609,7 +861,7 @@ impl Txn for PgTxn<'_> {
         if self.conn.known_aggregates.contains(&slot) || self.counts.totals.contains_key(&slot) {
             return Ok(true);
         }
-        let rows = self.query(
+        let rows = self.query_other(
             sql::AGGREGATE_KNOWN,
             &[
                 &labels.service.as_str(),
@@ -629,7 +881,7 @@ impl Txn for PgTxn<'_> {
     }
 
     fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
-        let rows = self.query(
+        let rows = self.query_other(
             sql::LANE_KNOWN,
             &[&labels.service.as_str(), &labels.provider.as_str()],
         )?;
@@ -637,7 +889,7 @@ impl Txn for PgTxn<'_> {
     }
 
     fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
-        let rows = self.query(sql::LABEL_CENSUS, &[])?;
+        let rows = self.query_other(sql::LABEL_CENSUS, &[])?;
         let row = rows
             .first()
             .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "the label census returned no row"))?;
@@ -646,10 +898,13 @@ impl Txn for PgTxn<'_> {
 
     fn lock_lane(&mut self, lane: &LaneKey) -> Result<(), LedgerError> {
         let (service, provider) = (lane.service.as_str(), lane.provider.as_str());
-        if self.query(sql::LOCK_LANE, &[&service, &provider])?.is_empty() {
+        if self
+            .query_other(sql::LOCK_LANE, &[&service, &provider])?
+            .is_empty()
+        {
             // The lane's first decision: its row, then its lock.
-            self.execute(sql::ADD_LANE, &[&service, &provider])?;
-            self.query(sql::LOCK_LANE, &[&service, &provider])?;
+            self.execute_other(sql::ADD_LANE, &[&service, &provider])?;
+            self.query_other(sql::LOCK_LANE, &[&service, &provider])?;
         }
         Ok(())
     }
@@ -740,7 +995,7 @@ impl Txn for PgTxn<'_> {
     }
 
     fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
-        self.execute(sql::PRUNE_OWNERS, &[&retention.before.as_millis()])
+        self.execute_other(sql::PRUNE_OWNERS, &[&retention.before.as_millis()])
             .map(|_| ())
     }
 }

@@ -3,8 +3,14 @@
 //! written are grouped into its next one (group commit), and each is
 //! acknowledged only once that transaction committed.
 //!
-//! A group runs without savepoints; one that meets a storage failure is
-//! rolled back and run again with a savepoint per command. One that meets
+//! A group first reads and locks every record its commands name, in one
+//! statement; its commands then read those from memory. It runs without
+//! savepoints, its record writes deferred to one statement before any read
+//! of `activities` and before the commit. One that meets a storage failure
+//! is rolled back and run again with a savepoint per command, each write
+//! sent at once; one whose deferred writes did not land as expected (an id
+//! taken) is run again with each write sent at once, so that the command
+//! at fault is told. One that meets
 //! a deadlock (lane locks taken in different orders by two groups) or a
 //! serialization failure is rolled back and run again whole. A lost
 //! connection fails its group as `unavailable` and is opened again for the
@@ -25,7 +31,7 @@ use crate::store::engine;
 use crate::store::{Command, Reply};
 
 use super::sql;
-use super::txn::{Conn, Fault, PendingCounts, PgTxn};
+use super::txn::{Conn, Fault, PendingCounts, PgTxn, Records, Unflushed};
 use super::Settings;
 
 /// The most commands grouped into one transaction.
@@ -132,6 +138,9 @@ enum Failed {
     Retry(LedgerError),
     /// The transaction itself failed (begin, counters, commit, connection).
     Transaction(LedgerError),
+    /// Deferred writes did not land as expected: run the group again,
+    /// writing each record at once.
+    Redo,
 }
 
 fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>> {
@@ -159,11 +168,12 @@ impl Writer {
     pub(super) fn run_group(&mut self, commands: Vec<Command>) -> Vec<Result<Reply, LedgerError>> {
         let count = commands.len();
         let mut isolation = Isolation::Whole;
+        let mut defer = true;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let again = commands.clone();
-            match self.run_transaction(again, isolation) {
+            match self.run_transaction(again, isolation, defer) {
                 Ok((results, landed)) => {
                     // Committed: what landed is published, each command's apart.
                     let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
@@ -178,6 +188,13 @@ impl Writer {
                 Err(Failed::Command(_)) if isolation == Isolation::Whole && count > 1 => {
                     isolation = Isolation::PerCommand;
                 }
+                Err(Failed::Redo) if defer => defer = false,
+                Err(Failed::Redo) => {
+                    return failed_all(
+                        count,
+                        &LedgerError::new(ErrorKind::Storage, "a record write did not land"),
+                    )
+                }
                 Err(Failed::Command(err)) if count == 1 => return vec![Err(err)],
                 Err(Failed::Retry(err)) if attempt <= RETRIES => {
                     tracing::debug!(error = %err, attempt, "PostgreSQL group runs again");
@@ -191,7 +208,12 @@ impl Writer {
 
     /// Runs `commands` in one transaction and commits it; rolled back when
     /// it fails.
-    fn run_transaction(&mut self, commands: Vec<Command>, isolation: Isolation) -> Result<Committed, Failed> {
+    fn run_transaction(
+        &mut self,
+        commands: Vec<Command>,
+        isolation: Isolation,
+        defer: bool,
+    ) -> Result<Committed, Failed> {
         let override_now = (!self.clock.is_system()).then(|| self.clock.now());
         let config = Arc::clone(&self.config);
         let conn = self.connection().map_err(Failed::Transaction)?;
@@ -199,7 +221,7 @@ impl Writer {
             Fault::Retry => Failed::Retry(err),
             _ => Failed::Transaction(err),
         })?;
-        let run = run_commands(conn, &config, commands, isolation, now);
+        let run = run_commands(conn, &config, commands, isolation, defer, now);
         if run.is_err() && !conn.client.is_closed() {
             if let Err(err) = conn.client.batch_execute(sql::ROLLBACK) {
                 tracing::error!(error = %err, "PostgreSQL rollback failed");
@@ -258,8 +280,23 @@ fn run_commands(
     config: &LedgerConfig,
     commands: Vec<Command>,
     isolation: Isolation,
+    defer: bool,
     now: Timestamp,
 ) -> Result<Committed, Failed> {
+    // Deferred only without savepoints: a command undone alone must not
+    // leave writes behind in memory, nor take others' with it.
+    let mut records = Records::new(defer && isolation == Isolation::Whole);
+    let named: Vec<_> = commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::Transition { id, .. } | Command::Get { id } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    records.lock(conn, &named).map_err(|err| {
+        let fault = Fault::of(&err);
+        transaction_failure((fault, fault.error("cannot read records", err)))
+    })?;
     let mut results = Vec::with_capacity(commands.len());
     let mut landed = Vec::with_capacity(commands.len());
     let mut counts = PendingCounts::default();
@@ -275,7 +312,7 @@ fn run_commands(
                 return Err(transaction_failure((fault, err)));
             }
         }
-        let mut txn = PgTxn::new(conn, config);
+        let mut txn = PgTxn::new(conn, config, &mut records);
         let result = engine::execute(&mut txn, config, command, now);
         let pending = std::mem::take(&mut txn.counts);
         let did = std::mem::take(&mut txn.landed);
@@ -286,6 +323,7 @@ fn run_commands(
             Some(Fault::Unavailable) => {
                 return Err(Failed::Transaction(result.err().unwrap_or_else(unavailable)))
             }
+            Some(Fault::Redo) => return Err(Failed::Redo),
             _ => {}
         }
         // A refusal keeps what time forced (a reap); a storage failure keeps
@@ -302,6 +340,8 @@ fn run_commands(
             Isolation::PerCommand => {
                 control(conn, sql::ROLLBACK_TO).map_err(transaction_failure)?;
                 control(conn, sql::RELEASE).map_err(transaction_failure)?;
+                // What it changed is undone; the rows stay locked.
+                records.forget();
             }
         }
         if keep {
@@ -315,6 +355,15 @@ fn run_commands(
             })));
         }
     }
+    // The group's deferred writes; a failure names no command, so the group
+    // runs again with a savepoint per command to find it.
+    records.flush(conn).map_err(|unflushed| match unflushed {
+        Unflushed::Unexpected => Failed::Redo,
+        Unflushed::Failed(err) => match Fault::of(&err) {
+            Fault::Other => Failed::Command(Fault::Other.error("cannot write records", err)),
+            fault => transaction_failure((fault, fault.error("cannot write records", err))),
+        },
+    })?;
     counts.write(conn).map_err(|(context, err)| {
         transaction_failure((Fault::of(&err), Fault::of(&err).error(context, err)))
     })?;
@@ -348,4 +397,205 @@ fn deadlock() -> LedgerError {
 
 fn unavailable() -> LedgerError {
     LedgerError::new(ErrorKind::Unavailable, "PostgreSQL is unavailable")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{TestDatabase, BREAK_CLASS};
+    use super::super::PostgresStore;
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::domain::record::{ActivityId, ActivityRecord, State};
+    use crate::domain::transition::{NewActivity, Transition};
+
+    const NOW: Timestamp = Timestamp::from_millis(1_786_000_000_000);
+
+    /// A writer on a fresh, migrated schema, run by hand: each call of
+    /// `run_group` is one group, as the write loop would form it.
+    fn writer(database: &TestDatabase) -> Writer {
+        let url = database.store_url("listen=false");
+        let config = Arc::new(LedgerConfig::default());
+        let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
+        drop(PostgresStore::open(&url, Arc::clone(&config), Arc::clone(&clock)).unwrap());
+        Writer {
+            settings: Arc::new(super::super::Settings::parse(&url).unwrap()),
+            conn: None,
+            config,
+            clock,
+            calls: Arc::default(),
+        }
+    }
+
+    fn begin(new: &NewActivity) -> Command {
+        Command::Begin { new: new.clone() }
+    }
+
+    fn transition(id: ActivityId, transition: Transition) -> Command {
+        Command::Transition { id, transition }
+    }
+
+    fn start() -> Transition {
+        Transition::Start { at: None }
+    }
+
+    fn settle() -> Transition {
+        Transition::Settle {
+            success: true,
+            failure_stage: None,
+            at: None,
+        }
+    }
+
+    fn record(result: &Result<Reply, LedgerError>) -> Arc<ActivityRecord> {
+        match result {
+            Ok(Reply::Record(record)) => Arc::clone(record),
+            other => panic!("not a record: {other:?}"),
+        }
+    }
+
+    /// The state stored for `id`, read outside the writer.
+    fn stored_state(database: &TestDatabase, id: ActivityId) -> Option<String> {
+        database
+            .client()
+            .query(sql::GET_RECORD, &[&id.to_string()])
+            .unwrap()
+            .first()
+            .map(|row| row.get(8))
+    }
+
+    #[test]
+    fn a_group_that_changes_one_record_twice_stores_the_last() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let new = NewActivity::fixture("chat");
+        let id = new.activity_id;
+        let results = writer.run_group(vec![begin(&new)]);
+        assert_eq!(record(&results[0]).state, State::Waiting);
+        // Start and settle in one group: the settle sees the start.
+        let results = writer.run_group(vec![transition(id, start()), transition(id, settle())]);
+        assert_eq!(record(&results[0]).state, State::Executing);
+        assert_eq!(record(&results[1]).state, State::Succeeded);
+        assert_eq!(stored_state(&database, id).as_deref(), Some("succeeded"));
+        // Begun, started and settled in one group.
+        let new = NewActivity::fixture("chat");
+        let id = new.activity_id;
+        let results = writer.run_group(vec![
+            begin(&new),
+            transition(id, start()),
+            transition(id, settle()),
+        ]);
+        assert_eq!(record(&results[2]).state, State::Succeeded);
+        assert_eq!(stored_state(&database, id).as_deref(), Some("succeeded"));
+    }
+
+    #[test]
+    fn a_read_after_a_deferred_write_sees_it() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let (a, b) = (NewActivity::fixture("chat"), NewActivity::fixture("chat"));
+        let results = writer.run_group(vec![begin(&a), begin(&b), Command::Stats]);
+        match &results[2] {
+            Ok(Reply::Stats(stats)) => assert_eq!(stats.stored_records, 2),
+            other => panic!("not stats: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_sees_the_changes_of_the_commands_before_it_in_its_group() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let (a, b) = (NewActivity::fixture("chat"), NewActivity::fixture("chat"));
+        writer.run_group(vec![begin(&a), begin(&b)]);
+        let results = writer.run_group(vec![
+            transition(a.activity_id, start()),
+            transition(b.activity_id, start()),
+            transition(b.activity_id, settle()),
+            Command::Snapshot {
+                options: crate::domain::snapshot::SnapshotOptions::default(),
+            },
+        ]);
+        let Ok(Reply::Snapshot(snapshot)) = &results[3] else {
+            panic!("not a snapshot: {:?}", results[3]);
+        };
+        let in_flight: Vec<_> = snapshot
+            .in_flight
+            .iter()
+            .map(|entry| (entry.record.activity_id, entry.record.state))
+            .collect();
+        assert_eq!(in_flight, vec![(a.activity_id, State::Executing)]);
+        let completed: Vec<_> = snapshot
+            .recent_completions
+            .iter()
+            .map(|record| record.activity_id)
+            .collect();
+        assert_eq!(completed, vec![b.activity_id]);
+        assert_eq!((snapshot.total_activities, snapshot.total_succeeded), (2, 1));
+    }
+
+    #[test]
+    fn a_storage_failure_undoes_only_its_own_command() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        database.client().batch_execute(BREAK_CLASS).unwrap();
+        let (a, broken, b) = (
+            NewActivity::fixture("chat"),
+            NewActivity::fixture("broken"),
+            NewActivity::fixture("chat"),
+        );
+        let results = writer.run_group(vec![begin(&a), begin(&broken), begin(&b)]);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Storage);
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        assert_eq!(stored_state(&database, a.activity_id).as_deref(), Some("waiting"));
+        assert_eq!(stored_state(&database, broken.activity_id), None);
+        assert_eq!(stored_state(&database, b.activity_id).as_deref(), Some("waiting"));
+        // A record changed by the commands around a failing one: each of
+        // theirs lands, the failing one's does not.
+        let results = writer.run_group(vec![
+            transition(a.activity_id, start()),
+            begin(&NewActivity::fixture("broken")),
+            transition(a.activity_id, settle()),
+            transition(b.activity_id, start()),
+        ]);
+        assert_eq!(record(&results[0]).state, State::Executing);
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Storage);
+        assert_eq!(record(&results[2]).state, State::Succeeded);
+        assert_eq!(record(&results[3]).state, State::Executing);
+        assert_eq!(
+            stored_state(&database, a.activity_id).as_deref(),
+            Some("succeeded")
+        );
+        assert_eq!(
+            stored_state(&database, b.activity_id).as_deref(),
+            Some("executing")
+        );
+        let stats = writer.run_group(vec![Command::Stats]);
+        match &stats[0] {
+            Ok(Reply::Stats(stats)) => assert_eq!(stats.stored_records, 2),
+            other => panic!("not stats: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_id_taken_by_a_record_the_group_did_not_read_is_a_conflict() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let taken = NewActivity::fixture("chat");
+        writer.run_group(vec![begin(&taken)]);
+        let other = NewActivity::fixture("chat");
+        // The deferred insert meets the taken id only when it is sent: the
+        // group runs again, and the begin that asked for it is told.
+        let results = writer.run_group(vec![begin(&other), begin(&taken)]);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+        assert_eq!(
+            stored_state(&database, other.activity_id).as_deref(),
+            Some("waiting")
+        );
+        // And within one group: the second begin of an id is refused.
+        let twice = NewActivity::fixture("chat");
+        let results = writer.run_group(vec![begin(&twice), begin(&twice)]);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+    }
 }
