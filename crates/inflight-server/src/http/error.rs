@@ -130,13 +130,8 @@ impl From<LedgerError> for ApiError {
                 Self::unavailable("the store cannot be reached now; retry later")
             }
             kind => {
-                let source = std::error::Error::source(&err).map(ToString::to_string);
-                tracing::error!(
-                    kind = kind.as_str(),
-                    error = %err,
-                    source = source.as_deref().unwrap_or(""),
-                    "ledger operation failed"
-                );
+                // The message carries its causes (`LedgerError::caused`).
+                tracing::error!(kind = kind.as_str(), error = %err, "ledger operation failed");
                 Self::internal()
             }
         }
