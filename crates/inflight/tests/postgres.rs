@@ -33,9 +33,9 @@ fn instances_starting_together_migrate_once() {
         .query_one("SELECT COUNT(*) FROM inflight_schema", &[])
         .unwrap()
         .get(0);
-    // Three migrations: the schema, owner-lost reaps split by disposition,
-    // and one index fewer on records in flight.
-    assert_eq!(versions, 3, "each migration recorded once");
+    // Four migrations: the schema, owner-lost reaps split by disposition,
+    // one index fewer on records in flight, and counter rows per writer.
+    assert_eq!(versions, 4, "each migration recorded once");
 }
 
 #[test]

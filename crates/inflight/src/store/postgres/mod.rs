@@ -39,14 +39,13 @@
 //! and these of the store's own:
 //! - `schema=NAME`: the schema the tables live in (created if missing);
 //!   the connection's default otherwise;
-//! - `pool=N`: writer connections, 1 to 64. The default, 1, lands the
-//!   commands of this process in the order they were submitted, as the
-//!   SQLite store does (a dropped handle's cancel lands before the snapshot
-//!   asked for next); group commit shares one commit between every command
-//!   waiting. More writers run groups in parallel, so that their commits
-//!   overlap (though they wait on each other's counter rows: see
-//!   `docs/performance.md`), and give up that order between commands
-//!   submitted concurrently;
+//! - `pool=N`: writer connections, 1 to 64. Each group commit shares one
+//!   commit between every command waiting. With several writers, one group
+//!   runs while the one before commits (`writer::Order`), each writer
+//!   counting into counter rows of its own, and the commands of this
+//!   process still land in the order they were submitted, as the SQLite
+//!   store lands them (a dropped handle's cancel lands before the snapshot
+//!   asked for next);
 //! - `listen=false`: no `LISTEN` connection; waiters poll.
 //!
 //! - `sslmode=require` (or `verify-ca`, `verify-full`): TLS, with the
@@ -343,6 +342,7 @@ impl PostgresStore {
         let mut writers = Vec::with_capacity(settings.pool);
         let mut first = Some(first);
         let calls = Arc::new(Mutex::new(CallStats::default()));
+        let order = Arc::new(writer::Order::default());
         for index in 0..settings.pool {
             let writer = Writer {
                 settings: Arc::clone(&settings),
@@ -350,6 +350,9 @@ impl PostgresStore {
                 config: Arc::clone(&config),
                 clock: Arc::clone(&clock),
                 calls: Arc::clone(&calls),
+                order: Arc::clone(&order),
+                // At most 64 writers (`pool`).
+                shard: index as i16,
             };
             let queue = Arc::clone(&queue);
             let handle = thread::Builder::new()
@@ -521,9 +524,12 @@ pub fn seed_history(
         tx.commit().map_err(failed)?;
         let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
         counts.totals.insert(aggregate, totals);
-        counts
-            .write(&mut conn)
-            .map_err(|(context, err)| LedgerError::storage(context, err))?;
+        counts.write(&mut conn).map_err(|unflushed| match unflushed {
+            txn::Unflushed::Failed(err) => LedgerError::storage("cannot update counters", err),
+            txn::Unflushed::Unexpected => {
+                LedgerError::new(crate::error::ErrorKind::Storage, "a counter write did not land")
+            }
+        })?;
         conn.client.batch_execute(sql::ANALYZE).map_err(failed)
     })
 }

@@ -163,6 +163,17 @@ WHERE g.reaped_owner_lost > 0;
 -- (the same predicate): one index fewer to write per record written.
 DROP INDEX activities_in_flight;
 "#,
+    r#"
+-- Counter rows per writer: each writer of an instance adds to the rows of
+-- its own `shard` (its index in the pool), so that a group never waits for
+-- another writer's commit to count; every read sums the shards.
+ALTER TABLE aggregates ADD COLUMN shard SMALLINT NOT NULL DEFAULT 0;
+ALTER TABLE aggregates DROP CONSTRAINT aggregates_pkey,
+    ADD PRIMARY KEY (service, operation_stage, class, provider, model, priority, admission, shard);
+ALTER TABLE completion_minutes ADD COLUMN shard SMALLINT NOT NULL DEFAULT 0;
+ALTER TABLE completion_minutes DROP CONSTRAINT completion_minutes_pkey,
+    ADD PRIMARY KEY (minute, shard);
+"#,
 ];
 
 /// The table of applied migrations; created by the migration runner
@@ -234,16 +245,27 @@ pub(super) const LOCK_RECORDS: &str = concat!(
     " FROM activities WHERE activity_id = k.id FOR UPDATE) AS r"
 );
 
-/// A group's deferred record writes in one statement: `$1`..`$23` are the
-/// columns of every written record, in `record_columns!` order, as arrays
-/// one element per record; `$24` says which are new. The new ones are
+/// A group's deferred writes in one statement, one round trip: its
+/// records and its counters.
+///
+/// Records: `$1`..`$23` are the columns of every written record, in
+/// `record_columns!` order, as arrays one element per record; `$24` says
+/// which are new. The new ones are
 /// inserted (none when the id is taken); the others, whose rows the
 /// transaction holds locked, overwritten. Both go through the primary key
 /// (`ON CONFLICT`), never through a join the planner could turn into a
 /// scan (see [`LOCK_RECORDS`]). The counts (rows updated, rows an
 /// overwrite inserted, rows inserted) let the store check that each landed
 /// as it expected.
-pub(super) const WRITE_RECORDS: &str = concat!(
+///
+/// Counters: `$25`..`$49` are the aggregates' keys and totals to add, as
+/// arrays one element per aggregate (in `aggregates` column order, `$48`
+/// the last seen instants), `$50` and `$51` the minutes and their
+/// completions; each key at most once per array, as `ON CONFLICT DO
+/// UPDATE` requires; `$52` the writer's shard of the counter rows. Either part may be empty arrays: a flush of records
+/// before a read sends no counters, a write of counters before a snapshot
+/// no records.
+pub(super) const WRITE_GROUP: &str = concat!(
     "WITH w AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], \
      $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[], \
@@ -270,39 +292,19 @@ pub(super) const WRITE_RECORDS: &str = concat!(
     record_columns!(),
     ") SELECT ",
     record_columns!(),
-    " FROM w WHERE w.fresh ON CONFLICT (activity_id) DO NOTHING RETURNING 1) \
-     SELECT (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated), \
-     (SELECT COUNT(*) FILTER (WHERE new) FROM updated), (SELECT COUNT(*) FROM inserted)"
-);
-
-pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
-
-/// The admission lock of the lane `$1::$2`: every decision on a lane holds
-/// it until its transaction ends. No `SKIP LOCKED` (it would break first
-/// come, first served), no count-then-claim.
-pub(super) const LOCK_LANE: &str = "SELECT 1 FROM lanes WHERE service = $1 AND provider = $2 FOR UPDATE";
-/// The lane's row, the first time it is asked for.
-pub(super) const ADD_LANE: &str =
-    "INSERT INTO lanes (service, provider) VALUES ($1, $2) ON CONFLICT (service, provider) DO NOTHING";
-
-/// A group's counter changes in one statement: `$1`..`$25` are the
-/// aggregates' keys and totals to add, as arrays one element per aggregate
-/// (in `aggregates` column order, `$24` the last seen instants), `$26` and
-/// `$27` the minutes and their completions. Each key at most once per array,
-/// as `ON CONFLICT DO UPDATE` requires.
-pub(super) const ADD_COUNTS: &str =
-    "WITH g AS (INSERT INTO aggregates AS a (service, operation_stage, class, provider, model, \
+    " FROM w WHERE w.fresh ON CONFLICT (activity_id) DO NOTHING RETURNING 1), \
+     g AS (INSERT INTO aggregates AS a (service, operation_stage, class, provider, model, \
      priority, admission, calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, \
      reaped_owner_lost, late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
      queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
-     reaped_owner_lost_abandoned) \
-     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-     $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], \
-     $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[], \
-     $19::bigint[], $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[], $24::bigint[], \
-     $25::bigint[]) \
-     ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
-     calls = a.calls + excluded.calls, succeeded = a.succeeded + excluded.succeeded, \
+     reaped_owner_lost_abandoned, shard) \
+     SELECT *, $52::smallint FROM unnest($25::text[], $26::text[], $27::text[], $28::text[], $29::text[], $30::text[], \
+     $31::text[], $32::bigint[], $33::bigint[], $34::bigint[], $35::bigint[], $36::bigint[], \
+     $37::bigint[], $38::bigint[], $39::bigint[], $40::bigint[], $41::bigint[], $42::bigint[], \
+     $43::bigint[], $44::bigint[], $45::bigint[], $46::bigint[], $47::bigint[], $48::bigint[], \
+     $49::bigint[]) \
+     ON CONFLICT (service, operation_stage, class, provider, model, priority, admission, shard) \
+     DO UPDATE SET calls = a.calls + excluded.calls, succeeded = a.succeeded + excluded.succeeded, \
      failed = a.failed + excluded.failed, cancelled = a.cancelled + excluded.cancelled, \
      reaped_abandoned = a.reaped_abandoned + excluded.reaped_abandoned, \
      reaped_unsettled = a.reaped_unsettled + excluded.reaped_unsettled, \
@@ -318,18 +320,36 @@ pub(super) const ADD_COUNTS: &str =
      execution_sum_ms = a.execution_sum_ms + excluded.execution_sum_ms, \
      execution_max_ms = GREATEST(a.execution_max_ms, excluded.execution_max_ms), \
      last_seen_at = GREATEST(a.last_seen_at, excluded.last_seen_at) RETURNING 1), \
-     m AS (INSERT INTO completion_minutes AS m (minute, completions) \
-     SELECT * FROM unnest($26::bigint[], $27::bigint[]) \
-     ON CONFLICT (minute) DO UPDATE SET completions = m.completions + excluded.completions RETURNING 1) \
-     SELECT (SELECT COUNT(*) FROM g), (SELECT COUNT(*) FROM m)";
+     m AS (INSERT INTO completion_minutes AS m (minute, completions, shard) \
+     SELECT *, $52::smallint FROM unnest($50::bigint[], $51::bigint[]) \
+     ON CONFLICT (minute, shard) DO UPDATE SET completions = m.completions + excluded.completions RETURNING 1) \
+     SELECT (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated), \
+     (SELECT COUNT(*) FILTER (WHERE new) FROM updated), (SELECT COUNT(*) FROM inserted), \
+     (SELECT COUNT(*) FROM g), (SELECT COUNT(*) FROM m)"
+);
 
+pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
+
+/// The admission lock of the lane `$1::$2`: every decision on a lane holds
+/// it until its transaction ends. No `SKIP LOCKED` (it would break first
+/// come, first served), no count-then-claim.
+pub(super) const LOCK_LANE: &str = "SELECT 1 FROM lanes WHERE service = $1 AND provider = $2 FOR UPDATE";
+/// The lane's row, the first time it is asked for.
+pub(super) const ADD_LANE: &str =
+    "INSERT INTO lanes (service, provider) VALUES ($1, $2) ON CONFLICT (service, provider) DO NOTHING";
+
+/// Every aggregate's totals: the sum of its shards (one per writer that
+/// counted into it).
 pub(super) const AGGREGATES: &str =
-    "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
-     succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
-     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
-     reaped_owner_lost_abandoned \
-     FROM aggregates";
+    "SELECT service, operation_stage, class, provider, model, priority, admission, \
+     SUM(calls)::BIGINT, SUM(succeeded)::BIGINT, SUM(failed)::BIGINT, SUM(cancelled)::BIGINT, \
+     SUM(reaped_abandoned)::BIGINT, SUM(reaped_unsettled)::BIGINT, SUM(reaped_owner_lost)::BIGINT, \
+     SUM(late_settles)::BIGINT, SUM(resurrections)::BIGINT, SUM(in_flight)::BIGINT, \
+     SUM(queue_wait_count)::BIGINT, SUM(queue_wait_sum_ms)::BIGINT, MAX(queue_wait_max_ms), \
+     SUM(execution_count)::BIGINT, SUM(execution_sum_ms)::BIGINT, MAX(execution_max_ms), \
+     MAX(last_seen_at), SUM(reaped_owner_lost_abandoned)::BIGINT \
+     FROM aggregates \
+     GROUP BY service, operation_stage, class, provider, model, priority, admission";
 
 /// Whether an aggregate has totals stored: its primary key.
 pub(super) const AGGREGATE_KNOWN: &str = "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 \
@@ -345,7 +365,8 @@ pub(super) const LANE_KNOWN: &str =
 /// bounds themselves keep few (`domain::cardinality`); asked only for a
 /// begin whose aggregate is new.
 pub(super) const LABEL_CENSUS: &str = "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT service, provider \
-     FROM aggregates) AS lanes), (SELECT COUNT(*) FROM aggregates)";
+     FROM aggregates) AS lanes), (SELECT COUNT(*) FROM (SELECT DISTINCT service, operation_stage, class, provider, model, \
+     priority, admission FROM aggregates) AS aggregates)";
 
 pub(super) const COMPLETION_MINUTES_FROM: &str =
     "SELECT COALESCE(SUM(completions), 0)::BIGINT FROM completion_minutes WHERE minute >= $1";
@@ -547,10 +568,9 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORDS", DELETE_RECORDS, Reach::Indexed),
     ("LOCK_RECORDS", LOCK_RECORDS, Reach::Indexed),
-    ("WRITE_RECORDS", WRITE_RECORDS, Reach::Indexed),
+    ("WRITE_GROUP", WRITE_GROUP, Reach::Indexed),
     ("LOCK_LANE", LOCK_LANE, Reach::Indexed),
     ("ADD_LANE", ADD_LANE, Reach::Indexed),
-    ("ADD_COUNTS", ADD_COUNTS, Reach::Indexed),
     ("AGGREGATES", AGGREGATES, Reach::Indexed),
     ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
     ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
@@ -703,7 +723,7 @@ mod tests {
             client
                 .batch_execute("SET plan_cache_mode = force_generic_plan")
                 .unwrap();
-            [LOCK_RECORDS, WRITE_RECORDS, ADD_COUNTS].map(|sql| plan(&mut client, sql))
+            [LOCK_RECORDS, WRITE_GROUP].map(|sql| plan(&mut client, sql))
         });
         for plan in plans {
             assert!(history_scans(&plan).is_empty(), "{}", plan.join("\n"));

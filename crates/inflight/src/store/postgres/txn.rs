@@ -31,6 +31,7 @@ use crate::stats::Landed;
 use crate::store::engine::Txn;
 
 use super::sql;
+use super::writer::Done;
 
 /// What a failed statement means for the transaction it ran in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +103,9 @@ pub(super) struct Conn {
     prepared: HashMap<(usize, usize), Statement>,
     /// Aggregates this connection saw stored.
     known_aggregates: crate::store::KnownAggregates,
+    /// Which of the counter rows this connection adds to (`shard` in
+    /// `aggregates` and `completion_minutes`): its writer's index.
+    pub(super) shard: i16,
 }
 
 impl Conn {
@@ -111,6 +115,7 @@ impl Conn {
             channel,
             prepared: HashMap::with_capacity(48),
             known_aggregates: crate::store::KnownAggregates::default(),
+            shard: 0,
         }
     }
 
@@ -190,99 +195,168 @@ impl Records {
         self.pending.clear();
     }
 
+    /// Whether writes wait to be sent.
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Sends the deferred writes, in one statement.
     pub(super) fn flush(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let pending = std::mem::take(&mut self.pending);
-        let records: Vec<&ActivityRecord> = pending.values().map(|(record, _)| &**record).collect();
-        let fresh: Vec<bool> = pending.values().map(|(_, fresh)| *fresh).collect();
-        let new = fresh.iter().filter(|fresh| **fresh).count();
-        let text = |f: fn(&ActivityRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<&str>>();
-        let text_opt = |f: fn(&ActivityRecord) -> Option<&str>| {
-            records.iter().map(|r| f(r)).collect::<Vec<Option<&str>>>()
-        };
-        let ms = |f: fn(&ActivityRecord) -> Option<i64>| {
-            records.iter().map(|r| f(r)).collect::<Vec<Option<i64>>>()
-        };
-        let ids: Vec<String> = records.iter().map(|r| r.activity_id.to_string()).collect();
-        let (service, provider, class, stage, model) = (
-            text(|r| r.labels.service.as_str()),
-            text(|r| r.labels.provider.as_str()),
-            text(|r| r.labels.class.as_str()),
-            text(|r| r.labels.operation_stage.as_str()),
-            text(|r| &r.labels.model),
-        );
-        let (priority, admission, state) = (
-            text(|r| r.priority.as_str()),
-            text(|r| r.admission.as_str()),
-            text(|r| r.state.as_str()),
-        );
-        let (disposition, reap_reason, owner) = (
-            text_opt(|r| r.disposition.map(|d| d.as_str())),
-            text_opt(|r| r.reap_reason.map(|r| r.as_str())),
-            text_opt(|r| r.owner_id.as_deref()),
-        );
-        let enqueued: Vec<i64> = records.iter().map(|r| r.enqueued_at.as_millis()).collect();
-        let (started, completed, reaped, declared) = (
-            ms(|r| ms_opt(r.started_at)),
-            ms(|r| ms_opt(r.completed_at)),
-            ms(|r| ms_opt(r.reaped_at)),
-            ms(|r| r.declared_deadline_ms),
-        );
-        let deadline: Vec<i64> = records.iter().map(|r| r.deadline_ms).collect();
-        let reapable = ms(|r| ms_opt(r.reapable_at));
-        let success: Vec<Option<bool>> = records.iter().map(|r| r.success).collect();
-        let failure_stage = text_opt(|r| r.failure_stage.map(|s| s.as_str()));
-        let late: Vec<bool> = records.iter().map(|r| r.late_settle).collect();
-        let cancel = text_opt(|r| r.cancel_reason.as_deref());
-        let statement = conn.prepare(sql::WRITE_RECORDS).map_err(Unflushed::Failed)?;
-        let row = conn
-            .client
-            .query_one(
-                &statement,
-                &[
-                    &ids,
-                    &service,
-                    &provider,
-                    &class,
-                    &stage,
-                    &model,
-                    &priority,
-                    &admission,
-                    &state,
-                    &disposition,
-                    &reap_reason,
-                    &owner,
-                    &enqueued,
-                    &started,
-                    &completed,
-                    &reaped,
-                    &declared,
-                    &deadline,
-                    &reapable,
-                    &success,
-                    &failure_stage,
-                    &late,
-                    &cancel,
-                    &fresh,
-                ],
-            )
-            .map_err(Unflushed::Failed)?;
-        let counts: (i64, i64, i64) = (
-            row.try_get(0).map_err(Unflushed::Failed)?,
-            row.try_get(1).map_err(Unflushed::Failed)?,
-            row.try_get(2).map_err(Unflushed::Failed)?,
-        );
-        // Every overwrite found its row (it holds its lock), and every new
-        // record its id free.
-        let expected = (records.len() - new, 0, new);
-        if counts != (expected.0 as i64, expected.1, expected.2 as i64) {
-            return Err(Unflushed::Unexpected);
-        }
-        Ok(())
+        write_group(conn, self, &mut PendingCounts::default())
     }
+}
+
+/// Sends `records`' deferred writes and `counts` in one statement
+/// ([`sql::WRITE_GROUP`]), and forgets both: a group's last round trip
+/// before its commit carries all it wrote.
+pub(super) fn write_group(
+    conn: &mut Conn,
+    records: &mut Records,
+    counts: &mut PendingCounts,
+) -> Result<(), Unflushed> {
+    if records.pending.is_empty() && counts.is_empty() {
+        return Ok(());
+    }
+    let pending = std::mem::take(&mut records.pending);
+    let records: Vec<&ActivityRecord> = pending.values().map(|(record, _)| &**record).collect();
+    let fresh: Vec<bool> = pending.values().map(|(_, fresh)| *fresh).collect();
+    let new = fresh.iter().filter(|fresh| **fresh).count();
+    let text = |f: fn(&ActivityRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<&str>>();
+    let text_opt =
+        |f: fn(&ActivityRecord) -> Option<&str>| records.iter().map(|r| f(r)).collect::<Vec<Option<&str>>>();
+    let ms =
+        |f: fn(&ActivityRecord) -> Option<i64>| records.iter().map(|r| f(r)).collect::<Vec<Option<i64>>>();
+    let ids: Vec<String> = records.iter().map(|r| r.activity_id.to_string()).collect();
+    let (service, provider, class, stage, model) = (
+        text(|r| r.labels.service.as_str()),
+        text(|r| r.labels.provider.as_str()),
+        text(|r| r.labels.class.as_str()),
+        text(|r| r.labels.operation_stage.as_str()),
+        text(|r| &r.labels.model),
+    );
+    let (priority, admission, state) = (
+        text(|r| r.priority.as_str()),
+        text(|r| r.admission.as_str()),
+        text(|r| r.state.as_str()),
+    );
+    let (disposition, reap_reason, owner) = (
+        text_opt(|r| r.disposition.map(|d| d.as_str())),
+        text_opt(|r| r.reap_reason.map(|r| r.as_str())),
+        text_opt(|r| r.owner_id.as_deref()),
+    );
+    let enqueued: Vec<i64> = records.iter().map(|r| r.enqueued_at.as_millis()).collect();
+    let (started, completed, reaped, declared) = (
+        ms(|r| ms_opt(r.started_at)),
+        ms(|r| ms_opt(r.completed_at)),
+        ms(|r| ms_opt(r.reaped_at)),
+        ms(|r| r.declared_deadline_ms),
+    );
+    let deadline: Vec<i64> = records.iter().map(|r| r.deadline_ms).collect();
+    let reapable = ms(|r| ms_opt(r.reapable_at));
+    let success: Vec<Option<bool>> = records.iter().map(|r| r.success).collect();
+    let failure_stage = text_opt(|r| r.failure_stage.map(|s| s.as_str()));
+    let late: Vec<bool> = records.iter().map(|r| r.late_settle).collect();
+    let cancel = text_opt(|r| r.cancel_reason.as_deref());
+
+    let mut totals: Vec<(AggregateKey, Totals)> = counts
+        .totals
+        .drain()
+        .map(|((labels, priority, admission), totals)| {
+            (AggregateKey::new(&labels, priority, admission), totals)
+        })
+        .collect();
+    totals.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let key = |f: fn(&AggregateKey) -> &str| totals.iter().map(|(k, _)| f(k)).collect::<Vec<&str>>();
+    let sum = |f: fn(&Totals) -> i64| totals.iter().map(|(_, d)| f(d)).collect::<Vec<i64>>();
+    let (g_service, g_stage, g_class, g_provider, g_model) = (
+        key(|k| &k.service),
+        key(|k| &k.operation_stage),
+        key(|k| &k.class),
+        key(|k| &k.provider),
+        key(|k| &k.model),
+    );
+    let (g_priority, g_admission) = (key(|k| k.priority.as_str()), key(|k| k.admission.as_str()));
+    let last_seen: Vec<Option<i64>> = totals.iter().map(|(_, d)| ms_opt(d.last_seen_at)).collect();
+    let (minutes, completions): (Vec<i64>, Vec<i64>) =
+        std::mem::take(&mut counts.completions).into_iter().unzip();
+
+    let shard = conn.shard;
+    let statement = conn.prepare(sql::WRITE_GROUP).map_err(Unflushed::Failed)?;
+    let row = conn
+        .client
+        .query_one(
+            &statement,
+            &[
+                &ids,
+                &service,
+                &provider,
+                &class,
+                &stage,
+                &model,
+                &priority,
+                &admission,
+                &state,
+                &disposition,
+                &reap_reason,
+                &owner,
+                &enqueued,
+                &started,
+                &completed,
+                &reaped,
+                &declared,
+                &deadline,
+                &reapable,
+                &success,
+                &failure_stage,
+                &late,
+                &cancel,
+                &fresh,
+                &g_service,
+                &g_stage,
+                &g_class,
+                &g_provider,
+                &g_model,
+                &g_priority,
+                &g_admission,
+                &sum(|d| d.calls),
+                &sum(|d| d.succeeded),
+                &sum(|d| d.failed),
+                &sum(|d| d.cancelled),
+                &sum(|d| d.reaped_abandoned),
+                &sum(|d| d.reaped_unsettled),
+                &sum(|d| d.reaped_owner_lost),
+                &sum(|d| d.late_settles),
+                &sum(|d| d.resurrections),
+                &sum(|d| d.in_flight),
+                &sum(|d| d.queue_wait_count),
+                &sum(|d| d.queue_wait_sum_ms),
+                &sum(|d| d.queue_wait_max_ms),
+                &sum(|d| d.execution_count),
+                &sum(|d| d.execution_sum_ms),
+                &sum(|d| d.execution_max_ms),
+                &last_seen,
+                &sum(|d| d.reaped_owner_lost_abandoned),
+                &minutes,
+                &completions,
+                &shard,
+            ],
+        )
+        .map_err(Unflushed::Failed)?;
+    let counted = |index: usize| row.try_get::<_, i64>(index).map_err(Unflushed::Failed);
+    let landed = (counted(0)?, counted(1)?, counted(2)?, counted(3)?, counted(4)?);
+    // Every overwrite found its row (it holds its lock), every new record
+    // its id free, and every counter its row.
+    let expected = (
+        (records.len() - new) as i64,
+        0,
+        new as i64,
+        totals.len() as i64,
+        minutes.len() as i64,
+    );
+    if landed != expected {
+        return Err(Unflushed::Unexpected);
+    }
+    Ok(())
 }
 
 pub(super) struct PgTxn<'c> {
@@ -302,6 +376,10 @@ pub(super) struct PgTxn<'c> {
     pub(super) lock_in_flight: bool,
     /// What this command did, to publish once its group is committed.
     pub(super) landed: Vec<Landed>,
+    /// The end of the groups this process ran before this one, which every
+    /// read beyond the group's own records waits for
+    /// ([`super::writer::Order`]).
+    pub(super) previous: Option<&'c Done>,
 }
 
 impl<'c> PgTxn<'c> {
@@ -315,6 +393,15 @@ impl<'c> PgTxn<'c> {
             capacity_changed: false,
             lock_in_flight: false,
             landed: Vec::new(),
+            previous: None,
+        }
+    }
+
+    /// Waits until every group this process ran before has ended, so that a
+    /// read sees what commands submitted earlier did.
+    fn after_earlier_groups(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            previous.wait();
         }
     }
 
@@ -353,6 +440,7 @@ impl<'c> PgTxn<'c> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, LedgerError> {
+        self.after_earlier_groups();
         let result = self
             .conn
             .prepare(sql)
@@ -372,6 +460,7 @@ impl<'c> PgTxn<'c> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, LedgerError> {
+        self.after_earlier_groups();
         let result = self
             .conn
             .prepare(sql)
@@ -484,8 +573,14 @@ impl<'c> PgTxn<'c> {
     /// Writes the counter changes so far; before a read of the counters.
     fn flush_counts(&mut self) -> Result<(), LedgerError> {
         let mut counts = std::mem::take(&mut self.counts);
-        let written = counts.write(self.conn);
-        written.map_err(|(context, err)| self.failed(context, err))
+        match counts.write(self.conn) {
+            Ok(()) => Ok(()),
+            Err(Unflushed::Failed(err)) => Err(self.failed("cannot update counters", err)),
+            Err(Unflushed::Unexpected) => Err(LedgerError::new(
+                ErrorKind::Storage,
+                "a counter write did not land",
+            )),
+        }
     }
 }
 
@@ -508,70 +603,13 @@ impl PendingCounts {
         }
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.totals.is_empty() && self.completions.is_empty()
+    }
+
     /// Writes them all, in one statement, and forgets them.
-    pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), (&'static str, postgres::Error)> {
-        if self.totals.is_empty() && self.completions.is_empty() {
-            return Ok(());
-        }
-        let mut totals: Vec<(AggregateKey, Totals)> = self
-            .totals
-            .drain()
-            .map(|((labels, priority, admission), totals)| {
-                (AggregateKey::new(&labels, priority, admission), totals)
-            })
-            .collect();
-        totals.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let key = |f: fn(&AggregateKey) -> &str| totals.iter().map(|(k, _)| f(k)).collect::<Vec<&str>>();
-        let sum = |f: fn(&Totals) -> i64| totals.iter().map(|(_, d)| f(d)).collect::<Vec<i64>>();
-        let (service, stage, class, provider, model) = (
-            key(|k| &k.service),
-            key(|k| &k.operation_stage),
-            key(|k| &k.class),
-            key(|k| &k.provider),
-            key(|k| &k.model),
-        );
-        let (priority, admission) = (key(|k| k.priority.as_str()), key(|k| k.admission.as_str()));
-        let last_seen: Vec<Option<i64>> = totals.iter().map(|(_, d)| ms_opt(d.last_seen_at)).collect();
-        let (minutes, completions): (Vec<i64>, Vec<i64>) =
-            std::mem::take(&mut self.completions).into_iter().unzip();
-        let statement = conn
-            .prepare(sql::ADD_COUNTS)
-            .map_err(|err| ("cannot prepare", err))?;
-        conn.client
-            .execute(
-                &statement,
-                &[
-                    &service,
-                    &stage,
-                    &class,
-                    &provider,
-                    &model,
-                    &priority,
-                    &admission,
-                    &sum(|d| d.calls),
-                    &sum(|d| d.succeeded),
-                    &sum(|d| d.failed),
-                    &sum(|d| d.cancelled),
-                    &sum(|d| d.reaped_abandoned),
-                    &sum(|d| d.reaped_unsettled),
-                    &sum(|d| d.reaped_owner_lost),
-                    &sum(|d| d.late_settles),
-                    &sum(|d| d.resurrections),
-                    &sum(|d| d.in_flight),
-                    &sum(|d| d.queue_wait_count),
-                    &sum(|d| d.queue_wait_sum_ms),
-                    &sum(|d| d.queue_wait_max_ms),
-                    &sum(|d| d.execution_count),
-                    &sum(|d| d.execution_sum_ms),
-                    &sum(|d| d.execution_max_ms),
-                    &last_seen,
-                    &sum(|d| d.reaped_owner_lost_abandoned),
-                    &minutes,
-                    &completions,
-                ],
-            )
-            .map_err(|err| ("cannot update counters", err))?;
-        Ok(())
+    pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
+        write_group(conn, &mut Records::default(), self)
     }
 }
 

@@ -17,7 +17,7 @@
 //! next one, so the store recovers by itself when the server returns.
 
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -31,7 +31,7 @@ use crate::store::engine;
 use crate::store::{Command, Reply};
 
 use super::sql;
-use super::txn::{Conn, Fault, PendingCounts, PgTxn, Records, Unflushed};
+use super::txn::{self, Conn, Fault, PendingCounts, PgTxn, Records, Unflushed};
 use super::Settings;
 
 /// The most commands grouped into one transaction.
@@ -56,11 +56,107 @@ pub(super) struct Writer {
     pub(super) clock: Arc<dyn Clock>,
     /// The call histograms, published to after each commit.
     pub(super) calls: Arc<Mutex<CallStats>>,
+    /// The turn the writers of this store take to run their groups.
+    pub(super) order: Arc<Order>,
+    /// Which counter rows this writer adds to: its index in the pool.
+    pub(super) shard: i16,
+}
+
+/// Keeps the commands of this process landing in the order they were
+/// submitted when several writers run groups at once.
+///
+/// One writer at a time holds the turn: it gathers a group, runs its
+/// commands and writes, and hands the turn on as it sends its `COMMIT`.
+/// The next writer's group overlaps only that commit (the WAL flush, which
+/// is most of a group's time when fsync is slow). What it can see of the
+/// previous group is ordered two ways: the records the previous group
+/// wrote stay locked until its commit, so locking them waits for it; and
+/// before any other read ([`Done::wait`], from `PgTxn`) it waits for every
+/// earlier group's transaction to end. The previous group has nothing left
+/// to lock by then, so neither wait can close a cycle.
+#[derive(Default)]
+pub(super) struct Order {
+    /// The turn, and the end of the last group that took it.
+    turn: Mutex<Option<Arc<Done>>>,
+}
+
+/// Whether a group's transaction, and every earlier group's, has ended
+/// (committed, rolled back or failed).
+#[derive(Default)]
+pub(super) struct Done {
+    ended: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Done {
+    /// Returns once the group and every earlier one have ended.
+    pub(super) fn wait(&self) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*ended {
+            ended = self.changed.wait(ended).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn set(&self) {
+        *self.ended.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.changed.notify_all();
+    }
+}
+
+/// A group's turn: held from gathering it to sending its commit.
+pub(super) struct Turn<'o> {
+    held: Option<MutexGuard<'o, Option<Arc<Done>>>>,
+    /// The end of the group that had the turn before.
+    previous: Option<Arc<Done>>,
+    own: Arc<Done>,
+}
+
+impl<'o> Turn<'o> {
+    /// Waits for the turn: until the group before sends its commit.
+    pub(super) fn take(order: &'o Order) -> Self {
+        let mut held = order.turn.lock().unwrap_or_else(PoisonError::into_inner);
+        let own = Arc::new(Done::default());
+        let previous = held.replace(Arc::clone(&own));
+        Self {
+            held: Some(held),
+            previous,
+            own,
+        }
+    }
+
+    /// Hands the turn on: the group's commit is about to be sent.
+    fn hand_on(&mut self) {
+        self.held = None;
+    }
+
+    /// Whether the group still holds the turn (has not sent its commit).
+    fn held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The end of the earlier groups, for reads to wait on.
+    pub(super) fn previous(&self) -> Option<&Done> {
+        self.previous.as_deref()
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.held = None;
+        // Ended only once every earlier group has: a later group that waits
+        // on this one waits on them all.
+        if let Some(previous) = &self.previous {
+            previous.wait();
+        }
+        self.own.set();
+    }
 }
 
 pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>) {
     let mut last_group = 1;
+    let order = Arc::clone(&writer.order);
     loop {
+        let mut turn = Turn::take(&order);
         let group = {
             // One writer gathers a group at a time; the others run theirs.
             let Ok(queue) = queue.lock() else { return };
@@ -89,11 +185,12 @@ pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>)
             group
         };
         last_group = group.commands.len().max(1);
-        let results = writer.run_group(group.commands);
+        let results = writer.run_group_in(group.commands, &mut turn);
         for (reply, result) in group.replies.into_iter().zip(results) {
             // A caller that went away still had its command committed.
             let _ = reply.send(result);
         }
+        drop(turn);
     }
 }
 
@@ -161,11 +258,26 @@ impl Writer {
             self.conn = None;
             self.conn = Some(self.settings.connect()?);
         }
-        Ok(self.conn.as_mut().expect("connected above"))
+        let conn = self.conn.as_mut().expect("connected above");
+        conn.shard = self.shard;
+        Ok(conn)
     }
 
-    /// Runs `commands` in one transaction and answers each.
+    /// Runs `commands` in one transaction and answers each, as the only
+    /// group of its own order.
+    #[cfg(test)]
     pub(super) fn run_group(&mut self, commands: Vec<Command>) -> Vec<Result<Reply, LedgerError>> {
+        let order = Order::default();
+        let mut turn = Turn::take(&order);
+        self.run_group_in(commands, &mut turn)
+    }
+
+    /// Runs `commands` in one transaction, in `turn`, and answers each.
+    fn run_group_in(
+        &mut self,
+        commands: Vec<Command>,
+        turn: &mut Turn<'_>,
+    ) -> Vec<Result<Reply, LedgerError>> {
         let count = commands.len();
         let mut isolation = Isolation::Whole;
         let mut defer = true;
@@ -173,7 +285,7 @@ impl Writer {
         loop {
             attempt += 1;
             let again = commands.clone();
-            match self.run_transaction(again, isolation, defer) {
+            match self.run_transaction(again, isolation, defer, turn) {
                 Ok((results, landed)) => {
                     // Committed: what landed is published, each command's apart.
                     let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
@@ -196,7 +308,9 @@ impl Writer {
                     )
                 }
                 Err(Failed::Command(err)) if count == 1 => return vec![Err(err)],
-                Err(Failed::Retry(err)) if attempt <= RETRIES => {
+                // Never once the turn is handed on: the next group may
+                // already have run, and this one would land after it.
+                Err(Failed::Retry(err)) if attempt <= RETRIES && turn.held() => {
                     tracing::debug!(error = %err, attempt, "PostgreSQL group runs again");
                 }
                 Err(Failed::Command(err) | Failed::Retry(err) | Failed::Transaction(err)) => {
@@ -213,6 +327,7 @@ impl Writer {
         commands: Vec<Command>,
         isolation: Isolation,
         defer: bool,
+        turn: &mut Turn<'_>,
     ) -> Result<Committed, Failed> {
         let override_now = (!self.clock.is_system()).then(|| self.clock.now());
         let config = Arc::clone(&self.config);
@@ -221,7 +336,7 @@ impl Writer {
             Fault::Retry => Failed::Retry(err),
             _ => Failed::Transaction(err),
         })?;
-        let run = run_commands(conn, &config, commands, isolation, defer, now);
+        let run = run_commands(conn, &config, commands, isolation, defer, now, turn);
         if run.is_err() && !conn.client.is_closed() {
             if let Err(err) = conn.client.batch_execute(sql::ROLLBACK) {
                 tracing::error!(error = %err, "PostgreSQL rollback failed");
@@ -282,6 +397,7 @@ fn run_commands(
     isolation: Isolation,
     defer: bool,
     now: Timestamp,
+    turn: &mut Turn<'_>,
 ) -> Result<Committed, Failed> {
     // Deferred only without savepoints: a command undone alone must not
     // leave writes behind in memory, nor take others' with it.
@@ -303,9 +419,9 @@ fn run_commands(
     let mut capacity_changed = false;
     for command in commands {
         if matches!(command, Command::Snapshot { .. }) {
-            counts.write(conn).map_err(|(context, err)| {
-                transaction_failure((Fault::of(&err), Fault::of(&err).error(context, err)))
-            })?;
+            counts
+                .write(conn)
+                .map_err(|unflushed| unwritten(unflushed, "cannot update counters"))?;
         }
         if isolation == Isolation::PerCommand {
             if let Err((fault, err)) = control(conn, sql::SAVEPOINT) {
@@ -313,6 +429,7 @@ fn run_commands(
             }
         }
         let mut txn = PgTxn::new(conn, config, &mut records);
+        txn.previous = turn.previous();
         let result = engine::execute(&mut txn, config, command, now);
         let pending = std::mem::take(&mut txn.counts);
         let did = std::mem::take(&mut txn.landed);
@@ -355,21 +472,21 @@ fn run_commands(
             })));
         }
     }
-    // The group's deferred writes; a failure names no command, so the group
-    // runs again with a savepoint per command to find it.
-    records.flush(conn).map_err(|unflushed| match unflushed {
-        Unflushed::Unexpected => Failed::Redo,
-        Unflushed::Failed(err) => match Fault::of(&err) {
-            Fault::Other => Failed::Command(Fault::Other.error("cannot write records", err)),
-            fault => transaction_failure((fault, fault.error("cannot write records", err))),
-        },
-    })?;
-    counts.write(conn).map_err(|(context, err)| {
-        transaction_failure((Fault::of(&err), Fault::of(&err).error(context, err)))
+    // The group's deferred writes and its counters, in one round trip. A
+    // failure of its records names no command, so the group runs again
+    // with a savepoint per command to find it.
+    let had_records = records.has_pending();
+    txn::write_group(conn, &mut records, &mut counts).map_err(|unflushed| match unflushed {
+        Unflushed::Unexpected if had_records => Failed::Redo,
+        Unflushed::Failed(err) if had_records && Fault::of(&err) == Fault::Other => {
+            Failed::Command(Fault::Other.error("cannot write records", err))
+        }
+        unflushed => unwritten(unflushed, "cannot write records and counters"),
     })?;
     if capacity_changed {
         notify(conn).map_err(transaction_failure)?;
     }
+    turn.hand_on();
     control(conn, sql::COMMIT).map_err(transaction_failure)?;
     Ok((results, landed))
 }
@@ -389,6 +506,17 @@ fn notify(conn: &mut Conn) -> Result<(), (Fault, LedgerError)> {
         let fault = Fault::of(&err);
         (fault, fault.error("cannot notify", err))
     })
+}
+
+/// A failed write of counters alone: the whole transaction fails.
+fn unwritten(unflushed: Unflushed, context: &str) -> Failed {
+    match unflushed {
+        Unflushed::Failed(err) => transaction_failure((Fault::of(&err), Fault::of(&err).error(context, err))),
+        Unflushed::Unexpected => Failed::Transaction(LedgerError::new(
+            ErrorKind::Storage,
+            format!("{context}: a write did not land"),
+        )),
+    }
 }
 
 fn deadlock() -> LedgerError {
@@ -423,6 +551,8 @@ mod tests {
             config,
             clock,
             calls: Arc::default(),
+            order: Arc::default(),
+            shard: 0,
         }
     }
 
@@ -461,6 +591,86 @@ mod tests {
             .unwrap()
             .first()
             .map(|row| row.get(8))
+    }
+
+    #[test]
+    fn a_turn_comes_when_the_one_before_is_handed_on_and_ends_after_it() {
+        let order = Order::default();
+        let mut first = Turn::take(&order);
+        std::thread::scope(|scope| {
+            let (took, taken) = mpsc::channel();
+            let (waited, ended) = mpsc::channel();
+            let order = &order;
+            scope.spawn(move || {
+                let second = Turn::take(order);
+                took.send(()).unwrap();
+                second.previous().expect("a turn before").wait();
+                waited.send(()).unwrap();
+            });
+            let a_while = Duration::from_millis(50);
+            assert!(taken.recv_timeout(a_while).is_err(), "taken while held");
+            first.hand_on();
+            taken.recv_timeout(Duration::from_secs(10)).unwrap();
+            // Its reads wait until the first group has ended.
+            assert!(ended.recv_timeout(a_while).is_err(), "read before the end");
+            drop(first);
+            ended.recv_timeout(Duration::from_secs(10)).unwrap();
+        });
+    }
+
+    #[test]
+    fn several_writers_land_commands_in_the_order_they_were_submitted() {
+        // Four writers, kept busy: every command must still see each one
+        // submitted before it, as with one writer (a dropped handle's
+        // cancel, not awaited, lands before the read asked for next).
+        use crate::store::Store;
+        let database = TestDatabase::new();
+        let config = Arc::new(LedgerConfig::default());
+        let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
+        let store = PostgresStore::open(&database.store_url("pool=4&listen=false"), config, clock).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            for round in 0..40_i64 {
+                let new = NewActivity::fixture("chat");
+                let id = new.activity_id;
+                store.execute(begin(&new)).await.unwrap();
+                let cancel = Transition::Cancel {
+                    reason: None,
+                    at: None,
+                };
+                let cancelled = store.execute(transition(id, cancel));
+                let others: Vec<_> = (0..6)
+                    .map(|_| store.execute(begin(&NewActivity::fixture("chat"))))
+                    .collect();
+                let snapshot = store
+                    .execute(Command::Snapshot {
+                        options: crate::domain::snapshot::SnapshotOptions::default(),
+                    })
+                    .await;
+                let Ok(Reply::Snapshot(snapshot)) = snapshot else {
+                    panic!("not a snapshot: {snapshot:?}");
+                };
+                // Every begin submitted so far, but the cancelled ones.
+                assert_eq!(snapshot.total_in_flight, 6 * (round + 1), "round {round}");
+                let cancel = Transition::Cancel {
+                    reason: None,
+                    at: None,
+                };
+                let next = NewActivity::fixture("chat");
+                store.execute(begin(&next)).await.unwrap();
+                let cancelled_next = store.execute(transition(next.activity_id, cancel));
+                let got = store.execute(Command::Get { id: next.activity_id }).await;
+                assert_eq!(record(&got).state, State::Cancelled, "round {round}");
+                cancelled_next.await.unwrap();
+                cancelled.await.unwrap();
+                for other in others {
+                    other.await.unwrap();
+                }
+            }
+        });
     }
 
     #[test]
