@@ -198,12 +198,14 @@ pub(super) const INSERT_RECORD: &str = concat!(
      ?20, ?21, ?22, ?23)"
 );
 
+/// Writes what a transition, a reap or a rebound can change. A record's
+/// labels, priority, admission, owner, `enqueuedAt` and declared deadline
+/// are set by its begin and never change after it: left out, they cost
+/// neither a bound value nor a comparison for every index that holds them.
 pub(super) const UPDATE_RECORD: &str =
-    "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
-     priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
-     enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
-     declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
-     failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1";
+    "UPDATE activities SET state = ?2, disposition = ?3, reap_reason = ?4, started_at = ?5, \
+     completed_at = ?6, reaped_at = ?7, deadline_ms = ?8, reapable_at = ?9, success = ?10, \
+     failure_stage = ?11, late_settle = ?12, cancel_reason = ?13 WHERE activity_id = ?1";
 
 pub(super) const DELETE_RECORD: &str = "DELETE FROM activities WHERE activity_id = ?1";
 

@@ -128,13 +128,39 @@ pub(super) fn add_to_aggregate(
 }
 
 impl SqliteTxn<'_, '_> {
-    /// Overwrites the stored row of `record`.
+    /// Overwrites the stored row of `record`: the columns that can change
+    /// after a begin (`UPDATE_RECORD`).
     fn overwrite(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        self.write(sql::UPDATE_RECORD, record)
+        let statement = self
+            .st
+            .prepare(sql::UPDATE_RECORD)
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                record.activity_id.to_string(),
+                record.state.as_str(),
+                record.disposition.map(|d| d.as_str()),
+                record.reap_reason.map(|r| r.as_str()),
+                ms_opt(record.started_at),
+                ms_opt(record.completed_at),
+                ms_opt(record.reaped_at),
+                record.deadline_ms,
+                ms_opt(record.reapable_at),
+                record.success,
+                record.failure_stage.map(|s| s.as_str()),
+                record.late_settle,
+                record.cancel_reason,
+            ])
+            .map_err(sql_error("cannot write a record"))?;
+        Ok(())
     }
 
-    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<(), LedgerError> {
-        let statement = self.st.prepare(sql).map_err(sql_error("cannot prepare"))?;
+    /// Stores the new record `record`.
+    fn write_new(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let statement = self
+            .st
+            .prepare(sql::INSERT_RECORD)
+            .map_err(sql_error("cannot prepare"))?;
         statement
             .execute(params![
                 record.activity_id.to_string(),
@@ -214,7 +240,7 @@ impl Txn for SqliteTxn<'_, '_> {
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
         self.peeked = None;
-        self.write(sql::INSERT_RECORD, record)
+        self.write_new(record)
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
