@@ -11,6 +11,7 @@ use crate::domain::record::ActivityRecord;
 use crate::domain::{ParseError, Timestamp};
 use crate::error::LedgerError;
 
+use super::cache::RecordCache;
 use super::sql_error;
 
 pub(super) fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
@@ -120,6 +121,8 @@ pub(super) struct Statements<'c> {
     /// Aggregates this connection saw stored: it lives as long as the
     /// statements, for the same reason.
     pub(super) known_aggregates: crate::store::KnownAggregates,
+    /// Records in flight as this connection last wrote or read them.
+    pub(super) records: RecordCache,
 }
 
 impl<'c> Statements<'c> {
@@ -128,6 +131,7 @@ impl<'c> Statements<'c> {
             conn,
             prepared: Vec::with_capacity(48),
             known_aggregates: crate::store::KnownAggregates::default(),
+            records: RecordCache::default(),
         }
     }
 

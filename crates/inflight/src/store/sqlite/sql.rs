@@ -184,6 +184,9 @@ pub(super) const ROLLBACK: &str = "ROLLBACK";
 pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
 pub(super) const RELEASE: &str = "RELEASE command";
 pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO command";
+/// Moves when another connection committed to the file: whether the
+/// writer's cached records are still the stored rows (`cache.rs`).
+pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
 
 pub(super) const GET_RECORD: &str = concat!(
     "SELECT ",
@@ -410,7 +413,7 @@ pub(super) enum Reach {
     Indexed,
     /// Meant to walk history (statistics, migrations, the bulk loader).
     WalksHistory,
-    /// Not a query (transactions and savepoints).
+    /// Not a query of the tables (transactions, savepoints, a pragma).
     Control,
 }
 
@@ -423,6 +426,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("SAVEPOINT", SAVEPOINT, Reach::Control),
     ("RELEASE", RELEASE, Reach::Control),
     ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),
+    ("DATA_VERSION", DATA_VERSION, Reach::Control),
     ("GET_RECORD", GET_RECORD, Reach::Indexed),
     ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
@@ -534,6 +538,7 @@ mod tests {
                 ("writer.rs", include_str!("writer.rs")),
                 ("rows.rs", include_str!("rows.rs")),
                 ("txn.rs", include_str!("txn.rs")),
+                ("cache.rs", include_str!("cache.rs")),
             ],
             &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "RELEASE"],
             include_str!("sql.rs"),

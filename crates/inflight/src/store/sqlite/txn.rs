@@ -27,8 +27,6 @@ use super::{sql, sql_error};
 
 pub(super) struct SqliteTxn<'t, 'c> {
     st: &'t mut Statements<'c>,
-    /// The record the last `peek` read, until anything writes.
-    peeked: Option<Arc<ActivityRecord>>,
     /// The counter changes of this command, for its group to write.
     pub(super) counts: PendingCounts,
     /// What this command did, to publish once its group is committed.
@@ -39,7 +37,6 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
     pub(super) fn new(st: &'t mut Statements<'c>) -> Self {
         Self {
             st,
-            peeked: None,
             counts: PendingCounts::default(),
             landed: Vec::new(),
         }
@@ -227,25 +224,34 @@ impl SqliteTxn<'_, '_> {
 
 impl Txn for SqliteTxn<'_, '_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        if let Some(record) = self.st.records.get(id) {
+            return Ok(Some(Arc::clone(record)));
+        }
         let statement = self
             .st
             .prepare(sql::GET_RECORD)
             .map_err(sql_error("cannot prepare"))?;
-        statement
+        let record = statement
             .query_row([id.to_string()], record_from_row)
             .optional()
-            .map(|record| record.map(Arc::new))
-            .map_err(sql_error("cannot read a record"))
+            .map_err(sql_error("cannot read a record"))?
+            .map(Arc::new);
+        if let Some(record) = &record {
+            self.st.records.stored(record);
+        }
+        Ok(record)
     }
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.peeked = None;
-        self.write_new(record)
+        self.write_new(record)?;
+        self.st.records.stored(record);
+        Ok(())
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.peeked = None;
-        self.overwrite(record)
+        self.overwrite(record)?;
+        self.st.records.stored(record);
+        Ok(())
     }
 
     fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
@@ -253,8 +259,6 @@ impl Txn for SqliteTxn<'_, '_> {
             return Ok(false);
         };
         look(&record);
-        // Kept for a modify that follows, which then reads no row again.
-        self.peeked = Some(record);
         Ok(true)
     }
 
@@ -263,20 +267,27 @@ impl Txn for SqliteTxn<'_, '_> {
         id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        let peeked = self.peeked.take().filter(|record| record.activity_id == id);
-        let Some(mut record) = peeked.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
+        // Taken out, so that it is changed in place unless a reply still
+        // holds it, and kept again only once written.
+        let taken = self.st.records.take(id);
+        let Some(mut record) = taken.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
             return Ok(None);
         };
         if change(Arc::make_mut(&mut record)) {
             self.overwrite(&record)?;
+            self.st.records.stored(&record);
+        } else {
+            // Unchanged, it is stored as it was; forgotten all the same, in
+            // case `change` touched it without saying so.
+            self.st.records.deleted(id);
         }
         Ok(Some(record))
     }
 
     fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
-        self.peeked = None;
         let mut deleted = 0;
         for id in ids {
+            self.st.records.deleted(*id);
             deleted += self.run(sql::DELETE_RECORD, [id.to_string()])?;
         }
         Ok(deleted)
