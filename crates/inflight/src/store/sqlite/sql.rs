@@ -212,31 +212,32 @@ pub(super) const UPDATE_RECORD: &str =
 
 pub(super) const DELETE_RECORD: &str = "DELETE FROM activities WHERE activity_id = ?1";
 
+/// Adds to the totals of an aggregate already stored; changes no row when
+/// there is none, and `INSERT_AGGREGATE` then stores it. (An upsert first
+/// tries the insert and meets the stored row only after building it.)
 pub(super) const ADD_TO_AGGREGATE: &str =
+    "UPDATE aggregates SET calls = calls + ?8, succeeded = succeeded + ?9, failed = failed + ?10, \
+     cancelled = cancelled + ?11, reaped_abandoned = reaped_abandoned + ?12, \
+     reaped_unsettled = reaped_unsettled + ?13, reaped_owner_lost = reaped_owner_lost + ?14, \
+     late_settles = late_settles + ?15, resurrections = resurrections + ?16, \
+     in_flight = in_flight + ?17, queue_wait_count = queue_wait_count + ?18, \
+     queue_wait_sum_ms = queue_wait_sum_ms + ?19, queue_wait_max_ms = MAX(queue_wait_max_ms, ?20), \
+     execution_count = execution_count + ?21, execution_sum_ms = execution_sum_ms + ?22, \
+     execution_max_ms = MAX(execution_max_ms, ?23), \
+     last_seen_at = MAX(COALESCE(last_seen_at, ?24), COALESCE(?24, last_seen_at)), \
+     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?25 \
+     WHERE service = ?1 AND operation_stage = ?2 AND class = ?3 AND provider = ?4 AND model = ?5 \
+     AND priority = ?6 AND admission = ?7";
+
+/// Stores a new aggregate with its first totals, in `ADD_TO_AGGREGATE`'s
+/// order.
+pub(super) const INSERT_AGGREGATE: &str =
     "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
      calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
      execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24, ?25) \
-     ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
-     calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
-     failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
-     reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
-     reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
-     reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
-     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + excluded.reaped_owner_lost_abandoned, \
-     late_settles = late_settles + excluded.late_settles, \
-     resurrections = resurrections + excluded.resurrections, \
-     in_flight = in_flight + excluded.in_flight, \
-     queue_wait_count = queue_wait_count + excluded.queue_wait_count, \
-     queue_wait_sum_ms = queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
-     queue_wait_max_ms = MAX(queue_wait_max_ms, excluded.queue_wait_max_ms), \
-     execution_count = execution_count + excluded.execution_count, \
-     execution_sum_ms = execution_sum_ms + excluded.execution_sum_ms, \
-     execution_max_ms = MAX(execution_max_ms, excluded.execution_max_ms), \
-     last_seen_at = MAX(COALESCE(last_seen_at, excluded.last_seen_at), \
-                        COALESCE(excluded.last_seen_at, last_seen_at))";
+     ?20, ?21, ?22, ?23, ?24, ?25)";
 
 pub(super) const AGGREGATES: &str =
     "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
@@ -432,6 +433,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORD", DELETE_RECORD, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
+    ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),
     ("AGGREGATES", AGGREGATES, Reach::Indexed),
     ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
     ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),

@@ -89,38 +89,42 @@ pub(super) fn add_to_aggregate(
     key: &AggregateKey,
     d: &Totals,
 ) -> Result<(), LedgerError> {
-    let statement = st
+    let values = params![
+        key.service,
+        key.operation_stage,
+        key.class,
+        key.provider,
+        key.model,
+        key.priority.as_str(),
+        key.admission.as_str(),
+        d.calls,
+        d.succeeded,
+        d.failed,
+        d.cancelled,
+        d.reaped_abandoned,
+        d.reaped_unsettled,
+        d.reaped_owner_lost,
+        d.late_settles,
+        d.resurrections,
+        d.in_flight,
+        d.queue_wait_count,
+        d.queue_wait_sum_ms,
+        d.queue_wait_max_ms,
+        d.execution_count,
+        d.execution_sum_ms,
+        d.execution_max_ms,
+        ms_opt(d.last_seen_at),
+        d.reaped_owner_lost_abandoned,
+    ];
+    let added = st
         .prepare(sql::ADD_TO_AGGREGATE)
-        .map_err(sql_error("cannot prepare"))?;
-    statement
-        .execute(params![
-            key.service,
-            key.operation_stage,
-            key.class,
-            key.provider,
-            key.model,
-            key.priority.as_str(),
-            key.admission.as_str(),
-            d.calls,
-            d.succeeded,
-            d.failed,
-            d.cancelled,
-            d.reaped_abandoned,
-            d.reaped_unsettled,
-            d.reaped_owner_lost,
-            d.late_settles,
-            d.resurrections,
-            d.in_flight,
-            d.queue_wait_count,
-            d.queue_wait_sum_ms,
-            d.queue_wait_max_ms,
-            d.execution_count,
-            d.execution_sum_ms,
-            d.execution_max_ms,
-            ms_opt(d.last_seen_at),
-            d.reaped_owner_lost_abandoned,
-        ])
+        .and_then(|statement| statement.execute(values))
         .map_err(sql_error("cannot update counters"))?;
+    if added == 0 {
+        st.prepare(sql::INSERT_AGGREGATE)
+            .and_then(|statement| statement.execute(values))
+            .map_err(sql_error("cannot update counters"))?;
+    }
     Ok(())
 }
 
