@@ -430,6 +430,46 @@ mod tests {
     }
 
     #[test]
+    fn an_aggregate_stored_by_a_group_rolled_back_is_stored_again() {
+        let (_dir, conn) = database();
+        conn.execute_batch(
+            "CREATE TRIGGER refuse_boom BEFORE UPDATE ON activities WHEN NEW.cancel_reason = 'boom' \
+             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let calls = Mutex::default();
+        let mut ours = rows::Statements::new(&conn);
+        let b = ActivityId::new();
+        run_group(&mut ours, &config, &clock, &calls, vec![begin(b)]);
+
+        // The snapshot writes the new aggregate's row, the cancel then
+        // fails: the group is rolled back, row and all, and run again.
+        let new = NewActivity {
+            activity_id: ActivityId::new(),
+            ..NewActivity::fixture("chat")
+        };
+        let results = run_group(
+            &mut ours,
+            &config,
+            &clock,
+            &calls,
+            vec![Command::Begin { new }, snapshot(), cancel(b, "boom")],
+        );
+        assert!(results[0].is_ok(), "{results:?}");
+        assert_eq!(snapshot_of(&results[1]).aggregates.len(), 2);
+        assert_eq!(results[2].as_ref().unwrap_err().kind(), ErrorKind::Storage);
+        let results = run_group(&mut ours, &config, &clock, &calls, vec![snapshot()]);
+        let totals: Vec<i64> = snapshot_of(&results[0])
+            .aggregates
+            .iter()
+            .map(|aggregate| aggregate.totals.calls)
+            .collect();
+        assert_eq!(totals, [1, 1]);
+    }
+
+    #[test]
     fn lifecycles_on_a_writer_with_every_statement_prepared_never_miss_the_lookaside() {
         let (_dir, conn) = database();
         let config = LedgerConfig::default();

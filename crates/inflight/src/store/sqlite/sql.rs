@@ -176,6 +176,55 @@ DROP INDEX IF EXISTS activities_in_flight;
 "#,
         backfill: None,
     },
+    Migration {
+        sql: r#"
+-- Aggregates by an integer id, their labels in a unique index: the writer
+-- knows each aggregate's id and adds to its totals by it, instead of
+-- binding and comparing seven texts at every command.
+CREATE TABLE aggregates_by_id (
+    id                 INTEGER PRIMARY KEY,
+    service            TEXT NOT NULL,
+    operation_stage    TEXT NOT NULL,
+    class              TEXT NOT NULL,
+    provider           TEXT NOT NULL,
+    model              TEXT NOT NULL,
+    priority           TEXT NOT NULL,
+    admission          TEXT NOT NULL,
+    calls              INTEGER NOT NULL DEFAULT 0,
+    succeeded          INTEGER NOT NULL DEFAULT 0,
+    failed             INTEGER NOT NULL DEFAULT 0,
+    cancelled          INTEGER NOT NULL DEFAULT 0,
+    reaped_abandoned   INTEGER NOT NULL DEFAULT 0,
+    reaped_unsettled   INTEGER NOT NULL DEFAULT 0,
+    reaped_owner_lost  INTEGER NOT NULL DEFAULT 0,
+    late_settles       INTEGER NOT NULL DEFAULT 0,
+    resurrections      INTEGER NOT NULL DEFAULT 0,
+    in_flight          INTEGER NOT NULL DEFAULT 0,
+    queue_wait_count   INTEGER NOT NULL DEFAULT 0,
+    queue_wait_sum_ms  INTEGER NOT NULL DEFAULT 0,
+    queue_wait_max_ms  INTEGER NOT NULL DEFAULT 0,
+    execution_count    INTEGER NOT NULL DEFAULT 0,
+    execution_sum_ms   INTEGER NOT NULL DEFAULT 0,
+    execution_max_ms   INTEGER NOT NULL DEFAULT 0,
+    last_seen_at       INTEGER,
+    reaped_owner_lost_abandoned INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO aggregates_by_id (service, operation_stage, class, provider, model, priority, admission,
+    calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost,
+    late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms,
+    execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned)
+SELECT service, operation_stage, class, provider, model, priority, admission,
+    calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost,
+    late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms,
+    execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned
+FROM aggregates;
+DROP TABLE aggregates;
+ALTER TABLE aggregates_by_id RENAME TO aggregates;
+CREATE UNIQUE INDEX aggregates_labels
+    ON aggregates (service, operation_stage, class, provider, model, priority, admission);
+"#,
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -212,25 +261,26 @@ pub(super) const UPDATE_RECORD: &str =
 
 pub(super) const DELETE_RECORD: &str = "DELETE FROM activities WHERE activity_id = ?1";
 
-/// Adds to the totals of an aggregate already stored; changes no row when
-/// there is none, and `INSERT_AGGREGATE` then stores it. (An upsert first
-/// tries the insert and meets the stored row only after building it.)
-pub(super) const ADD_TO_AGGREGATE: &str =
-    "UPDATE aggregates SET calls = calls + ?8, succeeded = succeeded + ?9, failed = failed + ?10, \
-     cancelled = cancelled + ?11, reaped_abandoned = reaped_abandoned + ?12, \
-     reaped_unsettled = reaped_unsettled + ?13, reaped_owner_lost = reaped_owner_lost + ?14, \
-     late_settles = late_settles + ?15, resurrections = resurrections + ?16, \
-     in_flight = in_flight + ?17, queue_wait_count = queue_wait_count + ?18, \
-     queue_wait_sum_ms = queue_wait_sum_ms + ?19, queue_wait_max_ms = MAX(queue_wait_max_ms, ?20), \
-     execution_count = execution_count + ?21, execution_sum_ms = execution_sum_ms + ?22, \
-     execution_max_ms = MAX(execution_max_ms, ?23), \
-     last_seen_at = MAX(COALESCE(last_seen_at, ?24), COALESCE(?24, last_seen_at)), \
-     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?25 \
-     WHERE service = ?1 AND operation_stage = ?2 AND class = ?3 AND provider = ?4 AND model = ?5 \
-     AND priority = ?6 AND admission = ?7";
+/// The id of an aggregate, by its labels (`aggregates_labels`).
+pub(super) const AGGREGATE_ID: &str = "SELECT id FROM aggregates WHERE service = ?1 \
+     AND operation_stage = ?2 AND class = ?3 AND provider = ?4 AND model = ?5 AND priority = ?6 \
+     AND admission = ?7";
 
-/// Stores a new aggregate with its first totals, in `ADD_TO_AGGREGATE`'s
-/// order.
+/// Adds to the totals of the aggregate with id `?1` (migration 6).
+pub(super) const ADD_TO_AGGREGATE: &str =
+    "UPDATE aggregates SET calls = calls + ?2, succeeded = succeeded + ?3, failed = failed + ?4, \
+     cancelled = cancelled + ?5, reaped_abandoned = reaped_abandoned + ?6, \
+     reaped_unsettled = reaped_unsettled + ?7, reaped_owner_lost = reaped_owner_lost + ?8, \
+     late_settles = late_settles + ?9, resurrections = resurrections + ?10, \
+     in_flight = in_flight + ?11, queue_wait_count = queue_wait_count + ?12, \
+     queue_wait_sum_ms = queue_wait_sum_ms + ?13, queue_wait_max_ms = MAX(queue_wait_max_ms, ?14), \
+     execution_count = execution_count + ?15, execution_sum_ms = execution_sum_ms + ?16, \
+     execution_max_ms = MAX(execution_max_ms, ?17), \
+     last_seen_at = MAX(COALESCE(last_seen_at, ?18), COALESCE(?18, last_seen_at)), \
+     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?19 \
+     WHERE id = ?1";
+
+/// Stores a new aggregate with its first totals.
 pub(super) const INSERT_AGGREGATE: &str =
     "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
      calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
@@ -432,6 +482,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORD", DELETE_RECORD, Reach::Indexed),
+    ("AGGREGATE_ID", AGGREGATE_ID, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
     ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),
     ("AGGREGATES", AGGREGATES, Reach::Indexed),

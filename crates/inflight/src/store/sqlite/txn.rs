@@ -18,6 +18,7 @@ use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::Landed;
 use crate::store::engine::Txn;
+use crate::store::AggregateSlot;
 
 use super::rows::{
     at_opt, ms, ms_opt, owner_from_row, parse_column, query_records, query_rows, record_from_row, shared,
@@ -65,8 +66,8 @@ impl PendingCounts {
 
     /// Writes them all and forgets them.
     pub(super) fn write(&mut self, st: &mut Statements<'_>) -> Result<(), LedgerError> {
-        for ((labels, priority, admission), totals) in self.totals.drain() {
-            add_to_aggregate(st, &AggregateKey::new(&labels, priority, admission), &totals)?;
+        for (slot, totals) in self.totals.drain() {
+            add_to_aggregate(st, slot, &totals)?;
         }
         if self.completions.is_empty() {
             return Ok(());
@@ -83,13 +84,15 @@ impl PendingCounts {
     }
 }
 
-/// Adds `d` to the totals of `key`.
+/// Adds `d` to the totals of the aggregate `slot`, by its id, which the
+/// writer keeps once it has seen it; a new aggregate is stored.
 pub(super) fn add_to_aggregate(
     st: &mut Statements<'_>,
-    key: &AggregateKey,
+    slot: AggregateSlot,
     d: &Totals,
 ) -> Result<(), LedgerError> {
-    let values = params![
+    let key = AggregateKey::new(&slot.0, slot.1, slot.2);
+    let labels = params![
         key.service,
         key.operation_stage,
         key.class,
@@ -97,6 +100,15 @@ pub(super) fn add_to_aggregate(
         key.model,
         key.priority.as_str(),
         key.admission.as_str(),
+    ];
+    let id = match st.aggregate_ids.get(&slot).copied() {
+        Some(id) => Some(id),
+        None => st
+            .prepare(sql::AGGREGATE_ID)
+            .and_then(|statement| statement.query_row(labels, |row| row.get(0)).optional())
+            .map_err(sql_error("cannot read counters"))?,
+    };
+    let deltas = [
         d.calls,
         d.succeeded,
         d.failed,
@@ -113,18 +125,63 @@ pub(super) fn add_to_aggregate(
         d.execution_count,
         d.execution_sum_ms,
         d.execution_max_ms,
-        ms_opt(d.last_seen_at),
-        d.reaped_owner_lost_abandoned,
     ];
-    let added = st
-        .prepare(sql::ADD_TO_AGGREGATE)
-        .and_then(|statement| statement.execute(values))
-        .map_err(sql_error("cannot update counters"))?;
-    if added == 0 {
-        st.prepare(sql::INSERT_AGGREGATE)
-            .and_then(|statement| statement.execute(values))
-            .map_err(sql_error("cannot update counters"))?;
-    }
+    let last_seen_at = ms_opt(d.last_seen_at);
+    let id = match id {
+        Some(id) => {
+            let statement = st
+                .prepare(sql::ADD_TO_AGGREGATE)
+                .map_err(sql_error("cannot prepare"))?;
+            statement
+                .raw_bind_parameter(1, id)
+                .map_err(sql_error("cannot bind"))?;
+            for (index, delta) in deltas.iter().enumerate() {
+                statement
+                    .raw_bind_parameter(index + 2, delta)
+                    .map_err(sql_error("cannot bind"))?;
+            }
+            statement
+                .raw_bind_parameter(18, last_seen_at)
+                .and_then(|()| statement.raw_bind_parameter(19, d.reaped_owner_lost_abandoned))
+                .map_err(sql_error("cannot bind"))?;
+            let added = statement
+                .raw_execute()
+                .map_err(sql_error("cannot update counters"))?;
+            if added != 1 {
+                // Aggregates are never deleted, and an id kept by a
+                // transaction rolled back is forgotten with it.
+                return Err(LedgerError::new(
+                    ErrorKind::Storage,
+                    format!("aggregate {id} is not stored"),
+                ));
+            }
+            id
+        }
+        None => {
+            let statement = st
+                .prepare(sql::INSERT_AGGREGATE)
+                .map_err(sql_error("cannot prepare"))?;
+            for (index, label) in labels.iter().enumerate() {
+                statement
+                    .raw_bind_parameter(index + 1, label)
+                    .map_err(sql_error("cannot bind"))?;
+            }
+            for (index, delta) in deltas.iter().enumerate() {
+                statement
+                    .raw_bind_parameter(index + 8, delta)
+                    .map_err(sql_error("cannot bind"))?;
+            }
+            statement
+                .raw_bind_parameter(24, last_seen_at)
+                .and_then(|()| statement.raw_bind_parameter(25, d.reaped_owner_lost_abandoned))
+                .map_err(sql_error("cannot bind"))?;
+            statement
+                .raw_execute()
+                .map_err(sql_error("cannot update counters"))?;
+            st.conn().last_insert_rowid()
+        }
+    };
+    st.aggregate_ids.insert(slot, id);
     Ok(())
 }
 

@@ -277,7 +277,7 @@ fn run_commands(
             Isolation::PerCommand if keep => control(conn, sql::RELEASE),
             Isolation::PerCommand => {
                 // What the command wrote is undone.
-                conn.records.forget_all();
+                conn.forget_uncommitted();
                 control(conn, sql::ROLLBACK_TO).and_then(|()| control(conn, sql::RELEASE))
             }
         };
@@ -301,7 +301,7 @@ fn run_commands(
 /// Rolls back the open transaction, if any (a failed `COMMIT` may have
 /// ended it already).
 fn rollback(conn: &mut Statements<'_>) {
-    conn.records.forget_all();
+    conn.forget_uncommitted();
     if !conn.conn().is_autocommit() {
         if let Err(err) = control(conn, sql::ROLLBACK) {
             tracing::error!(error = %err, "SQLite rollback failed");
