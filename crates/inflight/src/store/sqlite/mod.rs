@@ -27,6 +27,7 @@ use crate::stats::{CallSnapshot, CallStats};
 
 use super::{Command, Reply, Store, StoreFuture};
 
+mod cache;
 mod rows;
 mod schema;
 mod sql;
@@ -329,6 +330,189 @@ mod tests {
         let after = snapshot_of(&results[0]);
         assert_eq!((after.total_activities, after.total_in_flight), (2, 1));
         assert_eq!(after.total_recent_completions, 1);
+    }
+
+    fn transition(id: ActivityId, transition: Transition) -> Command {
+        Command::Transition { id, transition }
+    }
+
+    fn start(id: ActivityId) -> Command {
+        transition(id, Transition::Start { at: None })
+    }
+
+    fn cancel(id: ActivityId, reason: &str) -> Command {
+        let reason = Some(reason.to_owned());
+        transition(id, Transition::Cancel { reason, at: None })
+    }
+
+    fn record_of(result: &Result<Reply, LedgerError>) -> &crate::domain::record::ActivityRecord {
+        match result {
+            Ok(Reply::Record(record)) => record,
+            other => panic!("not a record: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_writer_reads_again_what_another_connection_changed() {
+        use crate::domain::record::State;
+
+        let (dir, conn) = database();
+        let other = connect(&dir.path().join("counts.db"), Synchronous::Full).unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let calls = Mutex::default();
+        // One writer's statements, and so its cached records, across groups.
+        let mut ours = rows::Statements::new(&conn);
+        let id = ActivityId::new();
+        run_group(&mut ours, &config, &clock, &calls, vec![begin(id)]);
+
+        // Another process cancels it; our writer's copy still says waiting.
+        let results = run_group(
+            &mut rows::Statements::new(&other),
+            &config,
+            &clock,
+            &calls,
+            vec![cancel(id, "elsewhere")],
+        );
+        assert_eq!(record_of(&results[0]).state, State::Cancelled);
+
+        let results = run_group(&mut ours, &config, &clock, &calls, vec![start(id)]);
+        assert_eq!(results[0].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+        let results = run_group(
+            &mut rows::Statements::new(&other),
+            &config,
+            &clock,
+            &calls,
+            vec![Command::Get { id }],
+        );
+        assert_eq!(record_of(&results[0]).state, State::Cancelled);
+    }
+
+    #[test]
+    fn a_group_rolled_back_for_a_storage_failure_leaves_no_cached_record_behind() {
+        use crate::domain::record::State;
+
+        let (_dir, conn) = database();
+        // A storage failure on demand: writing this reason fails.
+        conn.execute_batch(
+            "CREATE TRIGGER refuse_boom BEFORE UPDATE ON activities WHEN NEW.cancel_reason = 'boom' \
+             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let calls = Mutex::default();
+        let mut ours = rows::Statements::new(&conn);
+        let (a, b) = (ActivityId::new(), ActivityId::new());
+        run_group(&mut ours, &config, &clock, &calls, vec![begin(a), begin(b)]);
+
+        // Run whole, the start of `a` lands, then the cancel of `b` fails and
+        // the whole group is rolled back and run again command by command:
+        // the start must then find `a` waiting, as the file has it.
+        let results = run_group(
+            &mut ours,
+            &config,
+            &clock,
+            &calls,
+            vec![start(a), cancel(b, "boom")],
+        );
+        assert_eq!(record_of(&results[0]).state, State::Executing);
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Storage);
+        let results = run_group(
+            &mut rows::Statements::new(&conn),
+            &config,
+            &clock,
+            &calls,
+            vec![Command::Get { id: a }, Command::Get { id: b }],
+        );
+        assert_eq!(record_of(&results[0]).state, State::Executing);
+        assert_eq!(record_of(&results[1]).state, State::Waiting);
+    }
+
+    #[test]
+    fn an_aggregate_stored_by_a_group_rolled_back_is_stored_again() {
+        let (_dir, conn) = database();
+        conn.execute_batch(
+            "CREATE TRIGGER refuse_boom BEFORE UPDATE ON activities WHEN NEW.cancel_reason = 'boom' \
+             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
+        )
+        .unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let calls = Mutex::default();
+        let mut ours = rows::Statements::new(&conn);
+        let b = ActivityId::new();
+        run_group(&mut ours, &config, &clock, &calls, vec![begin(b)]);
+
+        // The snapshot writes the new aggregate's row, the cancel then
+        // fails: the group is rolled back, row and all, and run again.
+        let new = NewActivity {
+            activity_id: ActivityId::new(),
+            ..NewActivity::fixture("chat")
+        };
+        let results = run_group(
+            &mut ours,
+            &config,
+            &clock,
+            &calls,
+            vec![Command::Begin { new }, snapshot(), cancel(b, "boom")],
+        );
+        assert!(results[0].is_ok(), "{results:?}");
+        assert_eq!(snapshot_of(&results[1]).aggregates.len(), 2);
+        assert_eq!(results[2].as_ref().unwrap_err().kind(), ErrorKind::Storage);
+        let results = run_group(&mut ours, &config, &clock, &calls, vec![snapshot()]);
+        let totals: Vec<i64> = snapshot_of(&results[0])
+            .aggregates
+            .iter()
+            .map(|aggregate| aggregate.totals.calls)
+            .collect();
+        assert_eq!(totals, [1, 1]);
+    }
+
+    #[test]
+    fn lifecycles_on_a_writer_with_every_statement_prepared_never_miss_the_lookaside() {
+        let (_dir, conn) = database();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let calls = Mutex::default();
+        let mut ours = rows::Statements::new(&conn);
+        for (_, statement, _) in sql::STATEMENTS {
+            ours.prepare(statement).unwrap();
+        }
+        let settle = |id| {
+            transition(
+                id,
+                Transition::Settle {
+                    success: true,
+                    failure_stage: None,
+                    at: None,
+                },
+            )
+        };
+        let misses = || {
+            let (mut current, mut highest) = (0, 0);
+            // SAFETY: the handle is this open connection's, on this thread.
+            let status = unsafe {
+                rusqlite::ffi::sqlite3_db_status(
+                    conn.handle(),
+                    rusqlite::ffi::SQLITE_DBSTATUS_LOOKASIDE_MISS_FULL,
+                    &mut current,
+                    &mut highest,
+                    0,
+                )
+            };
+            assert_eq!(status, rusqlite::ffi::SQLITE_OK);
+            highest
+        };
+        let before = misses();
+        for _ in 0..20 {
+            let id = ActivityId::new();
+            for command in [begin(id), start(id), settle(id), snapshot()] {
+                let results = run_group(&mut ours, &config, &clock, &calls, vec![command]);
+                assert!(results[0].is_ok(), "{results:?}");
+            }
+        }
+        assert_eq!(misses(), before, "allocations that missed the lookaside");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::domain::record::ActivityRecord;
 use crate::domain::{ParseError, Timestamp};
 use crate::error::LedgerError;
 
+use super::cache::RecordCache;
 use super::sql_error;
 
 pub(super) fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
@@ -120,6 +121,36 @@ pub(super) struct Statements<'c> {
     /// Aggregates this connection saw stored: it lives as long as the
     /// statements, for the same reason.
     pub(super) known_aggregates: crate::store::KnownAggregates,
+    /// Records in flight as this connection last wrote or read them.
+    pub(super) records: RecordCache,
+    /// The id of each aggregate this connection saw stored (ids are never
+    /// reused while the row lives, and aggregates are never deleted).
+    pub(super) aggregate_ids: AggregateIds,
+}
+
+/// Aggregates' ids, bounded as [`crate::store::KnownAggregates`] is.
+#[derive(Default)]
+pub(super) struct AggregateIds(std::collections::HashMap<crate::store::AggregateSlot, i64>);
+
+impl AggregateIds {
+    const MAX: usize = 16_384;
+
+    pub(super) fn get(&self, slot: &crate::store::AggregateSlot) -> Option<&i64> {
+        self.0.get(slot)
+    }
+
+    pub(super) fn insert(&mut self, slot: crate::store::AggregateSlot, id: i64) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(slot, id);
+    }
+
+    /// Forgets them all: an aggregate stored by a transaction rolled back
+    /// is gone, and its id may be given to another.
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 impl<'c> Statements<'c> {
@@ -128,7 +159,16 @@ impl<'c> Statements<'c> {
             conn,
             prepared: Vec::with_capacity(48),
             known_aggregates: crate::store::KnownAggregates::default(),
+            records: RecordCache::default(),
+            aggregate_ids: AggregateIds::default(),
         }
+    }
+
+    /// Forgets what this connection kept of what it wrote, once a
+    /// transaction or a savepoint is rolled back.
+    pub(super) fn forget_uncommitted(&mut self) {
+        self.records.forget_all();
+        self.aggregate_ids.clear();
     }
 
     /// The connection.

@@ -17,8 +17,35 @@ use super::sql::{self, Backfill, MIGRATIONS};
 use super::txn::{PendingCounts, SqliteTxn};
 use super::{pragmas, sql_error, Synchronous, BUSY_TIMEOUT};
 
+/// Lookaside of each connection (slot size, count): SQLite serves its
+/// small allocations from it without `malloc` or its global memory mutex.
+/// Its default (1200 x 40) is taken up by the writer's prepared
+/// statements, which live as long as the connection, so that most of what
+/// a statement allocates as it runs missed it (30 to 45 mallocs a
+/// lifecycle). With every statement of `sql.rs` prepared, about 1,450 of
+/// the slots this makes (775 of 1200 bytes, 2,343 of 128) are taken; 1.2 MB
+/// a connection.
+const LOOKASIDE: (std::ffi::c_int, std::ffi::c_int) = (1200, 1024);
+
 pub(super) fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection, LedgerError> {
     let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
+    // SAFETY: the handle is this open connection's, with nothing prepared
+    // on it yet; a null buffer has SQLite allocate the slots itself.
+    let set = unsafe {
+        rusqlite::ffi::sqlite3_db_config(
+            conn.handle(),
+            rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
+            std::ptr::null_mut::<std::ffi::c_void>(),
+            LOOKASIDE.0,
+            LOOKASIDE.1,
+        )
+    };
+    if set != rusqlite::ffi::SQLITE_OK {
+        return Err(LedgerError::new(
+            ErrorKind::Storage,
+            format!("cannot size the SQLite lookaside (code {set})"),
+        ));
+    }
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(sql_error("cannot set busy_timeout"))?;
     for (name, value) in pragmas(synchronous) {
@@ -104,5 +131,33 @@ mod tests {
                 .unwrap();
             assert_eq!(set, pragma, "{synchronous}");
         }
+    }
+
+    #[test]
+    fn a_migrated_store_writes_two_indexes_of_records_in_flight_not_three() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = connect(&dir.path().join("indexes.db"), Synchronous::Full).unwrap();
+        migrate(&mut conn).unwrap();
+        let mut names = Vec::new();
+        conn.pragma(None, "index_list", "activities", |row| {
+            names.push(row.get::<_, String>("name")?);
+            Ok(())
+        })
+        .unwrap();
+        // The primary key's own index (WITHOUT ROWID) is not one of ours.
+        names.retain(|name| !name.starts_with("sqlite_autoindex"));
+        names.sort();
+        // `activities_in_flight` went in migration 5: its condition is
+        // `activities_lane`'s, which serves the line order too.
+        assert_eq!(
+            names,
+            [
+                "activities_completed",
+                "activities_due",
+                "activities_lane",
+                "activities_owner",
+                "activities_reaped"
+            ]
+        );
     }
 }

@@ -166,6 +166,65 @@ WHERE reaped_owner_lost > 0;
 "#,
         backfill: None,
     },
+    Migration {
+        sql: r#"
+-- Records in flight in line order are read through `activities_lane`,
+-- which has the same condition: one index fewer for every begin, start
+-- and settle to write. (`IF EXISTS`: a store rewound to an older version
+-- by hand runs this again.)
+DROP INDEX IF EXISTS activities_in_flight;
+"#,
+        backfill: None,
+    },
+    Migration {
+        sql: r#"
+-- Aggregates by an integer id, their labels in a unique index: the writer
+-- knows each aggregate's id and adds to its totals by it, instead of
+-- binding and comparing seven texts at every command.
+CREATE TABLE aggregates_by_id (
+    id                 INTEGER PRIMARY KEY,
+    service            TEXT NOT NULL,
+    operation_stage    TEXT NOT NULL,
+    class              TEXT NOT NULL,
+    provider           TEXT NOT NULL,
+    model              TEXT NOT NULL,
+    priority           TEXT NOT NULL,
+    admission          TEXT NOT NULL,
+    calls              INTEGER NOT NULL DEFAULT 0,
+    succeeded          INTEGER NOT NULL DEFAULT 0,
+    failed             INTEGER NOT NULL DEFAULT 0,
+    cancelled          INTEGER NOT NULL DEFAULT 0,
+    reaped_abandoned   INTEGER NOT NULL DEFAULT 0,
+    reaped_unsettled   INTEGER NOT NULL DEFAULT 0,
+    reaped_owner_lost  INTEGER NOT NULL DEFAULT 0,
+    late_settles       INTEGER NOT NULL DEFAULT 0,
+    resurrections      INTEGER NOT NULL DEFAULT 0,
+    in_flight          INTEGER NOT NULL DEFAULT 0,
+    queue_wait_count   INTEGER NOT NULL DEFAULT 0,
+    queue_wait_sum_ms  INTEGER NOT NULL DEFAULT 0,
+    queue_wait_max_ms  INTEGER NOT NULL DEFAULT 0,
+    execution_count    INTEGER NOT NULL DEFAULT 0,
+    execution_sum_ms   INTEGER NOT NULL DEFAULT 0,
+    execution_max_ms   INTEGER NOT NULL DEFAULT 0,
+    last_seen_at       INTEGER,
+    reaped_owner_lost_abandoned INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO aggregates_by_id (service, operation_stage, class, provider, model, priority, admission,
+    calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost,
+    late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms,
+    execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned)
+SELECT service, operation_stage, class, provider, model, priority, admission,
+    calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost,
+    late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms,
+    execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned
+FROM aggregates;
+DROP TABLE aggregates;
+ALTER TABLE aggregates_by_id RENAME TO aggregates;
+CREATE UNIQUE INDEX aggregates_labels
+    ON aggregates (service, operation_stage, class, provider, model, priority, admission);
+"#,
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -174,6 +233,9 @@ pub(super) const ROLLBACK: &str = "ROLLBACK";
 pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
 pub(super) const RELEASE: &str = "RELEASE command";
 pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO command";
+/// Moves when another connection committed to the file: whether the
+/// writer's cached records are still the stored rows (`cache.rs`).
+pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
 
 pub(super) const GET_RECORD: &str = concat!(
     "SELECT ",
@@ -188,40 +250,44 @@ pub(super) const INSERT_RECORD: &str = concat!(
      ?20, ?21, ?22, ?23)"
 );
 
+/// Writes what a transition, a reap or a rebound can change. A record's
+/// labels, priority, admission, owner, `enqueuedAt` and declared deadline
+/// are set by its begin and never change after it: left out, they cost
+/// neither a bound value nor a comparison for every index that holds them.
 pub(super) const UPDATE_RECORD: &str =
-    "UPDATE activities SET service = ?2, provider = ?3, class = ?4, operation_stage = ?5, model = ?6, \
-     priority = ?7, admission = ?8, state = ?9, disposition = ?10, reap_reason = ?11, owner_id = ?12, \
-     enqueued_at = ?13, started_at = ?14, completed_at = ?15, reaped_at = ?16, \
-     declared_deadline_ms = ?17, deadline_ms = ?18, reapable_at = ?19, success = ?20, \
-     failure_stage = ?21, late_settle = ?22, cancel_reason = ?23 WHERE activity_id = ?1";
+    "UPDATE activities SET state = ?2, disposition = ?3, reap_reason = ?4, started_at = ?5, \
+     completed_at = ?6, reaped_at = ?7, deadline_ms = ?8, reapable_at = ?9, success = ?10, \
+     failure_stage = ?11, late_settle = ?12, cancel_reason = ?13 WHERE activity_id = ?1";
 
 pub(super) const DELETE_RECORD: &str = "DELETE FROM activities WHERE activity_id = ?1";
 
+/// The id of an aggregate, by its labels (`aggregates_labels`).
+pub(super) const AGGREGATE_ID: &str = "SELECT id FROM aggregates WHERE service = ?1 \
+     AND operation_stage = ?2 AND class = ?3 AND provider = ?4 AND model = ?5 AND priority = ?6 \
+     AND admission = ?7";
+
+/// Adds to the totals of the aggregate with id `?1` (migration 6).
 pub(super) const ADD_TO_AGGREGATE: &str =
+    "UPDATE aggregates SET calls = calls + ?2, succeeded = succeeded + ?3, failed = failed + ?4, \
+     cancelled = cancelled + ?5, reaped_abandoned = reaped_abandoned + ?6, \
+     reaped_unsettled = reaped_unsettled + ?7, reaped_owner_lost = reaped_owner_lost + ?8, \
+     late_settles = late_settles + ?9, resurrections = resurrections + ?10, \
+     in_flight = in_flight + ?11, queue_wait_count = queue_wait_count + ?12, \
+     queue_wait_sum_ms = queue_wait_sum_ms + ?13, queue_wait_max_ms = MAX(queue_wait_max_ms, ?14), \
+     execution_count = execution_count + ?15, execution_sum_ms = execution_sum_ms + ?16, \
+     execution_max_ms = MAX(execution_max_ms, ?17), \
+     last_seen_at = MAX(COALESCE(last_seen_at, ?18), COALESCE(?18, last_seen_at)), \
+     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?19 \
+     WHERE id = ?1";
+
+/// Stores a new aggregate with its first totals.
+pub(super) const INSERT_AGGREGATE: &str =
     "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
      calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
      execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24, ?25) \
-     ON CONFLICT (service, operation_stage, class, provider, model, priority, admission) DO UPDATE SET \
-     calls = calls + excluded.calls, succeeded = succeeded + excluded.succeeded, \
-     failed = failed + excluded.failed, cancelled = cancelled + excluded.cancelled, \
-     reaped_abandoned = reaped_abandoned + excluded.reaped_abandoned, \
-     reaped_unsettled = reaped_unsettled + excluded.reaped_unsettled, \
-     reaped_owner_lost = reaped_owner_lost + excluded.reaped_owner_lost, \
-     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + excluded.reaped_owner_lost_abandoned, \
-     late_settles = late_settles + excluded.late_settles, \
-     resurrections = resurrections + excluded.resurrections, \
-     in_flight = in_flight + excluded.in_flight, \
-     queue_wait_count = queue_wait_count + excluded.queue_wait_count, \
-     queue_wait_sum_ms = queue_wait_sum_ms + excluded.queue_wait_sum_ms, \
-     queue_wait_max_ms = MAX(queue_wait_max_ms, excluded.queue_wait_max_ms), \
-     execution_count = execution_count + excluded.execution_count, \
-     execution_sum_ms = execution_sum_ms + excluded.execution_sum_ms, \
-     execution_max_ms = MAX(execution_max_ms, excluded.execution_max_ms), \
-     last_seen_at = MAX(COALESCE(last_seen_at, excluded.last_seen_at), \
-                        COALESCE(excluded.last_seen_at, last_seen_at))";
+     ?20, ?21, ?22, ?23, ?24, ?25)";
 
 pub(super) const AGGREGATES: &str =
     "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
@@ -291,13 +357,16 @@ pub(super) const LANE_POSITION: &str = concat!(
           AND (enqueued_at < ?4 OR (enqueued_at = ?4 AND (?5 OR activity_id < ?3))))"
 );
 
-/// Records in flight in `query::line_order`.
+/// Records in flight in `query::line_order`. No index holds them in that
+/// order (migration 5): the line is sorted from `activities_lane`, which
+/// covers the order's columns, and only the first `?1` rows are then read
+/// whole, instead of every record in flight.
 pub(super) const IN_FLIGHT: &str = concat!(
     "SELECT ",
     record_columns!(),
-    " FROM activities WHERE ",
+    " FROM activities WHERE activity_id IN (SELECT activity_id FROM activities WHERE ",
     in_flight!(),
-    " ORDER BY enqueued_at, activity_id LIMIT ?1"
+    " ORDER BY enqueued_at, activity_id LIMIT ?1) ORDER BY enqueued_at, activity_id"
 );
 
 pub(super) const IN_FLIGHT_COUNT: &str = concat!("SELECT COUNT(*) FROM activities WHERE ", in_flight!());
@@ -395,7 +464,7 @@ pub(super) enum Reach {
     Indexed,
     /// Meant to walk history (statistics, migrations, the bulk loader).
     WalksHistory,
-    /// Not a query (transactions and savepoints).
+    /// Not a query of the tables (transactions, savepoints, a pragma).
     Control,
 }
 
@@ -408,11 +477,14 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("SAVEPOINT", SAVEPOINT, Reach::Control),
     ("RELEASE", RELEASE, Reach::Control),
     ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),
+    ("DATA_VERSION", DATA_VERSION, Reach::Control),
     ("GET_RECORD", GET_RECORD, Reach::Indexed),
     ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORD", DELETE_RECORD, Reach::Indexed),
+    ("AGGREGATE_ID", AGGREGATE_ID, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
+    ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),
     ("AGGREGATES", AGGREGATES, Reach::Indexed),
     ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
     ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
@@ -446,12 +518,7 @@ mod tests {
 
     /// Partial indexes of what is in flight or live: scanning one costs
     /// what is live, never history.
-    const LIVE_INDEXES: &[&str] = &[
-        "activities_in_flight",
-        "activities_lane",
-        "activities_owner",
-        "owners_live",
-    ];
+    const LIVE_INDEXES: &[&str] = &["activities_lane", "activities_owner", "owners_live"];
 
     /// The lines of `EXPLAIN QUERY PLAN` that read `activities` or `owners`
     /// by a scan of history.
@@ -524,6 +591,7 @@ mod tests {
                 ("writer.rs", include_str!("writer.rs")),
                 ("rows.rs", include_str!("rows.rs")),
                 ("txn.rs", include_str!("txn.rs")),
+                ("cache.rs", include_str!("cache.rs")),
             ],
             &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "RELEASE"],
             include_str!("sql.rs"),

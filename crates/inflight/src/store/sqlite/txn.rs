@@ -18,6 +18,7 @@ use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::Landed;
 use crate::store::engine::Txn;
+use crate::store::AggregateSlot;
 
 use super::rows::{
     at_opt, ms, ms_opt, owner_from_row, parse_column, query_records, query_rows, record_from_row, shared,
@@ -27,8 +28,6 @@ use super::{sql, sql_error};
 
 pub(super) struct SqliteTxn<'t, 'c> {
     st: &'t mut Statements<'c>,
-    /// The record the last `peek` read, until anything writes.
-    peeked: Option<Arc<ActivityRecord>>,
     /// The counter changes of this command, for its group to write.
     pub(super) counts: PendingCounts,
     /// What this command did, to publish once its group is committed.
@@ -39,7 +38,6 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
     pub(super) fn new(st: &'t mut Statements<'c>) -> Self {
         Self {
             st,
-            peeked: None,
             counts: PendingCounts::default(),
             landed: Vec::new(),
         }
@@ -68,8 +66,8 @@ impl PendingCounts {
 
     /// Writes them all and forgets them.
     pub(super) fn write(&mut self, st: &mut Statements<'_>) -> Result<(), LedgerError> {
-        for ((labels, priority, admission), totals) in self.totals.drain() {
-            add_to_aggregate(st, &AggregateKey::new(&labels, priority, admission), &totals)?;
+        for (slot, totals) in self.totals.drain() {
+            add_to_aggregate(st, slot, &totals)?;
         }
         if self.completions.is_empty() {
             return Ok(());
@@ -86,55 +84,141 @@ impl PendingCounts {
     }
 }
 
-/// Adds `d` to the totals of `key`.
+/// Adds `d` to the totals of the aggregate `slot`, by its id, which the
+/// writer keeps once it has seen it; a new aggregate is stored.
 pub(super) fn add_to_aggregate(
     st: &mut Statements<'_>,
-    key: &AggregateKey,
+    slot: AggregateSlot,
     d: &Totals,
 ) -> Result<(), LedgerError> {
-    let statement = st
-        .prepare(sql::ADD_TO_AGGREGATE)
-        .map_err(sql_error("cannot prepare"))?;
-    statement
-        .execute(params![
-            key.service,
-            key.operation_stage,
-            key.class,
-            key.provider,
-            key.model,
-            key.priority.as_str(),
-            key.admission.as_str(),
-            d.calls,
-            d.succeeded,
-            d.failed,
-            d.cancelled,
-            d.reaped_abandoned,
-            d.reaped_unsettled,
-            d.reaped_owner_lost,
-            d.late_settles,
-            d.resurrections,
-            d.in_flight,
-            d.queue_wait_count,
-            d.queue_wait_sum_ms,
-            d.queue_wait_max_ms,
-            d.execution_count,
-            d.execution_sum_ms,
-            d.execution_max_ms,
-            ms_opt(d.last_seen_at),
-            d.reaped_owner_lost_abandoned,
-        ])
-        .map_err(sql_error("cannot update counters"))?;
+    let key = AggregateKey::new(&slot.0, slot.1, slot.2);
+    let labels = params![
+        key.service,
+        key.operation_stage,
+        key.class,
+        key.provider,
+        key.model,
+        key.priority.as_str(),
+        key.admission.as_str(),
+    ];
+    let id = match st.aggregate_ids.get(&slot).copied() {
+        Some(id) => Some(id),
+        None => st
+            .prepare(sql::AGGREGATE_ID)
+            .and_then(|statement| statement.query_row(labels, |row| row.get(0)).optional())
+            .map_err(sql_error("cannot read counters"))?,
+    };
+    let deltas = [
+        d.calls,
+        d.succeeded,
+        d.failed,
+        d.cancelled,
+        d.reaped_abandoned,
+        d.reaped_unsettled,
+        d.reaped_owner_lost,
+        d.late_settles,
+        d.resurrections,
+        d.in_flight,
+        d.queue_wait_count,
+        d.queue_wait_sum_ms,
+        d.queue_wait_max_ms,
+        d.execution_count,
+        d.execution_sum_ms,
+        d.execution_max_ms,
+    ];
+    let last_seen_at = ms_opt(d.last_seen_at);
+    let id = match id {
+        Some(id) => {
+            let statement = st
+                .prepare(sql::ADD_TO_AGGREGATE)
+                .map_err(sql_error("cannot prepare"))?;
+            statement
+                .raw_bind_parameter(1, id)
+                .map_err(sql_error("cannot bind"))?;
+            for (index, delta) in deltas.iter().enumerate() {
+                statement
+                    .raw_bind_parameter(index + 2, delta)
+                    .map_err(sql_error("cannot bind"))?;
+            }
+            statement
+                .raw_bind_parameter(18, last_seen_at)
+                .and_then(|()| statement.raw_bind_parameter(19, d.reaped_owner_lost_abandoned))
+                .map_err(sql_error("cannot bind"))?;
+            let added = statement
+                .raw_execute()
+                .map_err(sql_error("cannot update counters"))?;
+            if added != 1 {
+                // Aggregates are never deleted, and an id kept by a
+                // transaction rolled back is forgotten with it.
+                return Err(LedgerError::new(
+                    ErrorKind::Storage,
+                    format!("aggregate {id} is not stored"),
+                ));
+            }
+            id
+        }
+        None => {
+            let statement = st
+                .prepare(sql::INSERT_AGGREGATE)
+                .map_err(sql_error("cannot prepare"))?;
+            for (index, label) in labels.iter().enumerate() {
+                statement
+                    .raw_bind_parameter(index + 1, label)
+                    .map_err(sql_error("cannot bind"))?;
+            }
+            for (index, delta) in deltas.iter().enumerate() {
+                statement
+                    .raw_bind_parameter(index + 8, delta)
+                    .map_err(sql_error("cannot bind"))?;
+            }
+            statement
+                .raw_bind_parameter(24, last_seen_at)
+                .and_then(|()| statement.raw_bind_parameter(25, d.reaped_owner_lost_abandoned))
+                .map_err(sql_error("cannot bind"))?;
+            statement
+                .raw_execute()
+                .map_err(sql_error("cannot update counters"))?;
+            st.conn().last_insert_rowid()
+        }
+    };
+    st.aggregate_ids.insert(slot, id);
     Ok(())
 }
 
 impl SqliteTxn<'_, '_> {
-    /// Overwrites the stored row of `record`.
+    /// Overwrites the stored row of `record`: the columns that can change
+    /// after a begin (`UPDATE_RECORD`).
     fn overwrite(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        self.write(sql::UPDATE_RECORD, record)
+        let statement = self
+            .st
+            .prepare(sql::UPDATE_RECORD)
+            .map_err(sql_error("cannot prepare"))?;
+        statement
+            .execute(params![
+                record.activity_id.to_string(),
+                record.state.as_str(),
+                record.disposition.map(|d| d.as_str()),
+                record.reap_reason.map(|r| r.as_str()),
+                ms_opt(record.started_at),
+                ms_opt(record.completed_at),
+                ms_opt(record.reaped_at),
+                record.deadline_ms,
+                ms_opt(record.reapable_at),
+                record.success,
+                record.failure_stage.map(|s| s.as_str()),
+                record.late_settle,
+                record.cancel_reason,
+            ])
+            .map_err(sql_error("cannot write a record"))?;
+        Ok(())
     }
 
-    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<(), LedgerError> {
-        let statement = self.st.prepare(sql).map_err(sql_error("cannot prepare"))?;
+    /// Stores the new record `record`.
+    fn write_new(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let statement = self
+            .st
+            .prepare(sql::INSERT_RECORD)
+            .map_err(sql_error("cannot prepare"))?;
         statement
             .execute(params![
                 record.activity_id.to_string(),
@@ -201,25 +285,34 @@ impl SqliteTxn<'_, '_> {
 
 impl Txn for SqliteTxn<'_, '_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        if let Some(record) = self.st.records.get(id) {
+            return Ok(Some(Arc::clone(record)));
+        }
         let statement = self
             .st
             .prepare(sql::GET_RECORD)
             .map_err(sql_error("cannot prepare"))?;
-        statement
+        let record = statement
             .query_row([id.to_string()], record_from_row)
             .optional()
-            .map(|record| record.map(Arc::new))
-            .map_err(sql_error("cannot read a record"))
+            .map_err(sql_error("cannot read a record"))?
+            .map(Arc::new);
+        if let Some(record) = &record {
+            self.st.records.stored(record);
+        }
+        Ok(record)
     }
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.peeked = None;
-        self.write(sql::INSERT_RECORD, record)
+        self.write_new(record)?;
+        self.st.records.stored(record);
+        Ok(())
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.peeked = None;
-        self.overwrite(record)
+        self.overwrite(record)?;
+        self.st.records.stored(record);
+        Ok(())
     }
 
     fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
@@ -227,8 +320,6 @@ impl Txn for SqliteTxn<'_, '_> {
             return Ok(false);
         };
         look(&record);
-        // Kept for a modify that follows, which then reads no row again.
-        self.peeked = Some(record);
         Ok(true)
     }
 
@@ -237,20 +328,27 @@ impl Txn for SqliteTxn<'_, '_> {
         id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        let peeked = self.peeked.take().filter(|record| record.activity_id == id);
-        let Some(mut record) = peeked.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
+        // Taken out, so that it is changed in place unless a reply still
+        // holds it, and kept again only once written.
+        let taken = self.st.records.take(id);
+        let Some(mut record) = taken.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
             return Ok(None);
         };
         if change(Arc::make_mut(&mut record)) {
             self.overwrite(&record)?;
+            self.st.records.stored(&record);
+        } else {
+            // Unchanged, it is stored as it was; forgotten all the same, in
+            // case `change` touched it without saying so.
+            self.st.records.deleted(id);
         }
         Ok(Some(record))
     }
 
     fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
-        self.peeked = None;
         let mut deleted = 0;
         for id in ids {
+            self.st.records.deleted(*id);
             deleted += self.run(sql::DELETE_RECORD, [id.to_string()])?;
         }
         Ok(deleted)

@@ -214,7 +214,20 @@ fn run_transaction(
 ) -> Result<Committed, Failed> {
     control(conn, sql::BEGIN_IMMEDIATE)
         .map_err(|err| Failed::Transaction(LedgerError::storage("cannot begin a transaction", err)))?;
-    let run = run_commands(conn, config, clock, commands, isolation);
+    // Read once the write lock is held: no one else commits until ours.
+    let version = conn
+        .prepare(sql::DATA_VERSION)
+        .and_then(|statement| statement.query_row([], |row| row.get::<_, i64>(0)));
+    let run = match version {
+        Ok(version) => {
+            conn.records.check(version);
+            run_commands(conn, config, clock, commands, isolation)
+        }
+        Err(err) => Err(Failed::Transaction(LedgerError::storage(
+            "cannot read data_version",
+            err,
+        ))),
+    };
     if run.is_err() {
         rollback(conn);
     }
@@ -263,6 +276,8 @@ fn run_commands(
             }
             Isolation::PerCommand if keep => control(conn, sql::RELEASE),
             Isolation::PerCommand => {
+                // What the command wrote is undone.
+                conn.forget_uncommitted();
                 control(conn, sql::ROLLBACK_TO).and_then(|()| control(conn, sql::RELEASE))
             }
         };
@@ -286,6 +301,7 @@ fn run_commands(
 /// Rolls back the open transaction, if any (a failed `COMMIT` may have
 /// ended it already).
 fn rollback(conn: &mut Statements<'_>) {
+    conn.forget_uncommitted();
     if !conn.conn().is_autocommit() {
         if let Err(err) = control(conn, sql::ROLLBACK) {
             tracing::error!(error = %err, "SQLite rollback failed");
