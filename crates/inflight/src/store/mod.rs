@@ -488,29 +488,47 @@ pub(crate) type AggregateSlot = (
     crate::domain::Admission,
 );
 
-/// Aggregates a SQL store has seen committed, so that a begin on a label
-/// set it knows asks the database nothing (`Txn::aggregate_known`, on every
-/// begin). Totals are never deleted, so what was seen stays true. Bounded:
-/// past [`KnownAggregates::MAX`] entries it forgets them all and asks again.
+/// What a SQL store remembers of the aggregates it has seen stored, by
+/// aggregate: `()` when only that it holds them (PostgreSQL), their row ids
+/// (SQLite). A begin on a label set it knows asks the database nothing
+/// (`Txn::aggregate_known`, on every begin). Totals are never deleted, so
+/// what was seen committed stays true. Bounded: past [`SeenAggregates::MAX`]
+/// entries it forgets them all and asks again.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[derive(Default)]
-pub(crate) struct KnownAggregates(std::collections::HashSet<AggregateSlot>);
+pub(crate) struct SeenAggregates<V>(std::collections::HashMap<AggregateSlot, V>);
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl KnownAggregates {
+impl<V> Default for SeenAggregates<V> {
+    fn default() -> Self {
+        Self(std::collections::HashMap::new())
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<V: Copy> SeenAggregates<V> {
     /// Past the default limit on label sets, and a few MB at most.
     const MAX: usize = 16_384;
 
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn get(&self, slot: &AggregateSlot) -> Option<V> {
+        self.0.get(slot).copied()
+    }
+
     pub(crate) fn contains(&self, slot: &AggregateSlot) -> bool {
-        self.0.contains(slot)
+        self.0.contains_key(slot)
     }
 
     /// Remembers `slot`, which the database said it holds.
-    pub(crate) fn insert(&mut self, slot: AggregateSlot) {
+    pub(crate) fn insert(&mut self, slot: AggregateSlot, value: V) {
         if self.0.len() >= Self::MAX {
             self.0.clear();
         }
-        self.0.insert(slot);
+        self.0.insert(slot, value);
+    }
+
+    /// Forgets them all: what a transaction rolled back stored is gone.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
     }
 }
 

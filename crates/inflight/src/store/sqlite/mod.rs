@@ -388,17 +388,21 @@ mod tests {
         assert_eq!(record_of(&results[0]).state, State::Cancelled);
     }
 
-    #[test]
-    fn a_group_rolled_back_for_a_storage_failure_leaves_no_cached_record_behind() {
-        use crate::domain::record::State;
-
-        let (_dir, conn) = database();
-        // A storage failure on demand: writing this reason fails.
+    /// A storage failure on demand: writing the cancel reason `boom` fails.
+    fn refuse_cancel_reason_boom(conn: &rusqlite::Connection) {
         conn.execute_batch(
             "CREATE TRIGGER refuse_boom BEFORE UPDATE ON activities WHEN NEW.cancel_reason = 'boom' \
              BEGIN SELECT RAISE(ABORT, 'boom'); END;",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn a_group_rolled_back_for_a_storage_failure_leaves_no_cached_record_behind() {
+        use crate::domain::record::State;
+
+        let (_dir, conn) = database();
+        refuse_cancel_reason_boom(&conn);
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
         let calls = Mutex::default();
@@ -432,11 +436,7 @@ mod tests {
     #[test]
     fn an_aggregate_stored_by_a_group_rolled_back_is_stored_again() {
         let (_dir, conn) = database();
-        conn.execute_batch(
-            "CREATE TRIGGER refuse_boom BEFORE UPDATE ON activities WHEN NEW.cancel_reason = 'boom' \
-             BEGIN SELECT RAISE(ABORT, 'boom'); END;",
-        )
-        .unwrap();
+        refuse_cancel_reason_boom(&conn);
         let config = LedgerConfig::default();
         let clock = FakeClock::at(T0);
         let calls = Mutex::default();

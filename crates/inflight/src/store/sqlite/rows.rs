@@ -118,39 +118,12 @@ pub(super) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord>
 pub(super) struct Statements<'c> {
     conn: &'c Connection,
     prepared: Vec<(usize, usize, Statement<'c>)>,
-    /// Aggregates this connection saw stored: it lives as long as the
-    /// statements, for the same reason.
-    pub(super) known_aggregates: crate::store::KnownAggregates,
     /// Records in flight as this connection last wrote or read them.
     pub(super) records: RecordCache,
     /// The id of each aggregate this connection saw stored (ids are never
-    /// reused while the row lives, and aggregates are never deleted).
-    pub(super) aggregate_ids: AggregateIds,
-}
-
-/// Aggregates' ids, bounded as [`crate::store::KnownAggregates`] is.
-#[derive(Default)]
-pub(super) struct AggregateIds(std::collections::HashMap<crate::store::AggregateSlot, i64>);
-
-impl AggregateIds {
-    const MAX: usize = 16_384;
-
-    pub(super) fn get(&self, slot: &crate::store::AggregateSlot) -> Option<&i64> {
-        self.0.get(slot)
-    }
-
-    pub(super) fn insert(&mut self, slot: crate::store::AggregateSlot, id: i64) {
-        if self.0.len() >= Self::MAX {
-            self.0.clear();
-        }
-        self.0.insert(slot, id);
-    }
-
-    /// Forgets them all: an aggregate stored by a transaction rolled back
-    /// is gone, and its id may be given to another.
-    pub(super) fn clear(&mut self) {
-        self.0.clear();
-    }
+    /// reused while the row lives, and aggregates are never deleted): it
+    /// lives as long as the statements, and says which aggregates are known.
+    pub(super) aggregate_ids: crate::store::SeenAggregates<i64>,
 }
 
 impl<'c> Statements<'c> {
@@ -158,9 +131,8 @@ impl<'c> Statements<'c> {
         Self {
             conn,
             prepared: Vec::with_capacity(48),
-            known_aggregates: crate::store::KnownAggregates::default(),
             records: RecordCache::default(),
-            aggregate_ids: AggregateIds::default(),
+            aggregate_ids: crate::store::SeenAggregates::default(),
         }
     }
 

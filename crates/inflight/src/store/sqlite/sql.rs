@@ -297,11 +297,6 @@ pub(super) const AGGREGATES: &str =
      reaped_owner_lost_abandoned \
      FROM aggregates";
 
-/// Whether an aggregate has totals stored: its primary key.
-pub(super) const AGGREGATE_KNOWN: &str = "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = ?1 \
-     AND operation_stage = ?2 AND class = ?3 AND provider = ?4 AND model = ?5 AND priority = ?6 \
-     AND admission = ?7)";
-
 /// Whether a lane has an aggregate: the primary key's first column, then
 /// the service's own aggregates.
 pub(super) const LANE_KNOWN: &str =
@@ -486,7 +481,6 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
     ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),
     ("AGGREGATES", AGGREGATES, Reach::Indexed),
-    ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
     ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
     ("LABEL_CENSUS", LABEL_CENSUS, Reach::Indexed),
     ("COUNT_COMPLETIONS", COUNT_COMPLETIONS, Reach::Indexed),

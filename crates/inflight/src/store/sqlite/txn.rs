@@ -101,7 +101,7 @@ pub(super) fn add_to_aggregate(
         key.priority.as_str(),
         key.admission.as_str(),
     ];
-    let id = match st.aggregate_ids.get(&slot).copied() {
+    let id = match st.aggregate_ids.get(&slot) {
         Some(id) => Some(id),
         None => st
             .prepare(sql::AGGREGATE_ID)
@@ -127,6 +127,18 @@ pub(super) fn add_to_aggregate(
         d.execution_max_ms,
     ];
     let last_seen_at = ms_opt(d.last_seen_at);
+    // Both statements take the totals as one run of parameters from `first`:
+    // the deltas, the last seen instant, then owner-lost abandoned reaps.
+    let bind_totals = |statement: &mut rusqlite::Statement<'_>, first: usize| {
+        for (index, delta) in deltas.iter().enumerate() {
+            statement.raw_bind_parameter(first + index, delta)?;
+        }
+        statement.raw_bind_parameter(first + deltas.len(), last_seen_at)?;
+        statement.raw_bind_parameter(first + deltas.len() + 1, d.reaped_owner_lost_abandoned)
+    };
+    let bind_totals = |statement: &mut rusqlite::Statement<'_>, first: usize| {
+        bind_totals(statement, first).map_err(sql_error("cannot bind"))
+    };
     let id = match id {
         Some(id) => {
             let statement = st
@@ -135,15 +147,7 @@ pub(super) fn add_to_aggregate(
             statement
                 .raw_bind_parameter(1, id)
                 .map_err(sql_error("cannot bind"))?;
-            for (index, delta) in deltas.iter().enumerate() {
-                statement
-                    .raw_bind_parameter(index + 2, delta)
-                    .map_err(sql_error("cannot bind"))?;
-            }
-            statement
-                .raw_bind_parameter(18, last_seen_at)
-                .and_then(|()| statement.raw_bind_parameter(19, d.reaped_owner_lost_abandoned))
-                .map_err(sql_error("cannot bind"))?;
+            bind_totals(statement, 2)?;
             let added = statement
                 .raw_execute()
                 .map_err(sql_error("cannot update counters"))?;
@@ -166,15 +170,7 @@ pub(super) fn add_to_aggregate(
                     .raw_bind_parameter(index + 1, label)
                     .map_err(sql_error("cannot bind"))?;
             }
-            for (index, delta) in deltas.iter().enumerate() {
-                statement
-                    .raw_bind_parameter(index + 8, delta)
-                    .map_err(sql_error("cannot bind"))?;
-            }
-            statement
-                .raw_bind_parameter(24, last_seen_at)
-                .and_then(|()| statement.raw_bind_parameter(25, d.reaped_owner_lost_abandoned))
-                .map_err(sql_error("cannot bind"))?;
+            bind_totals(statement, 8)?;
             statement
                 .raw_execute()
                 .map_err(sql_error("cannot update counters"))?;
@@ -378,25 +374,33 @@ impl Txn for SqliteTxn<'_, '_> {
         // Commands earlier in this group count into rows not written yet;
         // those decide against what was committed, so a group of new
         // aggregates can pass a limit by at most its own size.
-        if self.st.known_aggregates.contains(&slot) || self.counts.totals.contains_key(&slot) {
+        if self.st.aggregate_ids.contains(&slot) || self.counts.totals.contains_key(&slot) {
             return Ok(true);
         }
-        let known = self.value(
-            sql::AGGREGATE_KNOWN,
-            params![
-                labels.service.as_str(),
-                labels.operation_stage.as_str(),
-                labels.class.as_str(),
-                labels.provider.as_str(),
-                &*labels.model,
-                priority.as_str(),
-                admission.as_str(),
-            ],
-        )?;
-        if known {
-            self.st.known_aggregates.insert(slot);
+        let id: Option<i64> = self
+            .st
+            .prepare(sql::AGGREGATE_ID)
+            .and_then(|statement| {
+                statement
+                    .query_row(
+                        params![
+                            labels.service.as_str(),
+                            labels.operation_stage.as_str(),
+                            labels.class.as_str(),
+                            labels.provider.as_str(),
+                            &*labels.model,
+                            priority.as_str(),
+                            admission.as_str(),
+                        ],
+                        |row| row.get(0),
+                    )
+                    .optional()
+            })
+            .map_err(sql_error("cannot read counters"))?;
+        if let Some(id) = id {
+            self.st.aggregate_ids.insert(slot, id);
         }
-        Ok(known)
+        Ok(id.is_some())
     }
 
     fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
