@@ -102,7 +102,7 @@ pub(super) struct Conn {
     pub(super) channel: String,
     prepared: HashMap<(usize, usize), Statement>,
     /// Aggregates this connection saw stored.
-    known_aggregates: crate::store::KnownAggregates,
+    known_aggregates: crate::store::SeenAggregates<()>,
     /// Which of the counter rows this connection adds to (`shard` in
     /// `aggregates` and `completion_minutes`): its writer's index.
     pub(super) shard: i16,
@@ -114,9 +114,16 @@ impl Conn {
             client,
             channel,
             prepared: HashMap::with_capacity(48),
-            known_aggregates: crate::store::KnownAggregates::default(),
+            known_aggregates: crate::store::SeenAggregates::default(),
             shard: 0,
         }
+    }
+
+    /// Forgets the aggregates it saw, once a transaction or a savepoint is
+    /// rolled back: one seen inside it (counted by an earlier command of
+    /// the group) may be gone.
+    pub(super) fn forget_uncommitted(&mut self) {
+        self.known_aggregates.clear();
     }
 
     /// `sql`, prepared the first time it is asked for.
@@ -913,7 +920,7 @@ impl Txn for PgTxn<'_> {
         )?;
         let known = rows.first().map_or(Ok(false), |row| column(row, 0))?;
         if known {
-            self.conn.known_aggregates.insert(slot);
+            self.conn.known_aggregates.insert(slot, ());
         }
         Ok(known)
     }

@@ -337,6 +337,9 @@ impl Writer {
             _ => Failed::Transaction(err),
         })?;
         let run = run_commands(conn, &config, commands, isolation, defer, now, turn);
+        if run.is_err() {
+            conn.forget_uncommitted();
+        }
         if run.is_err() && !conn.client.is_closed() {
             if let Err(err) = conn.client.batch_execute(sql::ROLLBACK) {
                 tracing::error!(error = %err, "PostgreSQL rollback failed");
@@ -459,6 +462,7 @@ fn run_commands(
                 control(conn, sql::RELEASE).map_err(transaction_failure)?;
                 // What it changed is undone; the rows stay locked.
                 records.forget();
+                conn.forget_uncommitted();
             }
         }
         if keep {
