@@ -71,9 +71,11 @@ use crate::error::LedgerError;
 use crate::stats::{CallSnapshot, CallStats};
 
 use super::{Command, Reply, Store, StoreFuture, Wake};
+use session::Session;
 
 mod listen;
 mod schema;
+mod session;
 mod sql;
 #[doc(hidden)]
 pub mod testing;
@@ -162,7 +164,7 @@ impl Tls {
 /// Where and how to connect, from a store URL.
 #[derive(Clone)]
 struct Settings {
-    config: postgres::Config,
+    config: tokio_postgres::Config,
     tls: Tls,
     schema: Option<String>,
     pool: usize,
@@ -241,10 +243,11 @@ impl Settings {
             format!("{base}?{}", passed.join("&"))
         };
         let tls = Tls::new(ssl_mode, root_cert).map_err(named)?;
-        let mut config = postgres::Config::from_str(&client_url).map_err(|err| named(err.to_string()))?;
+        let mut config =
+            tokio_postgres::Config::from_str(&client_url).map_err(|err| named(err.to_string()))?;
         config.ssl_mode(match tls {
-            Tls::Off => postgres::config::SslMode::Disable,
-            Tls::On(_) => postgres::config::SslMode::Require,
+            Tls::Off => tokio_postgres::config::SslMode::Disable,
+            Tls::On(_) => tokio_postgres::config::SslMode::Require,
         });
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
@@ -270,7 +273,11 @@ impl Settings {
 
     /// A new connection, set up for the store.
     fn connect(&self) -> Result<Conn, LedgerError> {
-        let mut client = self.client()?;
+        let connected = match &self.tls {
+            Tls::Off => Session::connect(&self.config, tokio_postgres::NoTls)?,
+            Tls::On(tls) => Session::connect(&self.config, tls.clone())?,
+        };
+        let client = connected.map_err(connect_failed)?;
         let mut setup = vec![sql::SESSION.to_owned()];
         if let Some(schema) = &self.schema {
             setup.push(sql::use_schema(schema));
@@ -283,25 +290,30 @@ impl Settings {
 
     /// A new connection, as the server gives it.
     fn client(&self) -> Result<postgres::Client, LedgerError> {
+        let config = postgres::Config::from(self.config.clone());
         let connected = match &self.tls {
-            Tls::Off => self.config.connect(postgres::NoTls),
-            Tls::On(tls) => self.config.connect(tls.clone()),
+            Tls::Off => config.connect(postgres::NoTls),
+            Tls::On(tls) => config.connect(tls.clone()),
         };
-        connected.map_err(|err| {
-            let fault = Fault::of(&err);
-            let fault = if fault == Fault::Other && err.as_db_error().is_none() {
-                Fault::Unavailable
-            } else {
-                fault
-            };
-            fault.error("cannot connect to PostgreSQL", err)
-        })
+        connected.map_err(connect_failed)
     }
 
     /// The key the migration lock is taken on.
     fn lock_key(&self) -> String {
         format!("inflight.migrate:{}", self.schema.as_deref().unwrap_or(""))
     }
+}
+
+/// A failed connection attempt as a ledger error: `unavailable` unless the
+/// server itself refused (bad credentials, no such database).
+fn connect_failed(err: postgres::Error) -> LedgerError {
+    let fault = Fault::of(&err);
+    let fault = if fault == Fault::Other && err.as_db_error().is_none() {
+        Fault::Unavailable
+    } else {
+        fault
+    };
+    fault.error("cannot connect to PostgreSQL", err)
 }
 
 /// A ledger store in a PostgreSQL database, shared by every instance that
@@ -342,7 +354,7 @@ impl PostgresStore {
         let mut writers = Vec::with_capacity(settings.pool);
         let mut first = Some(first);
         let calls = Arc::new(Mutex::new(CallStats::default()));
-        let order = Arc::new(writer::Order::default());
+        let order = Arc::new(writer::Order::of(settings.pool));
         for index in 0..settings.pool {
             let writer = Writer {
                 settings: Arc::clone(&settings),
@@ -496,7 +508,7 @@ pub fn seed_history(
         let mut conn = schema::migrate(&settings, &config, &crate::clock::SystemClock)?;
         let failed = |err: postgres::Error| LedgerError::storage("cannot seed history", err);
         let mut counts = txn::PendingCounts::default();
-        let mut tx = conn.client.transaction().map_err(failed)?;
+        conn.client.batch_execute(sql::BEGIN).map_err(failed)?;
         let mut done = 0;
         while done < count {
             let batch = (count - done).min(10_000);
@@ -517,15 +529,18 @@ pub fn seed_history(
                     .entry(query::completion_minute(at))
                     .or_default() += 1;
             }
-            tx.execute(sql::SEED_RECORDS, &[&ids, &enqueued, &started, &completed])
+            conn.client
+                .execute(sql::SEED_RECORDS, &[&ids, &enqueued, &started, &completed])
                 .map_err(failed)?;
             done += batch;
         }
-        tx.commit().map_err(failed)?;
+        conn.client.batch_execute(sql::COMMIT).map_err(failed)?;
         let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
         counts.totals.insert(aggregate, totals);
         counts.write(&mut conn).map_err(|unflushed| match unflushed {
-            txn::Unflushed::Failed(err) => LedgerError::storage("cannot update counters", err),
+            txn::Unflushed::Failed(err) | txn::Unflushed::Uncommitted(err) => {
+                LedgerError::storage("cannot update counters", err)
+            }
             txn::Unflushed::Unexpected => {
                 LedgerError::new(crate::error::ErrorKind::Storage, "a counter write did not land")
             }

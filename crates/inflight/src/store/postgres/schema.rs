@@ -73,15 +73,26 @@ fn migrate_locked(
     }
     for (index, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let next = index as i32 + 1;
-        let mut tx = conn
-            .client
-            .transaction()
+        conn.client
+            .batch_execute(sql::BEGIN)
             .map_err(failed("cannot begin the migration"))?;
-        tx.batch_execute(migration)
-            .map_err(failed("cannot apply a migration"))?;
-        tx.execute(sql::RECORD_VERSION, &[&next])
-            .map_err(failed("cannot record the schema version"))?;
-        tx.commit().map_err(failed("cannot commit the migration"))?;
+        let applied = conn
+            .client
+            .batch_execute(migration)
+            .map_err(failed("cannot apply a migration"))
+            .and_then(|()| {
+                conn.client
+                    .execute(sql::RECORD_VERSION, &[&next])
+                    .map_err(failed("cannot record the schema version"))
+            });
+        if let Err(err) = applied {
+            // Nothing of it stays; the connection is left as it was found.
+            let _ = conn.client.batch_execute(sql::ROLLBACK);
+            return Err(err);
+        }
+        conn.client
+            .batch_execute(sql::COMMIT)
+            .map_err(failed("cannot commit the migration"))?;
     }
     rebound_in_flight(conn, config, clock)
 }
@@ -91,7 +102,7 @@ fn migrate_locked(
 /// already in flight. The records are locked as they are read.
 fn rebound_in_flight(conn: &mut Conn, config: &LedgerConfig, clock: &dyn Clock) -> Result<(), LedgerError> {
     let at = (!clock.is_system()).then(|| clock.now());
-    writer::begin(conn, at).map_err(|(_, err)| err)?;
+    writer::begin(conn, at, &[]).map_err(|(_, err)| err)?;
     let mut records = Records::new(false);
     let mut txn = PgTxn::new(conn, config, &mut records);
     txn.lock_in_flight = true;

@@ -174,7 +174,20 @@ ALTER TABLE completion_minutes ADD COLUMN shard SMALLINT NOT NULL DEFAULT 0;
 ALTER TABLE completion_minutes DROP CONSTRAINT completion_minutes_pkey,
     ADD PRIMARY KEY (minute, shard);
 "#,
+    r#"
+-- Raised by `WRITE_GROUP` when a write did not land as its command
+-- expected: the statement fails, so the `COMMIT` sent right behind it in
+-- the same round trip rolls the group back instead.
+CREATE FUNCTION inflight_write_missed() RETURNS BIGINT LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RAISE EXCEPTION 'a deferred record write did not land as expected' USING ERRCODE = 'IF001';
+END
+$$;
+"#,
 ];
+
+/// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).
+pub(super) static WRITE_MISSED: &str = "IF001";
 
 /// The table of applied migrations; created by the migration runner
 /// before it reads the version.
@@ -198,6 +211,8 @@ pub(super) const BEGIN_NOW: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT
 /// `{}` is the time in epoch milliseconds, an integer formatted by the store.
 pub(super) const BEGIN_AT: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL inflight.now_ms = '{}'; SELECT inflight_now()";
+/// Opens a transaction with no "now" (a migration, the bulk loader).
+pub(super) const BEGIN: &str = "BEGIN";
 pub(super) const COMMIT: &str = "COMMIT";
 pub(super) const ROLLBACK: &str = "ROLLBACK";
 pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
@@ -254,9 +269,10 @@ pub(super) const LOCK_RECORDS: &str = concat!(
 /// inserted (none when the id is taken); the others, whose rows the
 /// transaction holds locked, overwritten. Both go through the primary key
 /// (`ON CONFLICT`), never through a join the planner could turn into a
-/// scan (see [`LOCK_RECORDS`]). The counts (rows updated, rows an
-/// overwrite inserted, rows inserted) let the store check that each landed
-/// as it expected.
+/// scan (see [`LOCK_RECORDS`]). `$53` to `$56` are the rows expected:
+/// overwritten, inserted, aggregates and minutes added to. When any count
+/// differs, or an overwrite found no row, the statement fails with
+/// [`WRITE_MISSED`], so that a `COMMIT` already sent behind it rolls back.
 ///
 /// Counters: `$25`..`$49` are the aggregates' keys and totals to add, as
 /// arrays one element per aggregate (in `aggregates` column order, `$48`
@@ -323,9 +339,10 @@ pub(super) const WRITE_GROUP: &str = concat!(
      m AS (INSERT INTO completion_minutes AS m (minute, completions, shard) \
      SELECT *, $52::smallint FROM unnest($50::bigint[], $51::bigint[]) \
      ON CONFLICT (minute, shard) DO UPDATE SET completions = m.completions + excluded.completions RETURNING 1) \
-     SELECT (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated), \
-     (SELECT COUNT(*) FILTER (WHERE new) FROM updated), (SELECT COUNT(*) FROM inserted), \
-     (SELECT COUNT(*) FROM g), (SELECT COUNT(*) FROM m)"
+     SELECT CASE WHEN (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated) = $53 \
+     AND (SELECT COUNT(*) FILTER (WHERE new) FROM updated) = 0 \
+     AND (SELECT COUNT(*) FROM inserted) = $54 AND (SELECT COUNT(*) FROM g) = $55 \
+     AND (SELECT COUNT(*) FROM m) = $56 THEN 0 ELSE inflight_write_missed() END"
 );
 
 pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
@@ -557,6 +574,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("MIGRATION_SESSION", MIGRATION_SESSION, Reach::Control),
     ("BEGIN_NOW", BEGIN_NOW, Reach::Control),
     ("BEGIN_AT", BEGIN_AT, Reach::Control),
+    ("BEGIN", BEGIN, Reach::Control),
     ("COMMIT", COMMIT, Reach::Control),
     ("ROLLBACK", ROLLBACK, Reach::Control),
     ("SAVEPOINT", SAVEPOINT, Reach::Control),

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use postgres::types::ToSql;
-use postgres::{Client, Row, Statement};
+use postgres::{Row, Statement};
 
 use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
@@ -30,6 +30,7 @@ use crate::error::{ErrorKind, LedgerError};
 use crate::stats::Landed;
 use crate::store::engine::Txn;
 
+use super::session::Session;
 use super::sql;
 use super::writer::Done;
 
@@ -97,7 +98,7 @@ impl Fault {
 /// One connection and the statements prepared on it, each once, found again
 /// by the address of its text.
 pub(super) struct Conn {
-    pub(super) client: Client,
+    pub(super) client: Session,
     /// The channel this store's notifications go to.
     pub(super) channel: String,
     prepared: HashMap<(usize, usize), Statement>,
@@ -109,7 +110,7 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(client: Client, channel: String) -> Self {
+    pub(super) fn new(client: Session, channel: String) -> Self {
         Self {
             client,
             channel,
@@ -163,6 +164,8 @@ pub(super) enum Unflushed {
     /// It ran, but not as written: an id taken (see [`Fault::Redo`]), or a
     /// record to overwrite gone.
     Unexpected,
+    /// The writes landed and the `COMMIT` sent with them failed.
+    Uncommitted(postgres::Error),
 }
 
 impl Records {
@@ -174,25 +177,26 @@ impl Records {
         }
     }
 
-    /// Reads and locks the records `ids` (sorted, so that groups lock in
-    /// one order) in one statement, and keeps them. An id with no record is
-    /// simply not kept: its command reads it again, and finds nothing.
-    pub(super) fn lock(&mut self, conn: &mut Conn, ids: &[ActivityId]) -> Result<(), postgres::Error> {
-        let mut ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        if ids.is_empty() {
-            return Ok(());
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        let statement = conn.prepare(sql::LOCK_RECORDS)?;
-        for row in conn.client.query(&statement, &[&ids])? {
+    /// Keeps the records `LOCK_RECORDS` read and locked (see
+    /// [`super::writer::begin`]). An id with no record is simply not kept:
+    /// its command reads it again, and finds nothing.
+    pub(super) fn locked(&mut self, rows: &[Row]) {
+        for row in rows {
             // A row that cannot be read is left to its command's own read,
             // which fails that command alone.
-            if let Ok(record) = record_from_row(&row) {
+            if let Ok(record) = record_from_row(row) {
                 self.cached.insert(record.activity_id, Arc::new(record));
             }
         }
-        Ok(())
+    }
+
+    /// The ids `LOCK_RECORDS` takes for a group naming `ids`: sorted, so
+    /// that groups naming the same records lock them in the same order.
+    pub(super) fn lock_ids(ids: impl Iterator<Item = ActivityId>) -> Vec<String> {
+        let mut ids: Vec<String> = ids.map(|id| id.to_string()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Forgets everything: after a command's savepoint was rolled back, the
@@ -209,7 +213,7 @@ impl Records {
 
     /// Sends the deferred writes, in one statement.
     pub(super) fn flush(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, self, &mut PendingCounts::default())
+        write_group(conn, self, &mut PendingCounts::default(), false)
     }
 }
 
@@ -220,8 +224,14 @@ pub(super) fn write_group(
     conn: &mut Conn,
     records: &mut Records,
     counts: &mut PendingCounts,
+    commit: bool,
 ) -> Result<(), Unflushed> {
     if records.pending.is_empty() && counts.is_empty() {
+        if commit {
+            conn.client
+                .batch_execute(sql::COMMIT)
+                .map_err(Unflushed::Uncommitted)?;
+        }
         return Ok(());
     }
     let pending = std::mem::take(&mut records.pending);
@@ -289,79 +299,83 @@ pub(super) fn write_group(
 
     let shard = conn.shard;
     let statement = conn.prepare(sql::WRITE_GROUP).map_err(Unflushed::Failed)?;
-    let row = conn
-        .client
-        .query_one(
-            &statement,
-            &[
-                &ids,
-                &service,
-                &provider,
-                &class,
-                &stage,
-                &model,
-                &priority,
-                &admission,
-                &state,
-                &disposition,
-                &reap_reason,
-                &owner,
-                &enqueued,
-                &started,
-                &completed,
-                &reaped,
-                &declared,
-                &deadline,
-                &reapable,
-                &success,
-                &failure_stage,
-                &late,
-                &cancel,
-                &fresh,
-                &g_service,
-                &g_stage,
-                &g_class,
-                &g_provider,
-                &g_model,
-                &g_priority,
-                &g_admission,
-                &sum(|d| d.calls),
-                &sum(|d| d.succeeded),
-                &sum(|d| d.failed),
-                &sum(|d| d.cancelled),
-                &sum(|d| d.reaped_abandoned),
-                &sum(|d| d.reaped_unsettled),
-                &sum(|d| d.reaped_owner_lost),
-                &sum(|d| d.late_settles),
-                &sum(|d| d.resurrections),
-                &sum(|d| d.in_flight),
-                &sum(|d| d.queue_wait_count),
-                &sum(|d| d.queue_wait_sum_ms),
-                &sum(|d| d.queue_wait_max_ms),
-                &sum(|d| d.execution_count),
-                &sum(|d| d.execution_sum_ms),
-                &sum(|d| d.execution_max_ms),
-                &last_seen,
-                &sum(|d| d.reaped_owner_lost_abandoned),
-                &minutes,
-                &completions,
-                &shard,
-            ],
-        )
-        .map_err(Unflushed::Failed)?;
-    let counted = |index: usize| row.try_get::<_, i64>(index).map_err(Unflushed::Failed);
-    let landed = (counted(0)?, counted(1)?, counted(2)?, counted(3)?, counted(4)?);
-    // Every overwrite found its row (it holds its lock), every new record
-    // its id free, and every counter its row.
-    let expected = (
-        (records.len() - new) as i64,
-        0,
-        new as i64,
-        totals.len() as i64,
-        minutes.len() as i64,
-    );
-    if landed != expected {
-        return Err(Unflushed::Unexpected);
+    // Every overwrite must find its row (it holds its lock), every new
+    // record its id free, and every counter its row: the statement checks
+    // it, and fails otherwise ($53 to $56).
+    let params: &[&(dyn ToSql + Sync)] = &[
+        &ids,
+        &service,
+        &provider,
+        &class,
+        &stage,
+        &model,
+        &priority,
+        &admission,
+        &state,
+        &disposition,
+        &reap_reason,
+        &owner,
+        &enqueued,
+        &started,
+        &completed,
+        &reaped,
+        &declared,
+        &deadline,
+        &reapable,
+        &success,
+        &failure_stage,
+        &late,
+        &cancel,
+        &fresh,
+        &g_service,
+        &g_stage,
+        &g_class,
+        &g_provider,
+        &g_model,
+        &g_priority,
+        &g_admission,
+        &sum(|d| d.calls),
+        &sum(|d| d.succeeded),
+        &sum(|d| d.failed),
+        &sum(|d| d.cancelled),
+        &sum(|d| d.reaped_abandoned),
+        &sum(|d| d.reaped_unsettled),
+        &sum(|d| d.reaped_owner_lost),
+        &sum(|d| d.late_settles),
+        &sum(|d| d.resurrections),
+        &sum(|d| d.in_flight),
+        &sum(|d| d.queue_wait_count),
+        &sum(|d| d.queue_wait_sum_ms),
+        &sum(|d| d.queue_wait_max_ms),
+        &sum(|d| d.execution_count),
+        &sum(|d| d.execution_sum_ms),
+        &sum(|d| d.execution_max_ms),
+        &last_seen,
+        &sum(|d| d.reaped_owner_lost_abandoned),
+        &minutes,
+        &completions,
+        &shard,
+        &((records.len() - new) as i64),
+        &(new as i64),
+        &(totals.len() as i64),
+        &(minutes.len() as i64),
+    ];
+    let (written, committed) = if commit {
+        let (written, committed) = conn.client.pipeline_then(&statement, params, sql::COMMIT);
+        (written, Some(committed))
+    } else {
+        (conn.client.query(&statement, params), None)
+    };
+    match written {
+        Err(err) if err.code().is_some_and(|code| code.code() == sql::WRITE_MISSED) => {
+            return Err(Unflushed::Unexpected)
+        }
+        // A COMMIT sent behind a failed statement rolled back.
+        Err(err) => return Err(Unflushed::Failed(err)),
+        Ok(_) => {}
+    }
+    if let Some(Err(err)) = committed {
+        return Err(Unflushed::Uncommitted(err));
     }
     Ok(())
 }
@@ -423,7 +437,9 @@ impl<'c> PgTxn<'c> {
     fn flush(&mut self) -> Result<(), LedgerError> {
         match self.records.flush(self.conn) {
             Ok(()) => Ok(()),
-            Err(Unflushed::Failed(err)) => Err(self.failed("cannot write records", err)),
+            Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err)) => {
+                Err(self.failed("cannot write records", err))
+            }
             Err(Unflushed::Unexpected) => {
                 self.fault = Some(Fault::Redo);
                 Err(LedgerError::new(
@@ -582,7 +598,9 @@ impl<'c> PgTxn<'c> {
         let mut counts = std::mem::take(&mut self.counts);
         match counts.write(self.conn) {
             Ok(()) => Ok(()),
-            Err(Unflushed::Failed(err)) => Err(self.failed("cannot update counters", err)),
+            Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err)) => {
+                Err(self.failed("cannot update counters", err))
+            }
             Err(Unflushed::Unexpected) => Err(LedgerError::new(
                 ErrorKind::Storage,
                 "a counter write did not land",
@@ -616,7 +634,7 @@ impl PendingCounts {
 
     /// Writes them all, in one statement, and forgets them.
     pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, &mut Records::default(), self)
+        write_group(conn, &mut Records::default(), self, false)
     }
 }
 

@@ -78,6 +78,18 @@ pub(super) struct Writer {
 pub(super) struct Order {
     /// The turn, and the end of the last group that took it.
     turn: Mutex<Option<Arc<Done>>>,
+    /// Whether several writers take it (`pool` above 1).
+    shared: bool,
+}
+
+impl Order {
+    /// The order of `writers` writers.
+    pub(super) fn of(writers: usize) -> Self {
+        Self {
+            turn: Mutex::default(),
+            shared: writers > 1,
+        }
+    }
 }
 
 /// Whether a group's transaction, and every earlier group's, has ended
@@ -109,6 +121,7 @@ pub(super) struct Turn<'o> {
     /// The end of the group that had the turn before.
     previous: Option<Arc<Done>>,
     own: Arc<Done>,
+    shared: bool,
 }
 
 impl<'o> Turn<'o> {
@@ -121,6 +134,7 @@ impl<'o> Turn<'o> {
             held: Some(held),
             previous,
             own,
+            shared: order.shared,
         }
     }
 
@@ -132,6 +146,11 @@ impl<'o> Turn<'o> {
     /// Whether the group still holds the turn (has not sent its commit).
     fn held(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// Whether other writers wait for the turn.
+    fn shared(&self) -> bool {
+        self.shared
     }
 
     /// The end of the earlier groups, for reads to wait on.
@@ -332,11 +351,12 @@ impl Writer {
         let override_now = (!self.clock.is_system()).then(|| self.clock.now());
         let config = Arc::clone(&self.config);
         let conn = self.connection().map_err(Failed::Transaction)?;
-        let now = begin(conn, override_now).map_err(|(fault, err)| match fault {
-            Fault::Retry => Failed::Retry(err),
-            _ => Failed::Transaction(err),
-        })?;
-        let run = run_commands(conn, &config, commands, isolation, defer, now, turn);
+        let ids = Records::lock_ids(commands.iter().filter_map(|command| match command {
+            Command::Transition { id, .. } | Command::Get { id } => Some(*id),
+            _ => None,
+        }));
+        let begun = begin(conn, override_now, &ids).map_err(transaction_failure)?;
+        let run = run_commands(conn, &config, commands, isolation, defer, &begun, turn);
         if run.is_err() {
             conn.forget_uncommitted();
         }
@@ -349,18 +369,45 @@ impl Writer {
     }
 }
 
+/// A transaction just opened.
+pub(super) struct Begun {
+    /// Its "now", from the one clock.
+    pub(super) now: Timestamp,
+    /// The rows `LOCK_RECORDS` read and locked.
+    locked: Vec<postgres::Row>,
+}
+
 /// Opens a transaction and reads its "now" from the one clock
 /// (`inflight_now()`), overridden by `at` when the ledger runs on a clock
-/// of its own (a test's).
-pub(super) fn begin(conn: &mut Conn, at: Option<Timestamp>) -> Result<Timestamp, (Fault, LedgerError)> {
+/// of its own (a test's); reads and locks the records `ids`
+/// ([`Records::lock_ids`]) with `LOCK_RECORDS` in the same round trip.
+pub(super) fn begin(
+    conn: &mut Conn,
+    at: Option<Timestamp>,
+    ids: &[String],
+) -> Result<Begun, (Fault, LedgerError)> {
     let text = match at {
         None => std::borrow::Cow::Borrowed(sql::BEGIN_NOW),
         Some(at) => std::borrow::Cow::Owned(sql::BEGIN_AT.replace("{}", &at.as_millis().to_string())),
     };
-    let messages = conn.client.simple_query(&text).map_err(|err| {
-        let fault = Fault::of(&err);
-        (fault, fault.error("cannot begin a transaction", err))
-    })?;
+    let failed = |context: &'static str| {
+        move |err: postgres::Error| {
+            let fault = Fault::of(&err);
+            (fault, fault.error(context, err))
+        }
+    };
+    let (messages, locked) = if ids.is_empty() {
+        (conn.client.simple_query(&text), Ok(Vec::new()))
+    } else {
+        let statement = conn
+            .prepare(sql::LOCK_RECORDS)
+            .map_err(failed("cannot read records"))?;
+        // Sent together: if the BEGIN failed, the lock ran alone as a
+        // read, and its answer is not used.
+        conn.client.pipeline(&text, &statement, &[&ids])
+    };
+    let messages = messages.map_err(failed("cannot begin a transaction"))?;
+    let locked = locked.map_err(failed("cannot read records"))?;
     messages
         .iter()
         .find_map(|message| match message {
@@ -370,6 +417,7 @@ pub(super) fn begin(conn: &mut Conn, at: Option<Timestamp>) -> Result<Timestamp,
                 .map(Timestamp::from_millis),
             _ => None,
         })
+        .map(|now| Begun { now, locked })
         .ok_or_else(|| {
             (
                 Fault::Other,
@@ -399,23 +447,13 @@ fn run_commands(
     commands: Vec<Command>,
     isolation: Isolation,
     defer: bool,
-    now: Timestamp,
+    begun: &Begun,
     turn: &mut Turn<'_>,
 ) -> Result<Committed, Failed> {
     // Deferred only without savepoints: a command undone alone must not
     // leave writes behind in memory, nor take others' with it.
     let mut records = Records::new(defer && isolation == Isolation::Whole);
-    let named: Vec<_> = commands
-        .iter()
-        .filter_map(|command| match command {
-            Command::Transition { id, .. } | Command::Get { id } => Some(*id),
-            _ => None,
-        })
-        .collect();
-    records.lock(conn, &named).map_err(|err| {
-        let fault = Fault::of(&err);
-        transaction_failure((fault, fault.error("cannot read records", err)))
-    })?;
+    records.locked(&begun.locked);
     let mut results = Vec::with_capacity(commands.len());
     let mut landed = Vec::with_capacity(commands.len());
     let mut counts = PendingCounts::default();
@@ -433,7 +471,7 @@ fn run_commands(
         }
         let mut txn = PgTxn::new(conn, config, &mut records);
         txn.previous = turn.previous();
-        let result = engine::execute(&mut txn, config, command, now);
+        let result = engine::execute(&mut txn, config, command, begun.now);
         let pending = std::mem::take(&mut txn.counts);
         let did = std::mem::take(&mut txn.landed);
         let fault = txn.fault;
@@ -476,22 +514,30 @@ fn run_commands(
             })));
         }
     }
+    if capacity_changed {
+        notify(conn).map_err(transaction_failure)?;
+    }
     // The group's deferred writes and its counters, in one round trip. A
     // failure of its records names no command, so the group runs again
-    // with a savepoint per command to find it.
+    // with a savepoint per command to find it. The only writer sends its
+    // COMMIT in the same round trip (the statement fails, and the COMMIT
+    // rolls back, when a write missed). With several, the turn is handed
+    // on as the COMMIT is sent, and a group that must run again runs
+    // before: its writes go first, on their own.
     let had_records = records.has_pending();
-    txn::write_group(conn, &mut records, &mut counts).map_err(|unflushed| match unflushed {
+    let alone = !turn.shared();
+    let written = txn::write_group(conn, &mut records, &mut counts, alone);
+    written.map_err(|unflushed| match unflushed {
         Unflushed::Unexpected if had_records => Failed::Redo,
         Unflushed::Failed(err) if had_records && Fault::of(&err) == Fault::Other => {
             Failed::Command(Fault::Other.error("cannot write records", err))
         }
         unflushed => unwritten(unflushed, "cannot write records and counters"),
     })?;
-    if capacity_changed {
-        notify(conn).map_err(transaction_failure)?;
-    }
     turn.hand_on();
-    control(conn, sql::COMMIT).map_err(transaction_failure)?;
+    if !alone {
+        control(conn, sql::COMMIT).map_err(transaction_failure)?;
+    }
     Ok((results, landed))
 }
 
@@ -520,6 +566,9 @@ fn unwritten(unflushed: Unflushed, context: &str) -> Failed {
             ErrorKind::Storage,
             format!("{context}: a write did not land"),
         )),
+        Unflushed::Uncommitted(err) => {
+            transaction_failure((Fault::of(&err), Fault::of(&err).error("cannot commit", err)))
+        }
     }
 }
 
@@ -674,6 +723,43 @@ mod tests {
                     other.await.unwrap();
                 }
             }
+        });
+    }
+
+    #[test]
+    fn a_read_beyond_its_records_waits_for_an_earlier_group_still_committing() {
+        // Two writers. The first group's commit is held for half a second
+        // (a deferred trigger on the counter row it adds to); a `Get` of
+        // the record it begins, submitted meanwhile, is the other writer's
+        // group. The record is not among those it could lock (uncommitted,
+        // it is invisible), so its read must wait for that commit, and see
+        // the record rather than answer "not found".
+        use crate::store::Store;
+        let database = TestDatabase::new();
+        let config = Arc::new(LedgerConfig::default());
+        let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
+        let store = PostgresStore::open(&database.store_url("pool=2&listen=false"), config, clock).unwrap();
+        database
+            .client()
+            .batch_execute(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$; \
+                 CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON aggregates \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
+            )
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let new = NewActivity::fixture("chat");
+            let begun = store.execute(begin(&new));
+            // Submitted once the first group is sure to be committing.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let got = store.execute(Command::Get { id: new.activity_id }).await;
+            assert_eq!(record(&got).state, State::Waiting);
+            begun.await.unwrap();
         });
     }
 
