@@ -40,6 +40,20 @@ pub(super) const BREAK_CLASS: &str =
      CREATE TRIGGER refuse_broken BEFORE INSERT OR UPDATE ON activities \
      FOR EACH ROW EXECUTE FUNCTION refuse_broken()";
 
+/// Holds every commit that adds to the counters for half a second (a
+/// deferred trigger): a group then stays committing long enough for a test
+/// to act meanwhile.
+#[cfg(test)]
+pub(super) const SLOW_COMMIT: &str = "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$; \
+     CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON aggregates \
+     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()";
+
+/// Locks the record `$1` until the transaction ends, as another instance's
+/// stuck transaction would.
+#[cfg(test)]
+pub(super) const HOLD_RECORD: &str = "SELECT 1 FROM activities WHERE activity_id = $1 FOR UPDATE";
+
 /// This run's database name.
 fn run_name() -> String {
     format!("{PREFIX}{}_{}", host_tag(), std::process::id())

@@ -107,6 +107,10 @@ pub(super) struct Conn {
     /// Which of the counter rows this connection adds to (`shard` in
     /// `aggregates` and `completion_minutes`): its writer's index.
     pub(super) shard: i16,
+    /// Whether a `COMMIT` was sent since the last `BEGIN`: the transaction
+    /// has ended (committed, or rolled back behind a failed statement), and
+    /// a `ROLLBACK` would only draw a warning from the server.
+    pub(super) ended: bool,
 }
 
 impl Conn {
@@ -117,6 +121,7 @@ impl Conn {
             prepared: HashMap::with_capacity(48),
             known_aggregates: crate::store::SeenAggregates::default(),
             shard: 0,
+            ended: false,
         }
     }
 
@@ -228,6 +233,7 @@ pub(super) fn write_group(
 ) -> Result<(), Unflushed> {
     if records.pending.is_empty() && counts.is_empty() {
         if commit {
+            conn.ended = true;
             conn.client
                 .batch_execute(sql::COMMIT)
                 .map_err(Unflushed::Uncommitted)?;
@@ -361,6 +367,7 @@ pub(super) fn write_group(
         &(minutes.len() as i64),
     ];
     let (written, committed) = if commit {
+        conn.ended = true;
         let (written, committed) = conn.client.pipeline_then(&statement, params, sql::COMMIT);
         (written, Some(committed))
     } else {

@@ -355,12 +355,16 @@ impl Writer {
             Command::Transition { id, .. } | Command::Get { id } => Some(*id),
             _ => None,
         }));
-        let begun = begin(conn, override_now, &ids).map_err(transaction_failure)?;
-        let run = run_commands(conn, &config, commands, isolation, defer, &begun, turn);
+        // A failed lock (a record held past `lock_timeout` elsewhere) leaves
+        // the transaction open and aborted: it is rolled back below, as a
+        // failure of any later statement is.
+        let run = begin(conn, override_now, &ids)
+            .map_err(transaction_failure)
+            .and_then(|begun| run_commands(conn, &config, commands, isolation, defer, &begun, turn));
         if run.is_err() {
             conn.forget_uncommitted();
         }
-        if run.is_err() && !conn.client.is_closed() {
+        if run.is_err() && !conn.client.is_closed() && !conn.ended {
             if let Err(err) = conn.client.batch_execute(sql::ROLLBACK) {
                 tracing::error!(error = %err, "PostgreSQL rollback failed");
             }
@@ -406,6 +410,7 @@ pub(super) fn begin(
         // read, and its answer is not used.
         conn.client.pipeline(&text, &statement, &[&ids])
     };
+    conn.ended = false;
     let messages = messages.map_err(failed("cannot begin a transaction"))?;
     let locked = locked.map_err(failed("cannot read records"))?;
     messages
@@ -536,6 +541,7 @@ fn run_commands(
     })?;
     turn.hand_on();
     if !alone {
+        conn.ended = true;
         control(conn, sql::COMMIT).map_err(transaction_failure)?;
     }
     Ok((results, landed))
@@ -582,7 +588,7 @@ fn unavailable() -> LedgerError {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{TestDatabase, BREAK_CLASS};
+    use super::super::testing::{TestDatabase, BREAK_CLASS, HOLD_RECORD, SLOW_COMMIT};
     use super::super::PostgresStore;
     use super::*;
     use crate::clock::FakeClock;
@@ -739,15 +745,7 @@ mod tests {
         let config = Arc::new(LedgerConfig::default());
         let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
         let store = PostgresStore::open(&database.store_url("pool=2&listen=false"), config, clock).unwrap();
-        database
-            .client()
-            .batch_execute(
-                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-                 BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$; \
-                 CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON aggregates \
-                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
-            )
-            .unwrap();
+        database.client().batch_execute(SLOW_COMMIT).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -761,6 +759,28 @@ mod tests {
             assert_eq!(record(&got).state, State::Waiting);
             begun.await.unwrap();
         });
+    }
+
+    #[test]
+    fn a_group_whose_records_stay_locked_elsewhere_fails_and_the_next_runs() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let new = NewActivity::fixture("chat");
+        assert!(writer.run_group(vec![begin(&new)])[0].is_ok());
+        // Waits a short while for a lock, not the store's 4 s.
+        let conn = writer.conn.as_mut().expect("connected by the first group");
+        conn.client.batch_execute("SET lock_timeout = '200ms'").unwrap();
+        let mut other = database.client();
+        let mut held = other.transaction().unwrap();
+        held.execute(HOLD_RECORD, &[&new.activity_id.to_string()])
+            .unwrap();
+        let results = writer.run_group(vec![transition(new.activity_id, start())]);
+        assert_eq!(results[0].as_ref().unwrap_err().kind(), ErrorKind::Unavailable);
+        held.rollback().unwrap();
+        // The failed group's transaction was rolled back: the connection
+        // serves the next group.
+        let results = writer.run_group(vec![transition(new.activity_id, start())]);
+        assert_eq!(record(&results[0]).state, State::Executing);
     }
 
     #[test]
