@@ -615,6 +615,20 @@ mod tests {
         }
     }
 
+    /// A store with `pool` writers on the schema, on a fake clock, and a
+    /// runtime to await its answers on.
+    fn store_of_writers(database: &TestDatabase, pool: usize) -> (PostgresStore, tokio::runtime::Runtime) {
+        let config = Arc::new(LedgerConfig::default());
+        let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
+        let url = database.store_url(&format!("pool={pool}&listen=false"));
+        let store = PostgresStore::open(&url, config, clock).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        (store, runtime)
+    }
+
     fn begin(new: &NewActivity) -> Command {
         Command::Begin { new: new.clone() }
     }
@@ -684,13 +698,7 @@ mod tests {
         // cancel, not awaited, lands before the read asked for next).
         use crate::store::Store;
         let database = TestDatabase::new();
-        let config = Arc::new(LedgerConfig::default());
-        let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
-        let store = PostgresStore::open(&database.store_url("pool=4&listen=false"), config, clock).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (store, runtime) = store_of_writers(&database, 4);
         runtime.block_on(async {
             for round in 0..40_i64 {
                 let new = NewActivity::fixture("chat");
@@ -742,14 +750,8 @@ mod tests {
         // the record rather than answer "not found".
         use crate::store::Store;
         let database = TestDatabase::new();
-        let config = Arc::new(LedgerConfig::default());
-        let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
-        let store = PostgresStore::open(&database.store_url("pool=2&listen=false"), config, clock).unwrap();
+        let (store, runtime) = store_of_writers(&database, 2);
         database.client().batch_execute(SLOW_COMMIT).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
         runtime.block_on(async {
             let new = NewActivity::fixture("chat");
             let begun = store.execute(begin(&new));
