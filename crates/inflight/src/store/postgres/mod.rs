@@ -538,9 +538,9 @@ pub fn seed_history(
         let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
         counts.totals.insert(aggregate, totals);
         counts.write(&mut conn).map_err(|unflushed| match unflushed {
-            txn::Unflushed::Failed(err) | txn::Unflushed::Uncommitted(err) => {
-                LedgerError::storage("cannot update counters", err)
-            }
+            txn::Unflushed::Failed(err)
+            | txn::Unflushed::Uncommitted(err)
+            | txn::Unflushed::Unnotified(err) => LedgerError::storage("cannot update counters", err),
             txn::Unflushed::Unexpected => {
                 LedgerError::new(crate::error::ErrorKind::Storage, "a counter write did not land")
             }

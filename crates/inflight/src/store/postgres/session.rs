@@ -133,20 +133,36 @@ impl Session {
         ))
     }
 
-    /// Sends `statement` and then `then` (simple statements) in one flush,
-    /// and waits for both answers.
+    /// Sends `before` (a statement and its parameters, if any),
+    /// `statement`, and then `then` (simple statements) in one flush, and
+    /// waits for every answer. Each runs even when one before it failed.
     pub(super) fn pipeline_then(
         &self,
+        before: Option<(&Statement, &[&(dyn ToSql + Sync)])>,
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
         then: &str,
-    ) -> (Result<Vec<Row>, Error>, Result<Vec<SimpleQueryMessage>, Error>) {
-        self.block_on(in_order(
-            self.client().query(statement, params),
+    ) -> Piped {
+        let before = async {
+            match before {
+                Some((statement, params)) => self.client().execute(statement, params).await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let ((before, rows), then) = self.block_on(in_order(
+            in_order(before, self.client().query(statement, params)),
             self.client().simple_query(then),
-        ))
+        ));
+        (before, rows, then)
     }
 }
+
+/// The answers of [`Session::pipeline_then`], in the order sent.
+pub(super) type Piped = (
+    Result<(), Error>,
+    Result<Vec<Row>, Error>,
+    Result<Vec<SimpleQueryMessage>, Error>,
+);
 
 impl Drop for Session {
     fn drop(&mut self) {

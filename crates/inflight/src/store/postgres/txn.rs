@@ -171,6 +171,16 @@ pub(super) enum Unflushed {
     Unexpected,
     /// The writes landed and the `COMMIT` sent with them failed.
     Uncommitted(postgres::Error),
+    /// The notification sent before them failed (and so did they).
+    Unnotified(postgres::Error),
+}
+
+/// How a group's last [`write_group`] ends its transaction.
+#[derive(Clone, Copy)]
+pub(super) struct Ending {
+    /// Whether `pg_notify` tells the other instances first: a slot of a
+    /// capped lane was granted or freed.
+    pub(super) notify: bool,
 }
 
 impl Records {
@@ -218,21 +228,33 @@ impl Records {
 
     /// Sends the deferred writes, in one statement.
     pub(super) fn flush(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, self, &mut PendingCounts::default(), false)
+        write_group(conn, self, &mut PendingCounts::default(), None)
     }
 }
 
 /// Sends `records`' deferred writes and `counts` in one statement
 /// ([`sql::WRITE_GROUP`]), and forgets both: a group's last round trip
-/// before its commit carries all it wrote.
+/// before its commit carries all it wrote. With an `ending`, the
+/// notification (if any) and the `COMMIT` go in the same round trip; each
+/// still runs when one before it failed, and the `COMMIT` then rolls back.
 pub(super) fn write_group(
     conn: &mut Conn,
     records: &mut Records,
     counts: &mut PendingCounts,
-    commit: bool,
+    ending: Option<Ending>,
 ) -> Result<(), Unflushed> {
+    let channel = conn.channel.clone();
+    let notify = match ending {
+        Some(Ending { notify: true }) => Some(conn.prepare(sql::NOTIFY).map_err(Unflushed::Unnotified)?),
+        _ => None,
+    };
     if records.pending.is_empty() && counts.is_empty() {
-        if commit {
+        if ending.is_some() {
+            if let Some(notify) = &notify {
+                conn.client
+                    .execute(notify, &[&channel])
+                    .map_err(Unflushed::Unnotified)?;
+            }
             conn.ended = true;
             conn.client
                 .batch_execute(sql::COMMIT)
@@ -366,13 +388,18 @@ pub(super) fn write_group(
         &(totals.len() as i64),
         &(minutes.len() as i64),
     ];
-    let (written, committed) = if commit {
+    let (notified, written, committed) = if ending.is_some() {
         conn.ended = true;
-        let (written, committed) = conn.client.pipeline_then(&statement, params, sql::COMMIT);
-        (written, Some(committed))
+        let channel: [&(dyn ToSql + Sync); 1] = [&channel];
+        let before = notify.as_ref().map(|notify| (notify, &channel[..]));
+        let (notified, written, committed) =
+            conn.client.pipeline_then(before, &statement, params, sql::COMMIT);
+        (notified, written, Some(committed))
     } else {
-        (conn.client.query(&statement, params), None)
+        (Ok(()), conn.client.query(&statement, params), None)
     };
+    // A failed notification failed the writes behind it.
+    notified.map_err(Unflushed::Unnotified)?;
     match written {
         Err(err) if err.code().is_some_and(|code| code.code() == sql::WRITE_MISSED) => {
             return Err(Unflushed::Unexpected)
@@ -444,7 +471,7 @@ impl<'c> PgTxn<'c> {
     fn flush(&mut self) -> Result<(), LedgerError> {
         match self.records.flush(self.conn) {
             Ok(()) => Ok(()),
-            Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err)) => {
+            Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err) | Unflushed::Unnotified(err)) => {
                 Err(self.failed("cannot write records", err))
             }
             Err(Unflushed::Unexpected) => {
@@ -605,7 +632,7 @@ impl<'c> PgTxn<'c> {
         let mut counts = std::mem::take(&mut self.counts);
         match counts.write(self.conn) {
             Ok(()) => Ok(()),
-            Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err)) => {
+            Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err) | Unflushed::Unnotified(err)) => {
                 Err(self.failed("cannot update counters", err))
             }
             Err(Unflushed::Unexpected) => Err(LedgerError::new(
@@ -641,7 +668,7 @@ impl PendingCounts {
 
     /// Writes them all, in one statement, and forgets them.
     pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, &mut Records::default(), self, false)
+        write_group(conn, &mut Records::default(), self, None)
     }
 }
 

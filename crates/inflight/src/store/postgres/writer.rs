@@ -519,19 +519,23 @@ fn run_commands(
             })));
         }
     }
-    if capacity_changed {
-        notify(conn).map_err(transaction_failure)?;
-    }
     // The group's deferred writes and its counters, in one round trip. A
     // failure of its records names no command, so the group runs again
     // with a savepoint per command to find it. The only writer sends its
-    // COMMIT in the same round trip (the statement fails, and the COMMIT
-    // rolls back, when a write missed). With several, the turn is handed
-    // on as the COMMIT is sent, and a group that must run again runs
-    // before: its writes go first, on their own.
+    // notification (if a slot was granted or freed) before them and its
+    // COMMIT behind them in the same round trip (the statement fails, and
+    // the COMMIT rolls back, when a write missed). With several, the turn
+    // is handed on as the COMMIT is sent, and a group that must run again
+    // runs before: its writes go first, on their own.
     let had_records = records.has_pending();
     let alone = !turn.shared();
-    let written = txn::write_group(conn, &mut records, &mut counts, alone);
+    if capacity_changed && !alone {
+        notify(conn).map_err(transaction_failure)?;
+    }
+    let ending = alone.then_some(txn::Ending {
+        notify: capacity_changed,
+    });
+    let written = txn::write_group(conn, &mut records, &mut counts, ending);
     written.map_err(|unflushed| match unflushed {
         Unflushed::Unexpected if had_records => Failed::Redo,
         Unflushed::Failed(err) if had_records && Fault::of(&err) == Fault::Other => {
@@ -574,6 +578,9 @@ fn unwritten(unflushed: Unflushed, context: &str) -> Failed {
         )),
         Unflushed::Uncommitted(err) => {
             transaction_failure((Fault::of(&err), Fault::of(&err).error("cannot commit", err)))
+        }
+        Unflushed::Unnotified(err) => {
+            transaction_failure((Fault::of(&err), Fault::of(&err).error("cannot notify", err)))
         }
     }
 }
