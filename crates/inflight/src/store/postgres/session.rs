@@ -181,9 +181,9 @@ impl Drop for Session {
     }
 }
 
-/// Both futures' outputs, `first` always polled before `second`: a client's
-/// request is sent on its future's first poll, so the requests leave in
-/// this order.
+/// Both futures' outputs, `first` always polled before `second`:
+/// `tokio-postgres` documents that requests run in the order their futures
+/// are first polled, so the requests leave and run in this order.
 async fn in_order<A: Future, B: Future>(first: A, second: B) -> (A::Output, B::Output) {
     let (mut first, mut second) = (pin!(first), pin!(second));
     let (mut a, mut b) = (None, None);
