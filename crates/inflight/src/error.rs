@@ -59,6 +59,9 @@ struct Inner {
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
     /// The lane a `LaneFull` refusal is about.
     lane: Option<LaneKey>,
+    /// Whether that lane had no free slot at all (its executing records
+    /// alone at the cap), rather than a slot kept for a record ahead.
+    saturated: bool,
 }
 
 impl fmt::Debug for LedgerError {
@@ -79,6 +82,7 @@ impl LedgerError {
             message: message.into(),
             source: None,
             lane: None,
+            saturated: false,
         }))
     }
 
@@ -89,6 +93,7 @@ impl LedgerError {
             message: format!("{context}: {source}"),
             source: Some(Box::new(source)),
             lane: None,
+            saturated: false,
         }))
     }
 
@@ -116,6 +121,7 @@ impl LedgerError {
             message,
             source: Some(Box::new(source)),
             lane: None,
+            saturated: false,
         }))
     }
 
@@ -134,11 +140,19 @@ impl LedgerError {
         self.0.lane.as_ref()
     }
 
-    /// A [`ErrorKind::LaneFull`] refusal on `lane`.
-    pub(crate) fn lane_full(lane: LaneKey, message: impl Into<String>) -> Self {
+    /// A [`ErrorKind::LaneFull`] refusal on `lane`; `saturated` when its
+    /// executing records alone fill the cap.
+    pub(crate) fn lane_full(lane: LaneKey, saturated: bool, message: impl Into<String>) -> Self {
         let mut err = Self::new(ErrorKind::LaneFull, message);
         err.0.lane = Some(lane);
+        err.0.saturated = saturated;
         err
+    }
+
+    /// Whether a `LaneFull` refusal found no free slot at all: then no
+    /// record behind it in line could start either.
+    pub(crate) fn lane_saturated(&self) -> bool {
+        self.0.saturated
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {

@@ -107,7 +107,7 @@ impl LedgerBuilder {
         let weak = Arc::downgrade(&ledger.inner);
         ledger.inner.store.watch_capacity(Arc::new(move || {
             if let Some(inner) = weak.upgrade() {
-                inner.capacity_changed.capacity_freed();
+                inner.capacity_changed.capacity_freed(None);
             }
         }));
         Ok(ledger)

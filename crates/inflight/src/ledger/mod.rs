@@ -144,14 +144,16 @@ impl Future for Run<'_> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let reply = ready!(Pin::new(&mut self.reply).poll(cx));
-        let frees_capacity = match &reply {
-            Ok(store::Reply::Reaped(counts)) => counts.total() > 0,
-            Ok(store::Reply::Snapshot(snapshot)) => snapshot.reaped_this_read.total() > 0,
-            Ok(_) => self.settles,
-            Err(_) => false,
-        };
-        if frees_capacity {
-            self.ledger.inner.capacity_changed.capacity_freed();
+        let line = &self.ledger.inner.capacity_changed;
+        match &reply {
+            Ok(store::Reply::Reaped(counts)) if counts.total() > 0 => line.capacity_freed(None),
+            Ok(store::Reply::Snapshot(snapshot)) if snapshot.reaped_this_read.total() > 0 => {
+                line.capacity_freed(None);
+            }
+            // A settle or cancel frees its own lane's slot.
+            Ok(store::Reply::Record(record)) if self.settles => line.record_left(record),
+            Ok(_) if self.settles => line.capacity_freed(None),
+            _ => {}
         }
         Poll::Ready(reply)
     }
@@ -604,12 +606,12 @@ impl Ledger {
                         }
                         _ => {}
                     }
-                    inner.capacity_changed.capacity_freed();
+                    inner.capacity_changed.capacity_freed(None);
                 });
             }
             Err(_) => {
                 drop(landed);
-                self.inner.capacity_changed.capacity_freed();
+                self.inner.capacity_changed.capacity_freed(None);
             }
         }
     }
