@@ -124,13 +124,10 @@ impl Line {
         }
     }
 
-    /// `record` was settled or cancelled: capacity may have come back on
-    /// its lane.
-    pub(crate) fn record_left(&self, record: &ActivityRecord) {
-        // Checked first: the lane is built only when someone waits.
-        if self.waiting.load(Ordering::SeqCst) > 0 {
-            self.capacity_freed(Some(&record.lane()));
-        }
+    /// Whether any start waits in line in this process.
+    #[inline]
+    pub(crate) fn anyone_waiting(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
     }
 
     /// Counts the caller in line on `lane` until the guard is dropped.

@@ -145,15 +145,20 @@ impl Future for Run<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let reply = ready!(Pin::new(&mut self.reply).poll(cx));
         let line = &self.ledger.inner.capacity_changed;
-        match &reply {
-            Ok(store::Reply::Reaped(counts)) if counts.total() > 0 => line.capacity_freed(None),
-            Ok(store::Reply::Snapshot(snapshot)) if snapshot.reaped_this_read.total() > 0 => {
-                line.capacity_freed(None);
+        // Nothing to look at when no one waits (the common case).
+        if line.anyone_waiting() {
+            match &reply {
+                Ok(store::Reply::Reaped(counts)) if counts.total() > 0 => line.capacity_freed(None),
+                Ok(store::Reply::Snapshot(snapshot)) if snapshot.reaped_this_read.total() > 0 => {
+                    line.capacity_freed(None);
+                }
+                // A settle or cancel frees its own lane's slot.
+                Ok(store::Reply::Record(record)) if self.settles => {
+                    line.capacity_freed(Some(&record.lane()));
+                }
+                Ok(_) if self.settles => line.capacity_freed(None),
+                _ => {}
             }
-            // A settle or cancel frees its own lane's slot.
-            Ok(store::Reply::Record(record)) if self.settles => line.record_left(record),
-            Ok(_) if self.settles => line.capacity_freed(None),
-            _ => {}
         }
         Poll::Ready(reply)
     }
