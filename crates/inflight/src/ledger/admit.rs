@@ -481,6 +481,15 @@ mod tests {
         LaneKey::parse(&format!("{name}::ollama")).unwrap()
     }
 
+    /// Three waiters on `lane`, in the order they joined.
+    fn three_in_line<'a>(line: &'a Line, lane: &LaneKey) -> (InLine<'a>, InLine<'a>, InLine<'a>) {
+        (
+            line.join(lane.clone()),
+            line.join(lane.clone()),
+            line.join(lane.clone()),
+        )
+    }
+
     /// Whether `in_line` holds a wake-up, taken as `InLine::wait` takes it
     /// (the next attempt answers it).
     fn woken(in_line: &mut InLine<'_>) -> bool {
@@ -505,9 +514,7 @@ mod tests {
     fn each_slot_freed_wakes_one_more_waiter() {
         let line = Line::default();
         let kb = lane("kb");
-        let mut first = line.join(kb.clone());
-        let mut second = line.join(kb.clone());
-        let mut third = line.join(kb.clone());
+        let (mut first, mut second, mut third) = three_in_line(&line, &kb);
         line.capacity_freed(Some(&kb));
         line.capacity_freed(Some(&kb));
         assert!(woken(&mut first));
@@ -532,9 +539,7 @@ mod tests {
     fn a_wake_up_passes_on_after_an_admission_or_a_refusal_that_left_room() {
         let line = Line::default();
         let kb = lane("kb");
-        let mut first = line.join(kb.clone());
-        let mut second = line.join(kb.clone());
-        let mut third = line.join(kb.clone());
+        let (mut first, mut second, mut third) = three_in_line(&line, &kb);
         line.capacity_freed(Some(&kb));
         assert!(woken(&mut first));
         // Refused, with a slot still free (kept for a record ahead).
