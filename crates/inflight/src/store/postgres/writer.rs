@@ -793,6 +793,36 @@ mod tests {
     }
 
     #[test]
+    fn a_group_that_notifies_and_whose_write_missed_runs_again_and_notifies() {
+        // On a capped lane a start notifies, in the round trip of the
+        // writes and the COMMIT. A begin of a taken id in the same group
+        // makes the writes fail: the COMMIT rolls back, and the group runs
+        // again writing each record at once; the start lands, and the
+        // notification with it.
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        writer.config = Arc::new(LedgerConfig::default().with_lane_cap("kb::ollama", 2).unwrap());
+        let (waiting, taken) = (NewActivity::fixture("chat"), NewActivity::fixture("chat"));
+        writer.run_group(vec![begin(&waiting), begin(&taken)]);
+        let mut listener = database.client();
+        listener
+            .batch_execute(&sql::listen(&writer.settings.channel))
+            .unwrap();
+        let results = writer.run_group(vec![transition(waiting.activity_id, start()), begin(&taken)]);
+        assert_eq!(record(&results[0]).state, State::Executing);
+        assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+        assert_eq!(
+            stored_state(&database, waiting.activity_id).as_deref(),
+            Some("executing")
+        );
+        let heard = postgres::fallible_iterator::FallibleIterator::next(
+            &mut listener.notifications().timeout_iter(Duration::from_secs(5)),
+        )
+        .unwrap();
+        assert!(heard.is_some(), "the start's notification was not delivered");
+    }
+
+    #[test]
     fn a_group_that_changes_one_record_twice_stores_the_last() {
         let database = TestDatabase::new();
         let mut writer = writer(&database);
