@@ -46,6 +46,12 @@ impl ErrorKind {
     }
 }
 
+/// A record's place in its lane's line: its `enqueuedAt`, then its id.
+pub(crate) type LinePlace = (
+    crate::domain::timestamp::Timestamp,
+    crate::domain::record::ActivityId,
+);
+
 /// An error from the ledger.
 ///
 /// One pointer wide: every result of the ledger carries it, and the
@@ -59,9 +65,9 @@ struct Inner {
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
     /// The lane a `LaneFull` refusal is about.
     lane: Option<LaneKey>,
-    /// Whether that lane had no free slot at all (its executing records
-    /// alone at the cap), rather than a slot kept for a record ahead.
-    saturated: bool,
+    /// The refused record's place in its lane's line: its `enqueuedAt`
+    /// and id, the order in which the lane admits.
+    place: Option<LinePlace>,
 }
 
 impl fmt::Debug for LedgerError {
@@ -82,7 +88,7 @@ impl LedgerError {
             message: message.into(),
             source: None,
             lane: None,
-            saturated: false,
+            place: None,
         }))
     }
 
@@ -93,7 +99,7 @@ impl LedgerError {
             message: format!("{context}: {source}"),
             source: Some(Box::new(source)),
             lane: None,
-            saturated: false,
+            place: None,
         }))
     }
 
@@ -121,7 +127,7 @@ impl LedgerError {
             message,
             source: Some(Box::new(source)),
             lane: None,
-            saturated: false,
+            place: None,
         }))
     }
 
@@ -140,19 +146,19 @@ impl LedgerError {
         self.0.lane.as_ref()
     }
 
-    /// A [`ErrorKind::LaneFull`] refusal on `lane`; `saturated` when its
-    /// executing records alone fill the cap.
-    pub(crate) fn lane_full(lane: LaneKey, saturated: bool, message: impl Into<String>) -> Self {
+    /// A [`ErrorKind::LaneFull`] refusal on `lane` of the record at
+    /// `place` in its line.
+    pub(crate) fn lane_full(lane: LaneKey, place: Option<LinePlace>, message: impl Into<String>) -> Self {
         let mut err = Self::new(ErrorKind::LaneFull, message);
         err.0.lane = Some(lane);
-        err.0.saturated = saturated;
+        err.0.place = place;
         err
     }
 
-    /// Whether a `LaneFull` refusal found no free slot at all: then no
-    /// record behind it in line could start either.
-    pub(crate) fn lane_saturated(&self) -> bool {
-        self.0.saturated
+    /// Where the record a `LaneFull` refusal is about stands in its lane's
+    /// line.
+    pub(crate) fn line_place(&self) -> Option<LinePlace> {
+        self.0.place
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {

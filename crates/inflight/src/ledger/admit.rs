@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::timestamp::Timestamp;
-use crate::error::{ErrorKind, LedgerError};
+use crate::error::{ErrorKind, LedgerError, LinePlace};
 use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
 use crate::stats::Rejection;
 
@@ -35,17 +35,16 @@ fn recheck_after(within: Duration) -> Duration {
 /// Where records waiting in line in this process are woken when capacity
 /// may have come back (a settle, a cancel, a reap).
 ///
-/// Not every waiter is woken. On a lane, the records a change admits are
-/// the first in line, and a record refused while its lane has no free slot
-/// at all means that none behind it could start either. So one wake-up
-/// goes to the first waiter of the lane (in the order they joined), and is
-/// passed on to the next after an admission, or after a refusal that left
-/// a slot free (kept for a record ahead of it, perhaps in another process),
-/// and ends at a refusal on a full lane: a freed slot costs this process
-/// about two attempts, not one per waiter. Each freed slot gives one more
-/// waiter a wake-up, so several slots are tried for at once. A waiter also
-/// asks again on its own now and then ([`recheck_after`]), so a wake-up
-/// that went astray costs time, never a place in line.
+/// Not every waiter is woken. A lane admits its waiting records in line
+/// order (`enqueuedAt`, then id), so when a record is refused, every
+/// record behind it would be refused too. The line keeps this process's
+/// waiters in that order, learned from their first refusal: one wake-up
+/// goes to the first waiter of the lane, is passed on to the next after an
+/// admission, and ends at a refusal. A freed slot costs this process about
+/// two attempts, not one per waiter. Each freed slot gives one more waiter
+/// a wake-up, so several slots are tried for at once. A waiter also asks
+/// again on its own now and then ([`recheck_after`]), so a wake-up that
+/// went astray costs time, never a place in line.
 #[derive(Debug, Default)]
 pub(crate) struct Line {
     state: Mutex<LineState>,
@@ -61,18 +60,22 @@ pub(crate) struct Line {
 struct LineState {
     /// The number the next waiter joins with.
     next: u64,
-    /// The waiters of each lane, in the order they joined.
-    lanes: HashMap<LaneKey, BTreeMap<u64, Arc<Waiter>>>,
+    /// The waiters of each lane, in line order.
+    lanes: HashMap<LaneKey, BTreeMap<Place, Arc<Waiter>>>,
 }
 
+/// A waiter's place: its record's in the lane's line, then the order it
+/// joined in (two starts of one record may wait at once).
+type Place = (LinePlace, u64);
+
 impl LineState {
-    /// Gives a wake-up to the first waiter of `lane` after the one that
-    /// joined as `after` (from the start when `None`) that holds none.
-    fn wake_first(&self, lane: &LaneKey, after: Option<u64>) {
+    /// Gives a wake-up to the first waiter of `lane` after `after` (from
+    /// the start when `None`) that holds none.
+    fn wake_first(&self, lane: &LaneKey, after: Option<&Place>) {
         let Some(waiters) = self.lanes.get(lane) else {
             return;
         };
-        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let from = after.map_or(Bound::Unbounded, |after| Bound::Excluded(*after));
         for waiter in waiters.range((from, Bound::Unbounded)).map(|(_, waiter)| waiter) {
             if waiter.wake() {
                 return;
@@ -130,22 +133,23 @@ impl Line {
         self.waiting.load(Ordering::SeqCst) > 0
     }
 
-    /// Counts the caller in line on `lane` until the guard is dropped.
-    fn join(&self, lane: LaneKey) -> InLine<'_> {
+    /// Counts the caller in line on `lane`, at its record's `place`, until
+    /// the guard is dropped.
+    fn join(&self, lane: LaneKey, place: LinePlace) -> InLine<'_> {
         let waiter = Arc::new(Waiter::default());
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let number = state.next;
+        let place = (place, state.next);
         state.next += 1;
         state
             .lanes
             .entry(lane.clone())
             .or_default()
-            .insert(number, Arc::clone(&waiter));
+            .insert(place, Arc::clone(&waiter));
         self.waiting.fetch_add(1, Ordering::SeqCst);
         InLine {
             line: self,
             lane,
-            number,
+            place,
             waiter,
             answering: false,
         }
@@ -156,8 +160,7 @@ impl Line {
 struct InLine<'a> {
     line: &'a Line,
     lane: LaneKey,
-    /// The order it joined in.
-    number: u64,
+    place: Place,
     waiter: Arc<Waiter>,
     /// Whether the attempt running now answers a wake-up.
     answering: bool,
@@ -190,17 +193,10 @@ impl InLine<'_> {
         }
     }
 
-    /// The attempt is over: passes the wake-up it answered on to the next
-    /// waiter of the lane, unless `ends` (a refusal on a full lane).
-    fn answered(&mut self, ends: bool) {
-        if std::mem::take(&mut self.answering) && !ends {
-            self.pass_on();
-        }
-    }
-
-    fn pass_on(&self) {
-        let state = self.line.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.wake_first(&self.lane, Some(self.number));
+    /// The attempt was refused: the wake-up it answered ends here, since
+    /// every waiter behind would be refused too.
+    fn refused(&mut self) {
+        self.answering = false;
     }
 }
 
@@ -208,7 +204,7 @@ impl Drop for InLine<'_> {
     fn drop(&mut self) {
         let mut state = self.line.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(waiters) = state.lanes.get_mut(&self.lane) {
-            waiters.remove(&self.number);
+            waiters.remove(&self.place);
             if waiters.is_empty() {
                 state.lanes.remove(&self.lane);
             }
@@ -219,7 +215,7 @@ impl Drop for InLine<'_> {
         // turn.
         let held = self.waiter.woken.load(Ordering::SeqCst);
         if self.answering || held {
-            state.wake_first(&self.lane, Some(self.number));
+            state.wake_first(&self.lane, Some(&self.place));
         }
     }
 }
@@ -387,14 +383,14 @@ impl Ledger {
             Err(err) if err.kind() == ErrorKind::LaneFull => {
                 let id = handle.id();
                 handle.cancel(Some("wait ended".to_owned())).await?;
-                let saturated = err.lane_saturated();
+                let place = err.line_place();
                 let lane = err.lane().cloned().ok_or(err)?;
                 let message = format!(
                     "lane {lane} did not admit activity {id} within {}; it is recorded cancelled and \
                      holds no place in line",
                     humantime::format_duration(wait)
                 );
-                Err(LedgerError::lane_full(lane, saturated, message))
+                Err(LedgerError::lane_full(lane, place, message))
             }
             Err(err) => Err(err),
         }
@@ -431,18 +427,18 @@ impl Ledger {
             let attempt = self.try_start(id, at).await;
             match attempt {
                 Err(err) if err.kind() == ErrorKind::LaneFull => {
-                    let in_line = match (&mut in_line, err.lane()) {
-                        (Some(in_line), _) => {
-                            in_line.answered(err.lane_saturated());
+                    let in_line = match (&mut in_line, err.lane(), err.line_place()) {
+                        (Some(in_line), _, _) => {
+                            in_line.refused();
                             in_line
                         }
-                        (None, Some(lane)) => {
+                        (None, Some(lane), Some(place)) => {
                             // A slot freed between the refusal and joining
                             // woke no one: ask once more at once.
-                            in_line = Some(self.inner.capacity_changed.join(lane.clone()));
+                            in_line = Some(self.inner.capacity_changed.join(lane.clone(), place));
                             continue;
                         }
-                        (None, None) => return Err(err),
+                        _ => return Err(err),
                     };
                     let now = Instant::now();
                     if give_up.is_some_and(|give_up| now >= give_up) {
@@ -477,6 +473,11 @@ mod tests {
         assert!(distinct.len() > 20, "{} distinct pauses", distinct.len());
     }
 
+    /// A place in line behind every one made before it.
+    fn place() -> LinePlace {
+        (Timestamp::from_millis(1_000), ActivityId::new())
+    }
+
     fn lane(name: &str) -> LaneKey {
         LaneKey::parse(&format!("{name}::ollama")).unwrap()
     }
@@ -484,9 +485,9 @@ mod tests {
     /// Three waiters on `lane`, in the order they joined.
     fn three_in_line<'a>(line: &'a Line, lane: &LaneKey) -> (InLine<'a>, InLine<'a>, InLine<'a>) {
         (
-            line.join(lane.clone()),
-            line.join(lane.clone()),
-            line.join(lane.clone()),
+            line.join(lane.clone(), place()),
+            line.join(lane.clone(), place()),
+            line.join(lane.clone(), place()),
         )
     }
 
@@ -501,9 +502,9 @@ mod tests {
     fn a_freed_slot_wakes_the_first_waiter_of_its_lane_only() {
         let line = Line::default();
         let (kb, chat) = (lane("kb"), lane("chat"));
-        let mut first = line.join(kb.clone());
-        let mut second = line.join(kb.clone());
-        let mut other = line.join(chat);
+        let mut first = line.join(kb.clone(), place());
+        let mut second = line.join(kb.clone(), place());
+        let mut other = line.join(chat, place());
         line.capacity_freed(Some(&kb));
         assert!(woken(&mut first));
         assert!(!woken(&mut second));
@@ -526,9 +527,9 @@ mod tests {
     fn a_change_on_no_named_lane_wakes_the_first_waiter_of_every_lane() {
         let line = Line::default();
         let (kb, chat) = (lane("kb"), lane("chat"));
-        let mut first_kb = line.join(kb.clone());
-        let mut second_kb = line.join(kb);
-        let mut first_chat = line.join(chat);
+        let mut first_kb = line.join(kb.clone(), place());
+        let mut second_kb = line.join(kb, place());
+        let mut first_chat = line.join(chat, place());
         line.capacity_freed(None);
         assert!(woken(&mut first_kb));
         assert!(!woken(&mut second_kb));
@@ -536,18 +537,15 @@ mod tests {
     }
 
     #[test]
-    fn a_wake_up_passes_on_after_an_admission_or_a_refusal_that_left_room() {
+    fn a_wake_up_passes_on_after_an_admission_and_ends_at_a_refusal() {
         let line = Line::default();
         let kb = lane("kb");
-        let (mut first, mut second, mut third) = three_in_line(&line, &kb);
+        let (mut first, mut second, _third) = three_in_line(&line, &kb);
         line.capacity_freed(Some(&kb));
         assert!(woken(&mut first));
-        // Refused, with a slot still free (kept for a record ahead).
-        first.answered(false);
-        assert!(woken(&mut second));
-        // Refused on a full lane: the wake-up ends there.
-        second.answered(true);
-        assert!(!woken(&mut third));
+        // Refused: everyone behind would be too.
+        first.refused();
+        assert!(!woken(&mut second));
         // Admitted: leaving the line hands it on.
         line.capacity_freed(Some(&kb));
         assert!(woken(&mut first));
@@ -556,11 +554,22 @@ mod tests {
     }
 
     #[test]
+    fn waiters_are_woken_in_line_order_not_in_the_order_they_joined() {
+        let line = Line::default();
+        let kb = lane("kb");
+        let mut later = line.join(kb.clone(), (Timestamp::from_millis(2_000), ActivityId::new()));
+        let mut earlier = line.join(kb.clone(), (Timestamp::from_millis(1_000), ActivityId::new()));
+        line.capacity_freed(Some(&kb));
+        assert!(woken(&mut earlier));
+        assert!(!woken(&mut later));
+    }
+
+    #[test]
     fn a_waiter_gone_with_a_wake_up_in_hand_passes_it_on() {
         let line = Line::default();
         let kb = lane("kb");
-        let first = line.join(kb.clone());
-        let mut second = line.join(kb.clone());
+        let first = line.join(kb.clone(), place());
+        let mut second = line.join(kb.clone(), place());
         line.capacity_freed(Some(&kb));
         drop(first);
         assert!(woken(&mut second));
@@ -576,7 +585,7 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let mut in_line = line.join(kb.clone());
+            let mut in_line = line.join(kb.clone(), place());
             let waker = Arc::clone(&line);
             let kb_again = kb.clone();
             tokio::spawn(async move {
@@ -636,8 +645,8 @@ mod tests {
     fn leaving_the_line_counts_the_start_out() {
         let line = Line::default();
         let kb = lane("kb");
-        let first = line.join(kb.clone());
-        let second = line.join(kb.clone());
+        let first = line.join(kb.clone(), place());
+        let second = line.join(kb.clone(), place());
         drop(first);
         assert_eq!(line.waiting.load(Ordering::SeqCst), 1);
         drop(second);

@@ -369,16 +369,15 @@ fn admit(
     // see every decision on this lane that committed before.
     txn.lock_lane(&lane)?;
     reap_all(txn, now)?;
-    let position = txn.lane_position(&LaneQuery::of(record, newcomer))?;
-    match admission::decide(Some(cap), position) {
+    match admission::decide(Some(cap), txn.lane_position(&LaneQuery::of(record, newcomer))?) {
         Decision::Admit => Ok(()),
         Decision::LaneFull { cap } => {
             let message = format!(
                 "lane {lane} is full (cap {cap}); activity {} keeps its place in line",
                 record.activity_id
             );
-            let saturated = position.executing >= i64::from(cap);
-            Err(LedgerError::lane_full(lane, saturated, message))
+            let place = (record.enqueued_at, record.activity_id);
+            Err(LedgerError::lane_full(lane, Some(place), message))
         }
     }
 }
