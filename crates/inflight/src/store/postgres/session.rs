@@ -134,14 +134,15 @@ impl Session {
     }
 
     /// Sends `before` (a statement and its parameters, if any),
-    /// `statement`, and then `then` (simple statements) in one flush, and
-    /// waits for every answer. Each runs even when one before it failed.
+    /// `statement`, and then `then` (simple statements, if any) in one
+    /// flush, and waits for every answer. Each runs even when one before it
+    /// failed.
     pub(super) fn pipeline_then(
         &self,
         before: Option<(&Statement, &[&(dyn ToSql + Sync)])>,
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
-        then: &str,
+        then: Option<&str>,
     ) -> Piped {
         let before = async {
             match before {
@@ -149,9 +150,15 @@ impl Session {
                 None => Ok(()),
             }
         };
+        let then = async {
+            match then {
+                Some(then) => Some(self.client().simple_query(then).await),
+                None => None,
+            }
+        };
         let ((before, rows), then) = self.block_on(in_order(
             in_order(before, self.client().query(statement, params)),
-            self.client().simple_query(then),
+            then,
         ));
         (before, rows, then)
     }
@@ -161,7 +168,7 @@ impl Session {
 pub(super) type Piped = (
     Result<(), Error>,
     Result<Vec<Row>, Error>,
-    Result<Vec<SimpleQueryMessage>, Error>,
+    Option<Result<Vec<SimpleQueryMessage>, Error>>,
 );
 
 impl Drop for Session {

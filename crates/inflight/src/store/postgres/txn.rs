@@ -175,12 +175,14 @@ pub(super) enum Unflushed {
     Unnotified(postgres::Error),
 }
 
-/// How a group's last [`write_group`] ends its transaction.
-#[derive(Clone, Copy)]
-pub(super) struct Ending {
-    /// Whether `pg_notify` tells the other instances first: a slot of a
-    /// capped lane was granted or freed.
+/// What a group's last [`write_group`] also sends in its round trip.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Last {
+    /// `pg_notify`, before the writes: a slot of a capped lane was granted
+    /// or freed, and the other instances are told.
     pub(super) notify: bool,
+    /// `COMMIT`, behind the writes.
+    pub(super) commit: bool,
 }
 
 impl Records {
@@ -228,33 +230,24 @@ impl Records {
 
     /// Sends the deferred writes, in one statement.
     pub(super) fn flush(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, self, &mut PendingCounts::default(), None)
+        write_group(conn, self, &mut PendingCounts::default(), Last::default())
     }
 }
 
 /// Sends `records`' deferred writes and `counts` in one statement
 /// ([`sql::WRITE_GROUP`]), and forgets both: a group's last round trip
-/// before its commit carries all it wrote. With an `ending`, the
-/// notification (if any) and the `COMMIT` go in the same round trip; each
-/// still runs when one before it failed, and the `COMMIT` then rolls back.
+/// before its commit carries all it wrote. What `last` asks for goes in
+/// the same round trip; each request still runs when one before it
+/// failed, and a `COMMIT` then rolls back.
 pub(super) fn write_group(
     conn: &mut Conn,
     records: &mut Records,
     counts: &mut PendingCounts,
-    ending: Option<Ending>,
+    last: Last,
 ) -> Result<(), Unflushed> {
-    let channel = conn.channel.clone();
-    let notify = match ending {
-        Some(Ending { notify: true }) => Some(conn.prepare(sql::NOTIFY).map_err(Unflushed::Unnotified)?),
-        _ => None,
-    };
-    if records.pending.is_empty() && counts.is_empty() {
-        if ending.is_some() {
-            if let Some(notify) = &notify {
-                conn.client
-                    .execute(notify, &[&channel])
-                    .map_err(Unflushed::Unnotified)?;
-            }
+    if records.pending.is_empty() && counts.is_empty() && !last.notify {
+        // Nothing to write: a read-only group ends with a plain COMMIT.
+        if last.commit {
             conn.ended = true;
             conn.client
                 .batch_execute(sql::COMMIT)
@@ -262,6 +255,11 @@ pub(super) fn write_group(
         }
         return Ok(());
     }
+    let notify = if last.notify {
+        Some(conn.prepare(sql::NOTIFY).map_err(Unflushed::Unnotified)?)
+    } else {
+        None
+    };
     let pending = std::mem::take(&mut records.pending);
     let records: Vec<&ActivityRecord> = pending.values().map(|(record, _)| &**record).collect();
     let fresh: Vec<bool> = pending.values().map(|(_, fresh)| *fresh).collect();
@@ -388,16 +386,11 @@ pub(super) fn write_group(
         &(totals.len() as i64),
         &(minutes.len() as i64),
     ];
-    let (notified, written, committed) = if ending.is_some() {
-        conn.ended = true;
-        let channel: [&(dyn ToSql + Sync); 1] = [&channel];
-        let before = notify.as_ref().map(|notify| (notify, &channel[..]));
-        let (notified, written, committed) =
-            conn.client.pipeline_then(before, &statement, params, sql::COMMIT);
-        (notified, written, Some(committed))
-    } else {
-        (Ok(()), conn.client.query(&statement, params), None)
-    };
+    conn.ended |= last.commit;
+    let channel: [&(dyn ToSql + Sync); 1] = [&conn.channel];
+    let before = notify.as_ref().map(|notify| (notify, &channel[..]));
+    let then = last.commit.then_some(sql::COMMIT);
+    let (notified, written, committed) = conn.client.pipeline_then(before, &statement, params, then);
     // A failed notification failed the writes behind it.
     notified.map_err(Unflushed::Unnotified)?;
     match written {
@@ -668,7 +661,7 @@ impl PendingCounts {
 
     /// Writes them all, in one statement, and forgets them.
     pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, &mut Records::default(), self, None)
+        write_group(conn, &mut Records::default(), self, Last::default())
     }
 }
 

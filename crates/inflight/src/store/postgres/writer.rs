@@ -519,23 +519,21 @@ fn run_commands(
             })));
         }
     }
-    // The group's deferred writes and its counters, in one round trip. A
-    // failure of its records names no command, so the group runs again
-    // with a savepoint per command to find it. The only writer sends its
-    // notification (if a slot was granted or freed) before them and its
-    // COMMIT behind them in the same round trip (the statement fails, and
-    // the COMMIT rolls back, when a write missed). With several, the turn
-    // is handed on as the COMMIT is sent, and a group that must run again
-    // runs before: its writes go first, on their own.
+    // The group's deferred writes and its counters, in one round trip,
+    // behind its notification (if a slot was granted or freed). A failure
+    // of its records names no command, so the group runs again with a
+    // savepoint per command to find it. The only writer sends its COMMIT
+    // in the same round trip (the statement fails, and the COMMIT rolls
+    // back, when a write missed). With several, the turn is handed on as
+    // the COMMIT is sent, and a group that must run again runs before:
+    // its COMMIT waits for the writes' answer.
     let had_records = records.has_pending();
     let alone = !turn.shared();
-    if capacity_changed && !alone {
-        notify(conn).map_err(transaction_failure)?;
-    }
-    let ending = alone.then_some(txn::Ending {
+    let last = txn::Last {
         notify: capacity_changed,
-    });
-    let written = txn::write_group(conn, &mut records, &mut counts, ending);
+        commit: alone,
+    };
+    let written = txn::write_group(conn, &mut records, &mut counts, last);
     written.map_err(|unflushed| match unflushed {
         Unflushed::Unexpected if had_records => Failed::Redo,
         Unflushed::Failed(err) if had_records && Fault::of(&err) == Fault::Other => {
@@ -554,19 +552,6 @@ fn run_commands(
 /// What a committed transaction answers, and what each of its commands
 /// did that landed.
 type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
-
-/// Tells every instance's listener that a slot was granted or freed, inside
-/// the transaction: delivered only if it commits.
-fn notify(conn: &mut Conn) -> Result<(), (Fault, LedgerError)> {
-    let channel = conn.channel.clone();
-    let result = conn
-        .prepare(sql::NOTIFY)
-        .and_then(|statement| conn.client.execute(&statement, &[&channel]));
-    result.map(|_| ()).map_err(|err| {
-        let fault = Fault::of(&err);
-        (fault, fault.error("cannot notify", err))
-    })
-}
 
 /// A failed write of counters alone: the whole transaction fails.
 fn unwritten(unflushed: Unflushed, context: &str) -> Failed {
