@@ -575,70 +575,56 @@ mod tests {
         assert!(woken(&mut second));
     }
 
-    #[test]
-    fn a_wake_up_given_while_waiting_ends_the_wait() {
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_up_given_while_waiting_ends_the_wait() {
         let line = Arc::new(Line::default());
         let kb = lane("kb");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let mut in_line = line.join(kb.clone(), place());
-            let waker = Arc::clone(&line);
-            let kb_again = kb.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                waker.capacity_freed(Some(&kb_again));
-            });
-            let started = Instant::now();
-            assert!(in_line.wait(Duration::from_secs(60)).await);
-            assert_eq!(started.elapsed(), Duration::from_millis(10));
-            // Unwoken, the wait ends at its bound.
-            assert!(!in_line.wait(Duration::from_secs(1)).await);
+        let mut in_line = line.join(kb.clone(), place());
+        let waker = Arc::clone(&line);
+        let kb_again = kb.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            waker.capacity_freed(Some(&kb_again));
         });
+        let started = Instant::now();
+        assert!(in_line.wait(Duration::from_secs(60)).await);
+        assert_eq!(started.elapsed(), Duration::from_millis(10));
+        // Unwoken, the wait ends at its bound.
+        assert!(!in_line.wait(Duration::from_secs(1)).await);
     }
 
-    #[test]
-    fn a_freed_slot_costs_two_attempts_however_many_wait() {
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_slot_costs_two_attempts_however_many_wait() {
         // Eight wait on a cap-1 lane. Time stands still (nobody's recheck
         // comes due), so every attempt after the settle is one a wake-up
         // caused: the first in line, admitted, and the next, refused on a
         // full lane. Woken all at once, all eight would have asked.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
+        let config = crate::LedgerConfig::default()
+            .with_lane_cap("kb::ollama", 1)
             .unwrap();
-        runtime.block_on(async {
-            let config = crate::LedgerConfig::default()
-                .with_lane_cap("kb::ollama", 1)
-                .unwrap();
-            let ledger = Ledger::builder(config).store_url("memory:").build().unwrap();
-            let spec = || ActivitySpec::new("kb", "ollama").class("embedding");
-            let holder = ledger.admit(spec()).await.unwrap();
-            let waiters: Vec<_> = (0..8)
-                .map(|_| {
-                    let ledger = ledger.clone();
-                    tokio::spawn(async move { ledger.admit(spec()).await })
-                })
-                .collect();
-            let line = &ledger.inner.capacity_changed;
-            while line.waiting.load(Ordering::SeqCst) < 8 {
-                tokio::task::yield_now().await;
-            }
-            let before = line.attempts.load(Ordering::SeqCst);
-            holder.settle(Outcome::Success).await.unwrap();
-            // Yielding keeps the runtime busy, so time does not move.
-            for _ in 0..200 {
-                tokio::task::yield_now().await;
-            }
-            assert_eq!(line.attempts.load(Ordering::SeqCst) - before, 2);
-            let admitted: Vec<_> = waiters.iter().filter(|waiter| waiter.is_finished()).collect();
-            assert_eq!(admitted.len(), 1);
-            assert_eq!(line.waiting.load(Ordering::SeqCst), 7);
-        });
+        let ledger = Ledger::builder(config).store_url("memory:").build().unwrap();
+        let spec = || ActivitySpec::new("kb", "ollama").class("embedding");
+        let holder = ledger.admit(spec()).await.unwrap();
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let ledger = ledger.clone();
+                tokio::spawn(async move { ledger.admit(spec()).await })
+            })
+            .collect();
+        let line = &ledger.inner.capacity_changed;
+        while line.waiting.load(Ordering::SeqCst) < 8 {
+            tokio::task::yield_now().await;
+        }
+        let before = line.attempts.load(Ordering::SeqCst);
+        holder.settle(Outcome::Success).await.unwrap();
+        // Yielding keeps the runtime busy, so time does not move.
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(line.attempts.load(Ordering::SeqCst) - before, 2);
+        let admitted: Vec<_> = waiters.iter().filter(|waiter| waiter.is_finished()).collect();
+        assert_eq!(admitted.len(), 1);
+        assert_eq!(line.waiting.load(Ordering::SeqCst), 7);
     }
 
     #[test]
@@ -652,7 +638,6 @@ mod tests {
         drop(second);
         assert_eq!(line.waiting.load(Ordering::SeqCst), 0);
         assert!(line.state.lock().unwrap().lanes.is_empty());
-        // No one in line: the wake-up is skipped.
-        line.capacity_freed(Some(&kb));
+        assert!(!line.anyone_waiting());
     }
 }
