@@ -126,7 +126,8 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     for callers in CALLERS {
         let database = TestDatabase::new();
-        let pool = std::env::var("INFLIGHT_BENCH_PG_POOL").unwrap_or_else(|_| "1".to_owned());
+        let pool = std::env::var("INFLIGHT_BENCH_PG_POOL")
+            .unwrap_or_else(|_| inflight::store::postgres::DEFAULT_POOL.to_string());
         let ledger = ledger_on(&database, LedgerConfig::default(), &format!("pool={pool}"))?;
         let (ours, base, ratios) = runtime.block_on(async {
             let mut clients = Vec::new();
@@ -170,7 +171,7 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             },
             paired_ratio: Some(ratio),
             note: format!(
-                "{callers} callers (ours: tokio tasks, one writer connection, group commit; baseline: \
+                "{callers} callers (ours: tokio tasks, {pool} writer connections, group commit; baseline: \
                  tokio-postgres, a connection per caller, one autocommit statement per transition); \
                  synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
                  (min {r_min:.2}x, max {r_max:.2}x)",
@@ -179,6 +180,7 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             ),
             extra: serde_json::Map::from_iter([
                 ("callers".to_owned(), json!(callers)),
+                ("pool".to_owned(), json!(pool)),
                 ("pairs".to_owned(), json!(plan.sqlite_pairs)),
                 ("ratio_min".to_owned(), json!(round(r_min))),
                 ("ratio_max".to_owned(), json!(round(r_max))),

@@ -2,14 +2,18 @@
 //! instance shares, with the same guarantees as one process.
 //!
 //! # Driver
-//! The blocking `postgres` client (the synchronous face of `tokio-postgres`,
-//! by the same maintainers) on the store's own threads. The engine is one
-//! sync implementation of every command over a `Txn` (`store::engine`);
-//! a blocking client lets this store run that same engine, unchanged, on a
-//! writer thread per connection, exactly as the SQLite store does, instead
-//! of a second, async engine. Statements are prepared once per connection
-//! and cached; every transaction groups the commands that waited for the
-//! writer (group commit), so one round trip to commit serves them all.
+//! `tokio-postgres`. The engine is one sync implementation of every command
+//! over a `Txn` (`store::engine`); this store runs that same engine,
+//! unchanged, on a writer thread per connection, exactly as the SQLite store
+//! does, instead of a second, async engine. A writer's connection is a
+//! `session::Session`: the async client, driven by a small runtime that
+//! the writer thread blocks on, so that requests known in advance (`BEGIN`
+//! and the lock of the group's records; the group's writes and its
+//! `COMMIT`) leave in one flush. Migrations and the `LISTEN` connection use
+//! the blocking `postgres` client, the same driver's synchronous face.
+//! Statements are prepared once per connection and cached; every
+//! transaction groups the commands that waited for the writer (group
+//! commit), so one round trip to commit serves them all.
 //!
 //! # Guarantees across instances
 //! - **Caps, first come first served**: before an admission decision the
@@ -40,8 +44,9 @@
 //! - `schema=NAME`: the schema the tables live in (created if missing);
 //!   the connection's default otherwise;
 //! - `pool=N`: writer connections, 1 to 64. Each group commit shares one
-//!   commit between every command waiting. With several writers, one group
-//!   runs while the one before commits (`writer::Order`), each writer
+//!   commit between every command waiting. With several writers, a group
+//!   takes at most 32 commands and runs while the one before writes and
+//!   commits, on another backend (`writer::Order`), each writer
 //!   counting into counter rows of its own, and the commands of this
 //!   process still land in the order they were submitted, as the SQLite
 //!   store lands them (a dropped handle's cancel lands before the snapshot
@@ -88,8 +93,9 @@ use writer::{write_loop, Job, Writer};
 /// How long opening a connection may take before the command that needed
 /// it fails as `unavailable`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Writer connections when the URL names none.
-pub const DEFAULT_POOL: usize = 1;
+/// Writer connections when the URL names none: two, so that a group's
+/// writes and commit run beside the next group's on another backend.
+pub const DEFAULT_POOL: usize = 2;
 
 /// How connections are secured, from `sslmode` and `sslrootcert`.
 #[derive(Clone)]

@@ -54,6 +54,19 @@ pub(super) const SLOW_COMMIT: &str = "CREATE FUNCTION slow_commit() RETURNS trig
 #[cfg(test)]
 pub(super) const HOLD_RECORD: &str = "SELECT 1 FROM activities WHERE activity_id = $1 FOR UPDATE";
 
+/// Inserts a bare record of id `$1`, as another instance's begin would.
+#[cfg(test)]
+pub(super) const INSERT_RECORD: &str = "INSERT INTO activities (activity_id, service, provider, class, \
+     operation_stage, model, priority, admission, state, enqueued_at, deadline_ms) \
+     VALUES ($1, 'a', 'b', 'c', 'd', 'e', 'f', 'queued', 'waiting', 0, 1000)";
+
+/// The connection's backend, and the server's end of one: what a restart
+/// of the server does to every connection.
+#[cfg(test)]
+pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+#[cfg(test)]
+pub(super) const TERMINATE_BACKEND: &str = "SELECT pg_terminate_backend($1)";
+
 /// This run's database name.
 fn run_name() -> String {
     format!("{PREFIX}{}_{}", host_tag(), std::process::id())

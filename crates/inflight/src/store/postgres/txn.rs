@@ -48,6 +48,11 @@ pub(super) enum Fault {
     /// writing each record at once, so that the command that meets it is
     /// told, as without deferral.
     Redo,
+    /// An earlier group of this process did not end within
+    /// [`super::writer::EARLIER_WAIT`] while this one waited for it holding
+    /// locks: the group rolls back, waits for it without them, and runs
+    /// again (the earlier group may be waiting on one of those locks).
+    Yield,
 }
 
 impl Fault {
@@ -89,7 +94,7 @@ impl Fault {
     pub(super) fn error(self, context: &str, err: postgres::Error) -> LedgerError {
         let kind = match self {
             Self::Unavailable => ErrorKind::Unavailable,
-            Self::Retry | Self::Other | Self::Redo => ErrorKind::Storage,
+            Self::Retry | Self::Other | Self::Redo | Self::Yield => ErrorKind::Storage,
         };
         LedgerError::caused(kind, context, err)
     }
@@ -446,11 +451,19 @@ impl<'c> PgTxn<'c> {
     }
 
     /// Waits until every group this process ran before has ended, so that a
-    /// read sees what commands submitted earlier did.
-    fn after_earlier_groups(&mut self) {
+    /// read sees what commands submitted earlier did; fails with
+    /// [`Fault::Yield`] when they take too long.
+    fn after_earlier_groups(&mut self) -> Result<(), LedgerError> {
         if let Some(previous) = self.previous.take() {
-            previous.wait();
+            if !previous.wait_for(super::writer::EARLIER_WAIT) {
+                self.fault = Some(Fault::Yield);
+                return Err(LedgerError::new(
+                    ErrorKind::Storage,
+                    "an earlier group did not end: this one runs again",
+                ));
+            }
         }
+        Ok(())
     }
 
     fn failed(&mut self, context: &str, err: postgres::Error) -> LedgerError {
@@ -490,7 +503,7 @@ impl<'c> PgTxn<'c> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, LedgerError> {
-        self.after_earlier_groups();
+        self.after_earlier_groups()?;
         let result = self
             .conn
             .prepare(sql)
@@ -510,7 +523,7 @@ impl<'c> PgTxn<'c> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, LedgerError> {
-        self.after_earlier_groups();
+        self.after_earlier_groups()?;
         let result = self
             .conn
             .prepare(sql)

@@ -36,6 +36,13 @@ use super::Settings;
 
 /// The most commands grouped into one transaction.
 const MAX_GROUP: usize = 256;
+/// The most commands a group takes when several writers share the turn:
+/// enough to share a commit, few enough to leave the next writer a group
+/// whose writes run beside this one's.
+const SHARED_GROUP: usize = 32;
+/// How long a group waits, holding locks, for the earlier groups to end
+/// before it rolls back and waits without them ([`Fault::Yield`]).
+pub(super) const EARLIER_WAIT: Duration = Duration::from_millis(200);
 /// The longest a group waits for the callers of the previous one.
 const GROUP_WAIT: Duration = Duration::from_micros(300);
 /// How many times a group is run again after a deadlock.
@@ -66,14 +73,21 @@ pub(super) struct Writer {
 /// submitted when several writers run groups at once.
 ///
 /// One writer at a time holds the turn: it gathers a group, runs its
-/// commands and writes, and hands the turn on as it sends its `COMMIT`.
-/// The next writer's group overlaps only that commit (the WAL flush, which
-/// is most of a group's time when fsync is slow). What it can see of the
-/// previous group is ordered two ways: the records the previous group
-/// wrote stay locked until its commit, so locking them waits for it; and
-/// before any other read ([`Done::wait`], from `PgTxn`) it waits for every
-/// earlier group's transaction to end. The previous group has nothing left
-/// to lock by then, so neither wait can close a cycle.
+/// commands, and hands the turn on as it sends the group's writes. The
+/// next writer's group runs beside those writes and the commit (on another
+/// backend, and so another core). What it can see of the earlier groups is
+/// ordered three ways: the records they wrote stay locked until they
+/// commit, so locking them waits; before any other read it waits for every
+/// earlier group's transaction to end (`PgTxn`); and it sends its own
+/// `COMMIT` only once they have ended, so that nothing of it is visible,
+/// or answered, before them.
+///
+/// An earlier group may still have to run again (its writes missed, or a
+/// deadlock) and lock records then, some of which the later group may hold
+/// while it waits for it: a cycle PostgreSQL cannot see, since one of its
+/// edges is in this process. So the later group waits at most
+/// [`EARLIER_WAIT`] holding locks; then it rolls back, waits without them,
+/// and runs again ([`Fault::Yield`]).
 #[derive(Default)]
 pub(super) struct Order {
     /// The turn, and the end of the last group that took it.
@@ -109,13 +123,23 @@ impl Done {
         }
     }
 
+    /// Whether the group and every earlier one ended within `timeout`.
+    pub(super) fn wait_for(&self, timeout: Duration) -> bool {
+        let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        let (ended, _) = self
+            .changed
+            .wait_timeout_while(ended, timeout, |ended| !*ended)
+            .unwrap_or_else(PoisonError::into_inner);
+        *ended
+    }
+
     fn set(&self) {
         *self.ended.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.changed.notify_all();
     }
 }
 
-/// A group's turn: held from gathering it to sending its commit.
+/// A group's turn: held from gathering it to sending its writes.
 pub(super) struct Turn<'o> {
     held: Option<MutexGuard<'o, Option<Arc<Done>>>>,
     /// The end of the group that had the turn before.
@@ -125,7 +149,7 @@ pub(super) struct Turn<'o> {
 }
 
 impl<'o> Turn<'o> {
-    /// Waits for the turn: until the group before sends its commit.
+    /// Waits for the turn: until the group before sends its writes.
     pub(super) fn take(order: &'o Order) -> Self {
         let mut held = order.turn.lock().unwrap_or_else(PoisonError::into_inner);
         let own = Arc::new(Done::default());
@@ -138,14 +162,9 @@ impl<'o> Turn<'o> {
         }
     }
 
-    /// Hands the turn on: the group's commit is about to be sent.
+    /// Hands the turn on: the group's writes are about to be sent.
     fn hand_on(&mut self) {
         self.held = None;
-    }
-
-    /// Whether the group still holds the turn (has not sent its commit).
-    fn held(&self) -> bool {
-        self.held.is_some()
     }
 
     /// Whether other writers wait for the turn.
@@ -174,6 +193,7 @@ impl Drop for Turn<'_> {
 pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>) {
     let mut last_group = 1;
     let order = Arc::clone(&writer.order);
+    let most = if order.shared { SHARED_GROUP } else { MAX_GROUP };
     loop {
         let mut turn = Turn::take(&order);
         let group = {
@@ -182,7 +202,7 @@ pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>)
             let Ok(first) = queue.recv() else { return };
             let mut group = Group::default();
             group.push(first);
-            drain(&queue, &mut group);
+            drain(&queue, &mut group, most);
             // Callers answered by the last commit resubmit within
             // microseconds: when the last group was larger, wait briefly for
             // them so that one commit serves them all.
@@ -195,7 +215,7 @@ pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>)
                     match queue.recv_timeout(left) {
                         Ok(job) => {
                             group.push(job);
-                            drain(&queue, &mut group);
+                            drain(&queue, &mut group, most);
                         }
                         Err(_) => break,
                     }
@@ -228,8 +248,8 @@ impl Group {
     }
 }
 
-fn drain(queue: &mpsc::Receiver<Job>, group: &mut Group) {
-    while group.commands.len() < MAX_GROUP {
+fn drain(queue: &mpsc::Receiver<Job>, group: &mut Group, most: usize) {
+    while group.commands.len() < most {
         match queue.try_recv() {
             Ok(job) => group.push(job),
             Err(_) => return,
@@ -257,6 +277,9 @@ enum Failed {
     /// Deferred writes did not land as expected: run the group again,
     /// writing each record at once.
     Redo,
+    /// An earlier group did not end in time (see [`Order`]): wait for it,
+    /// then run the group again.
+    Yield,
 }
 
 fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>> {
@@ -327,10 +350,16 @@ impl Writer {
                     )
                 }
                 Err(Failed::Command(err)) if count == 1 => return vec![Err(err)],
-                // Never once the turn is handed on: the next group may
-                // already have run, and this one would land after it.
-                Err(Failed::Retry(err)) if attempt <= RETRIES && turn.held() => {
+                // The next group may have started, but commits only once
+                // this one has ended: running again keeps the order.
+                Err(Failed::Retry(err)) if attempt <= RETRIES => {
                     tracing::debug!(error = %err, attempt, "PostgreSQL group runs again");
+                }
+                Err(Failed::Yield) => {
+                    // Rolled back: no lock of this group is held while it waits.
+                    if let Some(previous) = turn.previous() {
+                        previous.wait();
+                    }
                 }
                 Err(Failed::Command(err) | Failed::Retry(err) | Failed::Transaction(err)) => {
                     return failed_all(count, &err)
@@ -350,15 +379,28 @@ impl Writer {
     ) -> Result<Committed, Failed> {
         let override_now = (!self.clock.is_system()).then(|| self.clock.now());
         let config = Arc::clone(&self.config);
-        let conn = self.connection().map_err(Failed::Transaction)?;
         let ids = Records::lock_ids(commands.iter().filter_map(|command| match command {
             Command::Transition { id, .. } | Command::Get { id } => Some(*id),
             _ => None,
         }));
+        // A connection lost while it idled (the server restarted, a proxy
+        // cut it) is found out by the first request sent on it. Nothing was
+        // done yet: the group begins once more on a new connection rather
+        // than fail, so that after an outage each writer does not fail one
+        // group of its own.
+        let mut opened = self.conn.as_ref().is_none_or(|conn| conn.client.is_closed());
+        let begun = loop {
+            let conn = self.connection().map_err(Failed::Transaction)?;
+            match begin(conn, override_now, &ids) {
+                Err((Fault::Unavailable, _)) if !opened && conn.client.is_closed() => opened = true,
+                begun => break begun,
+            }
+        };
+        let conn = self.conn.as_mut().expect("connected above");
         // A failed lock (a record held past `lock_timeout` elsewhere) leaves
         // the transaction open and aborted: it is rolled back below, as a
         // failure of any later statement is.
-        let run = begin(conn, override_now, &ids)
+        let run = begun
             .map_err(transaction_failure)
             .and_then(|begun| run_commands(conn, &config, commands, isolation, defer, &begun, turn));
         if run.is_err() {
@@ -487,6 +529,7 @@ fn run_commands(
                 return Err(Failed::Transaction(result.err().unwrap_or_else(unavailable)))
             }
             Some(Fault::Redo) => return Err(Failed::Redo),
+            Some(Fault::Yield) => return Err(Failed::Yield),
             _ => {}
         }
         // A refusal keeps what time forced (a reap); a storage failure keeps
@@ -525,10 +568,12 @@ fn run_commands(
     // savepoint per command to find it. The only writer sends its COMMIT
     // in the same round trip (the statement fails, and the COMMIT rolls
     // back, when a write missed). With several, the turn is handed on as
-    // the COMMIT is sent, and a group that must run again runs before:
-    // its COMMIT waits for the writes' answer.
+    // the writes are sent, and the COMMIT waits for their answer (a group
+    // that must run again does it before committing) and for the earlier
+    // groups' end (see `Order`).
     let had_records = records.has_pending();
     let alone = !turn.shared();
+    turn.hand_on();
     let last = txn::Last {
         notify: capacity_changed,
         commit: alone,
@@ -541,8 +586,12 @@ fn run_commands(
         }
         unflushed => unwritten(unflushed, "cannot write records and counters"),
     })?;
-    turn.hand_on();
     if !alone {
+        if let Some(previous) = turn.previous() {
+            if !previous.wait_for(EARLIER_WAIT) {
+                return Err(Failed::Yield);
+            }
+        }
         conn.ended = true;
         control(conn, sql::COMMIT).map_err(transaction_failure)?;
     }
@@ -580,12 +629,15 @@ fn unavailable() -> LedgerError {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{TestDatabase, BREAK_CLASS, HOLD_RECORD, SLOW_COMMIT};
+    use super::super::testing::{
+        TestDatabase, BACKEND_PID, BREAK_CLASS, HOLD_RECORD, INSERT_RECORD, SLOW_COMMIT, TERMINATE_BACKEND,
+    };
     use super::super::PostgresStore;
     use super::*;
     use crate::clock::FakeClock;
     use crate::domain::record::{ActivityId, ActivityRecord, State};
     use crate::domain::transition::{NewActivity, Transition};
+    use std::thread;
 
     const NOW: Timestamp = Timestamp::from_millis(1_786_000_000_000);
 
@@ -753,6 +805,92 @@ mod tests {
             assert_eq!(record(&got).state, State::Waiting);
             begun.await.unwrap();
         });
+    }
+
+    #[test]
+    fn a_later_group_holding_a_record_an_earlier_group_runs_again_for_yields_it() {
+        // Two writers share the turn. The first group starts `record` and
+        // begins an id that another connection is inserting, uncommitted:
+        // its writes wait for that transaction. The second group, handed
+        // the turn meanwhile, cancels `record` and waits for the first
+        // group's lock on it. Then the insert commits: the first group's
+        // writes missed, it rolls back and runs again, and must lock
+        // `record`, which the second group now holds while it waits for the
+        // first to end before it commits. Unless that wait is bounded, the
+        // first group fails once its wait for the lock times out
+        // (`lock_timeout`), and the start it was asked for is lost.
+        let database = TestDatabase::new();
+        let order = Arc::new(Order::of(2));
+        let mut first = writer(&database);
+        first.order = Arc::clone(&order);
+        let mut second = writer(&database);
+        second.order = Arc::clone(&order);
+        second.shard = 1;
+        let new = NewActivity::fixture("chat");
+        let id = new.activity_id;
+        assert!(first.run_group(vec![begin(&new)])[0].is_ok());
+        let taken = NewActivity::fixture("chat");
+        let mut other = database.client();
+        let mut inserting = other.transaction().unwrap();
+        inserting
+            .execute(INSERT_RECORD, &[&taken.activity_id.to_string()])
+            .unwrap();
+        let (answered, answers) = mpsc::channel();
+        let (has_turn, first_has_turn) = mpsc::channel();
+        let first_answered = answered.clone();
+        let first_order = Arc::clone(&order);
+        thread::spawn(move || {
+            let mut turn = Turn::take(&first_order);
+            has_turn.send(()).unwrap();
+            let results = first.run_group_in(vec![transition(id, start()), begin(&taken)], &mut turn);
+            drop(turn);
+            first_answered.send((1, results)).unwrap();
+        });
+        first_has_turn.recv().unwrap();
+        thread::spawn(move || {
+            let mut turn = Turn::take(&order);
+            let cancel = Transition::Cancel {
+                reason: None,
+                at: None,
+            };
+            let results = second.run_group_in(vec![transition(id, cancel)], &mut turn);
+            drop(turn);
+            answered.send((2, results)).unwrap();
+        });
+        // Both wait: the first for the insert, the second for the record.
+        thread::sleep(Duration::from_millis(300));
+        inserting.commit().unwrap();
+        let mut results = [None, None];
+        for _ in 0..2 {
+            let (group, got) = answers
+                .recv_timeout(Duration::from_secs(10))
+                .expect("both groups end");
+            results[group - 1] = Some(got);
+        }
+        let [Some(first), Some(second)] = results else {
+            unreachable!()
+        };
+        assert_eq!(record(&first[0]).state, State::Executing);
+        assert_eq!(first[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+        // The cancel landed after the start, as submitted.
+        let cancelled = record(&second[0]);
+        assert_eq!(cancelled.state, State::Cancelled);
+        assert!(cancelled.started_at.is_some(), "{cancelled:?}");
+        assert_eq!(stored_state(&database, id).as_deref(), Some("cancelled"));
+    }
+
+    #[test]
+    fn a_group_on_a_connection_lost_while_idle_begins_again_on_a_new_one() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        let new = NewActivity::fixture("chat");
+        assert!(writer.run_group(vec![begin(&new)])[0].is_ok());
+        let conn = writer.conn.as_ref().expect("connected by the first group");
+        let pid: i32 = conn.client.query(BACKEND_PID, &[]).unwrap()[0].get(0);
+        database.client().execute(TERMINATE_BACKEND, &[&pid]).unwrap();
+        // Nothing was begun on the lost connection: no caller is told of it.
+        let got = writer.run_group(vec![Command::Get { id: new.activity_id }]);
+        assert_eq!(record(&got[0]).state, State::Waiting);
     }
 
     #[test]
