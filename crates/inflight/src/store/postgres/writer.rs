@@ -145,7 +145,6 @@ pub(super) struct Turn<'o> {
     /// The end of the group that had the turn before.
     previous: Option<Arc<Done>>,
     own: Arc<Done>,
-    shared: bool,
 }
 
 impl<'o> Turn<'o> {
@@ -158,18 +157,12 @@ impl<'o> Turn<'o> {
             held: Some(held),
             previous,
             own,
-            shared: order.shared,
         }
     }
 
     /// Hands the turn on: the group's writes are about to be sent.
     fn hand_on(&mut self) {
         self.held = None;
-    }
-
-    /// Whether other writers wait for the turn.
-    fn shared(&self) -> bool {
-        self.shared
     }
 
     /// The end of the earlier groups, for reads to wait on.
@@ -565,18 +558,21 @@ fn run_commands(
     // The group's deferred writes and its counters, in one round trip,
     // behind its notification (if a slot was granted or freed). A failure
     // of its records names no command, so the group runs again with a
-    // savepoint per command to find it. The only writer sends its COMMIT
-    // in the same round trip (the statement fails, and the COMMIT rolls
-    // back, when a write missed). With several, the turn is handed on as
-    // the writes are sent, and the COMMIT waits for their answer (a group
-    // that must run again does it before committing) and for the earlier
-    // groups' end (see `Order`).
+    // savepoint per command to find it. The COMMIT goes in the same round
+    // trip (the statement fails, and the COMMIT rolls back, when a write
+    // missed), unless an earlier group has not ended yet: then it waits
+    // for that end (see `Order`) and for the writes' answer. The turn is
+    // handed on as the writes are sent.
     let had_records = records.has_pending();
-    let alone = !turn.shared();
+    // With the earlier groups ended (always, with one writer), nothing
+    // holds the COMMIT back: it goes in the writes' round trip.
+    let committing = turn
+        .previous()
+        .is_none_or(|previous| previous.wait_for(Duration::ZERO));
     turn.hand_on();
     let last = txn::Last {
         notify: capacity_changed,
-        commit: alone,
+        commit: committing,
     };
     let written = txn::write_group(conn, &mut records, &mut counts, last);
     written.map_err(|unflushed| match unflushed {
@@ -586,7 +582,7 @@ fn run_commands(
         }
         unflushed => unwritten(unflushed, "cannot write records and counters"),
     })?;
-    if !alone {
+    if !committing {
         if let Some(previous) = turn.previous() {
             if !previous.wait_for(EARLIER_WAIT) {
                 return Err(Failed::Yield);
