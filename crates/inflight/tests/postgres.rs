@@ -6,7 +6,7 @@
 #![cfg(feature = "postgres")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inflight::store::postgres::testing::TestDatabase;
@@ -109,7 +109,10 @@ async fn a_slot_freed_by_one_instance_wakes_the_watchers_of_another() {
     let watcher = open(&database.store_url("")).unwrap();
     let woken = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&woken);
-    watcher.watch_capacity(Arc::new(move || {
+    let lanes = Arc::new(Mutex::new(Vec::new()));
+    let named = Arc::clone(&lanes);
+    watcher.watch_capacity(Arc::new(move |lane| {
+        named.lock().unwrap().push(lane.map(ToString::to_string));
         counter.fetch_add(1, Ordering::SeqCst);
     }));
     // Once connected, the listener wakes its watchers once (for what it
@@ -134,4 +137,13 @@ async fn a_slot_freed_by_one_instance_wakes_the_watchers_of_another() {
         assert!(Instant::now() < give_up, "no notification reached the watcher");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // The notifications (the grant's, the settle's) name the lane, so that
+    // only its waiters are woken.
+    let lanes = lanes.lock().unwrap();
+    assert!(
+        lanes[before..]
+            .iter()
+            .all(|lane| lane.as_deref() == Some("kb::ollama")),
+        "{lanes:?}"
+    );
 }

@@ -105,9 +105,9 @@ impl LedgerBuilder {
         // one's waiters; held weakly, so that the store does not keep the
         // ledger alive.
         let weak = Arc::downgrade(&ledger.inner);
-        ledger.inner.store.watch_capacity(Arc::new(move || {
+        ledger.inner.store.watch_capacity(Arc::new(move |lane| {
             if let Some(inner) = weak.upgrade() {
-                inner.capacity_changed.capacity_freed(None);
+                inner.capacity_changed.capacity_freed(lane);
             }
         }));
         Ok(ledger)

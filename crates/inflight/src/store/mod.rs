@@ -17,7 +17,7 @@ use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
 use crate::domain::labels::Label;
 use crate::domain::owner::{Owner, OwnerId};
-use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
@@ -37,8 +37,9 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// What a store calls when another process sharing it may have freed
-/// capacity ([`Store::watch_capacity`]).
-pub type Wake = Arc<dyn Fn() + Send + Sync>;
+/// capacity ([`Store::watch_capacity`]): with the lane whose slot was
+/// granted or freed, or `None` when any lane's may have been.
+pub type Wake = Arc<dyn Fn(Option<&LaneKey>) + Send + Sync>;
 
 /// A request to a store. Each runs atomically, at the time the store reads
 /// from its clock once the transaction holds the write lock, so that the

@@ -4,6 +4,7 @@
 //! store again), so one lost while the connection was down costs a poll:
 //! after every reconnect the waiters are woken once anyway.
 
+use std::collections::BTreeSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -11,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use postgres::fallible_iterator::FallibleIterator;
 
+use crate::domain::record::LaneKey;
 use crate::store::Wake;
 
+use super::txn::noticed;
 use super::{sql, Settings};
 
 /// How long the listener waits for a notification before it looks at
@@ -24,13 +27,16 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 pub(super) fn listen_loop(settings: &Settings, wake: &Mutex<Option<Wake>>, stop: &AtomicBool) {
-    let fire = || {
+    // Wakes the first waiter of each lane named, or of every lane (`None`).
+    let fire = |lanes: Option<&BTreeSet<LaneKey>>| {
         let wake = wake
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        if let Some(wake) = wake {
-            wake();
+        let Some(wake) = wake else { return };
+        match lanes {
+            Some(lanes) => lanes.iter().for_each(|lane| wake(Some(lane))),
+            None => wake(None),
         }
     };
     let mut backoff = Duration::from_millis(100);
@@ -51,15 +57,23 @@ pub(super) fn listen_loop(settings: &Settings, wake: &Mutex<Option<Wake>>, stop:
         }
         backoff = Duration::from_millis(100);
         // Whatever was sent while no one listened.
-        fire();
+        fire(None);
         let mut last_ping = Instant::now();
         while !stop.load(Ordering::SeqCst) {
             let next = client.notifications().timeout_iter(TICK).next();
             match next {
-                Ok(Some(_)) => {
-                    // Every pending one at once: one wake-up serves them all.
-                    let _ = client.notifications().iter().count();
-                    fire();
+                Ok(Some(first)) => {
+                    // Every pending one at once: one wake-up a lane serves them all.
+                    let mut lanes = noticed(first.payload()).map(BTreeSet::from_iter);
+                    let mut pending = client.notifications();
+                    let mut more = pending.iter();
+                    while let Ok(Some(next)) = more.next() {
+                        match (&mut lanes, noticed(next.payload())) {
+                            (Some(lanes), Some(named)) => lanes.extend(named),
+                            (lanes, _) => *lanes = None,
+                        }
+                    }
+                    fire(lanes.as_ref());
                 }
                 Ok(None) => {
                     if last_ping.elapsed() >= PING_EVERY {

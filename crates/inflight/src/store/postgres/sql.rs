@@ -533,8 +533,8 @@ pub(super) const PRUNE_OWNERS: &str = "DELETE FROM owners WHERE ended_at < $1";
 
 /// A hint to every instance's listener that a slot was granted or freed;
 /// sent inside the committing transaction, so it is delivered only if it
-/// commits. `$1` is the channel.
-pub(super) const NOTIFY: &str = "SELECT pg_notify($1, '')";
+/// commits. `$1` is the channel, `$2` the lanes (`txn::notice`).
+pub(super) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// The bulk loader's insert (`seed_history`): `$1` ids, `$2` enqueued,
 /// `$3` started and `$4` completed instants, all arrays.

@@ -9,7 +9,7 @@
 //! wait in it and go out in one statement ([`Records::flush`]) before any
 //! statement that reads `activities`, and before the commit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use postgres::types::ToSql;
@@ -182,12 +182,43 @@ pub(super) enum Unflushed {
 
 /// What a group's last [`write_group`] also sends in its round trip.
 #[derive(Clone, Copy, Default)]
-pub(super) struct Last {
-    /// `pg_notify`, before the writes: a slot of a capped lane was granted
-    /// or freed, and the other instances are told.
-    pub(super) notify: bool,
+pub(super) struct Last<'a> {
+    /// `pg_notify` with this payload ([`notice`]), before the writes: a
+    /// slot of a capped lane was granted or freed, and the other instances
+    /// are told.
+    pub(super) notify: Option<&'a str>,
     /// `COMMIT`, behind the writes.
     pub(super) commit: bool,
+}
+
+/// The payload of a notification: the lanes whose slots changed, as
+/// `service::provider` separated by spaces (labels hold none), or empty,
+/// which means any lane, when they would not fit in PostgreSQL's 8,000
+/// bytes.
+pub(super) fn notice(lanes: &BTreeSet<LaneKey>) -> String {
+    let payload = lanes
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if payload.len() < NOTICE_MAX {
+        payload
+    } else {
+        String::new()
+    }
+}
+
+/// The most a payload may hold (PostgreSQL's limit is 8,000 bytes).
+const NOTICE_MAX: usize = 7_900;
+
+/// The lanes a notification's payload names, or `None` for any lane: an
+/// empty payload (an earlier version's, or too many lanes) or one this
+/// version cannot read.
+pub(super) fn noticed(payload: &str) -> Option<Vec<LaneKey>> {
+    if payload.is_empty() {
+        return None;
+    }
+    payload.split(' ').map(|lane| LaneKey::parse(lane).ok()).collect()
 }
 
 impl Records {
@@ -248,9 +279,9 @@ pub(super) fn write_group(
     conn: &mut Conn,
     records: &mut Records,
     counts: &mut PendingCounts,
-    last: Last,
+    last: Last<'_>,
 ) -> Result<(), Unflushed> {
-    if records.pending.is_empty() && counts.is_empty() && !last.notify {
+    if records.pending.is_empty() && counts.is_empty() && last.notify.is_none() {
         // Nothing to write: a read-only group ends with a plain COMMIT.
         if last.commit {
             conn.ended = true;
@@ -260,10 +291,9 @@ pub(super) fn write_group(
         }
         return Ok(());
     }
-    let notify = if last.notify {
-        Some(conn.prepare(sql::NOTIFY).map_err(Unflushed::Unnotified)?)
-    } else {
-        None
+    let notify = match last.notify {
+        Some(_) => Some(conn.prepare(sql::NOTIFY).map_err(Unflushed::Unnotified)?),
+        None => None,
     };
     let pending = std::mem::take(&mut records.pending);
     let records: Vec<&ActivityRecord> = pending.values().map(|(record, _)| &**record).collect();
@@ -392,7 +422,8 @@ pub(super) fn write_group(
         &(minutes.len() as i64),
     ];
     conn.ended |= last.commit;
-    let channel: [&(dyn ToSql + Sync); 1] = [&conn.channel];
+    let payload = last.notify.unwrap_or_default();
+    let channel: [&(dyn ToSql + Sync); 2] = [&conn.channel, &payload];
     let before = notify.as_ref().map(|notify| (notify, &channel[..]));
     let then = last.commit.then_some(sql::COMMIT);
     let (notified, written, committed) = conn.client.pipeline_then(before, &statement, params, then);
@@ -422,9 +453,9 @@ pub(super) struct PgTxn<'c> {
     pub(super) counts: PendingCounts,
     /// What the last failed statement means, if one failed.
     pub(super) fault: Option<Fault>,
-    /// Whether a slot of a lane was granted or freed: the group then
-    /// notifies the other instances.
-    pub(super) capacity_changed: bool,
+    /// The lanes a slot of which was granted or freed: the group then
+    /// notifies the other instances, naming them.
+    pub(super) capacity_changed: BTreeSet<LaneKey>,
     /// Whether reads of records in flight lock them (the rebound at open).
     pub(super) lock_in_flight: bool,
     /// What this command did, to publish once its group is committed.
@@ -443,7 +474,7 @@ impl<'c> PgTxn<'c> {
             records,
             counts: PendingCounts::default(),
             fault: None,
-            capacity_changed: false,
+            capacity_changed: BTreeSet::new(),
             lock_in_flight: false,
             landed: Vec::new(),
             previous: None,
@@ -573,7 +604,7 @@ impl<'c> PgTxn<'c> {
             && record.state != State::Waiting
             && self.config.cap_of(&record.labels).is_some()
         {
-            self.capacity_changed = true;
+            self.capacity_changed.insert(record.lane());
         }
         let id = record.activity_id;
         if self.records.defer {
@@ -1100,5 +1131,29 @@ impl Txn for PgTxn<'_> {
     fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
         self.execute_other(sql::PRUNE_OWNERS, &[&retention.before.as_millis()])
             .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(key: &str) -> LaneKey {
+        LaneKey::parse(key).unwrap()
+    }
+
+    #[test]
+    fn a_notice_names_its_lanes_and_any_lane_when_they_do_not_fit() {
+        let lanes = BTreeSet::from([lane("kb::ollama"), lane("chat.v2::openai-compat")]);
+        let payload = notice(&lanes);
+        assert_eq!(noticed(&payload), Some(lanes.into_iter().collect()));
+        // Too many lanes for PostgreSQL's payload: an empty one, any lane.
+        let many: BTreeSet<_> = (0..100)
+            .map(|n| lane(&format!("{}::{}{n}", "s".repeat(60), "p".repeat(60))))
+            .collect();
+        assert_eq!(notice(&many), "");
+        assert_eq!(noticed(""), None);
+        // One this version cannot read wakes every lane rather than none.
+        assert_eq!(noticed("kb::ollama not-a-lane"), None);
     }
 }

@@ -16,6 +16,7 @@
 //! connection fails its group as `unavailable` and is opened again for the
 //! next one, so the store recovers by itself when the server returns.
 
+use std::collections::BTreeSet;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -497,7 +498,7 @@ fn run_commands(
     let mut results = Vec::with_capacity(commands.len());
     let mut landed = Vec::with_capacity(commands.len());
     let mut counts = PendingCounts::default();
-    let mut capacity_changed = false;
+    let mut capacity_changed = BTreeSet::new();
     for command in commands {
         if matches!(command, Command::Snapshot { .. }) {
             counts
@@ -515,7 +516,7 @@ fn run_commands(
         let pending = std::mem::take(&mut txn.counts);
         let did = std::mem::take(&mut txn.landed);
         let fault = txn.fault;
-        let changed = txn.capacity_changed;
+        let changed = std::mem::take(&mut txn.capacity_changed);
         match fault {
             Some(Fault::Retry) => return Err(Failed::Retry(result.err().unwrap_or_else(deadlock))),
             Some(Fault::Unavailable) => {
@@ -546,7 +547,7 @@ fn run_commands(
         }
         if keep {
             counts.merge(pending);
-            capacity_changed |= changed;
+            capacity_changed.extend(changed);
             results.push(result);
             landed.push(did);
         } else {
@@ -570,8 +571,9 @@ fn run_commands(
         .previous()
         .is_none_or(|previous| previous.wait_for(Duration::ZERO));
     turn.hand_on();
+    let notice = (!capacity_changed.is_empty()).then(|| txn::notice(&capacity_changed));
     let last = txn::Last {
-        notify: capacity_changed,
+        notify: notice.as_deref(),
         commit: committing,
     };
     let written = txn::write_group(conn, &mut records, &mut counts, last);
