@@ -12,9 +12,10 @@
 //! taken) is run again with each write sent at once, so that the command
 //! at fault is told. One that meets
 //! a deadlock (lane locks taken in different orders by two groups) or a
-//! serialization failure is rolled back and run again whole. A lost
-//! connection fails its group as `unavailable` and is opened again for the
-//! next one, so the store recovers by itself when the server returns.
+//! serialization failure is rolled back and run again whole. A connection
+//! lost mid-transaction fails its group as `unavailable` and is opened
+//! again for the next one, so the store recovers by itself when the server
+//! returns; one found lost by the group's `BEGIN` is replaced at once.
 
 use std::collections::BTreeSet;
 use std::sync::mpsc;
