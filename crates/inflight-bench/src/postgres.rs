@@ -171,7 +171,7 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             },
             paired_ratio: Some(ratio),
             note: format!(
-                "{callers} callers (ours: tokio tasks, {pool} writer connections, group commit; baseline: \
+                "{callers} callers (ours: tokio tasks, writer connections: {pool}, group commit; baseline: \
                  tokio-postgres, a connection per caller, one autocommit statement per transition); \
                  synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
                  (min {r_min:.2}x, max {r_max:.2}x)",
