@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::domain::labels::LabelError;
+use crate::domain::query::LinePlace;
 use crate::domain::record::LaneKey;
 use crate::domain::transition::Refusal;
 
@@ -45,12 +46,6 @@ impl ErrorKind {
         }
     }
 }
-
-/// A record's place in its lane's line: its `enqueuedAt`, then its id.
-pub(crate) type LinePlace = (
-    crate::domain::timestamp::Timestamp,
-    crate::domain::record::ActivityId,
-);
 
 /// An error from the ledger.
 ///

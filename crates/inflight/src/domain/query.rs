@@ -39,10 +39,13 @@ pub fn due_order(record: &ActivityRecord) -> (Option<Timestamp>, ActivityId) {
     (record.reapable_at, record.activity_id)
 }
 
+/// A record's place in [`line_order`]: its `enqueuedAt`, then its id.
+pub type LinePlace = (Timestamp, ActivityId);
+
 /// The order of records in flight, in a snapshot and in an owner's work:
 /// by `enqueuedAt`, then id. It is also the order of a lane's line.
 #[inline]
-pub fn line_order(record: &ActivityRecord) -> (Timestamp, ActivityId) {
+pub fn line_order(record: &ActivityRecord) -> LinePlace {
     (record.enqueued_at, record.activity_id)
 }
 

@@ -15,9 +15,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::domain::query::LinePlace;
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::timestamp::Timestamp;
-use crate::error::{ErrorKind, LedgerError, LinePlace};
+use crate::error::{ErrorKind, LedgerError};
 use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
 use crate::stats::Rejection;
 

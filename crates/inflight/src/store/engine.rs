@@ -376,8 +376,11 @@ fn admit(
                 "lane {lane} is full (cap {cap}); activity {} keeps its place in line",
                 record.activity_id
             );
-            let place = (record.enqueued_at, record.activity_id);
-            Err(LedgerError::lane_full(lane, Some(place), message))
+            Err(LedgerError::lane_full(
+                lane,
+                Some(query::line_order(record)),
+                message,
+            ))
         }
     }
 }
