@@ -15,7 +15,6 @@ use postgres::fallible_iterator::FallibleIterator;
 use crate::domain::record::LaneKey;
 use crate::store::Wake;
 
-use super::txn::noticed;
 use super::{sql, Settings};
 
 /// How long the listener waits for a notification before it looks at
@@ -92,9 +91,63 @@ pub(super) fn listen_loop(settings: &Settings, wake: &Mutex<Option<Wake>>, stop:
     }
 }
 
+/// The payload of a notification: the lanes whose slots changed, as
+/// `service::provider` separated by spaces (labels hold none), or empty,
+/// which means any lane, when they would not fit in PostgreSQL's 8,000
+/// bytes.
+pub(super) fn notice(lanes: &BTreeSet<LaneKey>) -> String {
+    let payload = lanes
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if payload.len() < NOTICE_MAX {
+        payload
+    } else {
+        String::new()
+    }
+}
+
+/// The most a payload may hold (PostgreSQL's limit is 8,000 bytes).
+const NOTICE_MAX: usize = 7_900;
+
+/// The lanes a notification's payload names, or `None` for any lane: an
+/// empty payload (an earlier version's, or too many lanes) or one this
+/// version cannot read.
+pub(super) fn noticed(payload: &str) -> Option<Vec<LaneKey>> {
+    if payload.is_empty() {
+        return None;
+    }
+    payload.split(' ').map(|lane| LaneKey::parse(lane).ok()).collect()
+}
+
 /// `pause` plus up to half of it again, so that instances that lost the
 /// server together do not all come back in the same instant.
 fn jittered(pause: Duration) -> Duration {
     let random = RandomState::new().hash_one(Instant::now());
     pause + pause.mul_f64((random % 1000) as f64 / 2000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(key: &str) -> LaneKey {
+        LaneKey::parse(key).unwrap()
+    }
+
+    #[test]
+    fn a_notice_names_its_lanes_and_any_lane_when_they_do_not_fit() {
+        let lanes = BTreeSet::from([lane("kb::ollama"), lane("chat.v2::openai-compat")]);
+        let payload = notice(&lanes);
+        assert_eq!(noticed(&payload), Some(lanes.into_iter().collect()));
+        // Too many lanes for PostgreSQL's payload: an empty one, any lane.
+        let many: BTreeSet<_> = (0..100)
+            .map(|n| lane(&format!("{}::{}{n}", "s".repeat(60), "p".repeat(60))))
+            .collect();
+        assert_eq!(notice(&many), "");
+        assert_eq!(noticed(""), None);
+        // One this version cannot read wakes every lane rather than none.
+        assert_eq!(noticed("kb::ollama not-a-lane"), None);
+    }
 }

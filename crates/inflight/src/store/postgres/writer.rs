@@ -32,9 +32,9 @@ use crate::stats::{CallStats, Landed};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
-use super::sql;
 use super::txn::{self, Conn, Fault, PendingCounts, PgTxn, Records, Unflushed};
 use super::Settings;
+use super::{listen, sql};
 
 /// The most commands grouped into one transaction.
 const MAX_GROUP: usize = 256;
@@ -123,6 +123,11 @@ impl Done {
         while !*ended {
             ended = self.changed.wait(ended).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Whether the group and every earlier one have ended.
+    fn has_ended(&self) -> bool {
+        *self.ended.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether the group and every earlier one ended within `timeout`.
@@ -568,11 +573,9 @@ fn run_commands(
     let had_records = records.has_pending();
     // With the earlier groups ended (always, with one writer), nothing
     // holds the COMMIT back: it goes in the writes' round trip.
-    let committing = turn
-        .previous()
-        .is_none_or(|previous| previous.wait_for(Duration::ZERO));
+    let committing = turn.previous().is_none_or(Done::has_ended);
     turn.hand_on();
-    let notice = (!capacity_changed.is_empty()).then(|| txn::notice(&capacity_changed));
+    let notice = (!capacity_changed.is_empty()).then(|| listen::notice(&capacity_changed));
     let last = txn::Last {
         notify: notice.as_deref(),
         commit: committing,
