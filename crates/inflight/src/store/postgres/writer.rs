@@ -661,6 +661,14 @@ mod tests {
         }
     }
 
+    /// A writer that has begun one record, connected by that group.
+    fn writer_with_record(database: &TestDatabase) -> (Writer, NewActivity) {
+        let mut writer = writer(database);
+        let new = NewActivity::fixture("chat");
+        assert!(writer.run_group(vec![begin(&new)])[0].is_ok());
+        (writer, new)
+    }
+
     /// A store with `pool` writers on the schema, on a fake clock, and a
     /// runtime to await its answers on.
     fn store_of_writers(database: &TestDatabase, pool: usize) -> (PostgresStore, tokio::runtime::Runtime) {
@@ -884,9 +892,7 @@ mod tests {
     #[test]
     fn a_group_on_a_connection_lost_while_idle_begins_again_on_a_new_one() {
         let database = TestDatabase::new();
-        let mut writer = writer(&database);
-        let new = NewActivity::fixture("chat");
-        assert!(writer.run_group(vec![begin(&new)])[0].is_ok());
+        let (mut writer, new) = writer_with_record(&database);
         let conn = writer.conn.as_ref().expect("connected by the first group");
         let pid: i32 = conn.client.query(BACKEND_PID, &[]).unwrap()[0].get(0);
         database.client().execute(TERMINATE_BACKEND, &[&pid]).unwrap();
@@ -898,9 +904,7 @@ mod tests {
     #[test]
     fn a_group_whose_records_stay_locked_elsewhere_fails_and_the_next_runs() {
         let database = TestDatabase::new();
-        let mut writer = writer(&database);
-        let new = NewActivity::fixture("chat");
-        assert!(writer.run_group(vec![begin(&new)])[0].is_ok());
+        let (mut writer, new) = writer_with_record(&database);
         // Waits a short while for a lock, not the store's 4 s.
         let conn = writer.conn.as_mut().expect("connected by the first group");
         conn.client.batch_execute("SET lock_timeout = '200ms'").unwrap();
