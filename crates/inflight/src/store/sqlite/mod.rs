@@ -28,12 +28,14 @@ use crate::stats::{CallSnapshot, CallStats};
 use super::{Command, Reply, Store, StoreFuture};
 
 mod cache;
+mod checkpoint;
 mod rows;
 mod schema;
 mod sql;
 mod txn;
 mod writer;
 
+use checkpoint::Checkpointer;
 use schema::{connect, migrate, rebound_in_flight};
 use txn::PendingCounts;
 use writer::{write_loop, Job};
@@ -95,12 +97,17 @@ impl SqliteStore {
         let mut conn = connect(&path, synchronous)?;
         migrate(&mut conn)?;
         rebound_in_flight(&mut conn, &config)?;
+        // Checkpoints run on their own thread; the writer's connection
+        // checkpoints only once the log is long (see `checkpoint`).
+        conn.pragma_update(None, "wal_autocheckpoint", checkpoint::WRITER_PAGES)
+            .map_err(sql_error("cannot set PRAGMA wal_autocheckpoint"))?;
+        let checkpointer = Checkpointer::start(&path, synchronous)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let calls = Arc::new(Mutex::new(CallStats::default()));
         let published = Arc::clone(&calls);
         thread::Builder::new()
             .name("inflight-sqlite".into())
-            .spawn(move || write_loop(conn, &config, clock.as_ref(), &published, &queue))
+            .spawn(move || write_loop(conn, checkpointer, &config, clock.as_ref(), &published, &queue))
             .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
         Ok(Self { path, jobs, calls })
     }
@@ -531,5 +538,117 @@ mod tests {
         );
         assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
         assert_eq!(snapshot_of(&results[3]).total_activities, 2);
+    }
+
+    #[test]
+    fn a_checkpoint_by_another_connection_keeps_the_writers_records() {
+        let (dir, conn) = database();
+        let checkpointer = connect(&dir.path().join("counts.db"), Synchronous::Full).unwrap();
+        let config = LedgerConfig::default();
+        let clock = FakeClock::at(T0);
+        let calls = Mutex::default();
+        let mut ours = rows::Statements::new(&conn);
+        let id = ActivityId::new();
+        run_group(&mut ours, &config, &clock, &calls, vec![begin(id)]);
+
+        let (log, copied): (i64, i64) = checkpointer
+            .query_row(sql::CHECKPOINT, [], |row| Ok((row.get(1)?, row.get(2)?)))
+            .unwrap();
+        assert!(log > 0 && copied == log, "{copied} of {log} pages copied");
+
+        // The next transaction's `data_version` check keeps the record: a
+        // checkpoint moves pages, not data.
+        run_group(&mut ours, &config, &clock, &calls, vec![snapshot()]);
+        assert!(
+            ours.records.get(id).is_some(),
+            "the checkpoint made the writer forget its records"
+        );
+    }
+
+    /// The committed rows in the database file alone, without its log, as
+    /// far as checkpoints copied them; `None` while the copy is torn or
+    /// has no schema yet.
+    fn records_in_database_file(path: &Path) -> Option<i64> {
+        let copy = tempfile::tempdir().unwrap();
+        let copied = copy.path().join("copy.db");
+        std::fs::copy(path, &copied).ok()?;
+        let conn = Connection::open(&copied).ok()?;
+        conn.query_row(sql::STORED_RECORDS, [], |row| row.get(0)).ok()
+    }
+
+    fn store_at(path: &Path) -> SqliteStore {
+        let config = Arc::new(LedgerConfig::default());
+        SqliteStore::open_with(path, Synchronous::Normal, config, Arc::new(FakeClock::at(T0))).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_checkpointer_copies_the_log_into_the_database_file_without_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpointed.db");
+        let store = store_at(&path);
+        // A few pages of log: far below what makes the writer checkpoint.
+        for _ in 0..5 {
+            store.execute(begin(ActivityId::new())).await.unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while records_in_database_file(&path) != Some(5) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the database file alone holds {:?} records after 10 s",
+                records_in_database_file(&path)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        store.close().await.unwrap();
+    }
+
+    /// The `-wal` file's checkpoint sequence (bytes 12 to 16 of its
+    /// header): it moves each time the log restarts from its beginning.
+    fn log_restarts(path: &Path) -> u32 {
+        let header = std::fs::read(path).unwrap();
+        u32::from_be_bytes(header[12..16].try_into().unwrap())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_log_restarts_while_writes_never_pause() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("busy.db");
+        let log = dir.path().join("busy.db-wal");
+        let store = Arc::new(store_at(&path));
+        store.execute(begin(ActivityId::new())).await.unwrap();
+        let first = log_restarts(&log);
+        // Callers that always have a command queued: a commit follows the
+        // last with no pause, so a checkpoint beside them never finds the
+        // whole log copied.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let callers: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, stop) = (Arc::clone(&store), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        store.execute(begin(ActivityId::new())).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        // A frame is a page and a 24-byte header. The writer lets the log
+        // grow to `WRITER_PAGES` frames, and a group of 8 adds a few dozen.
+        let bound = 2 * u64::from(checkpoint::WRITER_PAGES) * (4096 + 24);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut largest = 0;
+        while log_restarts(&log) < first + 2 {
+            largest = largest.max(std::fs::metadata(&log).unwrap().len());
+            assert!(largest <= bound, "the log grew to {largest} bytes");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log restarted less than twice in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for caller in callers {
+            caller.await.unwrap();
+        }
+        assert!(largest > 0);
     }
 }

@@ -236,6 +236,10 @@ pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO command";
 /// Moves when another connection committed to the file: whether the
 /// writer's cached records are still the stored rows (`cache.rs`).
 pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
+/// Copies what it can of the log into the database file without waiting
+/// for the write lock (the checkpointer's); answers busy, log pages, pages
+/// copied.
+pub(super) const CHECKPOINT: &str = "PRAGMA wal_checkpoint(PASSIVE)";
 
 pub(super) const GET_RECORD: &str = concat!(
     "SELECT ",
@@ -473,6 +477,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("RELEASE", RELEASE, Reach::Control),
     ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),
     ("DATA_VERSION", DATA_VERSION, Reach::Control),
+    ("CHECKPOINT", CHECKPOINT, Reach::Control),
     ("GET_RECORD", GET_RECORD, Reach::Indexed),
     ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
@@ -586,6 +591,7 @@ mod tests {
                 ("rows.rs", include_str!("rows.rs")),
                 ("txn.rs", include_str!("txn.rs")),
                 ("cache.rs", include_str!("cache.rs")),
+                ("checkpoint.rs", include_str!("checkpoint.rs")),
             ],
             &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "RELEASE"],
             include_str!("sql.rs"),

@@ -20,6 +20,7 @@ use crate::stats::{CallStats, Landed};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
+use super::checkpoint::Checkpointer;
 use super::rows::Statements;
 use super::sql;
 use super::txn::{PendingCounts, SqliteTxn};
@@ -40,6 +41,7 @@ pub(super) enum Job {
 
 pub(super) fn write_loop(
     conn: Connection,
+    checkpointer: Checkpointer,
     config: &LedgerConfig,
     clock: &dyn Clock,
     calls: &Mutex<CallStats>,
@@ -78,6 +80,7 @@ pub(super) fn write_loop(
                 // A caller that went away still had its command committed.
                 let _ = reply.send(result);
             }
+            checkpointer.nudge();
         }
         if closing.is_some() {
             break;
@@ -85,6 +88,7 @@ pub(super) fn write_loop(
     }
     // Closed before the caller of `close` hears of it; commands queued
     // after the close are dropped, and their callers told the store closed.
+    checkpointer.stop();
     drop(statements);
     drop(conn);
     if let Some(done) = closing {
