@@ -214,6 +214,41 @@ mod tests {
         (dir, conn)
     }
 
+    /// What a writer runs its groups with in these tests: the default
+    /// configuration, a fake clock at `T0`, its call statistics.
+    struct Writer {
+        config: LedgerConfig,
+        clock: FakeClock,
+        calls: Mutex<CallStats>,
+    }
+
+    impl Writer {
+        fn new() -> Self {
+            Self {
+                config: LedgerConfig::default(),
+                clock: FakeClock::at(T0),
+                calls: Mutex::default(),
+            }
+        }
+
+        /// Runs `commands` as one group on `statements`.
+        fn run(
+            &self,
+            statements: &mut rows::Statements<'_>,
+            commands: Vec<Command>,
+        ) -> Vec<Result<Reply, LedgerError>> {
+            run_group(statements, &self.config, &self.clock, &self.calls, commands)
+        }
+    }
+
+    /// A migrated database and a second connection to it, as another
+    /// process would hold.
+    fn database_and_another() -> (tempfile::TempDir, Connection, Connection) {
+        let (dir, conn) = database();
+        let other = connect(&dir.path().join("counts.db"), Synchronous::Full).unwrap();
+        (dir, conn, other)
+    }
+
     fn snapshot() -> Command {
         Command::Snapshot {
             options: SnapshotOptions::default(),
@@ -233,17 +268,9 @@ mod tests {
         use crate::domain::record::{Disposition, ReapReason};
 
         let (_dir, mut conn) = database();
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
-        let calls = Mutex::default();
+        let writer = Writer::new();
         let run = |conn: &Connection, command: Command| {
-            let mut results = run_group(
-                &mut rows::Statements::new(conn),
-                &config,
-                &clock,
-                &calls,
-                vec![command],
-            );
+            let mut results = writer.run(&mut rows::Statements::new(conn), vec![command]);
             results.pop().unwrap().unwrap()
         };
         let Reply::Owner(owner) = run(
@@ -265,7 +292,7 @@ mod tests {
             };
             run(&conn, Command::Begin { new });
         }
-        clock.advance(std::time::Duration::from_secs(2));
+        writer.clock.advance(std::time::Duration::from_secs(2));
         run(&conn, Command::Reap);
         let totals = |conn: &Connection| {
             let reply = run(conn, snapshot());
@@ -290,15 +317,11 @@ mod tests {
     #[test]
     fn a_group_writes_its_counts_once_and_a_snapshot_in_it_sees_them() {
         let (_dir, conn) = database();
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
+        let writer = Writer::new();
         let (a, b) = (ActivityId::new(), ActivityId::new());
 
-        let results = run_group(
+        let results = writer.run(
             &mut rows::Statements::new(&conn),
-            &config,
-            &clock,
-            &Mutex::default(),
             vec![begin(a), begin(b), snapshot()],
         );
         assert_eq!(
@@ -316,24 +339,12 @@ mod tests {
                 at: None,
             },
         };
-        let results = run_group(
-            &mut rows::Statements::new(&conn),
-            &config,
-            &clock,
-            &Mutex::default(),
-            vec![settle, snapshot()],
-        );
+        let results = writer.run(&mut rows::Statements::new(&conn), vec![settle, snapshot()]);
         assert!(results[0].is_ok());
         assert_eq!(snapshot_of(&results[1]).total_recent_completions, 1);
 
         // Written at the commit: a later group reads them from the file.
-        let results = run_group(
-            &mut rows::Statements::new(&conn),
-            &config,
-            &clock,
-            &Mutex::default(),
-            vec![snapshot()],
-        );
+        let results = writer.run(&mut rows::Statements::new(&conn), vec![snapshot()]);
         let after = snapshot_of(&results[0]);
         assert_eq!((after.total_activities, after.total_in_flight), (2, 1));
         assert_eq!(after.total_recent_completions, 1);
@@ -363,35 +374,20 @@ mod tests {
     fn a_writer_reads_again_what_another_connection_changed() {
         use crate::domain::record::State;
 
-        let (dir, conn) = database();
-        let other = connect(&dir.path().join("counts.db"), Synchronous::Full).unwrap();
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
-        let calls = Mutex::default();
+        let (_dir, conn, other) = database_and_another();
+        let writer = Writer::new();
         // One writer's statements, and so its cached records, across groups.
         let mut ours = rows::Statements::new(&conn);
         let id = ActivityId::new();
-        run_group(&mut ours, &config, &clock, &calls, vec![begin(id)]);
+        writer.run(&mut ours, vec![begin(id)]);
 
         // Another process cancels it; our writer's copy still says waiting.
-        let results = run_group(
-            &mut rows::Statements::new(&other),
-            &config,
-            &clock,
-            &calls,
-            vec![cancel(id, "elsewhere")],
-        );
+        let results = writer.run(&mut rows::Statements::new(&other), vec![cancel(id, "elsewhere")]);
         assert_eq!(record_of(&results[0]).state, State::Cancelled);
 
-        let results = run_group(&mut ours, &config, &clock, &calls, vec![start(id)]);
+        let results = writer.run(&mut ours, vec![start(id)]);
         assert_eq!(results[0].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
-        let results = run_group(
-            &mut rows::Statements::new(&other),
-            &config,
-            &clock,
-            &calls,
-            vec![Command::Get { id }],
-        );
+        let results = writer.run(&mut rows::Statements::new(&other), vec![Command::Get { id }]);
         assert_eq!(record_of(&results[0]).state, State::Cancelled);
     }
 
@@ -410,30 +406,19 @@ mod tests {
 
         let (_dir, conn) = database();
         refuse_cancel_reason_boom(&conn);
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
-        let calls = Mutex::default();
+        let writer = Writer::new();
         let mut ours = rows::Statements::new(&conn);
         let (a, b) = (ActivityId::new(), ActivityId::new());
-        run_group(&mut ours, &config, &clock, &calls, vec![begin(a), begin(b)]);
+        writer.run(&mut ours, vec![begin(a), begin(b)]);
 
         // Run whole, the start of `a` lands, then the cancel of `b` fails and
         // the whole group is rolled back and run again command by command:
         // the start must then find `a` waiting, as the file has it.
-        let results = run_group(
-            &mut ours,
-            &config,
-            &clock,
-            &calls,
-            vec![start(a), cancel(b, "boom")],
-        );
+        let results = writer.run(&mut ours, vec![start(a), cancel(b, "boom")]);
         assert_eq!(record_of(&results[0]).state, State::Executing);
         assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Storage);
-        let results = run_group(
+        let results = writer.run(
             &mut rows::Statements::new(&conn),
-            &config,
-            &clock,
-            &calls,
             vec![Command::Get { id: a }, Command::Get { id: b }],
         );
         assert_eq!(record_of(&results[0]).state, State::Executing);
@@ -444,12 +429,10 @@ mod tests {
     fn an_aggregate_stored_by_a_group_rolled_back_is_stored_again() {
         let (_dir, conn) = database();
         refuse_cancel_reason_boom(&conn);
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
-        let calls = Mutex::default();
+        let writer = Writer::new();
         let mut ours = rows::Statements::new(&conn);
         let b = ActivityId::new();
-        run_group(&mut ours, &config, &clock, &calls, vec![begin(b)]);
+        writer.run(&mut ours, vec![begin(b)]);
 
         // The snapshot writes the new aggregate's row, the cancel then
         // fails: the group is rolled back, row and all, and run again.
@@ -457,17 +440,14 @@ mod tests {
             activity_id: ActivityId::new(),
             ..NewActivity::fixture("chat")
         };
-        let results = run_group(
+        let results = writer.run(
             &mut ours,
-            &config,
-            &clock,
-            &calls,
             vec![Command::Begin { new }, snapshot(), cancel(b, "boom")],
         );
         assert!(results[0].is_ok(), "{results:?}");
         assert_eq!(snapshot_of(&results[1]).aggregates.len(), 2);
         assert_eq!(results[2].as_ref().unwrap_err().kind(), ErrorKind::Storage);
-        let results = run_group(&mut ours, &config, &clock, &calls, vec![snapshot()]);
+        let results = writer.run(&mut ours, vec![snapshot()]);
         let totals: Vec<i64> = snapshot_of(&results[0])
             .aggregates
             .iter()
@@ -479,9 +459,7 @@ mod tests {
     #[test]
     fn lifecycles_on_a_writer_with_every_statement_prepared_never_miss_the_lookaside() {
         let (_dir, conn) = database();
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
-        let calls = Mutex::default();
+        let writer = Writer::new();
         let mut ours = rows::Statements::new(&conn);
         for (_, statement, _) in sql::STATEMENTS {
             ours.prepare(statement).unwrap();
@@ -515,7 +493,7 @@ mod tests {
         for _ in 0..20 {
             let id = ActivityId::new();
             for command in [begin(id), start(id), settle(id), snapshot()] {
-                let results = run_group(&mut ours, &config, &clock, &calls, vec![command]);
+                let results = writer.run(&mut ours, vec![command]);
                 assert!(results[0].is_ok(), "{results:?}");
             }
         }
@@ -525,15 +503,11 @@ mod tests {
     #[test]
     fn a_refused_begin_in_a_group_counts_nothing() {
         let (_dir, conn) = database();
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
+        let writer = Writer::new();
         let (a, b) = (ActivityId::new(), ActivityId::new());
         let duplicate = begin(a);
-        let results = run_group(
+        let results = writer.run(
             &mut rows::Statements::new(&conn),
-            &config,
-            &clock,
-            &Mutex::default(),
             vec![begin(a), duplicate, begin(b), snapshot()],
         );
         assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
@@ -542,14 +516,11 @@ mod tests {
 
     #[test]
     fn a_checkpoint_by_another_connection_keeps_the_writers_records() {
-        let (dir, conn) = database();
-        let checkpointer = connect(&dir.path().join("counts.db"), Synchronous::Full).unwrap();
-        let config = LedgerConfig::default();
-        let clock = FakeClock::at(T0);
-        let calls = Mutex::default();
+        let (_dir, conn, checkpointer) = database_and_another();
+        let writer = Writer::new();
         let mut ours = rows::Statements::new(&conn);
         let id = ActivityId::new();
-        run_group(&mut ours, &config, &clock, &calls, vec![begin(id)]);
+        writer.run(&mut ours, vec![begin(id)]);
 
         let (log, copied): (i64, i64) = checkpointer
             .query_row(sql::CHECKPOINT, [], |row| Ok((row.get(1)?, row.get(2)?)))
@@ -558,7 +529,7 @@ mod tests {
 
         // The next transaction's `data_version` check keeps the record: a
         // checkpoint moves pages, not data.
-        run_group(&mut ours, &config, &clock, &calls, vec![snapshot()]);
+        writer.run(&mut ours, vec![snapshot()]);
         assert!(
             ours.records.get(id).is_some(),
             "the checkpoint made the writer forget its records"
