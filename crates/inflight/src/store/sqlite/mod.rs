@@ -9,7 +9,6 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
@@ -29,6 +28,7 @@ use super::{Command, Reply, Store, StoreFuture};
 
 mod cache;
 mod checkpoint;
+mod handoff;
 mod rows;
 mod schema;
 mod sql;
@@ -36,9 +36,9 @@ mod txn;
 mod writer;
 
 use checkpoint::Checkpointer;
+use handoff::{Core, Handoff};
 use schema::{connect, migrate, rebound_in_flight};
 use txn::PendingCounts;
-use writer::{write_loop, Job};
 
 /// How long a writer waits for another process's transaction to finish.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,7 +56,7 @@ pub fn pragmas(synchronous: Synchronous) -> [(&'static str, &'static str); 2] {
 /// host.
 pub struct SqliteStore {
     path: PathBuf,
-    jobs: mpsc::Sender<Job>,
+    handoff: Arc<Handoff>,
     /// The call histograms, which the writer thread publishes to after
     /// each commit.
     calls: Arc<Mutex<CallStats>>,
@@ -102,14 +102,16 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", checkpoint::WRITER_PAGES)
             .map_err(sql_error("cannot set PRAGMA wal_autocheckpoint"))?;
         let checkpointer = Checkpointer::start(&path, synchronous)?;
-        let (jobs, queue) = mpsc::channel::<Job>();
         let calls = Arc::new(Mutex::new(CallStats::default()));
-        let published = Arc::clone(&calls);
+        let inline = synchronous == Synchronous::Normal;
+        let core = Core::new(conn, checkpointer);
+        let handoff = Arc::new(Handoff::new(core, inline, config, clock, Arc::clone(&calls)));
+        let writer = Arc::clone(&handoff);
         thread::Builder::new()
             .name("inflight-sqlite".into())
-            .spawn(move || write_loop(conn, checkpointer, &config, clock.as_ref(), &published, &queue))
+            .spawn(move || writer.write_loop())
             .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
-        Ok(Self { path, jobs, calls })
+        Ok(Self { path, handoff, calls })
     }
 
     /// The database file.
@@ -120,12 +122,7 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn execute(&self, command: Command) -> StoreFuture {
-        let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.send(Job::Run(command, reply));
-        StoreFuture::pending(async move {
-            sent.map_err(|_| LedgerError::closed())?;
-            answer.await.map_err(|_| LedgerError::closed())?
-        })
+        self.handoff.submit(command)
     }
 
     fn call_stats(&self) -> CallSnapshot {
@@ -137,12 +134,20 @@ impl Store for SqliteStore {
 
     fn close(&self) -> StoreFuture {
         let (done, closed) = oneshot::channel();
-        // Already closed when the writer is gone: nothing left to flush.
-        let _ = self.jobs.send(Job::Close(done));
+        self.handoff.close(done);
         StoreFuture::pending(async move {
             let _ = closed.await;
             Ok(Reply::Closed)
         })
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // The writer thread ends once what is queued is answered, and
+        // closes the connection; no one waits for it.
+        let (done, _) = oneshot::channel();
+        self.handoff.close(done);
     }
 }
 
@@ -237,7 +242,14 @@ mod tests {
             statements: &mut rows::Statements<'_>,
             commands: Vec<Command>,
         ) -> Vec<Result<Reply, LedgerError>> {
-            run_group(statements, &self.config, &self.clock, &self.calls, commands)
+            run_group(
+                statements,
+                &self.config,
+                &self.clock,
+                &self.calls,
+                commands,
+                writer::Begun::No,
+            )
         }
     }
 
@@ -548,8 +560,102 @@ mod tests {
     }
 
     fn store_at(path: &Path) -> SqliteStore {
+        store_with(path, Synchronous::Normal)
+    }
+
+    fn store_with(path: &Path, synchronous: Synchronous) -> SqliteStore {
         let config = Arc::new(LedgerConfig::default());
-        SqliteStore::open_with(path, Synchronous::Normal, config, Arc::new(FakeClock::at(T0))).unwrap()
+        SqliteStore::open_with(path, synchronous, config, Arc::new(FakeClock::at(T0))).unwrap()
+    }
+
+    /// Whether `future` was answered before it was returned: its command ran
+    /// on the caller's thread.
+    fn ran_inline(future: &StoreFuture) -> bool {
+        format!("{future:?}").contains("ready")
+    }
+
+    #[tokio::test]
+    async fn a_lone_caller_under_normal_runs_its_commands_on_its_own_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_at(&dir.path().join("inline.db"));
+        let id = ActivityId::new();
+        let begun = store.execute(begin(id));
+        assert!(ran_inline(&begun), "{begun:?}");
+        begun.await.unwrap();
+        let got = store.execute(Command::Get { id });
+        assert!(ran_inline(&got), "{got:?}");
+        match got.await.unwrap() {
+            Reply::Record(record) => assert_eq!(record.activity_id, id),
+            other => panic!("{other:?}"),
+        }
+        store.close().await.unwrap();
+        let after = store.execute(Command::Get { id });
+        assert_eq!(after.await.unwrap_err().kind(), ErrorKind::Closed);
+    }
+
+    #[tokio::test]
+    async fn under_full_every_command_goes_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with(&dir.path().join("full.db"), Synchronous::Full);
+        for _ in 0..3 {
+            let begun = store.execute(begin(ActivityId::new()));
+            assert!(!ran_inline(&begun), "{begun:?}");
+            begun.await.unwrap();
+        }
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lone_caller_does_not_wait_for_another_process_holding_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.db");
+        let store = store_at(&path);
+        store.execute(begin(ActivityId::new())).await.unwrap();
+        let other = connect(&path, Synchronous::Normal).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // Returned at once, to be answered by the writer thread, which
+        // waits for the lock in the caller's stead.
+        let started = std::time::Instant::now();
+        let id = ActivityId::new();
+        let begun = store.execute(begin(id));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!ran_inline(&begun), "{begun:?}");
+        // A later command queues behind it rather than running first.
+        let got = store.execute(Command::Get { id });
+        assert!(!ran_inline(&got), "{got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        other.execute_batch("COMMIT").unwrap();
+        begun.await.unwrap();
+        match got.await.unwrap() {
+            Reply::Record(record) => assert_eq!(record.activity_id, id),
+            other => panic!("{other:?}"),
+        }
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_store_dropped_without_close_closes_its_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dropped.db");
+        let log = dir.path().join("dropped.db-wal");
+        let store = store_at(&path);
+        store.execute(begin(ActivityId::new())).await.unwrap();
+        assert!(log.exists());
+        drop(store);
+        // The last connection to close copies the log and deletes it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while log.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log is still there after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(records_in_database_file(&path), Some(1));
     }
 
     #[tokio::test]

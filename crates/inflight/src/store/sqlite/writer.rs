@@ -1,15 +1,10 @@
-//! The writer thread: one per process, owning the connection. Commands that
-//! arrive while a transaction is being written are grouped into the next
-//! one (group commit), and each is acknowledged only once that transaction
-//! committed. A group runs without savepoints; one that meets a storage
-//! failure is rolled back and run again with a savepoint per command
-//! ([`run_group`]).
+//! Running a group of commands in one transaction (group commit, on the
+//! writer thread or on a lone caller's: `handoff.rs`); each is acknowledged
+//! only once that transaction committed. A group runs without savepoints;
+//! one that meets a storage failure is rolled back and run again with a
+//! savepoint per command ([`run_group`]).
 
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-use rusqlite::Connection;
-use tokio::sync::oneshot;
+use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
@@ -20,114 +15,45 @@ use crate::stats::{CallStats, Landed};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
-use super::checkpoint::Checkpointer;
 use super::rows::Statements;
 use super::sql;
 use super::txn::{PendingCounts, SqliteTxn};
 
 /// The most commands grouped into one transaction.
-const MAX_GROUP: usize = 256;
-/// The longest a group waits for the callers of the previous one.
-const GROUP_WAIT: Duration = Duration::from_micros(300);
+pub(super) const MAX_GROUP: usize = 256;
 
-/// What the writer thread is asked to do.
-pub(super) enum Job {
-    /// Run a command and answer it.
-    Run(Command, oneshot::Sender<Result<Reply, LedgerError>>),
-    /// Stop, once every job queued before this one has been answered;
-    /// answered once the connection is closed.
-    Close(oneshot::Sender<()>),
+/// Whether the first transaction of a group is already open.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Begun {
+    /// `run_group` begins it, waiting up to the busy timeout for another
+    /// process's transaction.
+    No,
+    /// [`begin_without_waiting`] began it.
+    Yes,
 }
 
-pub(super) fn write_loop(
-    conn: Connection,
-    checkpointer: Checkpointer,
-    config: &LedgerConfig,
-    clock: &dyn Clock,
-    calls: &Mutex<CallStats>,
-    queue: &mpsc::Receiver<Job>,
-) {
-    let mut statements = Statements::new(&conn);
-    let mut last_group = 1;
-    let mut closing = None;
-    while let Ok(first) = queue.recv() {
-        let mut group = Group::default();
-        group.push(first, &mut closing);
-        drain(queue, &mut group, &mut closing);
-        // Callers answered by the last commit resubmit within microseconds,
-        // while a commit costs a sync: when the last group was larger, wait
-        // briefly for them so that one sync serves them all. A lone caller
-        // (last group of one) never waits.
-        if group.commands.len() < last_group && closing.is_none() {
-            let until = Instant::now() + GROUP_WAIT;
-            while group.commands.len() < last_group && closing.is_none() {
-                let Some(left) = until.checked_duration_since(Instant::now()) else {
-                    break;
-                };
-                match queue.recv_timeout(left) {
-                    Ok(job) => {
-                        group.push(job, &mut closing);
-                        drain(queue, &mut group, &mut closing);
-                    }
-                    Err(_) => break,
-                }
-            }
+/// Begins a transaction if no other connection holds the write lock;
+/// `false` when one does, without waiting for it.
+///
+/// # Errors
+/// `Storage` when the transaction cannot be begun for another reason.
+pub(super) fn begin_without_waiting(conn: &mut Statements<'_>) -> Result<bool, LedgerError> {
+    let set = |conn: &Statements<'_>, timeout| {
+        conn.conn()
+            .busy_timeout(timeout)
+            .map_err(|err| LedgerError::storage("cannot set busy_timeout", err))
+    };
+    set(conn, Duration::ZERO)?;
+    let begun = control(conn, sql::BEGIN_IMMEDIATE);
+    set(conn, super::BUSY_TIMEOUT)?;
+    match begun {
+        Ok(()) => Ok(true),
+        Err(rusqlite::Error::SqliteFailure(failure, _))
+            if failure.code == rusqlite::ErrorCode::DatabaseBusy =>
+        {
+            Ok(false)
         }
-        last_group = group.commands.len().max(1);
-        if !group.commands.is_empty() {
-            let results = run_group(&mut statements, config, clock, calls, group.commands);
-            for (reply, result) in group.replies.into_iter().zip(results) {
-                // A caller that went away still had its command committed.
-                let _ = reply.send(result);
-            }
-            checkpointer.nudge();
-        }
-        if closing.is_some() {
-            break;
-        }
-    }
-    // Closed before the caller of `close` hears of it; commands queued
-    // after the close are dropped, and their callers told the store closed.
-    checkpointer.stop();
-    drop(statements);
-    drop(conn);
-    if let Some(done) = closing {
-        let _ = done.send(());
-    }
-}
-
-/// The commands of one transaction and their callers.
-#[derive(Default)]
-pub(super) struct Group {
-    commands: Vec<Command>,
-    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
-}
-
-impl Group {
-    /// Adds `job`; a close ends the group and is kept in `closing`.
-    fn push(&mut self, job: Job, closing: &mut Option<oneshot::Sender<()>>) {
-        match job {
-            Job::Run(command, reply) => {
-                self.commands.push(command);
-                self.replies.push(reply);
-            }
-            Job::Close(done) => *closing = Some(done),
-        }
-    }
-}
-
-/// Moves jobs already queued into `group`, up to [`MAX_GROUP`] commands,
-/// stopping at a close.
-pub(super) fn drain(
-    queue: &mpsc::Receiver<Job>,
-    group: &mut Group,
-    closing: &mut Option<oneshot::Sender<()>>,
-) {
-    while group.commands.len() < MAX_GROUP && closing.is_none() {
-        match queue.try_recv() {
-            Ok(job) => group.push(job, closing),
-            Err(_) => return,
-        }
+        Err(err) => Err(LedgerError::storage("cannot begin a transaction", err)),
     }
 }
 
@@ -146,10 +72,11 @@ pub(super) fn run_group(
     clock: &dyn Clock,
     calls: &Mutex<CallStats>,
     commands: Vec<Command>,
+    begun: Begun,
 ) -> Vec<Result<Reply, LedgerError>> {
     let count = commands.len();
-    let run = |conn: &mut Statements<'_>, commands, isolation| {
-        let (results, landed) = run_transaction(conn, config, clock, commands, isolation)?;
+    let run = |conn: &mut Statements<'_>, commands, isolation, begun| {
+        let (results, landed) = run_transaction(conn, config, clock, commands, isolation, begun)?;
         // Committed: what landed is published, each command's apart.
         let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
         for landed in landed.iter().filter(|landed| !landed.is_empty()) {
@@ -161,16 +88,16 @@ pub(super) fn run_group(
         Ok(results)
     };
     if count == 1 {
-        return match run(conn, commands, Isolation::Whole) {
+        return match run(conn, commands, Isolation::Whole, begun) {
             Ok(results) => results,
             Err(Failed::Command(err)) => vec![Err(err)],
             Err(Failed::Transaction(err)) => failed_all(count, &err),
         };
     }
     let again = commands.clone();
-    match run(conn, commands, Isolation::Whole) {
+    match run(conn, commands, Isolation::Whole, begun) {
         Ok(results) => results,
-        Err(Failed::Command(_)) => match run(conn, again, Isolation::PerCommand) {
+        Err(Failed::Command(_)) => match run(conn, again, Isolation::PerCommand, Begun::No) {
             Ok(results) => results,
             Err(Failed::Command(err) | Failed::Transaction(err)) => failed_all(count, &err),
         },
@@ -207,17 +134,20 @@ fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>
 /// did that landed.
 type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
 
-/// Runs `commands` in one `BEGIN IMMEDIATE` transaction and commits it;
-/// rolled back when it fails.
+/// Runs `commands` in one `BEGIN IMMEDIATE` transaction (begun here unless
+/// `begun`) and commits it; rolled back when it fails.
 fn run_transaction(
     conn: &mut Statements<'_>,
     config: &LedgerConfig,
     clock: &dyn Clock,
     commands: Vec<Command>,
     isolation: Isolation,
+    begun: Begun,
 ) -> Result<Committed, Failed> {
-    control(conn, sql::BEGIN_IMMEDIATE)
-        .map_err(|err| Failed::Transaction(LedgerError::storage("cannot begin a transaction", err)))?;
+    if begun == Begun::No {
+        control(conn, sql::BEGIN_IMMEDIATE)
+            .map_err(|err| Failed::Transaction(LedgerError::storage("cannot begin a transaction", err)))?;
+    }
     // Read once the write lock is held: no one else commits until ours.
     let version = conn
         .prepare(sql::DATA_VERSION)
@@ -304,7 +234,7 @@ fn run_commands(
 
 /// Rolls back the open transaction, if any (a failed `COMMIT` may have
 /// ended it already).
-fn rollback(conn: &mut Statements<'_>) {
+pub(super) fn rollback(conn: &mut Statements<'_>) {
     conn.forget_uncommitted();
     if !conn.conn().is_autocommit() {
         if let Err(err) = control(conn, sql::ROLLBACK) {

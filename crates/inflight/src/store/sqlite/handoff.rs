@@ -1,0 +1,382 @@
+//! Who runs a command: the caller itself, when it is alone, or the writer
+//! thread, which groups the commands that queue while a transaction is
+//! written into the next one (group commit).
+//!
+//! Handing a command to another thread and its reply back costs two
+//! wake-ups of a sleeping thread. On a virtual machine each is an
+//! interrupt between virtual processors, and together they cost a lone
+//! caller several times its command's SQL (docs/performance.md, "A lone
+//! caller runs its own command"). So under `normal`, a caller that finds
+//! nothing running and nothing queued, just after a group of one, runs its
+//! command on its own thread as a group of one. Under load, groups are
+//! larger than one and every command goes through the queue, where one
+//! commit serves a whole group.
+//!
+//! Under `full`, a commit waits for the disk's sync: a caller on an async
+//! runtime's worker must not block that long, so every command goes to the
+//! writer thread.
+//!
+//! Either way one transaction runs at a time (`State::busy`), commands run
+//! in the order they were submitted, and each is answered only once the
+//! transaction that holds it committed.
+
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+use crate::config::LedgerConfig;
+use crate::error::LedgerError;
+use crate::stats::CallStats;
+use crate::store::{Command, Reply, StoreFuture};
+
+use super::checkpoint::Checkpointer;
+use super::rows::Statements;
+use super::writer::{begin_without_waiting, rollback, run_group, Begun, MAX_GROUP};
+
+/// What the writer thread is asked to do.
+enum Job {
+    /// Run a command and answer it.
+    Run(Command, oneshot::Sender<Result<Reply, LedgerError>>),
+    /// Stop, once every job queued before this one has been answered;
+    /// answered once the connection is closed.
+    Close(oneshot::Sender<()>),
+}
+
+/// The longest a group waits for the callers of the previous one.
+const GROUP_WAIT: Duration = Duration::from_micros(300);
+
+/// The connection, the statements prepared on it and the checkpointer its
+/// commits nudge: what runs a group, owned by whoever runs one.
+pub(super) struct Core {
+    /// Borrows `conn`; dropped first (`Drop`).
+    statements: ManuallyDrop<Statements<'static>>,
+    /// Leaked by [`Core::new`] so that `statements` can borrow it for as
+    /// long as the core lives; taken back and closed by `Drop`.
+    conn: NonNull<Connection>,
+    checkpointer: Option<Checkpointer>,
+}
+
+// SAFETY: a `Core` is only used under the `Handoff::core` mutex, by one
+// thread at a time; SQLite's bundled build is threadsafe, and a connection
+// with its statements may move between threads as long as no two use them
+// at once. (`Statement` is not `Send` only because it borrows the
+// connection, which moves with it.)
+unsafe impl Send for Core {}
+
+impl Core {
+    pub(super) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
+        let conn = NonNull::from(Box::leak(Box::new(conn)));
+        // SAFETY: `conn` stays allocated until `Drop`, which drops the
+        // statements borrowing it first.
+        let statements = Statements::new(unsafe { conn.as_ref() });
+        Self {
+            statements: ManuallyDrop::new(statements),
+            conn,
+            checkpointer: Some(checkpointer),
+        }
+    }
+
+    pub(super) fn statements(&mut self) -> &mut Statements<'static> {
+        &mut self.statements
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // The checkpointer's connection closes first, so that the writer's,
+        // the last to close, copies the rest of the log and deletes it.
+        if let Some(checkpointer) = self.checkpointer.take() {
+            checkpointer.stop();
+        }
+        // SAFETY: the statements are dropped once, here, before the
+        // connection they borrow; the connection was leaked from a `Box` by
+        // `new` and is taken back once.
+        unsafe {
+            ManuallyDrop::drop(&mut self.statements);
+            drop(Box::from_raw(self.conn.as_ptr()));
+        }
+    }
+}
+
+/// What the store and its writer thread share.
+pub(super) struct Handoff {
+    state: Mutex<State>,
+    /// The writer thread waits on it for commands.
+    work: Condvar,
+    /// `None` once the store is closed.
+    core: Mutex<Option<Core>>,
+    /// Whether a lone caller may run its command itself (`normal`).
+    inline: bool,
+    config: Arc<LedgerConfig>,
+    clock: Arc<dyn Clock>,
+    calls: Arc<Mutex<CallStats>>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Job>,
+    /// A group is running, on the writer thread or on a caller's.
+    busy: bool,
+    /// The writer thread is waiting on `work` (for work, or for more
+    /// commands to join its group).
+    idle: bool,
+    /// How many commands the last group held.
+    last_group: usize,
+    /// A close was asked for: no command is taken after it.
+    closing: bool,
+}
+
+impl Handoff {
+    pub(super) fn new(
+        core: Core,
+        inline: bool,
+        config: Arc<LedgerConfig>,
+        clock: Arc<dyn Clock>,
+        calls: Arc<Mutex<CallStats>>,
+    ) -> Self {
+        Self {
+            state: Mutex::new(State {
+                last_group: 1,
+                ..State::default()
+            }),
+            work: Condvar::new(),
+            core: Mutex::new(Some(core)),
+            inline,
+            config,
+            clock,
+            calls,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `command` on this thread when the caller is alone (see the
+    /// module's doc), or queues it for the writer thread.
+    pub(super) fn submit(&self, command: Command) -> StoreFuture {
+        let mut state = self.state();
+        if state.closing {
+            return StoreFuture::ready(Err(LedgerError::closed()));
+        }
+        let command = if self.inline && !state.busy && state.queue.is_empty() && state.last_group == 1 {
+            state.busy = true;
+            drop(state);
+            match self.run_inline(command) {
+                Ok(result) => return StoreFuture::ready(result),
+                // Another process holds the write lock: the writer thread
+                // waits for it instead of this caller.
+                Err(command) => {
+                    state = self.state();
+                    command
+                }
+            }
+        } else {
+            command
+        };
+        let (reply, answer) = oneshot::channel();
+        state.queue.push_back(Job::Run(command, reply));
+        self.wake_writer(&state);
+        drop(state);
+        StoreFuture::pending(async move { answer.await.map_err(|_| LedgerError::closed())? })
+    }
+
+    /// Runs `command` as a group of one, holding `busy`; gives the command
+    /// back when another connection holds the write lock.
+    fn run_inline(&self, command: Command) -> Result<Result<Reply, LedgerError>, Command> {
+        // Clears `busy` however this ends, a panic included.
+        let _busy = Release(self);
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(core) = core.as_mut() else {
+            return Ok(Err(LedgerError::closed()));
+        };
+        match begin_without_waiting(core.statements()) {
+            Ok(true) => {}
+            Ok(false) => return Err(command),
+            Err(err) => return Ok(Err(err)),
+        }
+        let result = run_group(
+            core.statements(),
+            &self.config,
+            self.clock.as_ref(),
+            &self.calls,
+            vec![command],
+            Begun::Yes,
+        )
+        .pop()
+        .expect("one result per command");
+        if let Some(checkpointer) = &core.checkpointer {
+            checkpointer.nudge();
+        }
+        Ok(result)
+    }
+
+    /// Wakes the writer thread if it sleeps while commands wait: for work,
+    /// or for more commands to join the group it is gathering.
+    fn wake_writer(&self, state: &State) {
+        if state.idle && !state.queue.is_empty() {
+            self.work.notify_one();
+        }
+    }
+
+    /// Asks the writer thread to stop once every command queued before has
+    /// been answered; `done` hears once the connection is closed.
+    pub(super) fn close(&self, done: oneshot::Sender<()>) {
+        let mut state = self.state();
+        if state.closing {
+            // Closed already, or closing: answered once the first close is done.
+            drop(state);
+            let _ = done.send(());
+            return;
+        }
+        state.closing = true;
+        state.queue.push_back(Job::Close(done));
+        self.wake_writer(&state);
+    }
+
+    /// The writer thread: runs what callers queue, in groups, until a close.
+    pub(super) fn write_loop(&self) {
+        let _stopped = Stopped(self);
+        let mut state = self.state();
+        loop {
+            while state.queue.is_empty() || state.busy {
+                state.idle = true;
+                state = self.work.wait(state).unwrap_or_else(PoisonError::into_inner);
+                state.idle = false;
+            }
+            let mut group = Group::default();
+            group.take(&mut state.queue);
+            state.busy = true;
+            // Callers answered by the last commit resubmit within
+            // microseconds, while a commit costs a sync: when the last group
+            // was larger, wait briefly for them so that one sync serves them
+            // all. A lone caller (last group of one) never waits.
+            let last_group = state.last_group;
+            if group.commands.len() < last_group && group.closing.is_none() {
+                let until = Instant::now() + GROUP_WAIT;
+                while group.commands.len() < last_group && group.closing.is_none() {
+                    let Some(left) = until.checked_duration_since(Instant::now()) else {
+                        break;
+                    };
+                    if state.queue.is_empty() {
+                        state.idle = true;
+                        state = self
+                            .work
+                            .wait_timeout(state, left)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                        state.idle = false;
+                    }
+                    group.take(&mut state.queue);
+                }
+            }
+            drop(state);
+            let ran = group.commands.len();
+            let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(core) = core.as_mut() {
+                if ran > 0 {
+                    let results = run_group(
+                        core.statements(),
+                        &self.config,
+                        self.clock.as_ref(),
+                        &self.calls,
+                        group.commands,
+                        Begun::No,
+                    );
+                    for (reply, result) in group.replies.into_iter().zip(results) {
+                        // A caller that went away still had its command
+                        // committed.
+                        let _ = reply.send(result);
+                    }
+                    if let Some(checkpointer) = &core.checkpointer {
+                        checkpointer.nudge();
+                    }
+                }
+            }
+            if let Some(done) = group.closing {
+                // Closed before the caller of `close` hears of it; commands
+                // queued after the close are dropped with the queue, and
+                // their callers told the store closed.
+                *core = None;
+                drop(core);
+                let queued = std::mem::take(&mut self.state().queue);
+                drop(queued);
+                let _ = done.send(());
+                return;
+            }
+            drop(core);
+            state = self.state();
+            state.busy = false;
+            state.last_group = ran.max(1);
+        }
+    }
+}
+
+/// Closes the store if the writer thread ends by a panic: callers queued
+/// and to come are told it closed rather than left waiting.
+struct Stopped<'a>(&'a Handoff);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut state = self.0.state();
+            state.closing = true;
+            let queued = std::mem::take(&mut state.queue);
+            drop(state);
+            drop(queued);
+        }
+    }
+}
+
+/// Clears `busy` when an inline group ends, and hands what queued meanwhile
+/// to the writer thread.
+struct Release<'a>(&'a Handoff);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The command panicked mid-transaction: what it wrote is undone,
+            // so that the next group begins on a clean connection.
+            let mut core = self.0.core.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(core) = core.as_mut() {
+                rollback(core.statements());
+            }
+        }
+        let mut state = self.0.state();
+        state.busy = false;
+        state.last_group = 1;
+        self.0.wake_writer(&state);
+    }
+}
+
+/// The commands of one transaction and their callers, and a close that
+/// ends it.
+#[derive(Default)]
+struct Group {
+    commands: Vec<Command>,
+    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+    closing: Option<oneshot::Sender<()>>,
+}
+
+impl Group {
+    /// Moves queued jobs into the group, up to [`MAX_GROUP`] commands,
+    /// stopping at a close.
+    fn take(&mut self, queue: &mut VecDeque<Job>) {
+        while self.commands.len() < MAX_GROUP && self.closing.is_none() {
+            match queue.pop_front() {
+                Some(Job::Run(command, reply)) => {
+                    self.commands.push(command);
+                    self.replies.push(reply);
+                }
+                Some(Job::Close(done)) => self.closing = Some(done),
+                None => return,
+            }
+        }
+    }
+}
