@@ -26,12 +26,15 @@ impl RecordCache {
     const MAX: usize = 16_384;
 
     /// Called at each `BEGIN` with the connection's `data_version`: forgets
-    /// every record if another connection committed since the last one.
-    pub(super) fn check(&mut self, version: i64) {
-        if self.version != Some(version) {
+    /// every record if another connection committed since the last one,
+    /// and says so.
+    pub(super) fn check(&mut self, version: i64) -> bool {
+        let moved = self.version != Some(version);
+        if moved {
             self.records.clear();
             self.version = Some(version);
         }
+        moved
     }
 
     /// Forgets every record: what was written may have been undone.

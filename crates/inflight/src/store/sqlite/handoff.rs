@@ -37,7 +37,7 @@ use crate::store::{Command, Reply, StoreFuture};
 
 use super::checkpoint::Checkpointer;
 use super::rows::Statements;
-use super::writer::{begin_without_waiting, rollback, run_group, Begun, MAX_GROUP};
+use super::writer::{apply_journal, begin_without_waiting, rollback, run_group, Begun, MAX_GROUP};
 
 /// What the writer thread is asked to do.
 enum Job {
@@ -303,6 +303,11 @@ impl Handoff {
                 // Closed before the caller of `close` hears of it; commands
                 // queued after the close are dropped with the queue, and
                 // their callers told the store closed.
+                if let Some(core) = core.as_mut() {
+                    if let Err(err) = apply_journal(core.statements()) {
+                        tracing::warn!(error = %err, "SQLite rows written ahead not applied at close; the next writer applies them");
+                    }
+                }
                 *core = None;
                 drop(core);
                 let queued = std::mem::take(&mut self.state().queue);

@@ -1,8 +1,12 @@
 //! The embedded default: SQLite through rusqlite (bundled), in WAL mode.
 //!
-//! One writer thread per process owns the connection. Commands that arrive
-//! while a transaction is being written are grouped into the next one (group
-//! commit), and each is acknowledged only once that transaction committed.
+//! One connection per process writes, one transaction at a time: on the
+//! writer thread, which groups the commands that arrive while a transaction
+//! is being written into the next one (group commit), or, for a lone caller
+//! under `normal`, on the caller's own thread (`handoff.rs`). Each command is
+//! acknowledged only once its transaction committed. Begins, starts and
+//! settles are written ahead of the tables and applied in batches
+//! (`journal.rs`).
 //! Every transaction is `BEGIN IMMEDIATE`, so several processes sharing one
 //! file serialize their writes through SQLite's own lock: a reap pass or an
 //! admission decision sees every other process's committed work.
@@ -29,6 +33,7 @@ use super::{Command, Reply, Store, StoreFuture};
 mod cache;
 mod checkpoint;
 mod handoff;
+mod journal;
 mod rows;
 mod schema;
 mod sql;
@@ -319,7 +324,8 @@ mod tests {
         // A store written before the split: migrated, it is counted from the
         // records it still holds.
         conn.execute_batch(
-            "ALTER TABLE aggregates DROP COLUMN reaped_owner_lost_abandoned; PRAGMA user_version = 3;",
+            "ALTER TABLE aggregates DROP COLUMN reaped_owner_lost_abandoned; DROP TABLE journal; \
+             PRAGMA user_version = 3;",
         )
         .unwrap();
         migrate(&mut conn).unwrap();
@@ -382,6 +388,113 @@ mod tests {
         }
     }
 
+    fn settle(id: ActivityId) -> Command {
+        let settle = Transition::Settle {
+            success: true,
+            failure_stage: None,
+            at: None,
+        };
+        transition(id, settle)
+    }
+
+    /// Rows in `journal` and in `activities`, read behind the writer.
+    fn rows_ahead_and_stored(conn: &Connection) -> (i64, i64) {
+        conn.query_row(sql::ROWS_AHEAD_AND_STORED, [], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_lifecycle_is_written_ahead_and_applied_before_a_snapshot_reads() {
+        let (_dir, conn) = database();
+        let writer = Writer::new();
+        let mut ours = rows::Statements::new(&conn);
+        // The first call of an aggregate goes to the tables: a new aggregate
+        // is checked against the label limits there.
+        writer.run(&mut ours, vec![begin(ActivityId::new())]);
+        assert_eq!(rows_ahead_and_stored(&conn), (0, 1));
+        let id = ActivityId::new();
+        for command in [begin(id), start(id), settle(id)] {
+            assert!(writer.run(&mut ours, vec![command])[0].is_ok());
+        }
+        assert_eq!(rows_ahead_and_stored(&conn), (3, 1));
+
+        let results = writer.run(&mut ours, vec![snapshot()]);
+        let snapshot = snapshot_of(&results[0]);
+        assert_eq!(rows_ahead_and_stored(&conn), (0, 2));
+        assert_eq!(snapshot.recent_completions.len(), 1);
+        assert_eq!(snapshot.aggregates[0].totals.calls, 2);
+        assert_eq!(snapshot.aggregates[0].totals.succeeded, 1);
+        assert_eq!(snapshot.aggregates[0].totals.in_flight, 1);
+        let minutes: i64 = conn
+            .query_row(sql::COMPLETION_MINUTES_FROM, [0], |row| row.get(0))
+            .unwrap();
+        assert_eq!(minutes, 1);
+    }
+
+    #[test]
+    fn rows_written_ahead_by_a_writer_that_died_are_applied_by_the_next() {
+        use crate::domain::record::State;
+
+        let (dir, conn) = database();
+        let writer = Writer::new();
+        let (a, b) = (ActivityId::new(), ActivityId::new());
+        let mut dead = rows::Statements::new(&conn);
+        writer.run(&mut dead, vec![begin(a), begin(b)]);
+        writer.run(&mut dead, vec![start(a)]);
+        writer.run(&mut dead, vec![settle(b)]);
+        // Gone without applying them: only the rows say what happened.
+        drop(dead);
+        drop(conn);
+
+        let store = store_at(&dir.path().join("counts.db"));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let reply = runtime.block_on(store.execute(snapshot())).unwrap();
+        let snapshot = snapshot_of(&Ok(reply)).clone();
+        assert_eq!(snapshot.in_flight.len(), 1);
+        assert_eq!(snapshot.in_flight[0].record.activity_id, a);
+        assert_eq!(snapshot.in_flight[0].record.state, State::Executing);
+        assert_eq!(snapshot.recent_completions.len(), 1);
+        assert_eq!(snapshot.aggregates[0].totals.calls, 2);
+        assert_eq!(snapshot.aggregates[0].totals.in_flight, 1);
+        runtime.block_on(store.close()).unwrap();
+    }
+
+    #[test]
+    fn a_journal_grown_to_its_batch_is_applied_before_its_commit() {
+        let (_dir, conn) = database();
+        let writer = Writer::new();
+        let mut ours = rows::Statements::new(&conn);
+        writer.run(&mut ours, vec![begin(ActivityId::new())]);
+        let mut rows = Vec::new();
+        for _ in 0..journal::Journal::APPLY_AT + 10 {
+            writer.run(&mut ours, vec![begin(ActivityId::new())]);
+            rows.push(rows_ahead_and_stored(&conn));
+        }
+        let applied = rows
+            .iter()
+            .position(|(ahead, _)| *ahead == 0)
+            .expect("applied once");
+        assert_eq!(applied + 1, journal::Journal::APPLY_AT);
+        let stored = 1 + journal::Journal::APPLY_AT as i64;
+        assert_eq!(rows[applied], (0, stored));
+        assert_eq!(rows.last(), Some(&(10, stored)));
+    }
+
+    #[tokio::test]
+    async fn a_store_closed_cleanly_holds_every_record_in_its_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("closed.db");
+        let store = store_at(&path);
+        for _ in 0..3 {
+            store.execute(begin(ActivityId::new())).await.unwrap();
+        }
+        store.close().await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(rows_ahead_and_stored(&conn), (0, 3));
+    }
+
     #[test]
     fn a_writer_reads_again_what_another_connection_changed() {
         use crate::domain::record::State;
@@ -403,10 +516,13 @@ mod tests {
         assert_eq!(record_of(&results[0]).state, State::Cancelled);
     }
 
-    /// A storage failure on demand: writing the cancel reason `boom` fails.
+    /// A storage failure on demand: writing the cancel reason `boom` fails,
+    /// to the tables or ahead of them.
     fn refuse_cancel_reason_boom(conn: &rusqlite::Connection) {
         conn.execute_batch(
             "CREATE TRIGGER refuse_boom BEFORE UPDATE ON activities WHEN NEW.cancel_reason = 'boom' \
+             BEGIN SELECT RAISE(ABORT, 'boom'); END; \
+             CREATE TRIGGER refuse_boom_ahead BEFORE INSERT ON journal WHEN NEW.cancel_reason = 'boom' \
              BEGIN SELECT RAISE(ABORT, 'boom'); END;",
         )
         .unwrap();
@@ -548,15 +664,15 @@ mod tests {
         );
     }
 
-    /// The committed rows in the database file alone, without its log, as
-    /// far as checkpoints copied them; `None` while the copy is torn or
-    /// has no schema yet.
+    /// The records committed to the database file alone, without its log,
+    /// as far as checkpoints copied them, in the tables or written ahead;
+    /// `None` while the copy is torn or has no schema yet.
     fn records_in_database_file(path: &Path) -> Option<i64> {
         let copy = tempfile::tempdir().unwrap();
         let copied = copy.path().join("copy.db");
         std::fs::copy(path, &copied).ok()?;
         let conn = Connection::open(&copied).ok()?;
-        conn.query_row(sql::STORED_RECORDS, [], |row| row.get(0)).ok()
+        conn.query_row(sql::RECORDS_ANYWHERE, [], |row| row.get(0)).ok()
     }
 
     fn store_at(path: &Path) -> SqliteStore {

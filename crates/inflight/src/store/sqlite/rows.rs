@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use rusqlite::types::ToSql;
 use rusqlite::{Connection, Row, Statement};
 
+use crate::domain::counters::Totals;
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::ActivityRecord;
@@ -12,6 +14,7 @@ use crate::domain::{ParseError, Timestamp};
 use crate::error::LedgerError;
 
 use super::cache::RecordCache;
+use super::journal::Journal;
 use super::sql_error;
 
 pub(super) fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
@@ -110,6 +113,97 @@ pub(super) fn record_from_row(row: &Row<'_>) -> rusqlite::Result<ActivityRecord>
     Ok(record)
 }
 
+/// Binds the columns of `record`, in `record_columns!` order, from
+/// parameter `first` on.
+pub(super) fn bind_record(
+    statement: &mut Statement<'_>,
+    first: usize,
+    record: &ActivityRecord,
+) -> rusqlite::Result<()> {
+    let id = record.activity_id.to_string();
+    let labels = &record.labels;
+    let values: [&dyn ToSql; 23] = [
+        &id,
+        &labels.service.as_str(),
+        &labels.provider.as_str(),
+        &labels.class.as_str(),
+        &labels.operation_stage.as_str(),
+        &labels.model,
+        &record.priority.as_str(),
+        &record.admission.as_str(),
+        &record.state.as_str(),
+        &record.disposition.map(|d| d.as_str()),
+        &record.reap_reason.map(|r| r.as_str()),
+        &record.owner_id,
+        &ms(record.enqueued_at),
+        &ms_opt(record.started_at),
+        &ms_opt(record.completed_at),
+        &ms_opt(record.reaped_at),
+        &record.declared_deadline_ms,
+        &record.deadline_ms,
+        &ms_opt(record.reapable_at),
+        &record.success,
+        &record.failure_stage.map(|s| s.as_str()),
+        &record.late_settle,
+        &record.cancel_reason,
+    ];
+    for (index, value) in values.into_iter().enumerate() {
+        statement.raw_bind_parameter(first + index, value)?;
+    }
+    Ok(())
+}
+
+/// Binds `totals`, in `totals_columns!` order, from parameter `first` on.
+pub(super) fn bind_totals(statement: &mut Statement<'_>, first: usize, d: &Totals) -> rusqlite::Result<()> {
+    let counts = [
+        d.calls,
+        d.succeeded,
+        d.failed,
+        d.cancelled,
+        d.reaped_abandoned,
+        d.reaped_unsettled,
+        d.reaped_owner_lost,
+        d.late_settles,
+        d.resurrections,
+        d.in_flight,
+        d.queue_wait_count,
+        d.queue_wait_sum_ms,
+        d.queue_wait_max_ms,
+        d.execution_count,
+        d.execution_sum_ms,
+        d.execution_max_ms,
+    ];
+    for (index, count) in counts.iter().enumerate() {
+        statement.raw_bind_parameter(first + index, count)?;
+    }
+    statement.raw_bind_parameter(first + counts.len(), ms_opt(d.last_seen_at))?;
+    statement.raw_bind_parameter(first + counts.len() + 1, d.reaped_owner_lost_abandoned)
+}
+
+/// Totals read from `totals_columns!`, the first at `first`.
+pub(super) fn totals_from_row(row: &Row<'_>, first: usize) -> rusqlite::Result<Totals> {
+    Ok(Totals {
+        calls: row.get(first)?,
+        succeeded: row.get(first + 1)?,
+        failed: row.get(first + 2)?,
+        cancelled: row.get(first + 3)?,
+        reaped_abandoned: row.get(first + 4)?,
+        reaped_unsettled: row.get(first + 5)?,
+        reaped_owner_lost: row.get(first + 6)?,
+        late_settles: row.get(first + 7)?,
+        resurrections: row.get(first + 8)?,
+        in_flight: row.get(first + 9)?,
+        queue_wait_count: row.get(first + 10)?,
+        queue_wait_sum_ms: row.get(first + 11)?,
+        queue_wait_max_ms: row.get(first + 12)?,
+        execution_count: row.get(first + 13)?,
+        execution_sum_ms: row.get(first + 14)?,
+        execution_max_ms: row.get(first + 15)?,
+        last_seen_at: at_opt(row, first + 16)?,
+        reaped_owner_lost_abandoned: row.get(first + 17)?,
+    })
+}
+
 /// The statements of `sql.rs` prepared on one connection, each once, found
 /// again by the address of its text. rusqlite's own `prepare_cached` hashes
 /// the whole text of a statement to find it, and again to put it back: for
@@ -124,6 +218,8 @@ pub(super) struct Statements<'c> {
     /// reused while the row lives, and aggregates are never deleted): it
     /// lives as long as the statements, and says which aggregates are known.
     pub(super) aggregate_ids: crate::store::SeenAggregates<i64>,
+    /// What this connection wrote ahead and has not applied.
+    pub(super) journal: Journal,
 }
 
 impl<'c> Statements<'c> {
@@ -133,6 +229,7 @@ impl<'c> Statements<'c> {
             prepared: Vec::with_capacity(48),
             records: RecordCache::default(),
             aggregate_ids: crate::store::SeenAggregates::default(),
+            journal: Journal::default(),
         }
     }
 
@@ -141,6 +238,7 @@ impl<'c> Statements<'c> {
     pub(super) fn forget_uncommitted(&mut self) {
         self.records.forget_all();
         self.aggregate_ids.clear();
+        self.journal.forget();
     }
 
     /// The connection.

@@ -112,7 +112,9 @@ pub(super) fn rebound_in_flight(conn: &mut Connection, config: &LedgerConfig) ->
         .map_err(sql_error("cannot begin"))?;
     {
         let mut st = Statements::new(&tx);
-        engine::rebound(&mut SqliteTxn::new(&mut st), config.policy())?;
+        let mut txn = SqliteTxn::new(&mut st);
+        engine::rebound(&mut txn, config.policy())?;
+        txn.finish()?;
     }
     tx.commit().map_err(sql_error("cannot commit"))
 }

@@ -27,6 +27,16 @@ macro_rules! owner_columns {
     };
 }
 
+/// The counter columns of an aggregate, in `totals_from_row` order, which
+/// is also the order `bind_totals` binds them in.
+macro_rules! totals_columns {
+    () => {
+        "calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
+     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned"
+    };
+}
+
 /// The condition of the partial indexes on records in flight.
 macro_rules! in_flight {
     () => {
@@ -225,6 +235,61 @@ CREATE UNIQUE INDEX aggregates_labels
 "#,
         backfill: None,
     },
+    Migration {
+        sql: r#"
+-- Transitions written ahead of the tables (`journal.rs`): a row per record
+-- a command changed, as the command left it, with what the command added
+-- to its aggregate's counters and the minute of its completion. Applied
+-- to `activities`, `aggregates` and `completion_minutes` in batches, and
+-- before anything reads them.
+CREATE TABLE journal (
+    seq                  INTEGER PRIMARY KEY,
+    activity_id          TEXT NOT NULL,
+    service              TEXT NOT NULL,
+    provider             TEXT NOT NULL,
+    class                TEXT NOT NULL,
+    operation_stage      TEXT NOT NULL,
+    model                TEXT NOT NULL,
+    priority             TEXT NOT NULL,
+    admission            TEXT NOT NULL,
+    state                TEXT NOT NULL,
+    disposition          TEXT,
+    reap_reason          TEXT,
+    owner_id             TEXT,
+    enqueued_at          INTEGER NOT NULL,
+    started_at           INTEGER,
+    completed_at         INTEGER,
+    reaped_at            INTEGER,
+    declared_deadline_ms INTEGER,
+    deadline_ms          INTEGER NOT NULL,
+    reapable_at          INTEGER,
+    success              INTEGER,
+    failure_stage        TEXT,
+    late_settle          INTEGER NOT NULL,
+    cancel_reason        TEXT,
+    calls                INTEGER NOT NULL,
+    succeeded            INTEGER NOT NULL,
+    failed               INTEGER NOT NULL,
+    cancelled            INTEGER NOT NULL,
+    reaped_abandoned     INTEGER NOT NULL,
+    reaped_unsettled     INTEGER NOT NULL,
+    reaped_owner_lost    INTEGER NOT NULL,
+    late_settles         INTEGER NOT NULL,
+    resurrections        INTEGER NOT NULL,
+    in_flight            INTEGER NOT NULL,
+    queue_wait_count     INTEGER NOT NULL,
+    queue_wait_sum_ms    INTEGER NOT NULL,
+    queue_wait_max_ms    INTEGER NOT NULL,
+    execution_count      INTEGER NOT NULL,
+    execution_sum_ms     INTEGER NOT NULL,
+    execution_max_ms     INTEGER NOT NULL,
+    last_seen_at         INTEGER,
+    reaped_owner_lost_abandoned INTEGER NOT NULL,
+    completion_minute    INTEGER
+);
+"#,
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -263,6 +328,46 @@ pub(super) const UPDATE_RECORD: &str =
      completed_at = ?6, reaped_at = ?7, deadline_ms = ?8, reapable_at = ?9, success = ?10, \
      failure_stage = ?11, late_settle = ?12, cancel_reason = ?13 WHERE activity_id = ?1";
 
+/// Whether a record with id `?1` is stored (a begin's check that its id is
+/// free, when it writes ahead).
+pub(super) const RECORD_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM activities WHERE activity_id = ?1)";
+
+/// Writes one row ahead: the record, its counter changes, the minute of its
+/// completion.
+pub(super) const JOURNAL_APPEND: &str = concat!(
+    "INSERT INTO journal (",
+    record_columns!(),
+    ", ",
+    totals_columns!(),
+    ", completion_minute) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+     ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, \
+     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42)"
+);
+
+/// Every row written ahead, oldest first: columns as `JOURNAL_APPEND`
+/// binds them.
+pub(super) const JOURNAL_ROWS: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    ", ",
+    totals_columns!(),
+    ", completion_minute FROM journal ORDER BY seq"
+);
+
+/// Every record the file holds, in the tables or written ahead: for tests
+/// that read the file behind the writer's back.
+#[cfg(test)]
+pub(super) const RECORDS_ANYWHERE: &str =
+    "SELECT COUNT(*) FROM (SELECT activity_id FROM activities UNION SELECT activity_id FROM journal)";
+
+/// Rows written ahead, and records in the tables: for tests.
+#[cfg(test)]
+pub(super) const ROWS_AHEAD_AND_STORED: &str =
+    "SELECT (SELECT COUNT(*) FROM journal), (SELECT COUNT(*) FROM activities)";
+
+/// Forgets the rows written ahead, once applied.
+pub(super) const JOURNAL_CLEAR: &str = "DELETE FROM journal";
+
 pub(super) const DELETE_RECORD: &str = "DELETE FROM activities WHERE activity_id = ?1";
 
 /// The id of an aggregate, by its labels (`aggregates_labels`).
@@ -293,13 +398,11 @@ pub(super) const INSERT_AGGREGATE: &str =
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
      ?20, ?21, ?22, ?23, ?24, ?25)";
 
-pub(super) const AGGREGATES: &str =
-    "SELECT service, operation_stage, class, provider, model, priority, admission, calls, \
-     succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
-     queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
-     reaped_owner_lost_abandoned \
-     FROM aggregates";
+pub(super) const AGGREGATES: &str = concat!(
+    "SELECT service, operation_stage, class, provider, model, priority, admission, ",
+    totals_columns!(),
+    " FROM aggregates"
+);
 
 /// Whether a lane has an aggregate: the primary key's first column, then
 /// the service's own aggregates.
@@ -482,6 +585,16 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
     ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORD", DELETE_RECORD, Reach::Indexed),
+    ("RECORD_EXISTS", RECORD_EXISTS, Reach::Indexed),
+    ("JOURNAL_APPEND", JOURNAL_APPEND, Reach::Indexed),
+    ("JOURNAL_ROWS", JOURNAL_ROWS, Reach::Indexed),
+    ("JOURNAL_CLEAR", JOURNAL_CLEAR, Reach::Indexed),
+    ("RECORDS_ANYWHERE", RECORDS_ANYWHERE, Reach::WalksHistory),
+    (
+        "ROWS_AHEAD_AND_STORED",
+        ROWS_AHEAD_AND_STORED,
+        Reach::WalksHistory,
+    ),
     ("AGGREGATE_ID", AGGREGATE_ID, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
     ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),

@@ -20,18 +20,28 @@ use crate::stats::Landed;
 use crate::store::engine::Txn;
 use crate::store::AggregateSlot;
 
+use super::journal::{self, Ahead};
 use super::rows::{
-    at_opt, ms, ms_opt, owner_from_row, parse_column, query_records, query_rows, record_from_row, shared,
-    Statements,
+    at_opt, bind_record, bind_totals, ms, ms_opt, owner_from_row, parse_column, query_records, query_rows,
+    record_from_row, shared, totals_from_row, Statements,
 };
 use super::{sql, sql_error};
 
 pub(super) struct SqliteTxn<'t, 'c> {
     st: &'t mut Statements<'c>,
-    /// The counter changes of this command, for its group to write.
+    /// The counter changes of this command, for its group to write, once it
+    /// writes to the tables directly.
     pub(super) counts: PendingCounts,
     /// What this command did, to publish once its group is committed.
     pub(super) landed: Vec<Landed>,
+    /// The records this command changed, while it writes ahead
+    /// (`journal.rs`); appended by [`SqliteTxn::finish`].
+    ahead: Vec<Ahead>,
+    /// Completions counted and not yet tied to the record they count.
+    minutes: Vec<i64>,
+    /// Whether this command writes to the tables: once it asked something
+    /// the rows written ahead must be applied for.
+    direct: bool,
 }
 
 impl<'t, 'c> SqliteTxn<'t, 'c> {
@@ -40,6 +50,81 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
             st,
             counts: PendingCounts::default(),
             landed: Vec::new(),
+            ahead: Vec::new(),
+            minutes: Vec::new(),
+            direct: false,
+        }
+    }
+
+    /// Ends the command: what it changed is written ahead, unless it went
+    /// to the tables.
+    pub(super) fn finish(&mut self) -> Result<(), LedgerError> {
+        if !self.minutes.is_empty() {
+            // Completions no record of this command claimed: counted directly.
+            for minute in self.minutes.drain(..) {
+                *self.counts.completions.entry(minute).or_default() += 1;
+            }
+        }
+        for entry in std::mem::take(&mut self.ahead) {
+            journal::append(self.st, &entry)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the rows written ahead and writes this command's changes to
+    /// the tables, before a question the tables answer; the rest of the
+    /// command writes to them too.
+    fn go_direct(&mut self) -> Result<(), LedgerError> {
+        if self.direct {
+            return Ok(());
+        }
+        self.direct = true;
+        // Older rows first: this command's changes are the later ones.
+        journal::apply(self.st)?;
+        for entry in std::mem::take(&mut self.ahead) {
+            store_record(self.st, &entry.record)?;
+            self.st.records.stored(&entry.record);
+            if entry.totals != Totals::default() {
+                let record = &entry.record;
+                self.counts
+                    .totals
+                    .entry((record.labels.clone(), record.priority, record.admission))
+                    .or_default()
+                    .add(&entry.totals);
+            }
+            if let Some(minute) = entry.completion_minute {
+                *self.counts.completions.entry(minute).or_default() += 1;
+            }
+        }
+        for minute in self.minutes.drain(..) {
+            *self.counts.completions.entry(minute).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// Makes sure what memory holds of the journal is the table's: after a
+    /// rollback or another connection's commit, the rows are applied first.
+    fn journal_known(&mut self) -> Result<(), LedgerError> {
+        if self.direct || self.st.journal.is_known() {
+            return Ok(());
+        }
+        self.go_direct()
+    }
+
+    /// `record`, changed by this command, written ahead.
+    fn write_ahead(&mut self, record: &Arc<ActivityRecord>) {
+        self.st.journal.put(Arc::clone(record));
+        match self
+            .ahead
+            .iter_mut()
+            .find(|entry| entry.record.activity_id == record.activity_id)
+        {
+            Some(entry) => entry.record = Arc::clone(record),
+            None => self.ahead.push(Ahead {
+                record: Arc::clone(record),
+                totals: Totals::default(),
+                completion_minute: None,
+            }),
         }
     }
 }
@@ -108,36 +193,9 @@ pub(super) fn add_to_aggregate(
             .and_then(|statement| statement.query_row(labels, |row| row.get(0)).optional())
             .map_err(sql_error("cannot read counters"))?,
     };
-    let deltas = [
-        d.calls,
-        d.succeeded,
-        d.failed,
-        d.cancelled,
-        d.reaped_abandoned,
-        d.reaped_unsettled,
-        d.reaped_owner_lost,
-        d.late_settles,
-        d.resurrections,
-        d.in_flight,
-        d.queue_wait_count,
-        d.queue_wait_sum_ms,
-        d.queue_wait_max_ms,
-        d.execution_count,
-        d.execution_sum_ms,
-        d.execution_max_ms,
-    ];
-    let last_seen_at = ms_opt(d.last_seen_at);
-    // Both statements take the totals as one run of parameters from `first`:
-    // the deltas, the last seen instant, then owner-lost abandoned reaps.
+    // Both statements take the totals as one run of parameters from `first`.
     let bind_totals = |statement: &mut rusqlite::Statement<'_>, first: usize| {
-        for (index, delta) in deltas.iter().enumerate() {
-            statement.raw_bind_parameter(first + index, delta)?;
-        }
-        statement.raw_bind_parameter(first + deltas.len(), last_seen_at)?;
-        statement.raw_bind_parameter(first + deltas.len() + 1, d.reaped_owner_lost_abandoned)
-    };
-    let bind_totals = |statement: &mut rusqlite::Statement<'_>, first: usize| {
-        bind_totals(statement, first).map_err(sql_error("cannot bind"))
+        bind_totals(statement, first, d).map_err(sql_error("cannot bind"))
     };
     let id = match id {
         Some(id) => {
@@ -181,80 +239,59 @@ pub(super) fn add_to_aggregate(
     Ok(())
 }
 
-impl SqliteTxn<'_, '_> {
-    /// Overwrites the stored row of `record`: the columns that can change
-    /// after a begin (`UPDATE_RECORD`).
-    fn overwrite(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        let statement = self
-            .st
-            .prepare(sql::UPDATE_RECORD)
-            .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute(params![
-                record.activity_id.to_string(),
-                record.state.as_str(),
-                record.disposition.map(|d| d.as_str()),
-                record.reap_reason.map(|r| r.as_str()),
-                ms_opt(record.started_at),
-                ms_opt(record.completed_at),
-                ms_opt(record.reaped_at),
-                record.deadline_ms,
-                ms_opt(record.reapable_at),
-                record.success,
-                record.failure_stage.map(|s| s.as_str()),
-                record.late_settle,
-                record.cancel_reason,
-            ])
-            .map_err(sql_error("cannot write a record"))?;
-        Ok(())
+/// Stores `record`, whether or not a row of it is stored already (rows
+/// written ahead, applied).
+pub(super) fn store_record(st: &mut Statements<'_>, record: &ActivityRecord) -> Result<(), LedgerError> {
+    if overwrite(st, record)? == 0 {
+        write_new(st, record)?;
     }
+    Ok(())
+}
 
-    /// Stores the new record `record`.
-    fn write_new(&mut self, record: &ActivityRecord) -> Result<(), LedgerError> {
-        let statement = self
-            .st
-            .prepare(sql::INSERT_RECORD)
-            .map_err(sql_error("cannot prepare"))?;
-        statement
-            .execute(params![
-                record.activity_id.to_string(),
-                record.labels.service.as_str(),
-                record.labels.provider.as_str(),
-                record.labels.class.as_str(),
-                record.labels.operation_stage.as_str(),
-                record.labels.model,
-                record.priority.as_str(),
-                record.admission.as_str(),
-                record.state.as_str(),
-                record.disposition.map(|d| d.as_str()),
-                record.reap_reason.map(|r| r.as_str()),
-                record.owner_id,
-                ms(record.enqueued_at),
-                ms_opt(record.started_at),
-                ms_opt(record.completed_at),
-                ms_opt(record.reaped_at),
-                record.declared_deadline_ms,
-                record.deadline_ms,
-                ms_opt(record.reapable_at),
-                record.success,
-                record.failure_stage.map(|s| s.as_str()),
-                record.late_settle,
-                record.cancel_reason,
-            ])
-            .map_err(|err| match err {
-                // The primary key: the id is taken. Stores agree on the kind.
-                rusqlite::Error::SqliteFailure(failure, _)
-                    if failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
-                {
-                    LedgerError::new(
-                        ErrorKind::Conflict,
-                        format!("activity {} already exists", record.activity_id),
-                    )
-                }
-                other => LedgerError::storage("cannot write a record", other),
-            })?;
-        Ok(())
-    }
+/// Overwrites the stored row of `record`: the columns that can change
+/// after a begin (`UPDATE_RECORD`); returns how many rows it changed.
+fn overwrite(st: &mut Statements<'_>, record: &ActivityRecord) -> Result<usize, LedgerError> {
+    let statement = st
+        .prepare(sql::UPDATE_RECORD)
+        .map_err(sql_error("cannot prepare"))?;
+    statement
+        .execute(params![
+            record.activity_id.to_string(),
+            record.state.as_str(),
+            record.disposition.map(|d| d.as_str()),
+            record.reap_reason.map(|r| r.as_str()),
+            ms_opt(record.started_at),
+            ms_opt(record.completed_at),
+            ms_opt(record.reaped_at),
+            record.deadline_ms,
+            ms_opt(record.reapable_at),
+            record.success,
+            record.failure_stage.map(|s| s.as_str()),
+            record.late_settle,
+            record.cancel_reason,
+        ])
+        .map_err(sql_error("cannot write a record"))
+}
+
+/// Stores the new record `record`.
+fn write_new(st: &mut Statements<'_>, record: &ActivityRecord) -> Result<(), LedgerError> {
+    let statement = st
+        .prepare(sql::INSERT_RECORD)
+        .map_err(sql_error("cannot prepare"))?;
+    bind_record(statement, 1, record).map_err(sql_error("cannot bind"))?;
+    statement.raw_execute().map_err(|err| match err {
+        // The primary key: the id is taken. Stores agree on the kind.
+        rusqlite::Error::SqliteFailure(failure, _)
+            if failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+        {
+            LedgerError::new(
+                ErrorKind::Conflict,
+                format!("activity {} already exists", record.activity_id),
+            )
+        }
+        other => LedgerError::storage("cannot write a record", other),
+    })?;
+    Ok(())
 }
 
 impl SqliteTxn<'_, '_> {
@@ -281,6 +318,10 @@ impl SqliteTxn<'_, '_> {
 
 impl Txn for SqliteTxn<'_, '_> {
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        self.journal_known()?;
+        if let Some(record) = self.st.journal.get(id) {
+            return Ok(Some(Arc::clone(record)));
+        }
         if let Some(record) = self.st.records.get(id) {
             return Ok(Some(Arc::clone(record)));
         }
@@ -300,14 +341,34 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.write_new(record)?;
-        self.st.records.stored(record);
+        self.journal_known()?;
+        if self.direct {
+            write_new(self.st, record)?;
+            self.st.records.stored(record);
+            return Ok(());
+        }
+        let id = record.activity_id;
+        let taken =
+            self.st.journal.get(id).is_some() || self.value::<bool>(sql::RECORD_EXISTS, [id.to_string()])?;
+        if taken {
+            // As the primary key would say.
+            return Err(LedgerError::new(
+                ErrorKind::Conflict,
+                format!("activity {id} already exists"),
+            ));
+        }
+        self.write_ahead(record);
         Ok(())
     }
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
-        self.overwrite(record)?;
-        self.st.records.stored(record);
+        self.journal_known()?;
+        if self.direct {
+            overwrite(self.st, record)?;
+            self.st.records.stored(record);
+        } else {
+            self.write_ahead(record);
+        }
         Ok(())
     }
 
@@ -324,15 +385,26 @@ impl Txn for SqliteTxn<'_, '_> {
         id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
+        self.journal_known()?;
         // Taken out, so that it is changed in place unless a reply still
         // holds it, and kept again only once written.
-        let taken = self.st.records.take(id);
+        let ahead = self.st.journal.take(id);
+        let was_ahead = ahead.is_some();
+        let taken = ahead.or_else(|| self.st.records.take(id));
         let Some(mut record) = taken.map_or_else(|| self.get(id), |record| Ok(Some(record)))? else {
             return Ok(None);
         };
         if change(Arc::make_mut(&mut record)) {
-            self.overwrite(&record)?;
-            self.st.records.stored(&record);
+            if self.direct {
+                overwrite(self.st, &record)?;
+                self.st.records.stored(&record);
+            } else {
+                self.write_ahead(&record);
+            }
+        } else if was_ahead {
+            // Unchanged, but `change` may have touched it without saying
+            // so: the journal's rows, not memory, say what was written.
+            self.st.journal.forget();
         } else {
             // Unchanged, it is stored as it was; forgotten all the same, in
             // case `change` touched it without saying so.
@@ -342,6 +414,7 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
+        self.go_direct()?;
         let mut deleted = 0;
         for id in ids {
             self.st.records.deleted(*id);
@@ -351,6 +424,28 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+        if !self.direct {
+            let entry = match self
+                .ahead
+                .iter_mut()
+                .position(|entry| entry.record.activity_id == record.activity_id)
+            {
+                Some(index) => &mut self.ahead[index],
+                None => {
+                    // Counted without being changed: written ahead as it is,
+                    // so that its counts travel with it.
+                    self.write_ahead(&Arc::new(record.clone()));
+                    self.ahead.last_mut().expect("just written")
+                }
+            };
+            for effect in effects {
+                entry.totals.count(effect);
+            }
+            if entry.completion_minute.is_none() {
+                entry.completion_minute = self.minutes.pop();
+            }
+            return Ok(());
+        }
         let key = (record.labels.clone(), record.priority, record.admission);
         let totals = self.counts.totals.entry(key).or_default();
         for effect in effects {
@@ -360,6 +455,11 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
+        if !self.direct {
+            // Tied to the record whose totals are counted next.
+            self.minutes.push(minute);
+            return Ok(());
+        }
         *self.counts.completions.entry(minute).or_default() += 1;
         Ok(())
     }
@@ -375,6 +475,12 @@ impl Txn for SqliteTxn<'_, '_> {
         // those decide against what was committed, so a group of new
         // aggregates can pass a limit by at most its own size.
         if self.st.aggregate_ids.contains(&slot) || self.counts.totals.contains_key(&slot) {
+            return Ok(true);
+        }
+        // An aggregate counted only ahead is stored once the rows are
+        // applied: a new one is rare, so they are.
+        self.go_direct()?;
+        if self.counts.totals.contains_key(&slot) {
             return Ok(true);
         }
         let id: Option<i64> = self
@@ -404,6 +510,7 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        self.go_direct()?;
         self.value(
             sql::LANE_KNOWN,
             params![labels.service.as_str(), labels.provider.as_str()],
@@ -411,6 +518,7 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        self.go_direct()?;
         self.st
             .prepare(sql::LABEL_CENSUS)
             .and_then(|statement| statement.query_row([], |row| Ok((row.get(0)?, row.get(1)?))))
@@ -418,6 +526,7 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
+        self.go_direct()?;
         // What this command counted (a reap on read) is part of what it reads.
         self.counts.write(self.st)?;
         query_rows(self.st, sql::AGGREGATES, [], |row| {
@@ -431,41 +540,25 @@ impl Txn for SqliteTxn<'_, '_> {
                     priority: parse_column(row, 5)?,
                     admission: parse_column(row, 6)?,
                 },
-                Totals {
-                    calls: row.get(7)?,
-                    succeeded: row.get(8)?,
-                    failed: row.get(9)?,
-                    cancelled: row.get(10)?,
-                    reaped_abandoned: row.get(11)?,
-                    reaped_unsettled: row.get(12)?,
-                    reaped_owner_lost: row.get(13)?,
-                    late_settles: row.get(14)?,
-                    resurrections: row.get(15)?,
-                    in_flight: row.get(16)?,
-                    queue_wait_count: row.get(17)?,
-                    queue_wait_sum_ms: row.get(18)?,
-                    queue_wait_max_ms: row.get(19)?,
-                    execution_count: row.get(20)?,
-                    execution_sum_ms: row.get(21)?,
-                    execution_max_ms: row.get(22)?,
-                    last_seen_at: at_opt(row, 23)?,
-                    reaped_owner_lost_abandoned: row.get(24)?,
-                },
+                totals_from_row(row, 7)?,
             ))
         })
     }
 
     fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
+        self.go_direct()?;
         self.counts.write(self.st)?;
         self.value(sql::COMPLETION_MINUTES_FROM, [minute])
     }
 
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
+        self.go_direct()?;
         self.counts.write(self.st)?;
         self.run(sql::DELETE_MINUTES_BEFORE, [minute]).map(|_| ())
     }
 
     fn stored_records(&mut self) -> Result<i64, LedgerError> {
+        self.go_direct()?;
         self.value(sql::STORED_RECORDS, [])
     }
 
@@ -499,10 +592,12 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        self.go_direct()?;
         shared(query_records(self.st, sql::DUE, params![ms(now), limit as i64]))
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
+        self.go_direct()?;
         let statement = self
             .st
             .prepare(sql::LANE_POSITION)
@@ -527,15 +622,18 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        self.go_direct()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         shared(query_records(self.st, sql::IN_FLIGHT, [limit]))
     }
 
     fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
+        self.go_direct()?;
         self.value(sql::IN_FLIGHT_COUNT, [])
     }
 
     fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
+        self.go_direct()?;
         query_rows(self.st, sql::LANE_LOADS, [], |row| {
             Ok(LaneLoad {
                 lane: LaneKey {
@@ -551,15 +649,18 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        self.go_direct()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         query_records(self.st, sql::COMPLETED, params![ms(window.since), limit])
     }
 
     fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
+        self.go_direct()?;
         self.value(sql::COMPLETED_BETWEEN, [ms(from), ms(to)])
     }
 
     fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        self.go_direct()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         query_records(self.st, sql::REAPED, params![ms(window.since), limit])
     }
@@ -573,10 +674,12 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        self.go_direct()?;
         shared(query_records(self.st, sql::OWNER_IN_FLIGHT, [id.as_str()]))
     }
 
     fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
+        self.go_direct()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         query_rows(
             self.st,

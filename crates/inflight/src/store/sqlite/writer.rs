@@ -15,6 +15,7 @@ use crate::stats::{CallStats, Landed};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
+use super::journal;
 use super::rows::Statements;
 use super::sql;
 use super::txn::{PendingCounts, SqliteTxn};
@@ -154,7 +155,11 @@ fn run_transaction(
         .and_then(|statement| statement.query_row([], |row| row.get::<_, i64>(0)));
     let run = match version {
         Ok(version) => {
-            conn.records.check(version);
+            if conn.records.check(version) {
+                // Another connection committed: it may have applied the
+                // rows written ahead (`journal.rs`).
+                conn.journal.forget();
+            }
             run_commands(conn, config, clock, commands, isolation)
         }
         Err(err) => Err(Failed::Transaction(LedgerError::storage(
@@ -196,7 +201,10 @@ fn run_commands(
         // Read once the write lock is held: timestamps follow commit order.
         let now = clock.now();
         let mut txn = SqliteTxn::new(conn);
-        let result = engine::execute(&mut txn, config, command, now);
+        let mut result = engine::execute(&mut txn, config, command, now);
+        if let Err(err) = txn.finish() {
+            result = Err(err);
+        }
         let pending = std::mem::take(&mut txn.counts);
         let did = std::mem::take(&mut txn.landed);
         // A refusal keeps what time forced (a reap); a storage failure keeps
@@ -226,10 +234,40 @@ fn run_commands(
             Err(err) => Err(LedgerError::storage("cannot release a savepoint", err)),
         });
     }
+    if conn.journal.is_full() {
+        journal::apply(conn).map_err(Failed::Transaction)?;
+    }
     counts.write(conn).map_err(Failed::Transaction)?;
     control(conn, sql::COMMIT)
         .map_err(|err| Failed::Transaction(LedgerError::storage("cannot commit", err)))?;
     Ok((results, landed))
+}
+
+/// Applies the rows written ahead to the tables, in a transaction of its
+/// own (`journal.rs`): at close, so that a file closed cleanly holds every
+/// record in its tables for anyone who opens it.
+///
+/// # Errors
+/// `Storage` when the transaction fails; the rows stay, for the next
+/// writer to apply.
+pub(super) fn apply_journal(conn: &mut Statements<'_>) -> Result<(), LedgerError> {
+    control(conn, sql::BEGIN_IMMEDIATE)
+        .map_err(|err| LedgerError::storage("cannot begin a transaction", err))?;
+    let applied = conn
+        .prepare(sql::DATA_VERSION)
+        .and_then(|statement| statement.query_row([], |row| row.get::<_, i64>(0)))
+        .map_err(|err| LedgerError::storage("cannot read data_version", err))
+        .and_then(|version| {
+            if conn.records.check(version) {
+                conn.journal.forget();
+            }
+            journal::apply(conn)
+        })
+        .and_then(|()| control(conn, sql::COMMIT).map_err(|err| LedgerError::storage("cannot commit", err)));
+    if applied.is_err() {
+        rollback(conn);
+    }
+    applied
 }
 
 /// Rolls back the open transaction, if any (a failed `COMMIT` may have
