@@ -93,6 +93,14 @@ const STORES: &[(&str, StoreUrl)] = &[
             Box::new(()),
         )
     }),
+    // Under `normal` a lone caller runs its own commands (the store's
+    // `handoff.rs`), where under `full` the writer thread runs them.
+    ("sqlite-normal", |dir| {
+        (
+            format!("sqlite://{}?synchronous=normal", dir.join("ledger.db").display()),
+            Box::new(()),
+        )
+    }),
     // A fresh schema on the test server (`INFLIGHT_TEST_POSTGRES_URL`),
     // one writer, so that commands land in the order they were sent.
     #[cfg(feature = "postgres")]

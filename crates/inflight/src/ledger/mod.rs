@@ -558,8 +558,9 @@ impl Ledger {
     /// registered (its unfinished records are cancelled now, not reaped
     /// when the lease runs out), then waits until every command already
     /// submitted has landed, cancels from dropped handles included, and
-    /// closes the store (for SQLite: its writer thread stops and the file
-    /// is closed). Every clone of this ledger shares the store, so every
+    /// closes the store (for SQLite: the transitions written ahead are
+    /// applied to the tables, its writer thread stops and the file is
+    /// closed). Every clone of this ledger shares the store, so every
     /// clone is closed.
     ///
     /// # Errors

@@ -59,10 +59,16 @@ pub fn pragmas(synchronous: Synchronous) -> [(&'static str, &'static str); 2] {
 
 /// A ledger store in one SQLite file, safe to share between processes on one
 /// host.
+///
+/// Under [`Synchronous::Normal`], a caller alone with the store runs its
+/// command on its own thread, as one small transaction without a sync,
+/// instead of waking the writer thread; an async caller's worker is busy for
+/// that long. Under [`Synchronous::Full`] every command runs on the writer
+/// thread.
 pub struct SqliteStore {
     path: PathBuf,
     handoff: Arc<Handoff>,
-    /// The call histograms, which the writer thread publishes to after
+    /// The call histograms, which whoever runs a group publishes to after
     /// each commit.
     calls: Arc<Mutex<CallStats>>,
 }
