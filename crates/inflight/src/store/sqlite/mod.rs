@@ -489,6 +489,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn two_processes_writing_ahead_on_one_file_count_each_transition_once() {
+        use crate::domain::record::State;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.db");
+        let (a, b) = (store_at(&path), store_at(&path));
+        let record = |reply: Reply| match reply {
+            Reply::Record(record) => record,
+            other => panic!("{other:?}"),
+        };
+        // Warm both: a new aggregate goes to the tables, and is known to both.
+        a.execute(begin(ActivityId::new())).await.unwrap();
+        b.execute(begin(ActivityId::new())).await.unwrap();
+        for _ in 0..3 {
+            let id = ActivityId::new();
+            // Each step is written ahead by one process and read by the
+            // other, which applies the rows first.
+            a.execute(begin(id)).await.unwrap();
+            assert_eq!(
+                record(b.execute(start(id)).await.unwrap()).state,
+                State::Executing
+            );
+            assert_eq!(
+                record(a.execute(settle(id)).await.unwrap()).state,
+                State::Succeeded
+            );
+            assert_eq!(
+                record(b.execute(Command::Get { id }).await.unwrap()).state,
+                State::Succeeded
+            );
+        }
+        for store in [&a, &b] {
+            let snapshot = snapshot_of(&store.execute(snapshot()).await).clone();
+            let totals = snapshot.aggregates[0].totals;
+            assert_eq!((totals.calls, totals.succeeded, totals.in_flight), (5, 3, 2));
+            assert_eq!(snapshot.recent_completions.len(), 3);
+        }
+        a.close().await.unwrap();
+        b.close().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_store_closed_cleanly_holds_every_record_in_its_tables() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("closed.db");
