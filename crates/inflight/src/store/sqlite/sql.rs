@@ -705,6 +705,8 @@ mod tests {
                 ("txn.rs", include_str!("txn.rs")),
                 ("cache.rs", include_str!("cache.rs")),
                 ("checkpoint.rs", include_str!("checkpoint.rs")),
+                ("handoff.rs", include_str!("handoff.rs")),
+                ("journal.rs", include_str!("journal.rs")),
             ],
             &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "RELEASE"],
             include_str!("sql.rs"),
