@@ -8,9 +8,13 @@
 //! caller several times its command's SQL (docs/performance.md, "A lone
 //! caller runs its own command"). So under `normal`, a caller that finds
 //! nothing running and nothing queued, just after a group of one, runs its
-//! command on its own thread as a group of one. Under load, groups are
-//! larger than one and every command goes through the queue, where one
-//! commit serves a whole group.
+//! command on its own thread as a group of one, if the command is about one
+//! record (a begin, a transition, a read of one record) or one owner's
+//! lease. A reap pass, a snapshot, a prune or an owner's release can touch
+//! any number of records, and always goes to the writer thread: a mass
+//! expiry must not hold an async worker. Under load, groups are larger than
+//! one and every command goes through the queue, where one commit serves a
+//! whole group.
 //!
 //! Under `full`, a commit waits for the disk's sync: a caller on an async
 //! runtime's worker must not block that long, so every command goes to the
@@ -165,7 +169,8 @@ impl Handoff {
         if state.closing {
             return StoreFuture::ready(Err(LedgerError::closed()));
         }
-        let command = if self.inline && !state.busy && state.queue.is_empty() && state.last_group == 1 {
+        let alone = !state.busy && state.queue.is_empty() && state.last_group == 1;
+        let command = if self.inline && alone && is_small(&command) {
             state.busy = true;
             drop(state);
             match self.run_inline(command) {
@@ -336,6 +341,23 @@ impl Drop for Stopped<'_> {
             drop(state);
             drop(queued);
         }
+    }
+}
+
+/// Whether `command` is about one record or one owner's lease, so that a
+/// caller may run it on its own thread.
+fn is_small(command: &Command) -> bool {
+    match command {
+        Command::Begin { .. }
+        | Command::Transition { .. }
+        | Command::Get { .. }
+        | Command::RegisterOwner { .. }
+        | Command::RenewOwner { .. } => true,
+        Command::Reap
+        | Command::Snapshot { .. }
+        | Command::Prune { .. }
+        | Command::Stats
+        | Command::ReleaseOwner { .. } => false,
     }
 }
 

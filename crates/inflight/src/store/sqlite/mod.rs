@@ -758,6 +758,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn commands_about_any_number_of_records_go_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_at(&dir.path().join("inline.db"));
+        store.execute(begin(ActivityId::new())).await.unwrap();
+        for command in [
+            Command::Reap,
+            snapshot(),
+            Command::Prune { limit: 10 },
+            Command::Stats,
+        ] {
+            let future = store.execute(command);
+            assert!(!ran_inline(&future), "{future:?}");
+            future.await.unwrap();
+        }
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn under_full_every_command_goes_to_the_writer_thread() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with(&dir.path().join("full.db"), Synchronous::Full);
