@@ -59,8 +59,8 @@ pub(crate) trait Txn {
     /// by [`Totals::count`](crate::domain::counters::Totals::count).
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError>;
     /// Adds one to the completion counter of `minute`
-    /// ([`query::completion_minute`]).
-    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError>;
+    /// ([`query::completion_minute`]), for `record`'s completion.
+    fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
     /// Every aggregate's totals, in any order.
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError>;
     /// The sum of the completion counters of `minute` and every later one.
@@ -477,7 +477,7 @@ fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
 fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
     for effect in effects {
         if let Effect::Settled { at, .. } = effect {
-            txn.count_completion(query::completion_minute(*at))?;
+            txn.count_completion(record, query::completion_minute(*at))?;
         }
         txn.landed(record, effect);
     }

@@ -857,7 +857,7 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
-    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
+    fn count_completion(&mut self, _record: &ActivityRecord, minute: i64) -> Result<(), LedgerError> {
         *self.counts.completions.entry(minute).or_default() += 1;
         Ok(())
     }

@@ -117,29 +117,19 @@ pub(super) fn apply(st: &mut Statements<'_>) -> Result<(), LedgerError> {
         return Ok(());
     }
     let rows = query_rows(st, sql::JOURNAL_ROWS, [], |row| {
-        Ok((
-            record_from_row(row)?,
-            totals_from_row(row, 23)?,
-            row.get::<_, Option<i64>>(41)?,
-        ))
+        Ok(Ahead {
+            record: Arc::new(record_from_row(row)?),
+            totals: totals_from_row(row, 23)?,
+            completion_minute: row.get(41)?,
+        })
     })?;
     let mut counts = PendingCounts::default();
-    let mut latest: HashMap<ActivityId, ActivityRecord> = HashMap::with_capacity(rows.len());
-    for (record, totals, minute) in rows {
-        if totals != Totals::default() {
-            counts
-                .totals
-                .entry((record.labels.clone(), record.priority, record.admission))
-                .or_default()
-                .add(&totals);
-        }
-        if let Some(minute) = minute {
-            *counts.completions.entry(minute).or_default() += 1;
-        }
-        latest.insert(record.activity_id, record);
+    let mut latest = HashMap::with_capacity(rows.len());
+    for entry in rows {
+        counts.add_ahead(&entry);
+        latest.insert(entry.record.activity_id, entry.record);
     }
     for record in latest.into_values() {
-        let record = Arc::new(record);
         store_record(st, &record)?;
         st.records.stored(&record);
     }

@@ -15,7 +15,7 @@ use crate::error::LedgerError;
 
 use super::cache::RecordCache;
 use super::journal::Journal;
-use super::sql_error;
+use super::{sql, sql_error};
 
 pub(super) fn owner_from_row(row: &Row<'_>) -> rusqlite::Result<Owner> {
     Ok(Owner {
@@ -239,6 +239,20 @@ impl<'c> Statements<'c> {
         self.records.forget_all();
         self.aggregate_ids.clear();
         self.journal.forget();
+    }
+
+    /// Reads SQLite's `data_version`, once a transaction holds the write
+    /// lock: if another connection committed since this one's last
+    /// transaction, forgets the records kept and what was known of the rows
+    /// written ahead, which it may have applied.
+    pub(super) fn check_data_version(&mut self) -> rusqlite::Result<()> {
+        let version = self
+            .prepare(sql::DATA_VERSION)?
+            .query_row([], |row| row.get::<_, i64>(0))?;
+        if self.records.check(version) {
+            self.journal.forget();
+        }
+        Ok(())
     }
 
     /// The connection.

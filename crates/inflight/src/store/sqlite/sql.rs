@@ -390,13 +390,12 @@ pub(super) const ADD_TO_AGGREGATE: &str =
      WHERE id = ?1";
 
 /// Stores a new aggregate with its first totals.
-pub(super) const INSERT_AGGREGATE: &str =
-    "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
-     calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
-     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24, ?25)";
+pub(super) const INSERT_AGGREGATE: &str = concat!(
+    "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, ",
+    totals_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+     ?20, ?21, ?22, ?23, ?24, ?25)"
+);
 
 pub(super) const AGGREGATES: &str = concat!(
     "SELECT service, operation_stage, class, provider, model, priority, admission, ",

@@ -37,8 +37,6 @@ pub(super) struct SqliteTxn<'t, 'c> {
     /// The records this command changed, while it writes ahead
     /// (`journal.rs`); appended by [`SqliteTxn::finish`].
     ahead: Vec<Ahead>,
-    /// Completions counted and not yet tied to the record they count.
-    minutes: Vec<i64>,
     /// Whether this command writes to the tables: once it asked something
     /// the rows written ahead must be applied for.
     direct: bool,
@@ -51,7 +49,6 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
             counts: PendingCounts::default(),
             landed: Vec::new(),
             ahead: Vec::new(),
-            minutes: Vec::new(),
             direct: false,
         }
     }
@@ -59,12 +56,6 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
     /// Ends the command: what it changed is written ahead, unless it went
     /// to the tables.
     pub(super) fn finish(&mut self) -> Result<(), LedgerError> {
-        if !self.minutes.is_empty() {
-            // Completions no record of this command claimed: counted directly.
-            for minute in self.minutes.drain(..) {
-                *self.counts.completions.entry(minute).or_default() += 1;
-            }
-        }
         for entry in std::mem::take(&mut self.ahead) {
             journal::append(self.st, &entry)?;
         }
@@ -84,20 +75,7 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
         for entry in std::mem::take(&mut self.ahead) {
             store_record(self.st, &entry.record)?;
             self.st.records.stored(&entry.record);
-            if entry.totals != Totals::default() {
-                let record = &entry.record;
-                self.counts
-                    .totals
-                    .entry((record.labels.clone(), record.priority, record.admission))
-                    .or_default()
-                    .add(&entry.totals);
-            }
-            if let Some(minute) = entry.completion_minute {
-                *self.counts.completions.entry(minute).or_default() += 1;
-            }
-        }
-        for minute in self.minutes.drain(..) {
-            *self.counts.completions.entry(minute).or_default() += 1;
+            self.counts.add_ahead(&entry);
         }
         Ok(())
     }
@@ -114,18 +92,31 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
     /// `record`, changed by this command, written ahead.
     fn write_ahead(&mut self, record: &Arc<ActivityRecord>) {
         self.st.journal.put(Arc::clone(record));
-        match self
-            .ahead
-            .iter_mut()
-            .find(|entry| entry.record.activity_id == record.activity_id)
-        {
-            Some(entry) => entry.record = Arc::clone(record),
+        match self.position(record.activity_id) {
+            Some(index) => self.ahead[index].record = Arc::clone(record),
             None => self.ahead.push(Ahead {
                 record: Arc::clone(record),
                 totals: Totals::default(),
                 completion_minute: None,
             }),
         }
+    }
+
+    /// This command's entry for `record`; written ahead as it is if the
+    /// command has not changed it, so that what it counts travels with it.
+    fn entry(&mut self, record: &ActivityRecord) -> &mut Ahead {
+        let index = match self.position(record.activity_id) {
+            Some(index) => index,
+            None => {
+                self.write_ahead(&Arc::new(record.clone()));
+                self.ahead.len() - 1
+            }
+        };
+        &mut self.ahead[index]
+    }
+
+    fn position(&self, id: ActivityId) -> Option<usize> {
+        self.ahead.iter().position(|entry| entry.record.activity_id == id)
     }
 }
 
@@ -140,6 +131,25 @@ pub(super) struct PendingCounts {
 }
 
 impl PendingCounts {
+    /// The aggregate `record` counts in.
+    pub(super) fn slot(record: &ActivityRecord) -> (ActivityLabels, Priority, Admission) {
+        (record.labels.clone(), record.priority, record.admission)
+    }
+
+    /// Adds what a record written ahead counted: its totals, and its
+    /// completion.
+    pub(super) fn add_ahead(&mut self, entry: &Ahead) {
+        if entry.totals != Totals::default() {
+            self.totals
+                .entry(Self::slot(&entry.record))
+                .or_default()
+                .add(&entry.totals);
+        }
+        if let Some(minute) = entry.completion_minute {
+            *self.completions.entry(minute).or_default() += 1;
+        }
+    }
+
     pub(super) fn merge(&mut self, other: Self) {
         for (key, totals) in other.totals {
             self.totals.entry(key).or_default().add(&totals);
@@ -424,43 +434,24 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
-        if !self.direct {
-            let entry = match self
-                .ahead
-                .iter_mut()
-                .position(|entry| entry.record.activity_id == record.activity_id)
-            {
-                Some(index) => &mut self.ahead[index],
-                None => {
-                    // Counted without being changed: written ahead as it is,
-                    // so that its counts travel with it.
-                    self.write_ahead(&Arc::new(record.clone()));
-                    self.ahead.last_mut().expect("just written")
-                }
-            };
-            for effect in effects {
-                entry.totals.count(effect);
-            }
-            if entry.completion_minute.is_none() {
-                entry.completion_minute = self.minutes.pop();
-            }
-            return Ok(());
-        }
-        let key = (record.labels.clone(), record.priority, record.admission);
-        let totals = self.counts.totals.entry(key).or_default();
+        let totals = if self.direct {
+            self.counts.totals.entry(PendingCounts::slot(record)).or_default()
+        } else {
+            &mut self.entry(record).totals
+        };
         for effect in effects {
             totals.count(effect);
         }
         Ok(())
     }
 
-    fn count_completion(&mut self, minute: i64) -> Result<(), LedgerError> {
-        if !self.direct {
-            // Tied to the record whose totals are counted next.
-            self.minutes.push(minute);
-            return Ok(());
+    fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError> {
+        if self.direct {
+            *self.counts.completions.entry(minute).or_default() += 1;
+        } else {
+            // A record completes once: its row holds the minute.
+            self.entry(record).completion_minute = Some(minute);
         }
-        *self.counts.completions.entry(minute).or_default() += 1;
         Ok(())
     }
 
@@ -480,9 +471,6 @@ impl Txn for SqliteTxn<'_, '_> {
         // An aggregate counted only ahead is stored once the rows are
         // applied: a new one is rare, so they are.
         self.go_direct()?;
-        if self.counts.totals.contains_key(&slot) {
-            return Ok(true);
-        }
         let id: Option<i64> = self
             .st
             .prepare(sql::AGGREGATE_ID)

@@ -150,18 +150,8 @@ fn run_transaction(
             .map_err(|err| Failed::Transaction(LedgerError::storage("cannot begin a transaction", err)))?;
     }
     // Read once the write lock is held: no one else commits until ours.
-    let version = conn
-        .prepare(sql::DATA_VERSION)
-        .and_then(|statement| statement.query_row([], |row| row.get::<_, i64>(0)));
-    let run = match version {
-        Ok(version) => {
-            if conn.records.check(version) {
-                // Another connection committed: it may have applied the
-                // rows written ahead (`journal.rs`).
-                conn.journal.forget();
-            }
-            run_commands(conn, config, clock, commands, isolation)
-        }
+    let run = match conn.check_data_version() {
+        Ok(()) => run_commands(conn, config, clock, commands, isolation),
         Err(err) => Err(Failed::Transaction(LedgerError::storage(
             "cannot read data_version",
             err,
@@ -254,15 +244,9 @@ pub(super) fn apply_journal(conn: &mut Statements<'_>) -> Result<(), LedgerError
     control(conn, sql::BEGIN_IMMEDIATE)
         .map_err(|err| LedgerError::storage("cannot begin a transaction", err))?;
     let applied = conn
-        .prepare(sql::DATA_VERSION)
-        .and_then(|statement| statement.query_row([], |row| row.get::<_, i64>(0)))
+        .check_data_version()
         .map_err(|err| LedgerError::storage("cannot read data_version", err))
-        .and_then(|version| {
-            if conn.records.check(version) {
-                conn.journal.forget();
-            }
-            journal::apply(conn)
-        })
+        .and_then(|()| journal::apply(conn))
         .and_then(|()| control(conn, sql::COMMIT).map_err(|err| LedgerError::storage("cannot commit", err)));
     if applied.is_err() {
         rollback(conn);
