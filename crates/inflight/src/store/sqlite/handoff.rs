@@ -134,6 +134,10 @@ struct State {
     last_group: usize,
     /// A close was asked for: no command is taken after it.
     closing: bool,
+    /// Those who asked for a close after the first, answered with it.
+    also_closing: Vec<oneshot::Sender<()>>,
+    /// The connection is closed.
+    closed: bool,
 }
 
 impl Handoff {
@@ -234,10 +238,13 @@ impl Handoff {
     /// been answered; `done` hears once the connection is closed.
     pub(super) fn close(&self, done: oneshot::Sender<()>) {
         let mut state = self.state();
-        if state.closing {
-            // Closed already, or closing: answered once the first close is done.
-            drop(state);
+        if state.closed {
             let _ = done.send(());
+            return;
+        }
+        if state.closing {
+            // Answered once the first close is done.
+            state.also_closing.push(done);
             return;
         }
         state.closing = true;
@@ -313,11 +320,17 @@ impl Handoff {
                         tracing::warn!(error = %err, "SQLite rows written ahead not applied at close; the next writer applies them");
                     }
                 }
+                // Nothing is queued after a close: `submit` refuses once it
+                // is asked for.
                 *core = None;
                 drop(core);
-                let queued = std::mem::take(&mut self.state().queue);
-                drop(queued);
-                let _ = done.send(());
+                let mut state = self.state();
+                state.closed = true;
+                let also = std::mem::take(&mut state.also_closing);
+                drop(state);
+                for done in std::iter::once(done).chain(also) {
+                    let _ = done.send(());
+                }
                 return;
             }
             drop(core);
@@ -337,9 +350,11 @@ impl Drop for Stopped<'_> {
         if std::thread::panicking() {
             let mut state = self.0.state();
             state.closing = true;
+            state.closed = true;
             let queued = std::mem::take(&mut state.queue);
+            let also = std::mem::take(&mut state.also_closing);
             drop(state);
-            drop(queued);
+            drop((queued, also));
         }
     }
 }

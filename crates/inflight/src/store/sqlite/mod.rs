@@ -738,6 +738,17 @@ mod tests {
         format!("{future:?}").contains("ready")
     }
 
+    /// Runs `commands` one after another, each of which must be answered
+    /// by the writer thread and succeed, then closes `store`.
+    async fn run_on_the_writer_thread(store: &SqliteStore, commands: impl IntoIterator<Item = Command>) {
+        for command in commands {
+            let future = store.execute(command);
+            assert!(!ran_inline(&future), "{future:?}");
+            future.await.unwrap();
+        }
+        store.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_lone_caller_under_normal_runs_its_commands_on_its_own_thread() {
         let dir = tempfile::tempdir().unwrap();
@@ -762,29 +773,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store_at(&dir.path().join("inline.db"));
         store.execute(begin(ActivityId::new())).await.unwrap();
-        for command in [
+        let commands = [
             Command::Reap,
             snapshot(),
             Command::Prune { limit: 10 },
             Command::Stats,
-        ] {
-            let future = store.execute(command);
-            assert!(!ran_inline(&future), "{future:?}");
-            future.await.unwrap();
-        }
-        store.close().await.unwrap();
+        ];
+        run_on_the_writer_thread(&store, commands).await;
     }
 
     #[tokio::test]
     async fn under_full_every_command_goes_to_the_writer_thread() {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with(&dir.path().join("full.db"), Synchronous::Full);
-        for _ in 0..3 {
-            let begun = store.execute(begin(ActivityId::new()));
-            assert!(!ran_inline(&begun), "{begun:?}");
-            begun.await.unwrap();
-        }
-        store.close().await.unwrap();
+        let begins = (0..3).map(|_| begin(ActivityId::new()));
+        run_on_the_writer_thread(&store, begins).await;
     }
 
     #[tokio::test]
@@ -817,6 +820,32 @@ mod tests {
             other => panic!("{other:?}"),
         }
         store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_second_close_waits_for_the_first_to_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("closing.db");
+        let store = store_at(&path);
+        store.execute(begin(ActivityId::new())).await.unwrap();
+        // The writer thread waits for another process's lock with a command
+        // queued, so the first close cannot finish yet.
+        let other = connect(&path, Synchronous::Normal).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let begun = store.execute(begin(ActivityId::new()));
+        let first = store.close();
+        let mut second = std::pin::pin!(store.close());
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut second).await;
+        assert!(
+            early.is_err(),
+            "the second close answered before the first finished"
+        );
+        other.execute_batch("COMMIT").unwrap();
+        begun.await.unwrap();
+        first.await.unwrap();
+        second.await.unwrap();
+        let after = store.execute(begin(ActivityId::new()));
+        assert_eq!(after.await.unwrap_err().kind(), ErrorKind::Closed);
     }
 
     #[tokio::test]
