@@ -78,12 +78,32 @@ fn positive_millis(field: &'static str, d: Duration) -> Result<i64, BoundsError>
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReapPolicy {
     classes: BTreeMap<String, ClassBounds>,
+    /// The classes again, in the same order, with their queue wait already
+    /// scaled: every begin looks its class up, and a short list compared by
+    /// length first finds it without the tree's string comparisons or the
+    /// float arithmetic of [`Self::scale`].
+    resolved: Vec<ResolvedClass>,
     factor: f64,
+    /// The factor when it is a whole number (the default 4 is), for the
+    /// integer fast path of [`Self::scale`].
+    whole_factor: Option<i64>,
     /// The widest deadline or queue wait of any class, before the factor:
     /// the deadline of a record of an unconfigured class.
     widest_raw_ms: i64,
     widest_ms: i64,
 }
+
+/// A class as the hot path reads it.
+#[derive(Debug, Clone, PartialEq)]
+struct ResolvedClass {
+    name: Box<str>,
+    deadline_ms: i64,
+    /// `max_queue_wait_ms`, factor applied.
+    scaled_queue_wait_ms: i64,
+}
+
+/// Past this many classes, the resolved list is searched by bisection.
+const LINEAR_CLASSES: usize = 8;
 
 /// The default reap factor.
 pub const DEFAULT_FACTOR: f64 = 4.0;
@@ -111,13 +131,27 @@ impl ReapPolicy {
             .map(|c| c.deadline_ms.max(c.max_queue_wait_ms))
             .max()
             .unwrap_or(1);
+        // Exact in f64 and in i64 alike up to 2^20; larger whole factors
+        // take the float path, which is the definition.
+        let whole_factor = (factor.fract() == 0.0 && factor <= f64::from(1 << 20)).then_some(factor as i64);
         let mut policy = Self {
             classes,
+            resolved: Vec::new(),
             factor,
+            whole_factor,
             widest_raw_ms: widest_raw,
             widest_ms: 0,
         };
         policy.widest_ms = policy.scale(widest_raw);
+        policy.resolved = policy
+            .classes
+            .iter()
+            .map(|(name, bounds)| ResolvedClass {
+                name: name.as_str().into(),
+                deadline_ms: bounds.deadline_ms,
+                scaled_queue_wait_ms: policy.scale(bounds.max_queue_wait_ms),
+            })
+            .collect();
         Ok(policy)
     }
 
@@ -137,7 +171,15 @@ impl ReapPolicy {
         self.widest_ms
     }
 
+    /// `ms` times the factor, rounded up, saturating.
     fn scale(&self, ms: i64) -> i64 {
+        // A whole factor gives the float path's answer exactly while the
+        // product stays within f64's 53 bits of integer precision.
+        if let Some(product) = self.whole_factor.and_then(|k| ms.checked_mul(k)) {
+            if product.unsigned_abs() < 1 << 53 {
+                return product;
+            }
+        }
         let scaled = (ms as f64 * self.factor).ceil();
         if scaled >= i64::MAX as f64 {
             i64::MAX
@@ -153,9 +195,23 @@ impl ReapPolicy {
         if let Some(own) = declared {
             return own;
         }
-        match self.classes.get(class) {
-            Some(bounds) => bounds.deadline_ms,
+        match self.class(class) {
+            Some(resolved) => resolved.deadline_ms,
             None => self.widest_raw_ms,
+        }
+    }
+
+    /// The configured class `name`.
+    fn class(&self, name: &str) -> Option<&ResolvedClass> {
+        if self.resolved.len() <= LINEAR_CLASSES {
+            // `==` on strings compares lengths before bytes.
+            self.resolved.iter().find(|class| *class.name == *name)
+        } else {
+            let at = self
+                .resolved
+                .binary_search_by(|class| (*class.name).cmp(name))
+                .ok()?;
+            Some(&self.resolved[at])
         }
     }
 
@@ -189,8 +245,8 @@ impl ReapPolicy {
                 Some(started.add_millis(self.scale(record.deadline_ms)))
             }
             State::Waiting => {
-                let bound = match self.classes.get(record.labels.class.as_str()) {
-                    Some(class) => self.scale(class.max_queue_wait_ms),
+                let bound = match self.class(record.labels.class.as_str()) {
+                    Some(class) => class.scaled_queue_wait_ms,
                     None => self.widest_ms,
                 };
                 Some(record.enqueued_at.add_millis(bound))
@@ -245,5 +301,72 @@ mod tests {
         assert_eq!(policy.effective_deadline_ms("embedding", None), 300_000);
         assert_eq!(policy.effective_deadline_ms("embedding", Some(7)), 7);
         assert_eq!(policy.effective_deadline_ms("unknown", None), 900_000);
+    }
+
+    /// The definition `scale` must keep: the product in f64, rounded up,
+    /// saturating.
+    fn scaled_by_float(ms: i64, factor: f64) -> i64 {
+        let scaled = (ms as f64 * factor).ceil();
+        if scaled >= i64::MAX as f64 {
+            i64::MAX
+        } else {
+            scaled as i64
+        }
+    }
+
+    #[test]
+    fn a_whole_factor_scales_exactly_as_the_float_definition() {
+        let classes = BTreeMap::from([("chat".to_owned(), ClassBounds::new(secs(1), None).unwrap())]);
+        for factor in [1.0, 4.0, 7.0, 2.5, 1_048_576.0, 2_097_152.0] {
+            let policy = ReapPolicy::new(classes.clone(), factor).unwrap();
+            assert_eq!(
+                policy.whole_factor.is_some(),
+                factor.fract() == 0.0 && factor <= 1_048_576.0
+            );
+            for ms in [
+                1,
+                999,
+                300_000,
+                (1 << 50) + 1,
+                (1 << 51) - 1,
+                1 << 53,
+                (1 << 53) + 1,
+                i64::MAX / 4 + 3,
+                i64::MAX,
+            ] {
+                assert_eq!(
+                    policy.scale(ms),
+                    scaled_by_float(ms, factor),
+                    "{ms} ms x {factor}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn classes_are_found_in_a_short_list_and_in_a_long_one() {
+        for count in [1, LINEAR_CLASSES, LINEAR_CLASSES + 1, 40] {
+            let classes: BTreeMap<_, _> = (0..count)
+                .map(|i| {
+                    let wait = secs(1_000 + i as u64);
+                    (
+                        format!("class-{i}"),
+                        ClassBounds::new(secs(1 + i as u64), Some(wait)).unwrap(),
+                    )
+                })
+                .collect();
+            let policy = ReapPolicy::new(classes.clone(), 2.5).unwrap();
+            for (name, bounds) in &classes {
+                assert_eq!(policy.effective_deadline_ms(name, None), bounds.deadline_ms());
+                let found = policy.class(name).expect("a configured class");
+                assert_eq!(
+                    found.scaled_queue_wait_ms,
+                    scaled_by_float(bounds.max_queue_wait_ms(), 2.5)
+                );
+            }
+            assert!(policy.class("class-").is_none());
+            assert!(policy.class("zzz").is_none());
+            assert_eq!(policy.effective_deadline_ms("nope", None), policy.widest_raw_ms);
+        }
     }
 }
