@@ -2,6 +2,7 @@
 //! and embedded use where the ledger need not survive a restart.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -413,7 +414,7 @@ impl Txn for MemoryState {
         id: ActivityId,
         change: &mut dyn FnMut(&mut ActivityRecord) -> bool,
     ) -> Result<Option<Arc<ActivityRecord>>, LedgerError> {
-        let Some(stored) = self.records.live.get_mut(&id) else {
+        let Entry::Occupied(mut entry) = self.records.live.entry(id) else {
             // Out of flight (a late settle, a resurrection): changed on an
             // unpacked copy, and filed again.
             let Some(mut record) = self.records.history.get(&id) else {
@@ -433,17 +434,21 @@ impl Txn for MemoryState {
         };
         // Shared only by replies still held: changed in place when there
         // are none.
-        let was_in_flight = stored.state.is_in_flight();
+        let stored = entry.get_mut();
         let old = IndexKeys::of(stored);
         if !change(Arc::make_mut(stored)) {
             return Ok(Some(Arc::clone(stored)));
         }
-        let record = Arc::clone(stored);
+        let record = if stored.state.is_in_flight() {
+            Arc::clone(stored)
+        } else {
+            // Out of flight now: the entry found is the one removed, with no
+            // second search of the live map.
+            let record = entry.remove();
+            self.records.history.insert(&record);
+            record
+        };
         self.indexes.move_keys(id, old, IndexKeys::of(&record));
-        if record.state.is_in_flight() != was_in_flight {
-            self.records.remove(&id);
-            self.records.file(Arc::clone(&record));
-        }
         self.indexes.due.compact(&self.records.live);
         Ok(Some(record))
     }
