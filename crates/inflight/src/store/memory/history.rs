@@ -22,8 +22,9 @@ use super::append_map::AppendMap;
 #[derive(Default)]
 pub(super) struct History {
     packed: AppendMap<ActivityId, Packed>,
-    /// The rare record with a value a packed record cannot hold
-    /// (`i64::MIN`), kept as it is.
+    /// The rare record with a value a packed record cannot hold (an
+    /// instant before its enqueue or 49 days after it, a deadline past
+    /// `u32`), kept as it is.
     wide: BTreeMap<ActivityId, Arc<ActivityRecord>>,
 }
 
@@ -84,30 +85,39 @@ impl History {
     }
 }
 
-/// An optional instant in eight bytes; `i64::MIN` milliseconds stands for
-/// none.
+/// An optional instant in four bytes: milliseconds after the record's
+/// `enqueuedAt`, `u32::MAX` for none. Every instant of a record out of
+/// flight is at or after its enqueue, and within 49 days of it unless a
+/// caller said otherwise; such a record is kept whole instead.
 #[derive(Debug, Clone, Copy)]
-struct Opt(i64);
+struct After(u32);
 
-impl Opt {
-    const NONE: i64 = i64::MIN;
+impl After {
+    const NONE: u32 = u32::MAX;
 
-    fn pack(value: Option<Timestamp>) -> Option<Self> {
-        match value.map(Timestamp::as_millis) {
+    fn pack(value: Option<Timestamp>, enqueued_at: Timestamp) -> Option<Self> {
+        match value {
             None => Some(Self(Self::NONE)),
-            Some(Self::NONE) => None,
-            Some(value) => Some(Self(value)),
+            Some(at) => {
+                let offset = at.as_millis().checked_sub(enqueued_at.as_millis())?;
+                u32::try_from(offset)
+                    .ok()
+                    .filter(|&offset| offset != Self::NONE)
+                    .map(Self)
+            }
         }
     }
 
-    fn unpack(self) -> Option<Timestamp> {
-        (self.0 != Self::NONE).then_some(Timestamp::from_millis(self.0))
+    fn unpack(self, enqueued_at: Timestamp) -> Option<Timestamp> {
+        (self.0 != Self::NONE).then(|| Timestamp::from_millis(enqueued_at.as_millis() + i64::from(self.0)))
     }
 }
 
 /// Every field of an [`ActivityRecord`] but its id (the history's key), with
-/// optional instants in eight bytes instead of sixteen, the owner boxed, and
-/// what few records have boxed apart.
+/// the instants after the enqueue and the deadline in four bytes each
+/// instead of sixteen and eight, the owner boxed, and what few records have
+/// boxed apart. Every page of history is a page the kernel must fault in
+/// and zero as the store grows, so its bytes cost time as well as memory.
 /// What history always implies is not kept: a record out of flight has no
 /// `reapable_at`, and its queue wait and execution time follow from its
 /// instants; a record for which that does not hold is not packed.
@@ -118,10 +128,10 @@ struct Packed {
     /// What few records have: a cancel reason, a deadline of their own.
     rare: Option<Box<Rare>>,
     enqueued_at: Timestamp,
-    deadline_ms: i64,
-    started_at: Opt,
-    completed_at: Opt,
-    reaped_at: Opt,
+    deadline_ms: u32,
+    started_at: After,
+    completed_at: After,
+    reaped_at: After,
     priority: Priority,
     admission: Admission,
     state: State,
@@ -133,8 +143,9 @@ struct Packed {
 }
 
 impl Packed {
-    /// `record`, packed; `None` when one of its numbers is `i64::MIN`, or
-    /// when it holds what [`Packed::unpack`] would not give back.
+    /// `record`, packed; `None` when an instant is before its enqueue or 49
+    /// days after it, when its deadline passes `u32`, or when it holds what
+    /// [`Packed::unpack`] would not give back.
     fn pack(record: &ActivityRecord) -> Option<Self> {
         // Destructured, so that a field added to records cannot be missed.
         let ActivityRecord {
@@ -174,10 +185,10 @@ impl Packed {
                 })
             }),
             enqueued_at: *enqueued_at,
-            deadline_ms: *deadline_ms,
-            started_at: Opt::pack(*started_at)?,
-            completed_at: Opt::pack(*completed_at)?,
-            reaped_at: Opt::pack(*reaped_at)?,
+            deadline_ms: u32::try_from(*deadline_ms).ok()?,
+            started_at: After::pack(*started_at, *enqueued_at)?,
+            completed_at: After::pack(*completed_at, *enqueued_at)?,
+            reaped_at: After::pack(*reaped_at, *enqueued_at)?,
             priority: *priority,
             admission: *admission,
             state: *state,
@@ -200,11 +211,11 @@ impl Packed {
             reap_reason: self.reap_reason,
             owner_id: self.owner_id.as_deref().map(String::from),
             enqueued_at: self.enqueued_at,
-            started_at: self.started_at.unpack(),
-            completed_at: self.completed_at.unpack(),
-            reaped_at: self.reaped_at.unpack(),
+            started_at: self.started_at.unpack(self.enqueued_at),
+            completed_at: self.completed_at.unpack(self.enqueued_at),
+            reaped_at: self.reaped_at.unpack(self.enqueued_at),
             declared_deadline_ms: self.rare.as_ref().and_then(|rare| rare.declared_deadline_ms),
-            deadline_ms: self.deadline_ms,
+            deadline_ms: i64::from(self.deadline_ms),
             reapable_at: None,
             queue_wait_ms: None,
             execution_ms: None,
@@ -285,7 +296,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_holding_the_sentinel_is_kept_whole() {
+    fn a_record_that_cannot_be_packed_is_kept_whole_until_a_version_that_can() {
         let record = ActivityRecord {
             reaped_at: Some(Timestamp::from_millis(i64::MIN)),
             ..settled()
@@ -296,7 +307,7 @@ mod tests {
         assert_eq!(*history.get(&record.activity_id).unwrap(), record);
         // Replaced by a version that packs: kept once, packed.
         let packable = ActivityRecord {
-            reaped_at: Some(Timestamp::from_millis(5)),
+            reaped_at: Some(Timestamp::from_millis(5_000)),
             ..record.clone()
         };
         history.insert(&packable);
@@ -304,6 +315,45 @@ mod tests {
         assert!(history.wide.is_empty());
         assert_eq!(*history.remove(&record.activity_id).unwrap(), packable);
         assert_eq!(history.len(), 0);
+    }
+
+    #[test]
+    fn instants_and_deadlines_out_of_four_bytes_keep_a_record_whole() {
+        let enqueued = settled().enqueued_at;
+        let after = |ms: i64| Some(Timestamp::from_millis(enqueued.as_millis() + ms));
+        let last = i64::from(u32::MAX) - 1;
+        let mut history = History::default();
+        let fits = [
+            ActivityRecord {
+                completed_at: after(last),
+                ..settled()
+            },
+            ActivityRecord {
+                deadline_ms: i64::from(u32::MAX),
+                ..settled()
+            },
+        ];
+        let too_wide = [
+            ActivityRecord {
+                completed_at: after(last + 1),
+                ..settled()
+            },
+            ActivityRecord {
+                reaped_at: after(-1),
+                ..settled()
+            },
+            ActivityRecord {
+                deadline_ms: i64::from(u32::MAX) + 1,
+                ..settled()
+            },
+        ];
+        for mut record in fits.into_iter().chain(too_wide) {
+            record.derive_durations();
+            history.insert(&record);
+            assert_eq!(*history.get(&record.activity_id).unwrap(), record);
+        }
+        assert_eq!(history.wide.len(), 3);
+        assert_eq!(history.len(), 5);
     }
 
     #[test]
@@ -337,5 +387,8 @@ mod tests {
         let packed = std::mem::size_of::<(ActivityId, Option<Packed>)>();
         let shared = std::mem::size_of::<ActivityRecord>() + 2 * std::mem::size_of::<usize>();
         assert!(packed * 2 <= shared, "{packed} bytes packed vs {shared} shared");
+        // What a settled record adds to the history's run: its id and 64
+        // bytes (docs/performance.md).
+        assert_eq!(packed, 80);
     }
 }
