@@ -23,6 +23,9 @@ const TARGET_RATE: f64 = 10_000.0;
 /// The issue's target: p99 per request, in ms.
 const TARGET_P99_MS: f64 = 5.0;
 
+/// The case of the two-request spelling, which carries the aim.
+const TWO_REQUESTS: &str = "http_lifecycle_two_requests";
+
 /// Windows of each variant, alternating (three, two, three, two, ...), so
 /// that drift in the machine's load hits both.
 const WINDOWS: usize = 3;
@@ -209,12 +212,7 @@ pub(crate) fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         server.await??;
         Ok(vec![
             case("http_lifecycle", "begin, start, settle", plan, three),
-            case(
-                "http_lifecycle_two_requests",
-                "begin with ?start=now&wait=5s, settle",
-                plan,
-                two,
-            ),
+            case(TWO_REQUESTS, "begin with ?start=now&wait=5s, settle", plan, two),
         ])
     })
 }
@@ -233,7 +231,17 @@ fn case(name: &str, spelled: &str, plan: &Plan, mut tally: Tally) -> Case {
         ours: rate,
         baseline: None,
         unit: "lifecycles/s",
-        target: Target::Report,
+        // The issue's aim is for a lifecycle over HTTP, spelled at its
+        // best: the two-request spelling carries it, the three-request one
+        // is reported beside it.
+        target: if name == TWO_REQUESTS {
+            Target::Aim {
+                label: "aim",
+                met,
+            }
+        } else {
+            Target::Report
+        },
         paired_ratio: None,
         note: format!(
             "{spelled}; {HTTP_CLIENTS} clients over loopback, SQLite synchronous=normal, {:.1}s in {WINDOWS} \

@@ -141,7 +141,7 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             // Interleaved pairs, baseline then ours: a slow spell of the
             // shared machine hits both sides of a pair alike.
             let (mut ours, mut base, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..plan.sqlite_pairs {
+            for _ in 0..plan.postgres_pairs {
                 let b = baseline_rate(&clients, plan.sqlite_window).await?;
                 let o = ours_rate(&ledger, callers, plan.sqlite_window).await?;
                 base.push(b);
@@ -175,13 +175,13 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
                  tokio-postgres, a connection per caller, one autocommit statement per transition); \
                  synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
                  (min {r_min:.2}x, max {r_max:.2}x)",
-                plan.sqlite_pairs,
+                plan.postgres_pairs,
                 plan.sqlite_window.as_secs_f64(),
             ),
             extra: serde_json::Map::from_iter([
                 ("callers".to_owned(), json!(callers)),
                 ("pool".to_owned(), json!(pool)),
-                ("pairs".to_owned(), json!(plan.sqlite_pairs)),
+                ("pairs".to_owned(), json!(plan.postgres_pairs)),
                 ("ratio_min".to_owned(), json!(round(r_min))),
                 ("ratio_max".to_owned(), json!(round(r_max))),
             ]),

@@ -12,6 +12,13 @@ pub(crate) enum Target {
     AtMost(f64),
     /// `ratio >= x` (ours is a throughput).
     AtLeast(f64),
+    /// An absolute aim with no baseline, judged by the case itself.
+    Aim {
+        /// Its name in the report (the note says what it is).
+        label: &'static str,
+        /// Whether this run met it.
+        met: bool,
+    },
     /// Reported only.
     Report,
 }
@@ -21,6 +28,7 @@ impl Target {
         match self {
             Self::AtMost(x) => format!("<= {x}x"),
             Self::AtLeast(x) => format!(">= {x}x"),
+            Self::Aim { label, .. } => label.to_owned(),
             Self::Report => "report".to_owned(),
         }
     }
@@ -28,6 +36,7 @@ impl Target {
     fn ok(self, ratio: Option<f64>) -> bool {
         match (self, ratio) {
             (Self::Report, _) => true,
+            (Self::Aim { met, .. }, _) => met,
             (Self::AtMost(x), Some(r)) => r <= x,
             (Self::AtLeast(x), Some(r)) => r >= x,
             (_, None) => false,
@@ -56,7 +65,7 @@ pub(crate) struct Case {
 impl Case {
     fn ratio(&self) -> Option<f64> {
         match (self.target, self.baseline) {
-            (Target::Report, _) | (_, None) => None,
+            (Target::Report | Target::Aim { .. }, _) | (_, None) => None,
             _ if self.paired_ratio.is_some() => self.paired_ratio,
             (_, Some(base)) if base > 0.0 => Some(self.ours / base),
             _ => None,
@@ -175,6 +184,16 @@ mod tests {
         assert!(Target::AtLeast(3.0).ok(Some(3.1)));
         assert!(!Target::AtLeast(3.0).ok(None));
         assert!(Target::Report.ok(None));
+        assert!(Target::Aim {
+            label: "aim",
+            met: true
+        }
+        .ok(None));
+        assert!(!Target::Aim {
+            label: "aim",
+            met: false
+        }
+        .ok(Some(9.0)));
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
     }
