@@ -7,7 +7,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
 use inflight::store::Synchronous;
 use serde_json::json;
 
@@ -57,78 +62,120 @@ const BEGIN: &str =
 const START: &str = "{}";
 const SETTLE: &str = r#"{"success":true}"#;
 
-/// POSTs `body` (JSON) to `url`; the answer and how long it took, in ms.
-async fn post_json(client: &reqwest::Client, url: String, body: &'static str) -> Result<(Answer, f64)> {
-    let started = Instant::now();
-    let response = client
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send()
-        .await?;
-    let status = response.status();
-    let bytes = response.bytes().await?;
-    if !status.is_success() {
-        bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
-    }
-    let answer: Answer = serde_json::from_slice(&bytes)?;
-    if answer.error.is_some() {
-        bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
-    }
-    Ok((answer, ms(started.elapsed())))
+/// One client: an HTTP/1.1 connection of its own, kept alive, through
+/// hyper's client connection. A pooled client such as reqwest spent about
+/// as much CPU a request as the server's own HTTP side, on the same two
+/// cores as the server (docs/performance.md, session 12).
+pub(crate) struct Client {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    /// The `Host` header: the server's address.
+    host: HeaderValue,
 }
+
+impl Client {
+    /// Connects to `base` (`http://host:port`).
+    pub(crate) async fn connect(base: &str) -> Result<Self> {
+        let authority = base
+            .strip_prefix("http://")
+            .ok_or_else(|| anyhow!("{base}: an http:// URL"))?
+            .trim_end_matches('/');
+        let stream = tokio::net::TcpStream::connect(authority)
+            .await
+            .with_context(|| format!("connect to {authority}"))?;
+        stream.set_nodelay(true)?;
+        let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        // Drives the connection until the client is dropped.
+        tokio::spawn(connection);
+        Ok(Self {
+            send,
+            host: HeaderValue::from_str(authority)?,
+        })
+    }
+
+    /// POSTs `body` (JSON) to `path`; the answer and how long it took, in
+    /// ms.
+    async fn post_json(&mut self, path: &str, body: &'static str) -> Result<(Answer, f64)> {
+        let started = Instant::now();
+        let request = Request::post(path)
+            .header(HOST, self.host.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))?;
+        let exchange = async {
+            self.send.ready().await?;
+            let response = self.send.send_request(request).await?;
+            let status = response.status();
+            let bytes = response.into_body().collect().await?.to_bytes();
+            Ok::<_, anyhow::Error>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| anyhow!("POST {path}: no answer within {REQUEST_TIMEOUT:?}"))??;
+        if !status.is_success() {
+            bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
+        }
+        let answer: Answer = serde_json::from_slice(&bytes)?;
+        if answer.error.is_some() {
+            bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
+        }
+        Ok((answer, ms(started.elapsed())))
+    }
+}
+
+/// The longest a request may take before the run fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One lifecycle spelled as `requests`; each request's latency is pushed.
 pub(crate) async fn http_lifecycle_once(
-    client: &reqwest::Client,
-    base: &str,
+    client: &mut Client,
     requests: Requests,
     latencies: &mut Vec<f64>,
 ) -> Result<()> {
-    let url = match requests {
-        Requests::Three => format!("{base}/v1/activities"),
-        Requests::Two => format!("{base}/v1/activities?start=now&wait=5s"),
+    let begin = match requests {
+        Requests::Three => "/v1/activities",
+        Requests::Two => "/v1/activities?start=now&wait=5s",
     };
-    let (record, t) = post_json(client, url, BEGIN).await?;
+    let (record, t) = client.post_json(begin, BEGIN).await?;
     latencies.push(t);
     let id = record
         .activity_id
         .ok_or_else(|| anyhow!("no activityId in the answer to a begin"))?;
     if requests == Requests::Three {
-        let (_, t) = post_json(client, format!("{base}/v1/activities/{id}/start"), START).await?;
+        let (_, t) = client
+            .post_json(&format!("/v1/activities/{id}/start"), START)
+            .await?;
         latencies.push(t);
     } else if record.state.as_deref() != Some("executing") {
         bail!("a begin with start=now answered {:?}", record.state);
     }
-    let (_, t) = post_json(client, format!("{base}/v1/activities/{id}/settle"), SETTLE).await?;
+    let (_, t) = client
+        .post_json(&format!("/v1/activities/{id}/settle"), SETTLE)
+        .await?;
     latencies.push(t);
     Ok(())
 }
 
-/// A client with a connection per concurrent caller.
-pub(crate) fn client() -> Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .pool_max_idle_per_host(HTTP_CLIENTS)
-        .timeout(Duration::from_secs(30))
-        .build()?)
+/// `count` clients of `base`, each with its connection.
+pub(crate) async fn clients(base: &str, count: usize) -> Result<Vec<Client>> {
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        clients.push(Client::connect(base).await?);
+    }
+    Ok(clients)
 }
 
-/// `clients` callers doing lifecycles spelled as `requests` against `base`
-/// for `window` (or `count` lifecycles each, when set): request latencies,
-/// lifecycles done, time taken.
+/// `clients` doing lifecycles spelled as `requests` at once for `window`
+/// (or `count` lifecycles each, when set): request latencies, lifecycles
+/// done, time taken. The clients come back for the next call.
 pub(crate) async fn drive(
-    client: &reqwest::Client,
-    base: &str,
+    clients: &mut Vec<Client>,
     requests: Requests,
-    clients: usize,
     window: Duration,
     count: Option<usize>,
 ) -> Result<(Vec<f64>, u64, Duration)> {
     let until = Instant::now() + window;
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (client, base) = (client.clone(), base.to_owned());
+    for mut client in clients.drain(..) {
         tasks.push(tokio::spawn(async move {
             let (mut latencies, mut lifecycles) = (Vec::new(), 0_u64);
             loop {
@@ -139,15 +186,16 @@ pub(crate) async fn drive(
                 if !more {
                     break;
                 }
-                http_lifecycle_once(&client, &base, requests, &mut latencies).await?;
+                http_lifecycle_once(&mut client, requests, &mut latencies).await?;
                 lifecycles += 1;
             }
-            Ok::<_, anyhow::Error>((latencies, lifecycles))
+            Ok::<_, anyhow::Error>((client, latencies, lifecycles))
         }));
     }
     let (mut latencies, mut lifecycles) = (Vec::new(), 0_u64);
     for task in tasks {
-        let (l, n) = task.await??;
+        let (client, l, n) = task.await??;
+        clients.push(client);
         latencies.extend(l);
         lifecycles += n;
     }
@@ -181,18 +229,10 @@ pub(crate) fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
                 let _ = stopped.await;
             },
         ));
-        let client = client()?;
-        // Warm-up: connections, caches, both spellings.
+        let mut clients = clients(&base, HTTP_CLIENTS).await?;
+        // Warm-up: caches, both spellings.
         for requests in [Requests::Three, Requests::Two] {
-            drive(
-                &client,
-                &base,
-                requests,
-                HTTP_CLIENTS,
-                plan.http_window / 10,
-                None,
-            )
-            .await?;
+            drive(&mut clients, requests, plan.http_window / 10, None).await?;
         }
         // Both spellings share the window, so the case takes as long as
         // when it measured one (the quick run's budget is 90 s).
@@ -200,8 +240,7 @@ pub(crate) fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         let (mut three, mut two) = (Tally::default(), Tally::default());
         for _ in 0..WINDOWS {
             for (requests, tally) in [(Requests::Three, &mut three), (Requests::Two, &mut two)] {
-                let (latencies, lifecycles, elapsed) =
-                    drive(&client, &base, requests, HTTP_CLIENTS, window, None).await?;
+                let (latencies, lifecycles, elapsed) = drive(&mut clients, requests, window, None).await?;
                 tally.latencies.extend(latencies);
                 tally.lifecycles += lifecycles;
                 tally.elapsed += elapsed;

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use inflight::store::Synchronous;
 use inflight::{Ledger, LedgerConfig};
 
-use crate::http_lifecycle::{client, drive, Requests, HTTP_CLIENTS};
+use crate::http_lifecycle::{clients, drive, Requests, HTTP_CLIENTS};
 use crate::memory_lifecycle::HandLedger;
 use crate::sqlite_env::{
     baseline_lifecycle, ledger_lifecycle, multi_thread, sqlite_ledger_at, Pragmas, TempDir, BASELINE_TABLE,
@@ -28,12 +28,11 @@ pub(crate) fn drive_http(url: &str, n: usize, requests: u8) -> Result<()> {
     let base = url.trim_end_matches('/');
     let runtime = multi_thread()?;
     runtime.block_on(async {
-        let client = client()?;
+        let mut clients = clients(base, HTTP_CLIENTS).await?;
         // Bounded by the count, not by time.
         let forever = std::time::Duration::from_secs(24 * 3600);
-        drive(&client, base, requests, HTTP_CLIENTS, forever, Some(n / 10)).await?;
-        let (mut latencies, lifecycles, elapsed) =
-            drive(&client, base, requests, HTTP_CLIENTS, forever, Some(n)).await?;
+        drive(&mut clients, requests, forever, Some(n / 10)).await?;
+        let (mut latencies, lifecycles, elapsed) = drive(&mut clients, requests, forever, Some(n)).await?;
         latencies.sort_by(f64::total_cmp);
         println!(
             "{lifecycles} lifecycles in {:.3}s ({:.0}/s) in {requests:?} requests; per request p50 {:.2} ms, p99 {:.2} ms",
