@@ -3,7 +3,7 @@
 //! History is most of what a memory store holds (every record settled or
 //! reaped within the retention period) and grows with every call. A record
 //! behind an `Arc` costs about 240 bytes of heap; packed inline in the
-//! history's sorted run it costs 96, so a busy store faults in well under
+//! history's sorted run it costs 80, so a busy store faults in well under
 //! half the fresh pages, and the `Arc` that carried the record in flight is
 //! freed and reused by the next call instead of being kept.
 
