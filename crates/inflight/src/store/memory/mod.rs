@@ -443,9 +443,9 @@ impl Txn for MemoryState {
             Arc::clone(stored)
         } else {
             // Out of flight now: the entry found is the one removed, with no
-            // second search of the live map.
+            // second search of the live map, and filed where its kind goes.
             let record = entry.remove();
-            self.records.history.insert(&record);
+            self.records.file(Arc::clone(&record));
             record
         };
         self.indexes.move_keys(id, old, IndexKeys::of(&record));
