@@ -103,7 +103,22 @@ struct ResolvedClass {
 }
 
 /// Past this many classes, the resolved list is searched by bisection.
+/// Below, a scan compared by length first: with the default two classes it
+/// ran 168 instructions a lifecycle fewer than bisection (4,996 against
+/// 5,164 at `a1c37ea`, callgrind, `memory_lifecycle`).
 const LINEAR_CLASSES: usize = 8;
+
+/// The definition of a scaled bound: `ms` times `factor` in f64, rounded
+/// up, saturating. [`ReapPolicy::scale`] gives the same answer faster for
+/// whole factors.
+fn scaled_by_float(ms: i64, factor: f64) -> i64 {
+    let scaled = (ms as f64 * factor).ceil();
+    if scaled >= i64::MAX as f64 {
+        i64::MAX
+    } else {
+        scaled as i64
+    }
+}
 
 /// The default reap factor.
 pub const DEFAULT_FACTOR: f64 = 4.0;
@@ -180,12 +195,7 @@ impl ReapPolicy {
                 return product;
             }
         }
-        let scaled = (ms as f64 * self.factor).ceil();
-        if scaled >= i64::MAX as f64 {
-            i64::MAX
-        } else {
-            scaled as i64
-        }
+        scaled_by_float(ms, self.factor)
     }
 
     /// The execution deadline a record runs under: its own when it declared
@@ -301,17 +311,6 @@ mod tests {
         assert_eq!(policy.effective_deadline_ms("embedding", None), 300_000);
         assert_eq!(policy.effective_deadline_ms("embedding", Some(7)), 7);
         assert_eq!(policy.effective_deadline_ms("unknown", None), 900_000);
-    }
-
-    /// The definition `scale` must keep: the product in f64, rounded up,
-    /// saturating.
-    fn scaled_by_float(ms: i64, factor: f64) -> i64 {
-        let scaled = (ms as f64 * factor).ceil();
-        if scaled >= i64::MAX as f64 {
-            i64::MAX
-        } else {
-            scaled as i64
-        }
     }
 
     #[test]
