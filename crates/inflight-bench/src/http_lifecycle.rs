@@ -274,10 +274,7 @@ fn case(name: &str, spelled: &str, plan: &Plan, mut tally: Tally) -> Case {
         // best: the two-request spelling carries it, the three-request one
         // is reported beside it.
         target: if name == TWO_REQUESTS {
-            Target::Aim {
-                label: "aim",
-                met,
-            }
+Target::Aim { met }
         } else {
             Target::Report
         },

@@ -12,10 +12,9 @@ pub(crate) enum Target {
     AtMost(f64),
     /// `ratio >= x` (ours is a throughput).
     AtLeast(f64),
-    /// An absolute aim with no baseline, judged by the case itself.
+    /// An absolute aim with no baseline, judged by the case itself (its
+    /// note says what the aim is).
     Aim {
-        /// Its name in the report (the note says what it is).
-        label: &'static str,
         /// Whether this run met it.
         met: bool,
     },
@@ -28,7 +27,7 @@ impl Target {
         match self {
             Self::AtMost(x) => format!("<= {x}x"),
             Self::AtLeast(x) => format!(">= {x}x"),
-            Self::Aim { label, .. } => label.to_owned(),
+            Self::Aim { .. } => "aim".to_owned(),
             Self::Report => "report".to_owned(),
         }
     }
@@ -36,7 +35,7 @@ impl Target {
     fn ok(self, ratio: Option<f64>) -> bool {
         match (self, ratio) {
             (Self::Report, _) => true,
-            (Self::Aim { met, .. }, _) => met,
+            (Self::Aim { met }, _) => met,
             (Self::AtMost(x), Some(r)) => r <= x,
             (Self::AtLeast(x), Some(r)) => r >= x,
             (_, None) => false,
@@ -184,16 +183,8 @@ mod tests {
         assert!(Target::AtLeast(3.0).ok(Some(3.1)));
         assert!(!Target::AtLeast(3.0).ok(None));
         assert!(Target::Report.ok(None));
-        assert!(Target::Aim {
-            label: "aim",
-            met: true
-        }
-        .ok(None));
-        assert!(!Target::Aim {
-            label: "aim",
-            met: false
-        }
-        .ok(Some(9.0)));
+        assert!(Target::Aim { met: true }.ok(None));
+        assert!(!Target::Aim { met: false }.ok(Some(9.0)));
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
     }
