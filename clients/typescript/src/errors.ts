@@ -58,6 +58,14 @@ export class InvalidRequestError extends InflightError {
 export class UnauthorizedError extends InflightError {
   override name = "UnauthorizedError";
 }
+/**
+ * 403 `forbidden`: the token is known but its scope does not cover the
+ * request (a read token on a write, or a write token bound to other
+ * services); the message names what it lacks. Never retried.
+ */
+export class ForbiddenError extends InflightError {
+  override name = "ForbiddenError";
+}
 /** 408 `request_timeout`: the body did not arrive in time; nothing was recorded. */
 export class RequestTimeoutError extends InflightError {
   override name = "RequestTimeoutError";
@@ -77,6 +85,7 @@ const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
   not_found: NotFoundError,
   invalid_request: InvalidRequestError,
   unauthorized: UnauthorizedError,
+  forbidden: ForbiddenError,
   conflict: ConflictError,
   request_timeout: RequestTimeoutError,
   unavailable: UnavailableError,

@@ -4,6 +4,7 @@ export type { ActivitySpec, AdmitOptions, ClientOptions, LeaseOptions, Lifecycle
 export {
   ConflictError,
   errorFor,
+  ForbiddenError,
   InflightError,
   InvalidRequestError,
   isInflightError,

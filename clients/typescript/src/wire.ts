@@ -20,6 +20,7 @@ export type OwnerState = "live" | "lost" | "released";
 export const SERVER_ERROR_CODES = [
   "invalid_request",
   "unauthorized",
+  "forbidden",
   "not_found",
   "method_not_allowed",
   "request_timeout",

@@ -11,6 +11,7 @@ from ._common import Lifecycle
 from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
 from .errors import (
     ConflictError,
+    ForbiddenError,
     InflightError,
     InvalidRequestError,
     LaneFullError,
@@ -46,6 +47,7 @@ __all__ = [
     "AsyncOwnerLease",
     "BeginRequest",
     "ConflictError",
+    "ForbiddenError",
     "InflightError",
     "InvalidRequestError",
     "LaneFullError",

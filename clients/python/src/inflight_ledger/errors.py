@@ -59,6 +59,12 @@ class UnauthorizedError(InflightError):
     """401 ``unauthorized``: the server has a token and the request lacked it."""
 
 
+class ForbiddenError(InflightError):
+    """403 ``forbidden``: the token is known but its scope does not cover the
+    request (a read token on a write, or a write token bound to other
+    services); the message names what it lacks. Never retried."""
+
+
 class RequestTimeoutError(InflightError):
     """408 ``request_timeout``: the body did not arrive in time; nothing was recorded."""
 
@@ -77,6 +83,7 @@ _CLASSES: Dict[str, Type[InflightError]] = {
     "not_found": NotFoundError,
     "invalid_request": InvalidRequestError,
     "unauthorized": UnauthorizedError,
+    "forbidden": ForbiddenError,
     "conflict": ConflictError,
     "request_timeout": RequestTimeoutError,
     "unavailable": UnavailableError,

@@ -24,6 +24,7 @@ OwnerState = Literal["live", "lost", "released"]
 SERVER_ERROR_CODES: Tuple[str, ...] = (
     "invalid_request",
     "unauthorized",
+    "forbidden",
     "not_found",
     "method_not_allowed",
     "request_timeout",
