@@ -383,6 +383,29 @@ impl<'de> serde::Deserialize<'de> for OrderedFields {
     }
 }
 
+/// The tokens line of `check-config`: how many of each scope, never a
+/// secret.
+fn describe_tokens(tokens: &[inflight_server::http::auth::TokenSpec]) -> String {
+    use inflight_server::http::auth::Scope;
+    if tokens.is_empty() {
+        return "token not required".to_owned();
+    }
+    let each: Vec<String> = tokens
+        .iter()
+        .map(|token| match (token.scope(), token.services()) {
+            (Scope::Read, _) => "read".to_owned(),
+            (Scope::Write, None) => "write".to_owned(),
+            (Scope::Write, Some(services)) => {
+                format!(
+                    "write for {}",
+                    services.iter().cloned().collect::<Vec<_>>().join(", ")
+                )
+            }
+        })
+        .collect();
+    format!("token required: {} ({})", tokens.len(), each.join("; "))
+}
+
 /// A short summary of what a configuration means, for `check-config`.
 pub fn describe_settings(settings: &ServerSettings) -> String {
     let ledger = &settings.ledger;
@@ -390,14 +413,7 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
     let mut lines = vec![
         format!("listen {}", settings.listen),
         format!("store {}", settings.store),
-        format!(
-            "token {}",
-            if settings.token.is_some() {
-                "required"
-            } else {
-                "not required"
-            }
-        ),
+        describe_tokens(&settings.tokens),
         format!(
             "reap factor {}, interval {}",
             policy.factor(),

@@ -41,6 +41,10 @@ wire_enum! {
         InvalidRequest => "invalid_request",
         /// 401: a token is configured and the request lacks it.
         Unauthorized => "unauthorized",
+        /// 403: the token is known but its scope does not cover the
+        /// request (a read token on a write, or a write token bound to
+        /// other services); the message names what it lacks.
+        Forbidden => "forbidden",
         /// 404: no such activity, owner or route.
         NotFound => "not_found",
         /// 405: the route exists but not with that method.
@@ -69,6 +73,7 @@ impl ErrorCode {
         match self {
             Self::InvalidRequest => 400,
             Self::Unauthorized => 401,
+            Self::Forbidden => 403,
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
             Self::RequestTimeout => 408,

@@ -22,7 +22,8 @@ use tokio::sync::Semaphore;
 
 use crate::limits::Limits;
 
-use crate::http::{app, AppState, MetricsOptions};
+use crate::http::auth::{token_specs, TokenSpec};
+use crate::http::{app, AppState, MetricsOptions, Tokens};
 use inflight::config::{ConfigError, LedgerConfig, Settings};
 use inflight::error::ErrorKind;
 use inflight::Ledger;
@@ -66,8 +67,12 @@ pub struct ServerSettings {
     pub listen: String,
     /// The store URL.
     pub store: String,
-    /// The bearer token the API requires, if any.
+    /// The bearer token the API requires, if any (`token`, `--token`): a
+    /// write token for every service.
     pub token: Option<String>,
+    /// Every token the API takes: `token` first, then the `[[tokens]]`
+    /// entries, each with its scope.
+    pub tokens: Vec<TokenSpec>,
     /// Connections, requests in flight and timeouts (`[server]`).
     pub limits: Limits,
     /// What `/metrics` exposes beyond the standard series.
@@ -82,6 +87,7 @@ impl fmt::Debug for ServerSettings {
             .field("listen", &self.listen)
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tokens", &self.tokens)
             .field("metrics", &self.metrics)
             .field("ledger", &self.ledger)
             .finish()
@@ -193,6 +199,14 @@ impl ServerSettings {
         if store.trim().is_empty() {
             return Err(config_error("store", "must not be empty".to_owned()));
         }
+        let in_file = |error| ServeError::Config {
+            origin: overrides.config.clone(),
+            error,
+        };
+        let tokens = token_specs(token.as_deref(), &file.tokens).map_err(in_file)?;
+        // Read every token file now, so that `check-config` and `serve`
+        // refuse the same unreadable one.
+        Tokens::load(tokens.clone()).map_err(in_file)?;
         let limits = match &file.server {
             Some(table) => Limits::from_table(table).map_err(|error| ServeError::Config {
                 origin: overrides.config.clone(),
@@ -210,6 +224,7 @@ impl ServerSettings {
             listen,
             store,
             token,
+            tokens,
             limits,
             metrics,
             ledger: file.ledger,
@@ -268,8 +283,9 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
             source,
         })?;
     let local = listener.local_addr().map_err(ServeError::Serve)?;
+    let tokens = Tokens::load(settings.tokens).map_err(|error| ServeError::Config { origin: None, error })?;
     let state = AppState::new(ledger)
-        .with_token(settings.token)
+        .with_tokens(tokens)
         .with_limits(settings.limits)
         .with_metrics(settings.metrics);
     serve_state(listener, state, shutdown_signal()).await?;

@@ -12,7 +12,8 @@ use http_body_util::BodyExt;
 use inflight::{ErrorKind, FakeClock, Ledger, LedgerConfig, LedgerError, Settings};
 use std::num::NonZeroUsize;
 
-use inflight_server::http::{app, ApiError, AppState};
+use inflight_server::http::auth::token_specs;
+use inflight_server::http::{app, ApiError, AppState, Tokens};
 use inflight_server::Limits;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -31,18 +32,43 @@ fn api() -> Api {
 }
 
 fn api_with(config: LedgerConfig, token: Option<&'static str>) -> Api {
+    api_over(config, token, |state| state.with_token(token.map(str::to_owned)))
+}
+
+/// The API over a memory ledger on a fake clock, with `state`'s tokens;
+/// requests carry `token` unless they say otherwise.
+fn api_over(
+    config: LedgerConfig,
+    token: Option<&'static str>,
+    state: impl FnOnce(AppState) -> AppState,
+) -> Api {
     let clock = FakeClock::at(inflight::Timestamp::from_millis(T0));
     let ledger = Ledger::builder(config)
         .store_url("memory:")
         .clock(clock.clone())
         .build()
         .expect("memory ledger");
-    let state = AppState::new(ledger).with_token(token.map(str::to_owned));
     Api {
-        router: app(state),
+        router: app(state(AppState::new(ledger))),
         clock,
         token,
     }
+}
+
+/// The legacy `admin` token, a `reader` and a `kb-writer` bound to
+/// `knowledge-base`, as a configuration file gives them.
+fn scoped_api() -> Api {
+    let settings = Settings::from_toml(
+        "token = \"admin\"\n\
+         [[tokens]]\ntoken = \"reader\"\nscope = \"read\"\n\
+         [[tokens]]\ntoken = \"kb-writer\"\nscope = \"write\"\nservices = [\"knowledge-base\"]\n",
+    )
+    .expect("valid settings");
+    let specs = token_specs(settings.token.as_deref(), &settings.tokens).expect("valid tokens");
+    let tokens = Tokens::load(specs).expect("inline tokens");
+    api_over(LedgerConfig::default(), Some("admin"), |state| {
+        state.with_tokens(tokens)
+    })
 }
 
 struct Reply {
@@ -749,6 +775,188 @@ async fn with_a_token_every_v1_route_and_metrics_answer_401_without_it() {
         snapshot["totalActivities"], 1,
         "unauthorized requests change nothing"
     );
+}
+
+#[tokio::test]
+async fn a_missing_token_and_a_wrong_one_are_told_apart() {
+    let api = api_with(LedgerConfig::default(), Some("s3cret"));
+    let missing = api.send_with(Method::GET, "/v1/snapshot", None, None).await;
+    let wrong = api
+        .send_with(Method::GET, "/v1/snapshot", None, Some("guess"))
+        .await;
+    missing.assert_error(StatusCode::UNAUTHORIZED, "unauthorized", "no token");
+    wrong.assert_error(StatusCode::UNAUTHORIZED, "unauthorized", "a wrong token");
+    let message = |reply: &Reply| reply.body["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message(&missing).contains("requires a token"), "{}", missing.body);
+    assert!(
+        message(&wrong).contains("not one of the server's tokens"),
+        "{}",
+        wrong.body
+    );
+}
+
+#[tokio::test]
+async fn a_read_token_reads_everything_and_writes_nothing() {
+    let api = scoped_api();
+    let id = api.begin(kb()).await; // as admin
+    let owner = api.post("/v1/owners", r#"{"name": "worker-a"}"#).await.body["ownerId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = counts(&api.snapshot().await);
+    for uri in [format!("/v1/activities/{id}"), "/v1/snapshot".to_owned()] {
+        let reply = api.send_with(Method::GET, &uri, None, Some("reader")).await;
+        assert_eq!(reply.status, StatusCode::OK, "GET {uri}: {}", reply.body);
+    }
+    let scrape = Request::get("/metrics")
+        .header(header::AUTHORIZATION, "Bearer reader")
+        .body(Body::empty())
+        .unwrap();
+    let scrape = api.router.clone().oneshot(scrape).await.expect("infallible");
+    assert_eq!(scrape.status(), StatusCode::OK, "a read token scrapes /metrics");
+    let writes = [
+        (Method::POST, "/v1/activities".to_owned(), kb().to_string()),
+        (
+            Method::POST,
+            format!("/v1/activities/{id}/start"),
+            "{}".to_owned(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/activities/{id}/settle"),
+            r#"{"success": true}"#.to_owned(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/activities/{id}/cancel"),
+            "{}".to_owned(),
+        ),
+        (Method::POST, "/v1/reap".to_owned(), String::new()),
+        (
+            Method::POST,
+            "/v1/owners".to_owned(),
+            r#"{"name": "x"}"#.to_owned(),
+        ),
+        (Method::POST, format!("/v1/owners/{owner}/renew"), String::new()),
+        (Method::DELETE, format!("/v1/owners/{owner}"), String::new()),
+    ];
+    for (method, uri, body) in &writes {
+        let body = (!body.is_empty()).then_some(body.as_str());
+        let reply = api.send_with(method.clone(), uri, body, Some("reader")).await;
+        reply.assert_error(StatusCode::FORBIDDEN, "forbidden", &format!("{method} {uri}"));
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("read") && message.contains("write token"),
+            "{message}"
+        );
+    }
+    assert_eq!(
+        counts(&api.snapshot().await),
+        before,
+        "refused writes change nothing"
+    );
+    assert_eq!(
+        api.get(&format!("/v1/activities/{id}")).await.body["state"],
+        "waiting"
+    );
+    let owners = api.get("/v1/snapshot").await.body["owners"].clone();
+    assert!(
+        !owners.to_string().contains("released"),
+        "the owner was not released: {owners}"
+    );
+}
+
+#[tokio::test]
+async fn a_token_bound_to_services_acts_only_for_them() {
+    let api = scoped_api();
+    let billing = json!({"service": "billing", "provider": "ollama", "class": "embedding"});
+    let theirs = api.begin(billing.clone()).await; // as admin
+    let bound = Some("kb-writer");
+
+    // A begin for another service is refused, naming what the token lacks.
+    let reply = api
+        .send_with(Method::POST, "/v1/activities", Some(&billing.to_string()), bound)
+        .await;
+    reply.assert_error(StatusCode::FORBIDDEN, "forbidden", "a begin for billing");
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("knowledge-base") && message.contains("billing"),
+        "{message}"
+    );
+    let refused_started = api
+        .send_with(
+            Method::POST,
+            "/v1/activities?start=now",
+            Some(&billing.to_string()),
+            bound,
+        )
+        .await;
+    refused_started.assert_error(StatusCode::FORBIDDEN, "forbidden", "a started begin for billing");
+
+    // Every action on another service's record is refused and changes it not.
+    let before = counts(&api.snapshot().await);
+    for (action, body) in [
+        ("start", "{}"),
+        ("settle", r#"{"success": true}"#),
+        ("cancel", "{}"),
+    ] {
+        let uri = format!("/v1/activities/{theirs}/{action}");
+        let reply = api.send_with(Method::POST, &uri, Some(body), bound).await;
+        reply.assert_error(StatusCode::FORBIDDEN, "forbidden", &uri);
+    }
+    assert_eq!(counts(&api.snapshot().await), before);
+    assert_eq!(
+        api.get(&format!("/v1/activities/{theirs}")).await.body["state"],
+        "waiting"
+    );
+
+    // Its own service's records go through their whole lifecycle.
+    let reply = api
+        .send_with(Method::POST, "/v1/activities", Some(&kb().to_string()), bound)
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let ours = reply.body["activityId"].as_str().unwrap().to_owned();
+    for (action, body, state) in [
+        ("start", "{}", "executing"),
+        ("settle", r#"{"success": true}"#, "succeeded"),
+    ] {
+        let uri = format!("/v1/activities/{ours}/{action}");
+        let reply = api.send_with(Method::POST, &uri, Some(body), bound).await;
+        assert_eq!(reply.status, StatusCode::OK, "{uri}: {}", reply.body);
+        assert_eq!(reply.body["state"], state);
+    }
+    let cancelled = api.begin(kb()).await;
+    let uri = format!("/v1/activities/{cancelled}/cancel");
+    assert_eq!(
+        api.send_with(Method::POST, &uri, Some("{}"), bound).await.status,
+        StatusCode::OK
+    );
+
+    // Reads, reaping and owner leases are open to any write token; an
+    // unknown record is still 404.
+    assert_eq!(
+        api.send_with(Method::GET, &format!("/v1/activities/{theirs}"), None, bound)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        api.send_with(Method::POST, "/v1/reap", None, bound).await.status,
+        StatusCode::OK
+    );
+    let owner = api
+        .send_with(
+            Method::POST,
+            "/v1/owners",
+            Some(r#"{"name": "kb-worker"}"#),
+            bound,
+        )
+        .await;
+    assert_eq!(owner.status, StatusCode::CREATED, "{}", owner.body);
+    let missing = "/v1/activities/6f1c1a3e-7d35-4e1b-9a3c-2f1f0f6a9b10/settle";
+    api.send_with(Method::POST, missing, Some(r#"{"success": true}"#), bound)
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "not_found", "an unknown record");
 }
 
 #[tokio::test]

@@ -222,6 +222,9 @@ pub struct Settings {
     pub store: Option<String>,
     /// `token`: the bearer token the API requires.
     pub token: Option<String>,
+    /// The `[[tokens]]` entries as written: scoped tokens, which
+    /// `inflight-server` reads and checks (they are not the ledger's).
+    pub tokens: Vec<toml::Table>,
     /// `[metrics] aggregates`: whether `/metrics` also exposes the series
     /// per aggregate, with all seven labels (off when unset).
     pub metrics_aggregates: Option<bool>,
@@ -238,6 +241,7 @@ struct RawFile {
     listen: Option<String>,
     store: Option<RawStore>,
     token: Option<String>,
+    tokens: Option<Vec<toml::Table>>,
     server: Option<toml::Table>,
     labels: Option<RawLabelBounds>,
     reap: Option<RawReap>,
@@ -469,6 +473,7 @@ impl Settings {
             listen: raw.listen,
             store,
             token: raw.token,
+            tokens: raw.tokens.unwrap_or_default(),
             metrics_aggregates: raw.metrics.and_then(|metrics| metrics.aggregates),
             server: raw.server,
             ledger,

@@ -35,12 +35,22 @@ impl ApiError {
         Self::new(ErrorCode::InvalidRequest, message)
     }
 
-    /// 401 `unauthorized`: a missing or wrong bearer token.
-    pub fn unauthorized() -> Self {
-        Self::new(
-            ErrorCode::Unauthorized,
-            "this route requires the header `Authorization: Bearer <token>` with the server's token",
-        )
+    /// 401 `unauthorized`: a missing (`missing`) or unknown bearer token;
+    /// the two are told apart, so that a caller knows whether to add a
+    /// token or fix the one it sends.
+    pub fn unauthorized(missing: bool) -> Self {
+        let message = if missing {
+            "this route requires a token: send the header `Authorization: Bearer <token>`"
+        } else {
+            "the bearer token sent is not one of the server's tokens"
+        };
+        Self::new(ErrorCode::Unauthorized, message)
+    }
+
+    /// 403 `forbidden`: a known token whose scope does not cover the
+    /// request; the message names what it lacks.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Forbidden, message)
     }
 
     /// 404 `not_found`.

@@ -9,9 +9,10 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
+use super::auth::Grant;
 use super::body::{OptionalBody, QueryString, RequiredBody};
 use super::error::ApiError;
-use super::AppState;
+use super::{check_service, AppState};
 use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
 use inflight::domain::record::ActivityId;
 use inflight::domain::snapshot::{Since, SnapshotOptions};
@@ -79,6 +80,18 @@ pub(super) async fn healthz() -> Json<api::Health> {
     })
 }
 
+/// Refuses an action on record `id` when the request's token is bound to
+/// services and the record belongs to another. A record's service never
+/// changes, so reading it first leaves no window; the read is paid only by
+/// bound tokens.
+async fn check_record(state: &AppState, grant: &Grant, id: ActivityId, route: &str) -> Answer<()> {
+    if !grant.is_bound() {
+        return Ok(());
+    }
+    let record = state.ledger().get(id).await?;
+    check_service(grant, record.labels.service.as_str(), route)
+}
+
 /// The activity id in the path.
 fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> {
     let Path(raw) = path.map_err(|rejection| ApiError::invalid(format!("bad path: {rejection}")))?;
@@ -115,9 +128,11 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
     ))]
 pub(super) async fn begin(
     State(state): State<AppState>,
+    grant: Grant,
     QueryString(query): QueryString<api::BeginQuery>,
     RequiredBody(request): RequiredBody<api::BeginRequest>,
 ) -> Answer<impl IntoResponse> {
+    check_service(&grant, &request.service, "POST /v1/activities")?;
     let start_now = begin_starts_now(&query, &request)?;
     let spec = convert::activity_spec(request);
     let record = match start_now {
@@ -197,6 +212,7 @@ pub(super) async fn get(
     ))]
 pub(super) async fn start(
     State(state): State<AppState>,
+    grant: Grant,
     path: Result<Path<String>, PathRejection>,
     QueryString(query): QueryString<api::StartQuery>,
     OptionalBody(request): OptionalBody<api::StartRequest>,
@@ -204,6 +220,7 @@ pub(super) async fn start(
     let id = activity_id(path)?;
     let wait = query.wait.as_deref().map(parse_wait).transpose()?;
     let started_at = request.started_at;
+    check_record(&state, &grant, id, "POST /v1/activities/{id}/start").await?;
     let record = match wait {
         Some(wait) => state.ledger().start_waiting(id, started_at, Some(wait)).await?,
         None => state.ledger().start(id, started_at).await?,
@@ -315,11 +332,13 @@ pub(super) async fn release_owner(
     ))]
 pub(super) async fn settle(
     State(state): State<AppState>,
+    grant: Grant,
     path: Result<Path<String>, PathRejection>,
     RequiredBody(request): RequiredBody<api::SettleRequest>,
 ) -> Answer<RecordJson> {
     let id = activity_id(path)?;
     let settlement = convert::settlement(&request);
+    check_record(&state, &grant, id, "POST /v1/activities/{id}/settle").await?;
     Ok(RecordJson(state.ledger().settle(id, settlement).await?.to_api()))
 }
 
@@ -336,10 +355,12 @@ pub(super) async fn settle(
     ))]
 pub(super) async fn cancel(
     State(state): State<AppState>,
+    grant: Grant,
     path: Result<Path<String>, PathRejection>,
     OptionalBody(request): OptionalBody<api::CancelRequest>,
 ) -> Answer<RecordJson> {
     let id = activity_id(path)?;
+    check_record(&state, &grant, id, "POST /v1/activities/{id}/cancel").await?;
     Ok(RecordJson(
         state.ledger().cancel(id, request.reason).await?.to_api(),
     ))

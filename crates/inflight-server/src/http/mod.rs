@@ -8,11 +8,10 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, Uri};
+use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use subtle::ConstantTimeEq;
 use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -21,7 +20,9 @@ use inflight::Ledger;
 use tokio::sync::Semaphore;
 
 use crate::limits::Limits;
+use auth::{Grant, Identity};
 
+pub mod auth;
 pub mod body;
 mod dashboard;
 pub mod error;
@@ -29,16 +30,18 @@ mod handlers;
 pub mod metrics;
 pub mod openapi;
 
+pub use auth::Tokens;
 pub use body::MAX_BODY_BYTES;
 pub use error::ApiError;
 pub use metrics::MetricsOptions;
 
-/// What every request handler shares: the ledger, the bearer token, the
+/// What every request handler shares: the ledger, the bearer tokens, the
 /// server's limits, and what `/metrics` exposes.
 #[derive(Clone)]
 pub struct AppState {
     ledger: Ledger,
-    token: Option<Arc<str>>,
+    /// `None`: no token is required.
+    tokens: Option<Arc<Tokens>>,
     limits: Limits,
     /// One permit per request being handled ([`Limits::max_requests`]).
     requests: Arc<Semaphore>,
@@ -51,7 +54,7 @@ impl AppState {
         let limits = Limits::default();
         Self {
             ledger,
-            token: None,
+            tokens: None,
             limits,
             requests: Arc::new(Semaphore::new(limits.max_requests())),
             metrics: MetricsOptions::default(),
@@ -72,10 +75,26 @@ impl AppState {
     }
 
     /// Requires `Authorization: Bearer <token>` on every `/v1` route and on
-    /// `/metrics` (`None` requires nothing).
+    /// `/metrics` (`None` requires nothing): one write token for every
+    /// service.
     pub fn with_token(mut self, token: Option<String>) -> Self {
-        self.token = token.map(Arc::from);
+        self.tokens = token.map(|token| {
+            let specs = vec![auth::TokenSpec::write_all(token)];
+            Arc::new(Tokens::load(specs).expect("an inline token reads no file"))
+        });
         self
+    }
+
+    /// Requires one of `tokens` on every `/v1` route and on `/metrics`,
+    /// each within its scope; no tokens at all requires nothing.
+    pub fn with_tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = (!tokens.specs().is_empty()).then(|| Arc::new(tokens));
+        self
+    }
+
+    /// The tokens in force, to [`Tokens::reload`] their files.
+    pub fn tokens(&self) -> Option<&Arc<Tokens>> {
+        self.tokens.as_ref()
     }
 
     /// The ledger it serves.
@@ -85,7 +104,7 @@ impl AppState {
 
     /// Whether a token is required.
     pub fn has_token(&self) -> bool {
-        self.token.is_some()
+        self.tokens.is_some()
     }
 
     /// The limits it serves within.
@@ -103,7 +122,7 @@ impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("ledger", &self.ledger)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tokens", &self.tokens)
             .field("limits", &self.limits)
             .field("metrics", &self.metrics)
             .finish()
@@ -169,24 +188,14 @@ fn needs_token(path: &str) -> bool {
     under("/v1") || under("/metrics")
 }
 
-/// Whether `headers` carry `Authorization: Bearer <token>`, compared in
-/// constant time.
-fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
-    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let Some((scheme, presented)) = value.trim().split_once(' ') else {
-        return false;
-    };
-    scheme.eq_ignore_ascii_case("bearer") && bool::from(presented.trim().as_bytes().ct_eq(token.as_bytes()))
-}
-
 /// Holds one of [`Limits::max_requests`] permits while a request is
 /// handled, and answers 503 when none is left; `/healthz` is exempt, so that
 /// a liveness probe does not restart a server that is only busy. Tells the
 /// body extractors how long a body may take to arrive. Then, when a token
-/// is set, answers 401 to a request for a route behind it that does not
-/// carry it (after the limit, as when they were two layers).
+/// is set, answers 401 to a request for a route behind it that carries no
+/// known token, and 403 to one whose token's scope does not cover its
+/// method; a granted request carries its [`Grant`] to the handlers (after
+/// the limit, as when they were two layers).
 async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if !is_limited(path) {
@@ -199,20 +208,78 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
         ))
         .into_response();
     };
-    if let Some(token) = &state.token {
-        if needs_token(path) && !bearer_matches(request.headers(), token) {
-            let mut response = ApiError::unauthorized().into_response();
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            return response;
+    if let Some(tokens) = &state.tokens {
+        if needs_token(path) {
+            match tokens.identify(request.headers()) {
+                Identity::Known(grant) => {
+                    if let Some(why) = grant.refuses_method(request.method()) {
+                        log_refusal(&grant, &format!("{} {path}", request.method()), &why);
+                        return ApiError::forbidden(why).into_response();
+                    }
+                    request.extensions_mut().insert(grant);
+                }
+                identity => {
+                    tracing::info!(method = %request.method(), path,
+                        token = if identity == Identity::Missing { "none" } else { "unknown" },
+                        "refused a request without a known token");
+                    let mut response = ApiError::unauthorized(identity == Identity::Missing).into_response();
+                    response.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        header::HeaderValue::from_static("Bearer"),
+                    );
+                    return response;
+                }
+            }
         }
     }
     request
         .extensions_mut()
         .insert(body::BodyTimeout(state.limits.body_timeout()));
     next.run(request).await
+}
+
+/// Logs a request refused for its token's scope, naming the token by its
+/// position among the configured ones, never by its value.
+fn log_refusal(grant: &Grant, route: &str, why: &str) {
+    tracing::info!(
+        token = grant.index(),
+        route,
+        reason = why,
+        "refused a request beyond its token's scope"
+    );
+}
+
+/// The handlers' view of the request's [`Grant`]: everything on a server
+/// without tokens. On one with tokens the guard always attaches it; were it
+/// missing, the request is refused rather than granted (fail closed).
+impl axum::extract::FromRequestParts<AppState> for Grant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        if state.tokens.is_none() {
+            return Ok(Grant::everything());
+        }
+        parts
+            .extensions
+            .get::<Grant>()
+            .cloned()
+            .ok_or_else(|| ApiError::forbidden("this route is not open to this request's token"))
+    }
+}
+
+/// Refuses acting for `service` when the request's token is bound to
+/// other services, and logs it.
+fn check_service(grant: &Grant, service: &str, route: &str) -> Result<(), ApiError> {
+    match grant.refuses_service(service) {
+        None => Ok(()),
+        Some(why) => {
+            log_refusal(grant, route, &why);
+            Err(ApiError::forbidden(why))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -227,21 +294,5 @@ mod tests {
         for path in ["/healthz", "/", "/v10", "/metricsx", "/x/v1"] {
             assert!(!needs_token(path), "{path}");
         }
-    }
-
-    #[test]
-    fn bearer_tokens_must_match_exactly() {
-        let with = |value: &str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
-            headers
-        };
-        assert!(bearer_matches(&with("Bearer s3cret"), "s3cret"));
-        assert!(bearer_matches(&with("bearer s3cret"), "s3cret"));
-        assert!(!bearer_matches(&with("Bearer s3cre"), "s3cret"));
-        assert!(!bearer_matches(&with("Bearer s3cretx"), "s3cret"));
-        assert!(!bearer_matches(&with("Basic s3cret"), "s3cret"));
-        assert!(!bearer_matches(&with("s3cret"), "s3cret"));
-        assert!(!bearer_matches(&HeaderMap::new(), "s3cret"));
     }
 }

@@ -56,18 +56,24 @@ pub fn document() -> OpenApi {
     for (path, item) in &mut doc.paths.paths {
         let guarded = super::needs_token(path);
         let limited = super::is_limited(path);
+        // A read token opens GET and HEAD; every other method is a write.
         let operations = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.options,
-            &mut item.head,
-            &mut item.patch,
-            &mut item.trace,
+            (&mut item.get, false),
+            (&mut item.put, true),
+            (&mut item.post, true),
+            (&mut item.delete, true),
+            (&mut item.options, true),
+            (&mut item.head, false),
+            (&mut item.patch, true),
+            (&mut item.trace, true),
         ];
-        for operation in operations.into_iter().flatten() {
-            add_shared_answers(operation, guarded, limited);
+        for (operation, writes) in operations {
+            if let Some(operation) = operation {
+                add_shared_answers(operation, guarded, limited);
+                if guarded && writes {
+                    add_forbidden(operation);
+                }
+            }
         }
     }
     doc
@@ -76,11 +82,28 @@ pub fn document() -> OpenApi {
 fn bearer_scheme() -> SecurityScheme {
     let mut http = Http::new(HttpAuthScheme::Bearer);
     http.description = Some(
-        "Required on every /v1 route and /metrics when the server has a token (`--token`, \
-         `INFLIGHT_TOKEN`); not required when it has none."
+        "Required on every /v1 route and /metrics when the server has tokens (`--token`, \
+         `INFLIGHT_TOKEN`, or `[[tokens]]` in its file); not required when it has none. A read token \
+         opens the GET routes and /metrics; a write token every route, or only its services' records \
+         when it is bound to services."
             .to_owned(),
     );
     SecurityScheme::Http(http)
+}
+
+/// A write behind the token may be refused for the token's scope.
+fn add_forbidden(operation: &mut Operation) {
+    operation
+        .responses
+        .responses
+        .entry("403".to_owned())
+        .or_insert(RefOr::T(
+            error_answer(
+                "The token's scope does not cover the request: a read token on a write, or a write token \
+             bound to other services than the record's",
+            )
+            .build(),
+        ));
 }
 
 /// What every route behind the token, every route under the server's
@@ -102,7 +125,7 @@ fn add_shared_answers(operation: &mut Operation, guarded: bool, limited: bool) {
         ]);
         add(
             "401",
-            error_answer("A token is configured and the request lacks it")
+            error_answer("A token is configured and the request carries no known one")
                 .header("WWW-Authenticate", string_header("`Bearer`"))
                 .build(),
         );
