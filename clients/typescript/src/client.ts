@@ -1,4 +1,8 @@
-import { errorFor, InflightError, isInflightError, UnavailableError, WaitTimeoutError } from "./errors.js";
+import { readFileSync } from "node:fs";
+
+import { Agent, fetch as undiciFetch } from "undici";
+
+import { errorFor, InflightError, isInflightError, TLSError, UnavailableError, WaitTimeoutError } from "./errors.js";
 import type {
   ActivityRecord,
   BeginRequest,
@@ -40,6 +44,14 @@ export interface ClientOptions {
   baseUrl?: string;
   /** The bearer token. Default: `INFLIGHT_TOKEN`, else none. */
   token?: string;
+  /**
+   * A PEM file of the certificate authorities to trust for an `https://`
+   * server, instead of Node's default roots. Default: `INFLIGHT_CA_FILE`,
+   * else the default roots.
+   */
+  caFile?: string;
+  /** The same as PEM text (one or more certificates); give `ca` or `caFile`, not both. */
+  ca?: string;
   /** How long one request may take (plus its `?wait=`). Default 10 s. */
   requestTimeoutMs?: number;
   retry?: RetryOptions;
@@ -51,7 +63,10 @@ export interface ClientOptions {
    * Default: a process warning.
    */
   onLedgerError?(err: unknown, record: ActivityRecord): void;
-  /** A `fetch` to use instead of the global one. */
+  /**
+   * A `fetch` to use instead of the global one. With a CA, it receives the
+   * connection pool that trusts it as `init.dispatcher` (an undici `Agent`).
+   */
   fetch?: typeof fetch;
 }
 
@@ -108,8 +123,55 @@ const MAX_WAIT_STEP_MS = 30_000;
  * 408 `request_timeout`), since a lost answer may have recorded it.
  */
 function retryable(error: InflightError, idempotent: boolean): boolean {
+  if (error instanceof TLSError) return false;
   if (error.fromServer && (error.code === "unavailable" || error.code === "request_timeout")) return true;
   return idempotent && (error.code === "unavailable" || error.code === "internal");
+}
+
+/** The CA to trust: `ca`, else the file `caFile` or `INFLIGHT_CA_FILE` names, else none. */
+function caOption(options: ClientOptions): string | undefined {
+  if (options.ca !== undefined && options.caFile !== undefined) {
+    throw new TypeError("InflightClient: give ca or caFile, not both");
+  }
+  if (options.ca !== undefined) return options.ca;
+  const file = options.caFile ?? (process.env.INFLIGHT_CA_FILE || undefined);
+  if (file === undefined) return undefined;
+  try {
+    return readFileSync(file, "utf8");
+  } catch (err) {
+    const source = options.caFile === undefined ? "INFLIGHT_CA_FILE" : "caFile";
+    throw new Error(`InflightClient: cannot read the CA file ${file} (${source}): ${(err as Error).message}`, { cause: err });
+  }
+}
+
+/** Node's codes for a certificate that could not be verified. */
+const CERTIFICATE_CODES = /CERT|UNABLE_TO_|SELF_SIGNED|^ERR_TLS_/;
+
+/**
+ * The error for a request that got no answer: `TLSError` when the TLS
+ * handshake failed (retrying would fail again), else `UnavailableError`.
+ * `fetch` says only "fetch failed"; what happened is in its `cause`.
+ */
+function transportError(what: string, err: unknown): InflightError {
+  let cause: unknown = err;
+  while (cause instanceof Error && cause.message === "fetch failed" && cause.cause !== undefined) cause = cause.cause;
+  const code = (cause as { code?: unknown } | undefined)?.code;
+  const message = cause instanceof Error ? cause.message : String(cause);
+  if (typeof code === "string" && CERTIFICATE_CODES.test(code)) {
+    return new TLSError(
+      "unavailable",
+      `${what}: the server's TLS certificate was refused: ${message} (${code}); ` +
+        "trust its certificate authority with the caFile option or INFLIGHT_CA_FILE",
+      { cause: err },
+    );
+  }
+  if (typeof code === "string" && code.startsWith("ERR_SSL_")) {
+    // OpenSSL's message is a raw error line; its `reason` is the readable part.
+    const reason = (cause as { reason?: unknown }).reason ?? message;
+    const hint = code === "ERR_SSL_WRONG_VERSION_NUMBER" ? " (does the server serve TLS? if not, its URL is http://)" : "";
+    return new TLSError("unavailable", `${what}: the TLS handshake failed: ${String(reason)}${hint}`, { cause: err });
+  }
+  return new UnavailableError("unavailable", `${what}: no answer from the server (${message})`, { cause: err });
 }
 
 function toWireTime(value: TimestampInput | undefined): number | string | undefined {
@@ -187,6 +249,8 @@ export class InflightClient {
   private readonly baseDelayMs: number;
   private readonly maxDelayMs: number;
   private readonly fetchImpl: typeof fetch;
+  /** The undici pool trusting the CA, when one is given. */
+  private readonly dispatcher: Agent | undefined;
   readonly lifecycle: Lifecycle | undefined;
   private readonly onLedgerError: (err: unknown, record: ActivityRecord) => void;
 
@@ -197,7 +261,12 @@ export class InflightClient {
     this.retries = options.retry?.retries ?? 3;
     this.baseDelayMs = options.retry?.baseDelayMs ?? 100;
     this.maxDelayMs = options.retry?.maxDelayMs ?? 2_000;
-    this.fetchImpl = options.fetch ?? globalThis.fetch;
+    const ca = caOption(options);
+    this.dispatcher = ca === undefined ? undefined : new Agent({ connect: { ca } });
+    // Node's global fetch takes no CA; undici's own fetch goes with its own
+    // Agent (a dispatcher of another undici version may not fit the global one).
+    this.fetchImpl =
+      options.fetch ?? (this.dispatcher ? (undiciFetch as unknown as typeof fetch) : globalThis.fetch);
     this.lifecycle = options.lifecycle;
     this.onLedgerError =
       options.onLedgerError ??
@@ -237,16 +306,17 @@ export class InflightClient {
       const combined = anySignal([options.signal, timeout.signal]);
       let error: InflightError;
       try {
-        const response = await this.fetchImpl(url, { method, headers, body, signal: combined.signal });
+        const init = { method, headers, body, signal: combined.signal, ...(this.dispatcher && { dispatcher: this.dispatcher }) };
+        // `dispatcher` is undici's, which the global fetch's RequestInit type does not name.
+        const response = await this.fetchImpl(url, init as RequestInit);
         const text = await response.text();
         if (response.ok) return (text ? JSON.parse(text) : undefined) as T;
         error = this.errorFromAnswer(response, text, `${method} ${path}`);
       } catch (err) {
         if (options.signal?.aborted) throw options.signal.reason;
-        const why = timeout.signal.aborted ? "timed out" : err instanceof Error ? err.message : String(err);
-        error = new UnavailableError("unavailable", `${method} ${url}: no answer from the server (${why})`, {
-          cause: err,
-        });
+        error = timeout.signal.aborted
+          ? new UnavailableError("unavailable", `${method} ${url}: no answer from the server (timed out)`, { cause: err })
+          : transportError(`${method} ${url}`, err);
       } finally {
         timeout.clear();
         combined.dispose();

@@ -79,6 +79,15 @@ export class UnavailableError extends InflightError {
   override name = "UnavailableError";
 }
 
+/**
+ * The client's own `unavailable`: the TLS handshake with the server failed
+ * (its certificate is not trusted, names another host, or the server does
+ * not speak TLS). Never retried: another attempt would fail the same way.
+ */
+export class TLSError extends UnavailableError {
+  override name = "TLSError";
+}
+
 const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
   lane_full: LaneFullError,
   wait_timeout: WaitTimeoutError,

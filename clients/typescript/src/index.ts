@@ -11,6 +11,7 @@ export {
   LaneFullError,
   NotFoundError,
   RequestTimeoutError,
+  TLSError,
   UnauthorizedError,
   UnavailableError,
   WaitTimeoutError,

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import ssl
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, urlencode
 
 import httpx
 
-from .errors import InflightError, UnavailableError, WaitTimeoutError, error_for
+from .errors import InflightError, TLSError, UnavailableError, WaitTimeoutError, error_for
 from .wire import ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest
 
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -90,6 +91,9 @@ class Config:
     retries: int
     backoff: float
     max_backoff: float
+    #: What httpx verifies the server's certificate with: a context trusting
+    #: the given CA, else httpx's default roots.
+    verify: Union[ssl.SSLContext, bool] = True
 
     @classmethod
     def make(
@@ -100,10 +104,13 @@ class Config:
         retries: int,
         backoff: float,
         max_backoff: float,
+        ca_file: Optional[str] = None,
+        ca: Optional[str] = None,
     ) -> "Config":
         url = base_url or os.environ.get("INFLIGHT_URL") or DEFAULT_URL
         tok = token if token is not None else (os.environ.get("INFLIGHT_TOKEN") or None)
-        return cls(url.rstrip("/"), tok or None, timeout, retries, backoff, max_backoff)
+        verify = ca_context(ca_file, ca)
+        return cls(url.rstrip("/"), tok or None, timeout, retries, backoff, max_backoff, True if verify is None else verify)
 
     def url(self, route: str, id: Optional[str], query: Optional[Mapping[str, Any]]) -> str:
         path = ROUTES[route].path
@@ -126,6 +133,26 @@ class Config:
         backoff = min(self.max_backoff, self.backoff * float(2**attempt))
         jittered = backoff / 2 + random.random() * backoff / 2
         return max(jittered, min(error.retry_after or 0.0, self.max_backoff))
+
+
+def ca_context(ca_file: Optional[str], ca: Optional[str]) -> Optional[ssl.SSLContext]:
+    """A context trusting only the CA in ``ca`` (PEM text), else in the file
+    ``ca_file`` or ``INFLIGHT_CA_FILE`` names; ``None`` when none is given."""
+    if ca is not None and ca_file is not None:
+        raise ValueError("give ca or ca_file, not both")
+    if ca is not None:
+        try:
+            return ssl.create_default_context(cadata=ca)
+        except ssl.SSLError as err:
+            raise ValueError(f"ca holds no usable PEM certificate: {err}") from err
+    source = "ca_file" if ca_file is not None else "INFLIGHT_CA_FILE"
+    path = ca_file if ca_file is not None else (os.environ.get("INFLIGHT_CA_FILE") or None)
+    if path is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as err:
+        raise ValueError(f"cannot read the CA file {path} ({source}): {err}") from err
 
 
 def read_answer(response: httpx.Response, what: str) -> Any:
@@ -153,6 +180,21 @@ def read_answer(response: httpx.Response, what: str) -> Any:
 
 
 def unavailable(what: str, err: BaseException) -> UnavailableError:
+    """The error for a request that got no answer: ``TLSError`` when the TLS
+    handshake failed (httpx keeps the ``ssl`` error as a cause), else
+    ``UnavailableError``."""
+    cause: Optional[BaseException] = err
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return TLSError(
+            "unavailable",
+            f"{what}: the server's TLS certificate was refused: {cause.verify_message or cause}; "
+            "trust its certificate authority with ca_file or INFLIGHT_CA_FILE",
+        )
+    if cause is not None:
+        hint = " (does the server serve TLS? if not, its URL is http://)" if cause.reason == "WRONG_VERSION_NUMBER" else ""
+        return TLSError("unavailable", f"{what}: the TLS handshake failed: {cause}{hint}")
     return UnavailableError("unavailable", f"{what}: no answer from the server ({type(err).__name__}: {err})")
 
 
@@ -160,7 +202,10 @@ def retryable(route: str, err: InflightError) -> bool:
     """Whether a failed request may be sent again. An idempotent one: when no
     answer came, or a 5xx. Any other (a begin): only when the server itself
     answered that it did not handle the request (503 ``unavailable`` at a
-    limit, 408 ``request_timeout``), since a lost answer may have recorded it."""
+    limit, 408 ``request_timeout``), since a lost answer may have recorded it.
+    Never after a failed TLS handshake, which would fail again."""
+    if isinstance(err, TLSError):
+        return False
     if err.from_server and err.code in ("unavailable", "request_timeout"):
         return True
     return ROUTES[route].idempotent and err.code in ("unavailable", "internal")

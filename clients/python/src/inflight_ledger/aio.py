@@ -50,6 +50,8 @@ class AsyncLedger:
         base_url: Optional[str] = None,
         *,
         token: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        ca: Optional[str] = None,
         timeout: float = 10.0,
         retries: int = 3,
         backoff: float = 0.1,
@@ -58,12 +60,13 @@ class AsyncLedger:
         on_ledger_error: Optional[LedgerErrorHook] = None,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
-        self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff)
+        """The same options as ``Ledger``'s (``ca_file``/``ca``: the CA to trust for ``https://``)."""
+        self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff, ca_file, ca)
         self.lifecycle = lifecycle
         self.on_ledger_error = on_ledger_error or default_ledger_error
         #: The owner whose id tags the records this client begins, if any.
         self.owner_id: Optional[str] = None
-        self._http = httpx.AsyncClient(transport=transport)
+        self._http = httpx.AsyncClient(transport=transport, verify=self.config.verify)
 
     async def aclose(self) -> None:
         await self._http.aclose()

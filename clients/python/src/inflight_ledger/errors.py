@@ -77,6 +77,12 @@ class UnavailableError(InflightError):
     """503 from the server (at a limit), or no answer (refused, reset, timed out), or a proxy's 5xx."""
 
 
+class TLSError(UnavailableError):
+    """The client's own ``unavailable``: the TLS handshake with the server
+    failed (its certificate is not trusted, names another host, or the server
+    does not speak TLS). Never retried: another attempt would fail the same way."""
+
+
 _CLASSES: Dict[str, Type[InflightError]] = {
     "lane_full": LaneFullError,
     "wait_timeout": WaitTimeoutError,

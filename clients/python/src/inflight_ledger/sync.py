@@ -47,6 +47,8 @@ class Ledger:
         base_url: Optional[str] = None,
         *,
         token: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        ca: Optional[str] = None,
         timeout: float = 10.0,
         retries: int = 3,
         backoff: float = 0.1,
@@ -56,14 +58,17 @@ class Ledger:
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
         """``base_url`` defaults to ``INFLIGHT_URL``, else ``http://127.0.0.1:7878``;
-        ``token`` to ``INFLIGHT_TOKEN``. ``timeout`` is per request (plus its
-        ``?wait=``); ``retries`` apply to idempotent requests only."""
-        self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff)
+        ``token`` to ``INFLIGHT_TOKEN``. ``ca_file``: a PEM file of the
+        certificate authorities to trust for an ``https://`` server, instead of
+        the default roots (default ``INFLIGHT_CA_FILE``); ``ca``: the same as
+        PEM text. ``timeout`` is per request (plus its ``?wait=``); ``retries``
+        apply to idempotent requests only."""
+        self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff, ca_file, ca)
         self.lifecycle = lifecycle
         self.on_ledger_error = on_ledger_error or default_ledger_error
         #: The owner whose id tags the records this client begins, if any.
         self.owner_id: Optional[str] = None
-        self._http = httpx.Client(transport=transport)
+        self._http = httpx.Client(transport=transport, verify=self.config.verify)
 
     def close(self) -> None:
         self._http.close()
