@@ -5,13 +5,15 @@ The binary is INFLIGHT_BIN, else the repository's target/debug/inflight."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, NamedTuple, Optional
 
 import httpx
 import pytest
@@ -31,28 +33,71 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Certificates(NamedTuple):
+    ca: str
+    cert: str
+    key: str
+
+
+def make_certificates(workdir: str) -> Certificates:
+    """A certificate authority and a server certificate it signed for
+    127.0.0.1 and localhost, made with the openssl program in ``workdir``."""
+
+    def file(name: str) -> str:
+        return os.path.join(workdir, name)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    p256 = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    openssl("req", "-x509", *p256, "-keyout", file("ca.key"), "-out", file("ca.pem"), "-days", "2",
+            "-subj", "/CN=inflight test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", *p256, "-keyout", file("server.key"), "-out", file("server.csr"), "-subj", "/CN=localhost")
+    with open(file("server.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", file("server.csr"), "-CA", file("ca.pem"), "-CAkey", file("ca.key"),
+            "-set_serial", f"0x{secrets.token_hex(8)}", "-days", "2", "-out", file("server.pem"),
+            "-extfile", file("server.ext"))
+    return Certificates(file("ca.pem"), file("server.pem"), file("server.key"))
+
+
 class Server:
-    def __init__(self, workdir: str, lanes: Dict[str, int], token: Optional[str]) -> None:
+    """``config``: more TOML for the config file; ``tls``: serve https with these files."""
+
+    def __init__(
+        self,
+        workdir: str,
+        lanes: Dict[str, int],
+        token: Optional[str],
+        config: str = "",
+        tls: Optional[Certificates] = None,
+    ) -> None:
         if not os.path.exists(BIN):
             raise RuntimeError(f"no inflight binary at {BIN}: run `cargo build --bin inflight` or set INFLIGHT_BIN")
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.token = token
-        config = os.path.join(workdir, "inflight.toml")
-        with open(config, "w") as f:
+        config_file = os.path.join(workdir, "inflight.toml")
+        with open(config_file, "w") as f:
             for lane, cap in lanes.items():
                 f.write(f'[lanes."{lane}"]\ncap = {cap}\n')
+            f.write(config)
         self.log = open(os.path.join(workdir, "server.log"), "w")
-        args = [BIN, "serve", "--config", config, "--listen", f"127.0.0.1:{self.port}",
+        args = [BIN, "serve", "--config", config_file, "--listen", f"127.0.0.1:{self.port}",
                 "--store", f"sqlite://{os.path.join(workdir, 'inflight.db')}"]
         if token:
             args += ["--token", token]
+        if tls:
+            args += ["--tls-cert", tls.cert, "--tls-key", tls.key]
         env = {k: v for k, v in os.environ.items() if k != "INFLIGHT_TOKEN"}
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
+        verify = ssl.create_default_context(cafile=tls.ca) if tls else True
         while True:
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=1, verify=verify).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -95,3 +140,4 @@ def lane_counts(snapshot: dict, lane: str) -> Dict[str, int]:
 
 
 EMPTY = {"executing": 0, "waiting": 0, "inFlight": 0}
+

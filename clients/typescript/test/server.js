@@ -1,11 +1,14 @@
 // Starts the real `inflight serve` on a temp SQLite file and a free port.
 // The binary is INFLIGHT_BIN, else the repository's target/debug/inflight.
-import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync, existsSync, openSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync, writeFileSync, existsSync, openSync, readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+
+import { Agent, fetch as undiciFetch } from "undici";
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const BIN = process.env.INFLIGHT_BIN ?? resolve(here, "../../../target/debug/inflight");
@@ -24,9 +27,10 @@ export function freePort() {
 
 /**
  * `lanes`: {"service::provider": cap}. `token`: a bearer token, or none.
- * Returns {url, token, stop()}.
+ * `config`: more TOML for the config file. `tls`: {cert, key, ca} files, to
+ * serve https. Returns {url, token, dir, stop()}.
  */
-export async function startServer({ lanes = {}, token } = {}) {
+export async function startServer({ lanes = {}, token, config: extra = "", tls } = {}) {
   if (!existsSync(BIN)) {
     throw new Error(`no inflight binary at ${BIN}: run \`cargo build --bin inflight\` or set INFLIGHT_BIN`);
   }
@@ -36,20 +40,22 @@ export async function startServer({ lanes = {}, token } = {}) {
     config,
     Object.entries(lanes)
       .map(([lane, cap]) => `[lanes."${lane}"]\ncap = ${cap}\n`)
-      .join(""),
+      .join("") + extra,
   );
   const port = await freePort();
-  const url = `http://127.0.0.1:${port}`;
+  const url = `${tls ? "https" : "http"}://127.0.0.1:${port}`;
   const args = ["serve", "--config", config, "--listen", `127.0.0.1:${port}`, "--store", `sqlite://${join(dir, "inflight.db")}`];
   if (token) args.push("--token", token);
+  if (tls) args.push("--tls-cert", tls.cert, "--tls-key", tls.key);
   const log = openSync(join(dir, "server.log"), "w");
   const child = spawn(BIN, args, { stdio: ["ignore", log, log], env: { ...process.env, INFLIGHT_TOKEN: "" } });
   let exited = false;
   child.once("exit", () => (exited = true));
   const deadline = Date.now() + 30_000;
+  const agent = tls ? new Agent({ connect: { ca: readFileSync(tls.ca, "utf8") } }) : undefined;
   for (;;) {
     try {
-      const res = await fetch(`${url}/healthz`);
+      const res = await (agent ? undiciFetch(`${url}/healthz`, { dispatcher: agent }) : fetch(`${url}/healthz`));
       if (res.ok) break;
     } catch {
       // not up yet
@@ -57,6 +63,7 @@ export async function startServer({ lanes = {}, token } = {}) {
     if (exited || Date.now() > deadline) throw new Error(`the server did not start; see ${dir}/server.log`);
     await new Promise((r) => setTimeout(r, 50));
   }
+  await agent?.close();
   return {
     url,
     token,
@@ -81,3 +88,25 @@ export async function laneCounts(client, lane) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * A certificate authority and a server certificate it signed for
+ * 127.0.0.1 and localhost, made with the openssl program in `dir`.
+ * Returns the files: {ca, cert, key}.
+ */
+export function makeCertificates(dir) {
+  const file = (name) => join(dir, name);
+  const openssl = (...args) => execFileSync("openssl", args, { stdio: ["ignore", "ignore", "pipe"] });
+  const p256 = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+  openssl("req", "-x509", ...p256, "-keyout", file("ca.key"), "-out", file("ca.pem"), "-days", "2",
+    "-subj", "/CN=inflight test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+    "-addext", "keyUsage=critical,keyCertSign,cRLSign");
+  openssl("req", ...p256, "-keyout", file("server.key"), "-out", file("server.csr"), "-subj", "/CN=localhost");
+  writeFileSync(file("server.ext"),
+    "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n" +
+    "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n");
+  openssl("x509", "-req", "-in", file("server.csr"), "-CA", file("ca.pem"), "-CAkey", file("ca.key"),
+    "-set_serial", `0x${randomBytes(8).toString("hex")}`, "-days", "2", "-out", file("server.pem"),
+    "-extfile", file("server.ext"));
+  return { ca: file("ca.pem"), cert: file("server.pem"), key: file("server.key") };
+}
