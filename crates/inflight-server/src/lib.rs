@@ -8,6 +8,7 @@
 
 pub mod http;
 pub mod limits;
+mod linger;
 mod server;
 
 pub use server::{

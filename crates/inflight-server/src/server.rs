@@ -21,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::limits::Limits;
+use crate::linger::{close_when_body_unread, linger, Lingering};
 
 use crate::http::auth::{token_specs, TokenSpec};
 use crate::http::{app, AppState, MetricsOptions, Tokens};
@@ -365,6 +366,7 @@ async fn accept_loop(
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let router = router.layer(tower::util::MapResponseLayer::new(close_when_body_unread));
     let connections = Arc::new(Semaphore::new(limits.max_connections()));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -397,13 +399,15 @@ async fn accept_loop(
         };
         // Small request-response exchanges: send each answer at once.
         let _ = stream.set_nodelay(true);
+        // However the connection ends, it lingers before it closes, and
+        // holds its place among the open ones until then.
+        let stream = Lingering::new(stream, Some(permit));
         let service = TowerToHyperService::new(router.clone());
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");
             }
-            drop(permit);
         });
     }
     drop(listener);
@@ -421,7 +425,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Answers a connection past `max_connections` with a 503 and closes it,
-/// without reading its request.
+/// without reading its request (past what lingering discards).
 async fn refuse(mut stream: TcpStream) {
     let body = serde_json::to_string(&ErrorBody::new(
         ErrorCode::Unavailable,
@@ -433,11 +437,10 @@ async fn refuse(mut stream: TcpStream) {
          connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(REFUSE_TIMEOUT, async {
-        stream.write_all(response.as_bytes()).await?;
-        stream.shutdown().await
-    })
-    .await;
+    let _ = tokio::time::timeout(REFUSE_TIMEOUT, stream.write_all(response.as_bytes())).await;
+    // The unread request would otherwise turn the close into a reset that
+    // loses the 503.
+    linger(stream, false, REFUSE_TIMEOUT).await;
 }
 
 /// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
