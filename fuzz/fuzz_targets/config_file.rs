@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     match Settings::from_toml(text) {
         Ok(settings) => {
             if let Some(table) = &settings.server {
-                let _ = Limits::from_table(table);
+                let _ = Limits::from_table(table, &mut Vec::new());
             }
             let _ = settings.ledger.policy().classes();
         }

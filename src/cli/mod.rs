@@ -317,11 +317,17 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::CheckConfig(args) => {
-            let settings = server::load_file(&args.file)?;
-            let overrides = Overrides::default();
-            let merged = ServerSettings::merge(&overrides, settings)?;
+            // The path `serve` takes, so that both refuse the same file alike.
+            let overrides = Overrides {
+                config: Some(args.file.clone()),
+                ..Overrides::default()
+            };
+            let merged = ServerSettings::resolve(&overrides)?;
             println!("{}: valid", args.file.display());
             println!("{}", describe_settings(&merged));
+            for warning in &merged.warnings {
+                eprintln!("inflight: warning: {warning}");
+            }
             Ok(())
         }
         Command::Demo => {

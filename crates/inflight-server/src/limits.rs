@@ -9,7 +9,7 @@
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use inflight::config::{parse_duration, ConfigError};
+use inflight::config::{parse_duration, ConfigError, ConfigWarning};
 
 /// The server's limits. Built with [`Limits::default`] and the `with_`
 /// methods, or read from a `[server]` table by [`Limits::from_table`];
@@ -104,20 +104,20 @@ impl Limits {
 
     /// Reads a `[server]` table: `max_connections`, `max_requests`,
     /// `header_timeout`, `body_timeout`; what it leaves out keeps its
-    /// default.
+    /// default. What is valid but likely not meant goes to `warnings`.
     ///
     /// # Errors
     /// An unknown key, a count that is not a positive integer, or a bad
     /// duration, naming the key.
-    pub fn from_table(table: &toml::Table) -> Result<Self, ConfigError> {
+    pub fn from_table(table: &toml::Table, warnings: &mut Vec<ConfigWarning>) -> Result<Self, ConfigError> {
         let mut limits = Self::default();
         for (key, value) in table {
             let name = format!("server.{key}");
             match key.as_str() {
                 "max_connections" => limits.max_connections = positive(&name, value)?,
                 "max_requests" => limits.max_requests = positive(&name, value)?,
-                "header_timeout" => limits = limits.with_header_timeout(parse_duration(&name, value)?)?,
-                "body_timeout" => limits = limits.with_body_timeout(parse_duration(&name, value)?)?,
+                "header_timeout" => limits = limits.with_header_timeout(parse_duration(&name, value, warnings)?)?,
+                "body_timeout" => limits = limits.with_body_timeout(parse_duration(&name, value, warnings)?)?,
                 _ => {
                     return Err(ConfigError::new(
                         name,
@@ -162,7 +162,10 @@ mod tests {
 
     #[test]
     fn an_empty_table_keeps_every_default() {
-        assert_eq!(Limits::from_table(&table("")).unwrap(), Limits::default());
+        assert_eq!(
+            Limits::from_table(&table(""), &mut Vec::new()).unwrap(),
+            Limits::default()
+        );
         let limits = Limits::default();
         assert_eq!(limits.max_connections(), DEFAULT_MAX_CONNECTIONS);
         assert_eq!(limits.header_timeout(), DEFAULT_HEADER_TIMEOUT);
@@ -170,10 +173,14 @@ mod tests {
 
     #[test]
     fn each_key_is_read() {
-        let limits = Limits::from_table(&table(
-            "max_connections = 100\nmax_requests = 10\nheader_timeout = \"2s\"\nbody_timeout = 500",
-        ))
+        let mut warnings = Vec::new();
+        let limits = Limits::from_table(
+            &table("max_connections = 100\nmax_requests = 10\nheader_timeout = \"2s\"\nbody_timeout = 500"),
+            &mut warnings,
+        )
         .unwrap();
+        assert_eq!(warnings.len(), 1, "500 means 500 ms: {warnings:?}");
+        assert_eq!(warnings[0].key, "server.body_timeout");
         assert_eq!(limits.max_connections(), 100);
         assert_eq!(limits.max_requests(), 10);
         assert_eq!(limits.header_timeout(), Duration::from_secs(2));
@@ -191,7 +198,7 @@ mod tests {
             ("body_timeout = \"soon\"", "server.body_timeout"),
             ("max_conections = 5", "server.max_conections"),
         ] {
-            let err = Limits::from_table(&table(text)).unwrap_err();
+            let err = Limits::from_table(&table(text), &mut Vec::new()).unwrap_err();
             assert_eq!(err.key, key, "{text}: {err}");
         }
     }

@@ -25,7 +25,7 @@ use crate::linger::{close_when_body_unread, linger, Lingering};
 
 use crate::http::auth::{token_specs, TokenSpec};
 use crate::http::{app, AppState, MetricsOptions, Tokens};
-use inflight::config::{ConfigError, LedgerConfig, Settings};
+use inflight::config::{ConfigError, ConfigWarning, LedgerConfig, Settings};
 use inflight::error::ErrorKind;
 use inflight::Ledger;
 
@@ -80,6 +80,9 @@ pub struct ServerSettings {
     pub metrics: MetricsOptions,
     /// The ledger's classes, factor, reap interval and lanes.
     pub ledger: LedgerConfig,
+    /// What the file says that is valid but most likely not meant:
+    /// `check-config` prints them, `serve` logs them at start-up.
+    pub warnings: Vec<ConfigWarning>,
 }
 
 impl fmt::Debug for ServerSettings {
@@ -91,6 +94,7 @@ impl fmt::Debug for ServerSettings {
             .field("tokens", &self.tokens)
             .field("metrics", &self.metrics)
             .field("ledger", &self.ledger)
+            .field("warnings", &self.warnings)
             .finish()
     }
 }
@@ -208,8 +212,9 @@ impl ServerSettings {
         // Read every token file now, so that `check-config` and `serve`
         // refuse the same unreadable one.
         Tokens::load(tokens.clone()).map_err(in_file)?;
+        let mut warnings = file.warnings;
         let limits = match &file.server {
-            Some(table) => Limits::from_table(table).map_err(|error| ServeError::Config {
+            Some(table) => Limits::from_table(table, &mut warnings).map_err(|error| ServeError::Config {
                 origin: overrides.config.clone(),
                 error,
             })?,
@@ -229,6 +234,7 @@ impl ServerSettings {
             limits,
             metrics,
             ledger: file.ledger,
+            warnings,
         })
     }
 }
@@ -275,6 +281,9 @@ pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
 /// # Errors
 /// See [`ServeError`].
 pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
+    for warning in &settings.warnings {
+        tracing::warn!(key = %warning.key, "configuration: {warning}");
+    }
     let ledger = open_ledger(&settings)?;
     tracing::info!(store = %inflight::store::redacted_url(&settings.store), "opened the store");
     let listener = TcpListener::bind(&settings.listen)

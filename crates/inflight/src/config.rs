@@ -51,6 +51,32 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// A setting that is valid but most likely not what was meant, and the key
+/// it came from: `check-config` prints it and `serve` logs it at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The key it is about, as written in the file.
+    pub key: String,
+    /// What it means, and how to say what was meant.
+    pub message: String,
+}
+
+impl ConfigWarning {
+    /// The warning about `key`, saying `message`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
 /// What a ledger runs under: its reaping rules, reap interval and lanes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LedgerConfig {
@@ -233,6 +259,8 @@ pub struct Settings {
     pub server: Option<toml::Table>,
     /// The ledger's own settings.
     pub ledger: LedgerConfig,
+    /// What the file says that is valid but most likely not meant.
+    pub warnings: Vec<ConfigWarning>,
 }
 
 #[derive(Deserialize)]
@@ -371,13 +399,27 @@ struct RawLane {
 }
 
 /// Reads a duration written as a humantime string (`"300ms"`, `"5m"`) or
-/// integer milliseconds.
+/// integer milliseconds. A bare integer under 1000 is most likely seconds
+/// written without their unit: it is read as milliseconds, as documented,
+/// and `warnings` says so.
 ///
 /// # Errors
 /// Names `key` and says what is wrong.
-pub fn parse_duration(key: &str, value: &toml::Value) -> Result<Duration, ConfigError> {
+pub fn parse_duration(
+    key: &str,
+    value: &toml::Value,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<Duration, ConfigError> {
     match value {
-        toml::Value::Integer(ms) if *ms >= 0 => Ok(Duration::from_millis(*ms as u64)),
+        toml::Value::Integer(ms) if *ms >= 0 => {
+            if (1..1000).contains(ms) {
+                warnings.push(ConfigWarning::new(
+                    key,
+                    format!("{ms} means {ms} ms; write \"{ms}s\" for seconds, or \"{ms}ms\" to say milliseconds"),
+                ));
+            }
+            Ok(Duration::from_millis(*ms as u64))
+        }
         toml::Value::Integer(ms) => Err(ConfigError::new(key, format!("must not be negative, got {ms}"))),
         toml::Value::String(text) => humantime::parse_duration(text.trim()).map_err(|err| {
             ConfigError::new(
@@ -395,6 +437,98 @@ pub fn parse_duration(key: &str, value: &toml::Value) -> Result<Duration, Config
     }
 }
 
+/// A key path as the file writes it: `lanes."kb::ollama".cap`,
+/// `tokens[1].scope`.
+fn key_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut key = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => key.push_str(&format!("[{index}]")),
+            Segment::Map { key: name } | Segment::Enum { variant: name } => {
+                if !key.is_empty() {
+                    key.push('.');
+                }
+                let bare = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if bare {
+                    key.push_str(name);
+                } else {
+                    key.push_str(&format!("{name:?}"));
+                }
+            }
+            Segment::Unknown => {}
+        }
+    }
+    key
+}
+
+/// serde's names for the types a key expects, in the file's words.
+fn in_file_words(message: &str) -> String {
+    let mut message = message.to_owned();
+    for (rust, words) in [
+        ("expected i64", "expected an integer"),
+        ("expected f64", "expected a number"),
+        ("expected a sequence", "expected an array"),
+        ("expected a map", "expected a table"),
+    ] {
+        message = message.replace(rust, words);
+    }
+    message
+}
+
+/// The configuration error of a file that does not read as [`RawFile`]:
+/// the key path where it failed, and the line.
+fn file_error(text: &str, err: serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+    let key = key_path(err.path());
+    let err = err.into_inner();
+    let message = err.message().to_owned();
+    let location = err
+        .span()
+        .map(|span| {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        })
+        .unwrap_or_default();
+    ConfigError::new(key, format!("{}{location}", in_file_words(&message)))
+}
+
+/// Says which built-in classes a file's class set leaves out, if any, and
+/// how to keep them.
+fn dropped_built_ins(classes: &BTreeMap<String, ClassBounds>) -> Option<ConfigWarning> {
+    let built_in = LedgerConfig::default();
+    let (names, keep): (Vec<&str>, Vec<String>) = built_in
+        .policy
+        .classes()
+        .iter()
+        .filter(|(name, _)| !classes.contains_key(*name))
+        .map(|(name, bounds)| {
+            let deadline = Duration::from_millis(bounds.deadline_ms().unsigned_abs());
+            (
+                name.as_str(),
+                format!(
+                    "[classes.{name}] deadline = \"{}\"",
+                    humantime::format_duration(deadline)
+                ),
+            )
+        })
+        .unzip();
+    (!names.is_empty()).then(|| {
+        ConfigWarning::new(
+            "classes",
+            format!(
+                "replaces the built-in classes, leaving out {} (a call of a class not configured \
+                 gets the widest bound); to keep {}, add {}",
+                names.join(" and "),
+                if names.len() == 1 { "it" } else { "them" },
+                keep.join(" and ")
+            ),
+        )
+    })
+}
+
 impl Settings {
     /// Parses a configuration file's text.
     ///
@@ -404,18 +538,9 @@ impl Settings {
     /// Malformed TOML, an unknown key, a factor below 1, a zero deadline, a
     /// malformed lane key or a bad duration, naming the key.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawFile = toml::from_str(text).map_err(|err| {
-            let message = err.message().to_owned();
-            let key = unknown_key_from(&message).unwrap_or_default();
-            let location = err
-                .span()
-                .map(|span| {
-                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                    format!(" (line {line})")
-                })
-                .unwrap_or_default();
-            ConfigError::new(key, format!("{message}{location}"))
-        })?;
+        let raw: RawFile = serde_path_to_error::deserialize(toml::Deserializer::new(text))
+            .map_err(|err| file_error(text, err))?;
+        let mut warnings = Vec::new();
 
         let defaults = LedgerConfig::default();
         let factor = raw.reap.as_ref().and_then(|r| r.factor).unwrap_or(DEFAULT_FACTOR);
@@ -430,16 +555,17 @@ impl Settings {
                         .deadline
                         .as_ref()
                         .ok_or_else(|| ConfigError::new(format!("{key}.deadline"), "is required"))
-                        .and_then(|v| parse_duration(&format!("{key}.deadline"), v))?;
+                        .and_then(|v| parse_duration(&format!("{key}.deadline"), v, &mut warnings))?;
                     let max_queue_wait = class
                         .max_queue_wait
                         .as_ref()
-                        .map(|v| parse_duration(&format!("{key}.max_queue_wait"), v))
+                        .map(|v| parse_duration(&format!("{key}.max_queue_wait"), v, &mut warnings))
                         .transpose()?;
                     let bounds = ClassBounds::new(deadline, max_queue_wait)
                         .map_err(|err| ConfigError::new(format!("{key}.{}", err.field), err.problem))?;
                     classes.insert(name, bounds);
                 }
+                warnings.extend(dropped_built_ins(&classes));
                 classes
             }
         };
@@ -453,10 +579,10 @@ impl Settings {
         })?;
         let mut ledger = LedgerConfig::new(policy);
         if let Some(interval) = raw.reap.as_ref().and_then(|r| r.interval.as_ref()) {
-            ledger = ledger.with_reap_interval(parse_duration("reap.interval", interval)?)?;
+            ledger = ledger.with_reap_interval(parse_duration("reap.interval", interval, &mut warnings)?)?;
         }
         if let Some(keep) = raw.retention.as_ref().and_then(|r| r.keep.as_ref()) {
-            ledger = ledger.with_retention(parse_duration("retention.keep", keep)?)?;
+            ledger = ledger.with_retention(parse_duration("retention.keep", keep, &mut warnings)?)?;
         }
         for (lane, settings) in raw.lanes.unwrap_or_default() {
             ledger = ledger.declare_lane(&lane, settings.cap)?;
@@ -469,6 +595,11 @@ impl Settings {
             Some(RawStore::Url(url)) => Some(url),
             Some(RawStore::Table(table)) => store_url(table)?,
         };
+        if let Some(url) = &store {
+            // The check `serve` makes when it opens the store, so that
+            // `check-config` refuses what `serve` would.
+            crate::store::check_url(url).map_err(|err| ConfigError::new("store", err.message()))?;
+        }
         Ok(Self {
             listen: raw.listen,
             store,
@@ -477,13 +608,9 @@ impl Settings {
             metrics_aggregates: raw.metrics.and_then(|metrics| metrics.aggregates),
             server: raw.server,
             ledger,
+            warnings,
         })
     }
-}
-
-fn unknown_key_from(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("unknown field `")?;
-    Some(rest.split('`').next()?.to_owned())
 }
 
 /// The URL a `[store]` table describes: `synchronous` checked here, so
@@ -584,6 +711,85 @@ cap = 4
         );
     }
 
+    fn warnings(text: &str) -> Vec<String> {
+        let settings = Settings::from_toml(text).unwrap();
+        settings.warnings.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_bare_integer_under_a_second_is_read_as_milliseconds_with_a_warning() {
+        let said = warnings(
+            "[reap]\ninterval = 10\n[retention]\nkeep = 999\n\
+             [classes.embedding]\ndeadline = 300\nmax_queue_wait = 1000\n[classes.chat]\ndeadline = \"300ms\"\n",
+        );
+        assert_eq!(
+            said,
+            [
+                "classes.embedding.deadline: 300 means 300 ms; write \"300s\" for seconds, or \"300ms\" to say milliseconds",
+                "reap.interval: 10 means 10 ms; write \"10s\" for seconds, or \"10ms\" to say milliseconds",
+                "retention.keep: 999 means 999 ms; write \"999s\" for seconds, or \"999ms\" to say milliseconds",
+            ]
+        );
+        let settings =
+            Settings::from_toml("[classes.embedding]\ndeadline = 300\n[classes.chat]\ndeadline = 1\n")
+                .unwrap();
+        assert_eq!(
+            settings.ledger.policy().classes()["embedding"].deadline_ms(),
+            300,
+            "still milliseconds"
+        );
+        assert!(warnings(EXAMPLE).is_empty(), "{:?}", warnings(EXAMPLE));
+    }
+
+    #[test]
+    fn a_class_set_that_drops_a_built_in_class_says_so() {
+        let said = warnings("[classes.embeding]\ndeadline = \"5m\"\n");
+        assert_eq!(
+            said,
+            ["classes: replaces the built-in classes, leaving out chat and embedding (a call of a class not \
+              configured gets the widest bound); to keep them, add [classes.chat] deadline = \"10m\" and \
+              [classes.embedding] deadline = \"5m\""]
+        );
+        let said = warnings("[classes.embedding]\ndeadline = \"5m\"\n[classes.batch]\ndeadline = \"1h\"\n");
+        assert_eq!(said.len(), 1);
+        assert!(
+            said[0].contains("leaving out chat (") && said[0].contains("[classes.chat] deadline = \"10m\""),
+            "{said:?}"
+        );
+        assert!(warnings("").is_empty(), "the built-in classes themselves");
+    }
+
+    #[test]
+    fn type_errors_name_the_key_path_at_every_depth() {
+        for (text, said) in [
+            ("[lanes.\"kb::ollama\"]\ncap = \"4\"\n", "lanes.\"kb::ollama\".cap: invalid type: string \"4\", expected an integer (line 2)"),
+            ("listen = 7878\n", "listen: invalid type: integer `7878`, expected a string (line 1)"),
+            ("[reap]\nfactor = \"4\"\n", "reap.factor: invalid type: string \"4\", expected a number (line 2)"),
+            ("[labels]\nservice = \"kb\"\n", "labels.service: invalid type: string \"kb\", expected an array (line 2)"),
+            ("[labels]\nservice = [\"kb\", 3]\n", "labels.service[1]: invalid type: integer `3`, expected a string (line 2)"),
+            ("[metrics]\naggregates = \"yes\"\n", "metrics.aggregates: invalid type: string \"yes\", expected a boolean (line 2)"),
+            ("[classes.chat]\ndeadline = \"1m\"\ndedline = \"1m\"\n", "classes.chat.dedline: unknown field `dedline`, expected `deadline` or `max_queue_wait` (line 3)"),
+        ] {
+            let err = Settings::from_toml(text).unwrap_err();
+            assert_eq!(err.to_string(), said, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_store_url_is_checked_as_serve_opens_it() {
+        for (text, says) in [
+            ("store = \"sqlit://x.db\"\n", "unsupported store URL"),
+            ("store = \"sqlite://\"\n", "needs a file path"),
+            ("store = \"sqlite://x.db?journal=wal\"\n", "unknown parameter"),
+            ("[store]\nurl = \"memry:\"\n", "unsupported store URL"),
+        ] {
+            let err = Settings::from_toml(text).unwrap_err();
+            assert_eq!(err.key, "store", "{text}");
+            assert!(err.problem.contains(says), "{text}: {err}");
+        }
+        assert!(Settings::from_toml("store = \"memory:\"\n").is_ok());
+    }
+
     #[test]
     fn labels_bound_lanes_label_sets_and_vocabularies() {
         let settings = Settings::from_toml(
@@ -615,7 +821,7 @@ cap = 4
             ("[lanes.\"no-separator\"]\ncap = 1", "lanes.\"no-separator\""),
             ("[lanes.\"a::b\"]\ncap = 0", "lanes.\"a::b\".cap"),
             ("[reap]\ninterval = \"0s\"", "reap.interval"),
-            ("[classes.chat]\ndedline = \"1m\"", "dedline"),
+            ("[classes.chat]\ndedline = \"1m\"", "classes.chat.dedline"),
             ("[labels]\nmax_lanes = 0", "labels.max_lanes"),
             ("[labels]\nmax_aggregates = -1", "labels.max_aggregates"),
             ("[labels]\noverflow = \"drop\"", "labels.overflow"),

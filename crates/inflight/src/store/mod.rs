@@ -367,6 +367,81 @@ pub fn redacted_url(url: &str) -> String {
     }
 }
 
+/// What a store URL names, read without opening anything.
+enum StoreUrl<'a> {
+    Memory,
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    Sqlite {
+        path: &'a str,
+        synchronous: Synchronous,
+    },
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+}
+
+/// Reads `url`'s scheme and the SQLite store's parameters; a PostgreSQL
+/// URL's parameters are its store's to read.
+fn read_url(url: &str) -> Result<StoreUrl<'_>, LedgerError> {
+    if url == "memory:" || url == "memory://" {
+        return Ok(StoreUrl::Memory);
+    }
+    if let Some(rest) = url.strip_prefix("sqlite://") {
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.is_empty() {
+            return Err(LedgerError::invalid(
+                "sqlite:// needs a file path, e.g. sqlite://inflight.db",
+            ));
+        }
+        let mut synchronous = Synchronous::default();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            match pair.split_once('=') {
+                Some(("synchronous", value)) => {
+                    synchronous = value
+                        .parse()
+                        .map_err(|err| LedgerError::invalid(format!("store URL {url:?}: synchronous: {err}")))?;
+                }
+                _ => {
+                    return Err(LedgerError::invalid(format!(
+                        "store URL {url:?}: unknown parameter {pair:?}; the SQLite store takes synchronous=full|normal"
+                    )))
+                }
+            }
+        }
+        if cfg!(not(feature = "sqlite")) {
+            return Err(LedgerError::invalid(format!(
+                "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
+            )));
+        }
+        return Ok(StoreUrl::Sqlite { path, synchronous });
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if cfg!(not(feature = "postgres")) {
+            return Err(LedgerError::invalid(
+                "a postgres:// store URL needs the PostgreSQL store: build inflight with its `postgres` feature",
+            ));
+        }
+        return Ok(StoreUrl::Postgres);
+    }
+    Err(LedgerError::invalid(format!(
+        "unsupported store URL {:?}: use \"memory:\", \"sqlite://PATH\" or \"postgres://user@host:port/db\"",
+        redacted_url(url)
+    )))
+}
+
+/// Checks the store URL `url` as [`open`] reads it (its scheme, and the
+/// parameters of its store), without opening or connecting to anything:
+/// what `check-config` and `serve` both refuse, with the same message.
+///
+/// # Errors
+/// As [`open`]'s [`ErrorKind::InvalidInput`].
+pub fn check_url(url: &str) -> Result<(), LedgerError> {
+    match read_url(url)? {
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres => postgres::check_url(url),
+        _ => Ok(()),
+    }
+}
+
 /// Opens the store named by `url` under `config`.
 ///
 /// - `memory:` keeps everything in this process.
@@ -389,66 +464,24 @@ pub fn open(
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn Store>, LedgerError> {
-    if url == "memory:" || url == "memory://" {
-        return Ok(Arc::new(MemoryStore::new(config, clock)));
-    }
-    if let Some(rest) = url.strip_prefix("sqlite://") {
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if path.is_empty() {
-            return Err(LedgerError::invalid(
-                "sqlite:// needs a file path, e.g. sqlite://inflight.db",
-            ));
-        }
-        let mut synchronous = None;
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            match pair.split_once('=') {
-                Some(("synchronous", value)) => synchronous = Some(value),
-                _ => {
-                    return Err(LedgerError::invalid(format!(
-                        "store URL {url:?}: unknown parameter {pair:?}; the SQLite store takes synchronous=full|normal"
-                    )))
-                }
-            }
-        }
+    match read_url(url)? {
+        StoreUrl::Memory => Ok(Arc::new(MemoryStore::new(config, clock))),
         #[cfg(feature = "sqlite")]
-        {
-            let synchronous: Synchronous = match synchronous {
-                Some(value) => value
-                    .parse()
-                    .map_err(|err| LedgerError::invalid(format!("store URL {url:?}: synchronous: {err}")))?,
-                None => Synchronous::default(),
-            };
-            return Ok(Arc::new(SqliteStore::open_with(
-                path,
-                synchronous,
-                config,
-                clock,
-            )?));
-        }
-        #[cfg(not(feature = "sqlite"))]
-        {
-            let _ = synchronous;
-            return Err(LedgerError::invalid(format!(
-                "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
-            )));
-        }
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        StoreUrl::Sqlite { path, synchronous } => Ok(Arc::new(SqliteStore::open_with(
+            path,
+            synchronous,
+            config,
+            clock,
+        )?)),
         #[cfg(feature = "postgres")]
-        {
-            return Ok(Arc::new(PostgresStore::open(url, config, clock)?));
-        }
-        #[cfg(not(feature = "postgres"))]
-        {
-            return Err(LedgerError::invalid(
-                "a postgres:// store URL needs the PostgreSQL store: build inflight with its `postgres` feature",
-            ));
-        }
+        StoreUrl::Postgres => Ok(Arc::new(PostgresStore::open(url, config, clock)?)),
+        // Refused by `read_url` without the feature.
+        #[allow(unreachable_patterns)]
+        _ => Err(LedgerError::invalid(format!(
+            "store URL {:?} needs a store this build lacks",
+            redacted_url(url)
+        ))),
     }
-    Err(LedgerError::invalid(format!(
-        "unsupported store URL {:?}: use \"memory:\", \"sqlite://PATH\" or \"postgres://user@host:port/db\"",
-        redacted_url(url)
-    )))
 }
 
 /// Asserts that a SQL store keeps every statement in its `sql.rs`: none of

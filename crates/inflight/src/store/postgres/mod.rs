@@ -167,6 +167,12 @@ impl Tls {
     }
 }
 
+/// Checks `url`'s parameters as opening the store reads them, connecting
+/// to nothing.
+pub(super) fn check_url(url: &str) -> Result<(), LedgerError> {
+    Settings::parse(url).map(drop)
+}
+
 /// Where and how to connect, from a store URL.
 #[derive(Clone)]
 struct Settings {
