@@ -171,7 +171,12 @@ function transportError(what: string, err: unknown): InflightError {
     const hint = code === "ERR_SSL_WRONG_VERSION_NUMBER" ? " (does the server serve TLS? if not, its URL is http://)" : "";
     return new TLSError("unavailable", `${what}: the TLS handshake failed: ${String(reason)}${hint}`, { cause: err });
   }
-  return new UnavailableError("unavailable", `${what}: no answer from the server (${message})`, { cause: err });
+  // A TLS server answers a plain request with a TLS alert, which is no HTTP.
+  const hint =
+    typeof code === "string" && code.startsWith("HPE_") && what.includes(" http:")
+      ? "; does the server serve https? then its URL is https://"
+      : "";
+  return new UnavailableError("unavailable", `${what}: no answer from the server (${message})${hint}`, { cause: err });
 }
 
 function toWireTime(value: TimestampInput | undefined): number | string | undefined {

@@ -195,7 +195,16 @@ def unavailable(what: str, err: BaseException) -> UnavailableError:
     if cause is not None:
         hint = " (does the server serve TLS? if not, its URL is http://)" if cause.reason == "WRONG_VERSION_NUMBER" else ""
         return TLSError("unavailable", f"{what}: the TLS handshake failed: {cause}{hint}")
-    return UnavailableError("unavailable", f"{what}: no answer from the server ({type(err).__name__}: {err})")
+    hint = ""
+    # A TLS server answers a plain request with a TLS alert, which is no HTTP.
+    if isinstance(err, httpx.RemoteProtocolError):
+        try:
+            plain = err.request.url.scheme == "http"
+        except RuntimeError:  # httpx raises it when the error has no request
+            plain = False
+        if plain:
+            hint = "; does the server serve https? then its URL is https://"
+    return UnavailableError("unavailable", f"{what}: no answer from the server ({type(err).__name__}: {err}){hint}")
 
 
 def retryable(route: str, err: InflightError) -> bool:
