@@ -139,6 +139,11 @@ impl Timestamp {
     pub const MIN: Self = Self(0);
     /// The latest instant read: 9999-12-31T23:59:59.999Z.
     pub const MAX: Self = Self(253_402_300_799_999);
+    /// The earliest instant a caller may give for a call
+    /// (2001-09-09T01:46:40Z, 10^12 ms): below it, an integer is most
+    /// likely epoch seconds taken for milliseconds, a time decades before
+    /// the call. The ledger refuses it, naming the field.
+    pub const EARLIEST_CALL: Self = Self(1_000_000_000_000);
 
     /// The instant `millis` after the epoch. Any value is kept, but only
     /// those from [`Timestamp::MIN`] to [`Timestamp::MAX`] read back.
@@ -355,12 +360,13 @@ pub(crate) fn timestamp_input() -> utoipa::openapi::schema::Schema {
             ObjectBuilder::new()
                 .schema_type(Type::Integer)
                 .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-                .minimum(Some(Timestamp::MIN.0))
+                .minimum(Some(Timestamp::EARLIEST_CALL.0))
                 .maximum(Some(Timestamp::MAX.0)),
         )
         .item(ObjectBuilder::new().schema_type(Type::Null))
         .description(Some(
-            "RFC 3339 with any offset, or integer epoch milliseconds; years 1970 to 9999, \
+            "RFC 3339 with any offset, or integer epoch milliseconds; from 2001-09-09T01:46:40Z \
+             (1000000000000: a smaller integer is most likely seconds) to the year 9999, \
              and at most 5 minutes ahead of the server's clock",
         ))
         .into()

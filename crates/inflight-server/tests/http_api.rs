@@ -333,6 +333,68 @@ async fn unknown_fields_are_ignored() {
 }
 
 #[tokio::test]
+async fn epoch_seconds_are_refused_naming_the_field_and_saying_so() {
+    let api = api();
+    let seconds = T0 / 1000;
+    let begun = api
+        .post("/v1/activities", r#"{"service":"kb","provider":"o"}"#)
+        .await;
+    let id = begun.body["activityId"].as_str().unwrap().to_owned();
+    for (path, body, field) in [
+        (
+            "/v1/activities".to_owned(),
+            json!({"service": "kb", "provider": "o", "enqueuedAt": seconds}),
+            "enqueuedAt",
+        ),
+        (
+            "/v1/activities".to_owned(),
+            json!({"service": "kb", "provider": "o", "startedAt": seconds}),
+            "startedAt",
+        ),
+        (
+            format!("/v1/activities/{id}/start"),
+            json!({"startedAt": seconds}),
+            "startedAt",
+        ),
+        (
+            format!("/v1/activities/{id}/settle"),
+            json!({"success": true, "completedAt": seconds}),
+            "completedAt",
+        ),
+        // The last instant refused, and an RFC 3339 time as early.
+        (
+            "/v1/activities".to_owned(),
+            json!({"service": "kb", "provider": "o", "enqueuedAt": 999_999_999_999_i64}),
+            "enqueuedAt",
+        ),
+        (
+            "/v1/activities".to_owned(),
+            json!({"service": "kb", "provider": "o", "enqueuedAt": "1999-12-31T23:59:59Z"}),
+            "enqueuedAt",
+        ),
+    ] {
+        let reply = api.post(&path, &body.to_string()).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", &body.to_string());
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{body}: {message}");
+        assert!(
+            message.contains("looks like epoch seconds") && message.contains("multiply by 1000"),
+            "{message}"
+        );
+    }
+    let snapshot = api.get("/v1/snapshot").await;
+    assert_eq!(snapshot.body["totalActivities"], 1, "only the first begin landed");
+    assert_eq!(snapshot.body["status"], "ok", "nothing reaped on arrival");
+    let earliest = api
+        .post(
+            "/v1/activities",
+            &json!({"service": "kb", "provider": "o", "enqueuedAt": 1_000_000_000_000_i64}).to_string(),
+        )
+        .await;
+    assert_eq!(earliest.status, StatusCode::CREATED, "{}", earliest.body);
+}
+
+#[tokio::test]
 async fn begin_refuses_each_invalid_input_with_400_and_records_nothing() {
     let api = api();
     let future = T0 + 6 * 60 * 1000;

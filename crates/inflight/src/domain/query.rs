@@ -263,6 +263,12 @@ mod tests {
     use crate::config::LedgerConfig;
     use crate::domain::transition::{self, NewActivity};
 
+    /// `ms` after a realistic instant: the ledger refuses a caller's time
+    /// before 2001.
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(1_786_000_000_000 + ms)
+    }
+
     fn waiting(enqueued_at: Timestamp) -> ActivityRecord {
         let new = NewActivity {
             enqueued_at: Some(enqueued_at),
@@ -275,8 +281,8 @@ mod tests {
 
     #[test]
     fn a_newcomer_yields_to_records_enqueued_in_the_same_millisecond() {
-        let me = waiting(Timestamp::from_millis(10));
-        let same_ms = waiting(Timestamp::from_millis(10)); // a later id
+        let me = waiting(at(10));
+        let same_ms = waiting(at(10)); // a later id
         let query = LaneQuery::of(&me, false);
         assert_eq!(query.counts(&same_ms), None, "a later id waits behind");
         let query = LaneQuery::of(&me, true);
@@ -307,15 +313,12 @@ mod tests {
 
     #[test]
     fn lane_loads_take_the_oldest_wait() {
-        let (a, b) = (
-            waiting(Timestamp::from_millis(20)),
-            waiting(Timestamp::from_millis(10)),
-        );
+        let (a, b) = (waiting(at(20)), waiting(at(10)));
         let loads = lane_loads([&a, &b]);
         assert_eq!(loads.len(), 1);
         assert_eq!(
             (loads[0].waiting, loads[0].oldest_waiting_since),
-            (2, Some(Timestamp::from_millis(10)))
+            (2, Some(at(10)))
         );
     }
 }

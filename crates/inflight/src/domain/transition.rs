@@ -161,9 +161,10 @@ pub enum Transition {
 // their messages built out of line.
 #[inline]
 fn check_not_future(field: &str, at: Timestamp, now: Timestamp) -> Result<Timestamp, Refusal> {
-    // Before the epoch is no caller's clock; refusing it also keeps every
-    // difference of two timestamps far from overflow.
-    if at < Timestamp::MIN || at > now.add_millis(MAX_FUTURE_SKEW_MS) {
+    // Before 2001 is no caller's clock but seconds taken for milliseconds;
+    // refusing it also keeps every difference of two timestamps far from
+    // overflow.
+    if at < Timestamp::EARLIEST_CALL || at > now.add_millis(MAX_FUTURE_SKEW_MS) {
         return Err(out_of_range(field, at, now));
     }
     Ok(at)
@@ -171,10 +172,12 @@ fn check_not_future(field: &str, at: Timestamp, now: Timestamp) -> Result<Timest
 
 #[cold]
 fn out_of_range(field: &str, at: Timestamp, now: Timestamp) -> Refusal {
-    if at < Timestamp::MIN {
+    if at < Timestamp::EARLIEST_CALL {
         return Refusal::Invalid(format!(
-            "{field} {} is before 1970-01-01T00:00:00Z",
-            at.as_millis()
+            "{field} {} is before {}: it looks like epoch seconds; timestamps are epoch milliseconds \
+             (multiply by 1000)",
+            at.as_millis(),
+            Timestamp::EARLIEST_CALL
         ));
     }
     Refusal::Invalid(format!(

@@ -658,12 +658,16 @@ mod tests {
     use super::*;
     use crate::domain::transition::{self, NewActivity};
 
-    /// A record in flight, enqueued and reapable at these epoch milliseconds.
+    /// `ms` after a realistic instant: the ledger refuses a caller's time
+    /// before 2001.
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(1_786_000_000_000 + ms)
+    }
+
+    /// A record in flight, enqueued and reapable at these milliseconds
+    /// after [`at`]'s instant.
     fn in_flight(enqueued_at: i64, reapable_at: i64) -> Arc<ActivityRecord> {
-        let (enqueued_at, reapable_at) = (
-            Timestamp::from_millis(enqueued_at),
-            Timestamp::from_millis(reapable_at),
-        );
+        let (enqueued_at, reapable_at) = (at(enqueued_at), at(reapable_at));
         let new = NewActivity {
             enqueued_at: Some(enqueued_at),
             ..NewActivity::fixture("embedding")
@@ -716,28 +720,23 @@ mod tests {
     fn due_skips_entries_a_transition_made_stale() {
         let first = in_flight(0, 10);
         let mut index = DueIndex::default();
-        index.push(Timestamp::from_millis(10), first.activity_id);
+        index.push(at(10), first.activity_id);
         // Started: its bound moved to 50, and the entry for 10 is stale.
         let mut started = (*first).clone();
-        started.reapable_at = Some(Timestamp::from_millis(50));
+        started.reapable_at = Some(at(50));
         let started = Arc::new(started);
-        index.push(Timestamp::from_millis(50), started.activity_id);
+        index.push(at(50), started.activity_id);
         let live = live_of(&[&started]);
-        assert!(index.due(&live, Timestamp::from_millis(40), 10).is_empty());
-        assert_eq!(
-            ids(&index.due(&live, Timestamp::from_millis(51), 10)),
-            vec![started.activity_id]
-        );
+        assert!(index.due(&live, at(40), 10).is_empty());
+        assert_eq!(ids(&index.due(&live, at(51), 10)), vec![started.activity_id]);
     }
 
     #[test]
     fn due_forgets_records_no_longer_in_flight() {
         let settled = in_flight(0, 10);
         let mut index = DueIndex::default();
-        index.push(Timestamp::from_millis(10), settled.activity_id);
-        assert!(index
-            .due(&IdMap::default(), Timestamp::from_millis(100), 10)
-            .is_empty());
+        index.push(at(10), settled.activity_id);
+        assert!(index.due(&IdMap::default(), at(100), 10).is_empty());
         assert!(index.heap.is_empty());
     }
 
@@ -745,13 +744,10 @@ mod tests {
     fn due_returns_a_record_once_however_many_entries_it_has() {
         let record = in_flight(0, 10);
         let mut index = DueIndex::default();
-        index.push(Timestamp::from_millis(10), record.activity_id);
-        index.push(Timestamp::from_millis(10), record.activity_id);
+        index.push(at(10), record.activity_id);
+        index.push(at(10), record.activity_id);
         let live = live_of(&[&record]);
-        assert_eq!(
-            ids(&index.due(&live, Timestamp::from_millis(11), 10)),
-            vec![record.activity_id]
-        );
+        assert_eq!(ids(&index.due(&live, at(11), 10)), vec![record.activity_id]);
     }
 
     #[test]
@@ -763,12 +759,12 @@ mod tests {
         }
         let live = live_of(&[&a, &b, &c]);
         assert_eq!(
-            ids(&index.due(&live, Timestamp::from_millis(100), 2)),
+            ids(&index.due(&live, at(100), 2)),
             vec![b.activity_id, c.activity_id]
         );
         // Not reaped by the caller: shown again.
         assert_eq!(
-            ids(&index.due(&live, Timestamp::from_millis(100), 5)),
+            ids(&index.due(&live, at(100), 5)),
             vec![b.activity_id, c.activity_id, a.activity_id]
         );
     }
@@ -778,14 +774,11 @@ mod tests {
         let record = in_flight(0, 10);
         let live = live_of(&[&record]);
         let mut index = DueIndex::default();
-        for at in 0..10_000 {
-            index.push(Timestamp::from_millis(at), record.activity_id);
+        for ms in 0..10_000 {
+            index.push(at(ms), record.activity_id);
             index.compact(&live);
         }
         assert!(index.heap.len() <= 2 * live.len() + 1024 + 1);
-        assert_eq!(
-            ids(&index.due(&live, Timestamp::from_millis(11), 10)),
-            vec![record.activity_id]
-        );
+        assert_eq!(ids(&index.due(&live, at(11), 10)), vec![record.activity_id]);
     }
 }
