@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    inflight_cli::cli::run(inflight_cli::cli::Cli::parse())
+    inflight_cli::cli::run(inflight_cli::cli::parse())
 }

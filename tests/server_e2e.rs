@@ -125,7 +125,7 @@ async fn a_full_lifecycle_over_http_with_a_token_the_cli_and_a_graceful_shutdown
     assert!(out.contains("reaped 0 abandoned"), "{out}");
     let (code, _, err) = run_cli(&["snapshot", server_flag[0], server_flag[1]], &[]).await;
     assert_eq!(code, Some(1));
-    assert!(err.contains("unauthorized"), "{err}");
+    assert!(err.contains("requires a token"), "{err}");
 
     // SIGTERM: a graceful shutdown, exit 0.
     let pid = server.child.id().expect("running").to_string();
@@ -223,8 +223,8 @@ async fn the_cli_takes_the_short_ids_its_tables_show() {
     // (An ambiguous one is tested in `cli::ids`: ids here rarely share an end.)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshot_watch_redraws_in_place_until_interrupted() {
+/// A server on the memory store with one record waiting on `kb::ollama`.
+async fn server_with_one_record() -> Server {
     let server = Server::start(Launch {
         args: vec![
             "--listen".into(),
@@ -236,50 +236,239 @@ async fn snapshot_watch_redraws_in_place_until_interrupted() {
     })
     .await;
     server.begin(json!({"service": "kb", "provider": "ollama"})).await;
-    let mut watch = inflight()
-        .args([
+    server
+}
+
+/// Reads `stdout` until `done` says what was read is enough.
+async fn read_until(stdout: &mut (impl tokio::io::AsyncRead + Unpin), done: impl Fn(&str) -> bool) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buffer = [0u8; 4096];
+        while !done(&String::from_utf8_lossy(&seen)) {
+            let read = stdout.read(&mut buffer).await.expect("stdout reads");
+            assert!(read > 0, "the watch ended: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buffer[..read]);
+        }
+    };
+    tokio::time::timeout(PATIENCE, read).await.expect("enough frames");
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_watch_redraws_in_place_on_a_terminal_until_ctrl_c() {
+    use tokio::io::AsyncWriteExt;
+    let server = server_with_one_record().await;
+    // A real terminal: `script` runs the watch on a pseudo-terminal of its
+    // own and copies what it writes; Ctrl-C is typed into it.
+    let watch = format!(
+        "exec '{}' snapshot --watch --interval 500ms --server {}",
+        common::BIN,
+        server.base
+    );
+    let mut script = Command::new("script")
+        .args(["-qfec", &watch, "/dev/null"])
+        .env_remove("INFLIGHT_URL")
+        .env_remove("INFLIGHT_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("`script` (util-linux) runs");
+    let mut stdout = script.stdout.take().unwrap();
+    // Three frames, each after a clear screen and home.
+    let text = read_until(&mut stdout, |seen| seen.matches("\x1b[2J\x1b[H").count() >= 3).await;
+    let frames: Vec<&str> = text.split("\x1b[2J\x1b[H").skip(1).collect();
+    for frame in &frames[..2] {
+        assert!(frame.contains("kb::ollama"), "{frame}");
+        assert!(frame.contains("every 500ms; Ctrl-C to stop"), "{frame}");
+    }
+    // Ctrl-C: it stops cleanly (`script -e` exits with the watch's status).
+    let mut stdin = script.stdin.take().unwrap();
+    stdin.write_all(b"\x03").await.unwrap();
+    stdin.flush().await.unwrap();
+    let rest = async {
+        use tokio::io::AsyncReadExt;
+        let mut rest = Vec::new();
+        stdout.read_to_end(&mut rest).await.map(|_| rest)
+    };
+    tokio::time::timeout(PATIENCE, rest)
+        .await
+        .expect("the watch stops on Ctrl-C")
+        .unwrap();
+    let status = tokio::time::timeout(PATIENCE, script.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_watch_into_a_pipe_prints_each_snapshot_after_the_last() {
+    let server = server_with_one_record().await;
+    for json in [false, true] {
+        let mut args = vec![
             "snapshot",
             "--watch",
             "--interval",
             "500ms",
             "--server",
             &server.base,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the binary starts");
-    let mut stdout = watch.stdout.take().unwrap();
-    // Three frames, each after a clear screen and home.
-    let mut seen = Vec::new();
-    let read = async {
-        let mut buffer = [0u8; 4096];
-        while String::from_utf8_lossy(&seen).matches("\x1b[2J\x1b[H").count() < 3 {
-            use tokio::io::AsyncReadExt;
-            let read = stdout.read(&mut buffer).await.expect("stdout reads");
-            assert!(read > 0, "the watch ended: {}", String::from_utf8_lossy(&seen));
-            seen.extend_from_slice(&buffer[..read]);
+        ];
+        if json {
+            args.push("--json");
         }
-    };
-    tokio::time::timeout(PATIENCE, read).await.expect("three frames");
-    let text = String::from_utf8_lossy(&seen).into_owned();
-    let frames: Vec<&str> = text.split("\x1b[2J\x1b[H").skip(1).collect();
-    assert!(frames.len() >= 2, "{text:?}");
-    for frame in &frames[..2] {
-        assert!(frame.contains("kb::ollama"), "{frame}");
-        assert!(frame.contains("every 500ms; Ctrl-C to stop"), "{frame}");
+        let mut watch = inflight()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary starts");
+        let mut stdout = watch.stdout.take().unwrap();
+        let text = if json {
+            read_until(&mut stdout, |seen| seen.matches('\n').count() >= 3).await
+        } else {
+            read_until(&mut stdout, |seen| seen.matches("snapshot at ").count() >= 3).await
+        };
+        assert!(!text.contains('\x1b'), "no screen codes in a pipe: {text:?}");
+        assert!(!text.contains("Ctrl-C"), "no footer in a pipe: {text:?}");
+        if json {
+            // JSON lines: each line one whole snapshot.
+            for line in text.lines().take(3) {
+                let snapshot: Value = serde_json::from_str(line).expect("a JSON line");
+                assert_eq!(snapshot["nativeAdmission"]["kb::ollama"]["waiting"], 1, "{line}");
+            }
+        } else {
+            // Tables one after another, each followed by a blank line.
+            let tables: Vec<&str> = text.split("\n\nsnapshot at ").collect();
+            assert!(tables.len() >= 3, "{text}");
+            for table in &tables[..2] {
+                assert!(table.contains("kb::ollama"), "{table}");
+            }
+        }
+        let pid = watch.id().expect("running").to_string();
+        let killed = Command::new("kill").args(["-INT", &pid]).status().await.unwrap();
+        assert!(killed.success());
+        let status = tokio::time::timeout(PATIENCE, watch.wait())
+            .await
+            .expect("the watch stops on SIGINT")
+            .unwrap();
+        assert!(status.success(), "{status}");
     }
-    // Interrupted, it stops cleanly.
-    let pid = watch.id().expect("running").to_string();
-    let killed = Command::new("kill").args(["-INT", &pid]).status().await.unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(PATIENCE, watch.wait())
-        .await
-        .expect("the watch stops on SIGINT")
-        .unwrap();
-    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_host_port_and_inflight_url_and_says_how_to_write_an_address() {
+    let server = server_with_one_record().await;
+    let host_port = server.base.trim_start_matches("http://").to_owned();
+
+    // `--server HOST:PORT` is http://HOST:PORT.
+    let (code, table, err) = run_cli(&["snapshot", "--server", &host_port], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(table.contains("kb::ollama"), "{table}");
+    // INFLIGHT_URL, as the clients read it, when there is no --server...
+    let (code, out, err) = run_cli(&["reap"], &[("INFLIGHT_URL", &server.base)]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("reaped 0 abandoned"), "{out}");
+    let (code, _, err) = run_cli(&["snapshot"], &[("INFLIGHT_URL", &host_port)]).await;
+    assert_eq!(code, Some(0), "{err}");
+    // ...and --server over it.
+    let (code, _, err) = run_cli(
+        &["snapshot", "--server", &host_port],
+        &[("INFLIGHT_URL", "http://127.0.0.1:1")],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run_cli(&["snapshot"], &[("INFLIGHT_URL", "http://127.0.0.1:1")]).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("cannot connect") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
+
+    // Anything else is refused, saying how to write it.
+    for bad in ["127.0.0.1:port", "two words:7878", "ftp://127.0.0.1:21"] {
+        let (code, _, err) = run_cli(&["snapshot", "--server", bad], &[]).await;
+        assert_eq!(code, Some(1), "{bad}");
+        assert!(
+            err.contains("http://HOST:PORT") || err.contains("only http:// URLs"),
+            "{bad}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_tells_a_missing_token_from_a_wrong_one_and_prints_what_a_scope_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = config_file(
+        &dir,
+        "[[tokens]]\ntoken = \"write-secret\"\nscope = \"write\"\n\
+         [[tokens]]\ntoken = \"read-secret\"\nscope = \"read\"\n",
+    );
+    args.extend(["--store".into(), "memory:".into()]);
+    let server = Server::start(Launch {
+        args,
+        token: Some("write-secret"),
+        ..Launch::default()
+    })
+    .await;
+    let at = ["--server", server.base.as_str()];
+
+    let (code, _, err) = run_cli(&["snapshot", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("requires a token: pass --token TOKEN or set INFLIGHT_TOKEN"),
+        "{err}"
+    );
+    for wrong in [
+        vec!["snapshot", "--token", "guess", at[0], at[1]],
+        vec!["snapshot", at[0], at[1]],
+    ] {
+        let (code, _, err) = run_cli(&wrong, &[("INFLIGHT_TOKEN", "guess")]).await;
+        assert_eq!(code, Some(1));
+        assert!(
+            err.contains("does not accept the token given (--token or INFLIGHT_TOKEN)"),
+            "{err}"
+        );
+        assert!(!err.contains("Authorization"), "no HTTP header to set: {err}");
+    }
+    // A read token reads, and a write is refused with what it lacks.
+    let (code, _, err) = run_cli(&["snapshot", "--token", "read-secret", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run_cli(&["reap", "--token", "read-secret", at[0], at[1]], &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("refused this token (403 Forbidden)"), "{err}");
+    assert!(err.contains("needs a write token"), "the server's reason: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_names_every_command_and_shows_the_logging_flags_once() {
+    let (code, top, _) = run_cli(&["--help"], &[]).await;
+    assert_eq!(code, Some(0));
+    let description = top.lines().next().unwrap();
+    for command in [
+        "serve",
+        "snapshot",
+        "show",
+        "cancel",
+        "release",
+        "reap",
+        "check-config",
+        "demo",
+    ] {
+        assert!(description.contains(command), "{command}: {description}");
+        let (code, help, _) = run_cli(&[command, "--help"], &[]).await;
+        assert_eq!(code, Some(0));
+        assert!(!help.contains("--log-format"), "{command}: {help}");
+    }
+    assert_eq!(top.matches("--log-format").count(), 1, "{top}");
+    // Still taken after the command.
+    let (code, _, err) = run_cli(&["demo", "--log-format", "json"], &[]).await;
+    assert_eq!(code, Some(0), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

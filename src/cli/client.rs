@@ -29,18 +29,19 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of the server at `base` (`http://127.0.0.1:7878`).
+    /// A client of the server at `base` (`http://127.0.0.1:7878`, or
+    /// `127.0.0.1:7878`: see [`server_url`]).
     ///
     /// # Errors
     /// A `base` that is not an `http://` URL.
     pub fn new(base: &str, token: Option<String>) -> Result<Self, CliError> {
-        let url = reqwest::Url::parse(base)
-            .map_err(|err| CliError::Failed(format!("--server {base:?} is not a URL: {err}")))?;
+        let url = server_url(base)?;
         if url.scheme() != "http" {
             return Err(CliError::Failed(format!(
-                "--server {base:?}: only http:// URLs are supported"
+                "the server {base:?} (--server or INFLIGHT_URL): only http:// URLs are supported"
             )));
         }
+        let base = url.as_str();
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .build()
@@ -137,12 +138,34 @@ impl Client {
             return Ok(text);
         }
         Err(CliError::Failed(match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(_) if status == reqwest::StatusCode::UNAUTHORIZED => self.unauthorized(),
+            Ok(ErrorBody { error }) if status == reqwest::StatusCode::FORBIDDEN => format!(
+                "the server at {} refused this token ({status}): {}",
+                self.base, error.message
+            ),
             Ok(ErrorBody { error }) => format!(
                 "the server at {} refused ({status}): {}: {}",
                 self.base, error.code, error.message
             ),
             Err(_) => format!("the server at {} answered {status}", self.base),
         }))
+    }
+
+    /// A 401, in the CLI's terms rather than the HTTP header's: the client
+    /// knows whether it sent a token, so it says which case this is.
+    fn unauthorized(&self) -> String {
+        if self.token.is_some() {
+            format!(
+                "the server at {} does not accept the token given (--token or INFLIGHT_TOKEN): \
+                 it is not one of the server's tokens",
+                self.base
+            )
+        } else {
+            format!(
+                "the server at {} requires a token: pass --token TOKEN or set INFLIGHT_TOKEN",
+                self.base
+            )
+        }
     }
 
     /// Reads an answer as `T`, which the route answers with (`what`).
@@ -173,9 +196,60 @@ impl Client {
     }
 }
 
+/// The server's URL from `--server` or `INFLIGHT_URL`: a URL, or
+/// `host:port` without a scheme, which means `http://host:port`.
+///
+/// # Errors
+/// Neither: says how to write it.
+pub fn server_url(text: &str) -> Result<reqwest::Url, CliError> {
+    let text = text.trim();
+    // `localhost:7878` parses as a URL of scheme `localhost`: only text
+    // with `://` names its scheme.
+    let parsed = if text.contains("://") {
+        reqwest::Url::parse(text)
+    } else {
+        reqwest::Url::parse(&format!("http://{text}"))
+    };
+    match parsed {
+        Ok(url) if url.has_host() => Ok(url),
+        Ok(_) => Err(CliError::Failed(format!(
+            "the server {text:?} (--server or INFLIGHT_URL) names no host: write it as http://HOST:PORT"
+        ))),
+        Err(err) => Err(CliError::Failed(format!(
+            "the server {text:?} (--server or INFLIGHT_URL) is neither a URL nor HOST:PORT ({err}): \
+             write it as http://HOST:PORT"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_without_a_scheme_is_taken_as_http() {
+        for (text, url) in [
+            ("127.0.0.1:7980", "http://127.0.0.1:7980/"),
+            ("localhost:7878", "http://localhost:7878/"),
+            (" [::1]:7878/ ", "http://[::1]:7878/"),
+            ("http://127.0.0.1:7878", "http://127.0.0.1:7878/"),
+            ("inflight.internal", "http://inflight.internal/"),
+        ] {
+            assert_eq!(server_url(text).unwrap().as_str(), url, "{text}");
+        }
+        let client = Client::new("127.0.0.1:7980/", None).unwrap();
+        assert_eq!(client.base, "http://127.0.0.1:7980");
+    }
+
+    #[test]
+    fn an_unparseable_server_is_refused_saying_how_to_write_it() {
+        for text in ["", "127.0.0.1:port", "http://", "two words:80", "http://[::1"] {
+            let err = server_url(text).unwrap_err().to_string();
+            assert!(err.contains("http://HOST:PORT"), "{text}: {err}");
+        }
+        let err = Client::new("ftp://127.0.0.1:21", None).unwrap_err().to_string();
+        assert!(err.contains("only http:// URLs"), "{err}");
+    }
 
     #[test]
     fn an_answer_that_is_not_the_wire_type_is_refused_plainly() {

@@ -25,8 +25,9 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7878";
 #[derive(Debug, Parser)]
 #[command(name = "inflight", version, about, long_about = None)]
 pub struct Cli {
-    /// How to write logs (to stderr).
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    /// How to write logs (to stderr); `RUST_LOG` sets the level. Taken
+    /// before or after the command.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, help_heading = "Logging")]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
@@ -89,13 +90,26 @@ pub struct ServeArgs {
         default_missing_value = "true"
     )]
     pub metrics_aggregates: Option<bool>,
+    /// Serve HTTPS with this certificate chain (PEM, the server's own
+    /// certificate first); needs --tls-key. SIGHUP re-reads both files.
+    #[arg(long, env = "INFLIGHT_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "INFLIGHT_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Where a client command finds the server.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    /// The server's base URL.
-    #[arg(long, value_name = "URL", default_value = DEFAULT_SERVER)]
+    /// The server: a URL, or HOST:PORT for http://HOST:PORT.
+    #[arg(
+        long,
+        env = "INFLIGHT_URL",
+        value_name = "URL",
+        default_value = DEFAULT_SERVER,
+        hide_env_values = true
+    )]
     pub server: String,
     /// Bearer token, when the server requires one.
     #[arg(long, env = "INFLIGHT_TOKEN", value_name = "TOKEN", hide_env_values = true)]
@@ -117,9 +131,10 @@ pub struct SnapshotArgs {
     /// History window: a duration (`24h`) or an RFC 3339 time.
     #[arg(long)]
     pub since: Option<String>,
-    /// Redraw the table in place every `--interval`, like `top`, until
-    /// interrupted (Ctrl-C).
-    #[arg(long, conflicts_with = "json")]
+    /// Redraw the table every `--interval`, like `top`, until interrupted
+    /// (Ctrl-C); when not on a terminal, print each snapshot after the last
+    /// (with `--json`: one a line).
+    #[arg(long)]
     pub watch: bool,
     /// How often `--watch` redraws: a duration, at least 500ms.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = watch::parse_interval, requires = "watch")]
@@ -205,6 +220,31 @@ impl From<server::ServeError> for CliError {
     }
 }
 
+/// The command line as `main` parses it: [`Cli`], with the logging flags
+/// listed once, in the top level's help, instead of in every command's.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+
+    let command = Cli::command();
+    let logging: Vec<clap::Arg> = command
+        .get_arguments()
+        .filter(|arg| arg.is_global_set())
+        .map(|arg| arg.clone().hide(true))
+        .collect();
+    // A subcommand that has the argument already keeps it (clap propagates a
+    // global argument only where it is missing): parsed as before, not shown.
+    command.mut_subcommands(|sub| sub.args(logging.iter().cloned()))
+}
+
+/// Parses the process's arguments with [`command`], exiting with clap's
+/// message (and code 2) on an error, or after `--help` and `--version`.
+pub fn parse() -> Cli {
+    use clap::FromArgMatches;
+
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit())
+}
+
 /// Runs `cli` and returns the exit code, printing any error as one line on
 /// stderr.
 pub fn run(cli: Cli) -> ExitCode {
@@ -234,6 +274,8 @@ fn execute(cli: Cli) -> Result<(), CliError> {
                 store: args.store,
                 token: args.token,
                 metrics_aggregates: args.metrics_aggregates,
+                tls_cert: args.tls_cert,
+                tls_key: args.tls_key,
             };
             let settings = ServerSettings::resolve(&overrides)?;
             runtime()?.block_on(server::serve(settings))?;
@@ -247,7 +289,8 @@ fn execute(cli: Cli) -> Result<(), CliError> {
                 since: args.since,
             };
             if args.watch {
-                return runtime()?.block_on(watch::watch(&client, &query, args.interval));
+                let output = watch::Output::for_stdout(args.json);
+                return runtime()?.block_on(watch::watch(&client, &query, args.interval, output));
             }
             let snapshot = runtime()?.block_on(client.snapshot(&query))?;
             if args.json {
@@ -478,6 +521,39 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+        command().debug_assert();
+    }
+
+    #[test]
+    fn the_description_names_every_command() {
+        let command = command();
+        let about = command.get_about().expect("a description").to_string();
+        for sub in command.get_subcommands() {
+            assert!(about.contains(sub.get_name()), "{}: {about}", sub.get_name());
+        }
+    }
+
+    #[test]
+    fn the_logging_flags_show_in_the_top_level_help_only_and_parse_anywhere() {
+        let mut top = command();
+        assert!(top.render_long_help().to_string().contains("Logging:"));
+        for sub in top.get_subcommands_mut() {
+            for help in [sub.render_help(), sub.render_long_help()] {
+                assert!(
+                    !help.to_string().contains("--log-format"),
+                    "{}: {help}",
+                    sub.get_name()
+                );
+            }
+        }
+        for args in [
+            &["inflight", "--log-format", "json", "reap"][..],
+            &["inflight", "reap", "--log-format", "json"],
+        ] {
+            let matches = command().try_get_matches_from(args).unwrap();
+            let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+            assert_eq!(cli.log_format, LogFormat::Json, "{args:?}");
+        }
     }
 
     #[test]
