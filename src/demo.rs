@@ -1,11 +1,12 @@
 //! The incident that motivated inflight, replayed with a fake clock.
 //!
-//! On 2026-08-13 a plane stopped using Ollama for embeddings at 07:21:55Z.
-//! At 19:59Z its ledger still reported thirteen embeddings executing on
-//! `knowledge-base::ollama` and one executing plus four waiting on
-//! `unknown::ollama`, some of them 35 hours old. [`replay_into`] feeds that
-//! history into a ledger event by event, next to live work on the provider
-//! the role moved to, and leaves the clock at 19:59Z.
+//! A ledger of provider calls lost some settles, and kept those records in
+//! flight forever. The embeddings moved from Ollama to OpenAI after
+//! 2026-08-13T07:21:55Z; at 19:59Z that ledger still reported thirteen
+//! embeddings executing on `knowledge-base::ollama` and one executing plus
+//! four waiting on `unknown::ollama`, some of them 35 hours old.
+//! [`replay_into`] feeds that history into a ledger event by event, next to
+//! live work on OpenAI, and leaves the clock at 19:59Z.
 
 use std::collections::BTreeMap;
 
@@ -20,9 +21,9 @@ use inflight::{ActivitySpec, Ledger, Outcome, Settlement};
 
 /// When the incident's snapshot was taken.
 pub const SNAPSHOT_AT: &str = "2026-08-13T19:59:00.000Z";
-/// The last Ollama embedding traffic: the role moved to another provider.
+/// The last Ollama embedding traffic: the embeddings moved to OpenAI.
 pub const LAST_OLLAMA_TRAFFIC: &str = "2026-08-13T07:21:55.000Z";
-/// The lane the role moved to, where live work continues.
+/// The lane the embeddings moved to, where live work continues.
 pub const LIVE_LANE: &str = "knowledge-base::openai";
 /// The lanes whose records leaked.
 pub const LEAKED_LANES: [&str; 3] = ["memory-core::ollama", "knowledge-base::ollama", "unknown::ollama"];
@@ -83,7 +84,7 @@ fn kb_ollama() -> ActivitySpec {
     )
 }
 
-/// The lane the role moved to.
+/// The lane the embeddings moved to.
 fn kb_openai() -> ActivitySpec {
     spec(
         "knowledge-base",
@@ -255,7 +256,7 @@ pub struct IncidentReplay {
 ///
 /// # Errors
 /// Whatever the ledger returns (nothing, on the in-memory store).
-pub async fn replay_seed_incident() -> Result<IncidentReplay, LedgerError> {
+pub async fn replay_incident() -> Result<IncidentReplay, LedgerError> {
     let defaults = LedgerConfig::default();
     // The replaced system: records never expire (a factor no clock reaches).
     let never = ReapPolicy::new(defaults.policy().classes().clone(), 1e9)

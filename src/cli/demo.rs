@@ -1,4 +1,4 @@
-//! `inflight demo`: the seed's incident, before and after.
+//! `inflight demo`: the incident that motivated inflight, before and after.
 
 use std::fmt::Write as _;
 
@@ -31,13 +31,19 @@ pub fn render(replay: &IncidentReplay) -> String {
     };
     let _ = writeln!(
         out,
-        "inflight demo: the seed's incident replayed against an in-memory ledger with a fake clock,\n\
-         read at {SNAPSHOT_AT}, {quiet_for} after the last Ollama traffic ({LAST_OLLAMA_TRAFFIC}).\n"
+        "inflight demo: an incident replayed against an in-memory ledger with a fake clock.\n\n\
+         A service kept a ledger of its calls to AI providers (enqueued, started, settled), and its\n\
+         operators read from it how many calls each service::provider lane had in flight. Some settles\n\
+         were lost (client aborts, provider timeouts that stranded work), and those records stayed\n\
+         \"in flight\" forever: lanes looked saturated with no work on them, `unknown` junk piled up,\n\
+         and only a restart cleared it. Here the embeddings moved from Ollama to OpenAI after\n\
+         {LAST_OLLAMA_TRAFFIC}; the ledger is read at {SNAPSHOT_AT}, {quiet_for} later.\n"
     );
-    out.push_str("=== BEFORE: a ledger with no expiry (what the seed's operators saw) ===\n\n");
+    out.push_str("=== BEFORE: a ledger with no expiry, as its operators saw it ===\n\n");
     out.push_str(&render_snapshot(&before));
     out.push_str(
-        "\n=== AFTER: inflight, default classes (embedding 5m, chat 10m), bound = factor 4 x deadline ===\n\n",
+        "\n=== AFTER: inflight at the same instant: a record in flight past 4 x its class's deadline\n\
+         (embedding 5m, chat 10m) is reaped ===\n\n",
     );
     out.push_str(&render_snapshot(&after));
 
@@ -62,9 +68,11 @@ pub fn render(replay: &IncidentReplay) -> String {
     }
     let _ = writeln!(
         out,
-        "\nThe leaked records did not vanish: each is kept reaped, as evidence, with its disposition\n\
-         (abandoned: never started; unsettled: started, never settled). Live work on the lane the\n\
-         role moved to is untouched, because each record's bound derives from its own class."
+        "\nNo restart was needed: the leaked records were reaped past their bound, so the Ollama lanes\n\
+         show no work in flight, which is the truth. The records did not vanish: each is kept reaped,\n\
+         as evidence, with its disposition (abandoned: never started; unsettled: started, never\n\
+         settled). The live calls on OpenAI, where the embeddings moved, are untouched, because each\n\
+         record's bound derives from its own class's deadline."
     );
     out
 }

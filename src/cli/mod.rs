@@ -376,7 +376,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Demo => {
             init_logging(cli.log_format, "warn");
             let replay = runtime()?
-                .block_on(crate::demo::replay_seed_incident())
+                .block_on(crate::demo::replay_incident())
                 .map_err(|err| CliError::Failed(format!("the demo failed: {err}")))?;
             print!("{}", demo::render(&replay));
             Ok(())
