@@ -7,21 +7,48 @@
 "use strict";
 
 const REFRESH_MS = 3000;
-const REAP_HOURS = 6;
+// The history window the page reads: reaps, failures and idleness are
+// judged within it.
+const WINDOW_HOURS = 6;
 // Enough to draw the reap chart and the oldest records without making
 // every refresh heavy; the page says when a list was cut.
 const LIMIT = 200;
 const OLDEST_SHOWN = 15;
+const REAPED_SHOWN = 20;
+const MINUTE_MS = 60 * 1000;
+const HOUR_MS = 60 * MINUTE_MS;
+// How long a lane must be quiet to fold away; `?idle=` overrides.
+const QUIET_DEFAULT_MS = 15 * MINUTE_MS;
+const QUIET_CHOICES_MS = [5 * MINUTE_MS, 15 * MINUTE_MS, HOUR_MS, WINDOW_HOURS * HOUR_MS];
+// Past the window the page cannot tell a quiet lane from an unseen one.
+const QUIET_MIN_MS = MINUTE_MS;
+const QUIET_MAX_MS = WINDOW_HOURS * HOUR_MS;
 const SERIES = [
   { key: "abandoned-deadline", label: "abandoned, deadline" },
   { key: "unsettled-deadline", label: "unsettled, deadline" },
   { key: "abandoned-owner-lost", label: "abandoned, owner lost" },
   { key: "unsettled-owner-lost", label: "unsettled, owner lost" },
 ];
+// Trouble, worst first: a lane ranks by its worst marker.
+const MARKERS = [
+  { key: "over-cap", text: "OVER CAP" },
+  { key: "saturated", text: "SATURATED" },
+  { key: "waiting", text: "WAITING" },
+  { key: "failing", text: "FAILING" },
+  { key: "reaped", text: "REAPED" },
+];
+const RANK = Object.fromEntries(MARKERS.map((m, i) => [m.key, i]));
 
 // The token lives in this variable only: never in storage, never in the URL.
 let token = null;
 let timer = null;
+let last = null;
+let receivedAt = null;
+let quietMs = QUIET_DEFAULT_MS;
+let idleOpen = false;
+// One row per lane, kept across refreshes and updated in place, so that a
+// refresh with hundreds of lanes moves only what changed.
+const laneRows = new Map();
 
 const $ = (id) => document.getElementById(id);
 
@@ -36,6 +63,12 @@ function svg(tag, attrs) {
   const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
   for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
   return node;
+}
+
+// Writes only on change: an unchanged cell costs no layout.
+function setText(node, text) {
+  const value = text === undefined || text === null ? "" : String(text);
+  if (node.textContent !== value) node.textContent = value;
 }
 
 function row(cells) {
@@ -71,29 +104,99 @@ function duration(ms) {
   return `${sign}${Math.floor(h / 24)}d${String(h % 24).padStart(2, "0")}h`;
 }
 
+// 150000 -> "2 min": the coarse span a tired reader takes in at a glance.
+function span(ms) {
+  const s = Math.floor(ms / 1000);
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return `${h} h`;
+  return `${Math.floor(h / 24)} d`;
+}
+
+function relative(thenMs, nowMs) {
+  const ms = nowMs - thenMs;
+  if (ms < 0) return `in ${span(-ms)}`;
+  if (ms < 5000) return "just now";
+  return `${span(ms)} ago`;
+}
+
+// UTC, as the server's logs and records are; the date only when not today.
+function clock(thenMs, nowMs) {
+  const iso = new Date(thenMs).toISOString();
+  const today = new Date(nowMs).toISOString().slice(0, 10);
+  return iso.slice(0, 10) === today ? `${iso.slice(11, 19)} UTC` : `${iso.slice(0, 10)} ${iso.slice(11, 16)} UTC`;
+}
+
+// A <time> holding "2 min ago" beside "03:12:04 UTC"; `node` is reused.
+function when(node, thenMs, nowMs, unknown) {
+  if (!node) node = el("time");
+  if (!node.firstChild) {
+    node.appendChild(el("span", undefined, "rel"));
+    node.appendChild(el("span", undefined, "abs"));
+  }
+  const known = Number.isFinite(thenMs);
+  setText(node.firstChild, known ? relative(thenMs, nowMs) : unknown || "");
+  setText(node.lastChild, known ? clock(thenMs, nowMs) : "");
+  const iso = known ? new Date(thenMs).toISOString() : "";
+  if (node.getAttribute("datetime") !== iso) {
+    node.setAttribute("datetime", iso);
+    node.title = known ? new Date(thenMs).toString() : "";
+  }
+  return node;
+}
+
+// "10m", "90s", "1.5h" -> milliseconds, else null.
+function parseQuiet(text) {
+  const match = /^(\d+(?:\.\d+)?)(s|m|min|h)$/.exec(String(text || "").trim());
+  if (!match) return null;
+  const unit = match[2] === "s" ? 1000 : match[2] === "h" ? HOUR_MS : MINUTE_MS;
+  return Math.min(QUIET_MAX_MS, Math.max(QUIET_MIN_MS, Math.round(Number(match[1]) * unit)));
+}
+
+function quietParam(ms) {
+  return ms % HOUR_MS === 0 ? `${ms / HOUR_MS}h` : ms % MINUTE_MS === 0 ? `${ms / MINUTE_MS}m` : `${ms / 1000}s`;
+}
+
+function quietLabel(ms) {
+  return ms % HOUR_MS === 0 ? `${ms / HOUR_MS} h` : ms % MINUTE_MS === 0 ? `${ms / MINUTE_MS} min` : `${ms / 1000} s`;
+}
+
 // The last 8 characters of an id: a UUIDv7's first ones are its timestamp,
 // so records begun in the same millisecond share them.
 function shortId(id) {
   return String(id).slice(-8);
 }
 
-function bar(parts, capFraction) {
+function laneKey(record) {
+  return `${record.service}::${record.provider}`;
+}
+
+function plural(n, one, many) {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
+// A bar whose parts and cap tick are reused; `bar.update` moves them.
+function makeBar(classNames, withCap) {
   const outer = el("div", undefined, "bar");
-  let left = 0;
-  for (const [fraction, className] of parts) {
-    const width = Math.max(0, Math.min(1 - left, fraction));
-    const part = el("i", undefined, className);
-    part.style.left = `${(left * 100).toFixed(2)}%`;
-    part.style.width = `${(width * 100).toFixed(2)}%`;
-    outer.appendChild(part);
-    left += width;
-  }
-  if (capFraction !== null && capFraction !== undefined) {
-    const cap = el("b", undefined, "cap");
-    cap.style.left = `calc(${(Math.min(1, capFraction) * 100).toFixed(2)}% - 1px)`;
-    cap.title = "cap";
-    outer.appendChild(cap);
-  }
+  const parts = classNames.map((name) => outer.appendChild(el("i", undefined, name)));
+  const cap = withCap ? outer.appendChild(el("b", undefined, "cap")) : null;
+  if (cap) cap.title = "cap";
+  outer.update = (fractions, capFraction, classes) => {
+    let left = 0;
+    fractions.forEach((fraction, i) => {
+      const width = Math.max(0, Math.min(1 - left, fraction));
+      parts[i].style.left = `${(left * 100).toFixed(2)}%`;
+      parts[i].style.width = `${(width * 100).toFixed(2)}%`;
+      if (classes && classes[i] && parts[i].className !== classes[i]) parts[i].className = classes[i];
+      left += width;
+    });
+    if (cap) {
+      cap.hidden = capFraction === null || capFraction === undefined;
+      if (!cap.hidden) cap.style.left = `calc(${(Math.min(1, capFraction) * 100).toFixed(2)}% - 1px)`;
+    }
+  };
   return outer;
 }
 
@@ -118,31 +221,285 @@ function renderTotals(s) {
   );
 }
 
-function renderLanes(s) {
-  const lanes = Object.entries(s.nativeAdmission || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-  const rows = lanes.map(([key, lane]) => {
+// Everything the snapshot says about each lane, in one pass over each
+// section: its admission counts, failures and reaps in the window and ever,
+// and its last call.
+function summarizeLanes(s) {
+  const lanes = new Map();
+  const get = (key) => {
+    let lane = lanes.get(key);
+    if (!lane) {
+      lane = {
+        key,
+        native: null,
+        aggInFlight: 0,
+        listedInFlight: 0,
+        failedRecent: 0,
+        reapedRecent: 0,
+        failedEver: null,
+        reapedEver: null,
+        lastCallMs: null,
+        lastReapMs: null,
+      };
+      lanes.set(key, lane);
+    }
+    return lane;
+  };
+  const latest = (current, iso) => {
+    const ms = Date.parse(iso);
+    return Number.isFinite(ms) && (current === null || ms > current) ? ms : current;
+  };
+  for (const [key, lane] of Object.entries(s.nativeAdmission || {})) {
+    const entry = get(key);
+    entry.native = lane;
+    entry.reapedEver = lane.reaped.abandoned + lane.reaped.unsettled;
+  }
+  // Aggregates count both admissions; a lane's own counters only `queued`.
+  const aggReaped = new Map();
+  for (const aggregate of s.aggregates || []) {
+    const key = laneKey(aggregate);
+    const entry = get(key);
+    entry.aggInFlight += aggregate.inFlight || 0;
+    entry.failedEver = (entry.failedEver || 0) + (aggregate.failures || 0);
+    aggReaped.set(key, (aggReaped.get(key) || 0) + aggregate.reaped.abandoned + aggregate.reaped.unsettled);
+    if (aggregate.lastSeenAt) entry.lastCallMs = latest(entry.lastCallMs, aggregate.lastSeenAt);
+  }
+  for (const [key, reaped] of aggReaped) {
+    const entry = lanes.get(key);
+    entry.reapedEver = Math.max(entry.reapedEver || 0, reaped);
+  }
+  for (const record of s.inFlight || []) get(laneKey(record)).listedInFlight += 1;
+  for (const record of s.recentCompletions || []) {
+    const entry = get(laneKey(record));
+    if (record.state === "failed") entry.failedRecent += 1;
+    if (record.completedAt) entry.lastCallMs = latest(entry.lastCallMs, record.completedAt);
+  }
+  for (const record of s.reaped || []) {
+    const entry = get(laneKey(record));
+    entry.reapedRecent += 1;
+    entry.lastReapMs = latest(entry.lastReapMs, record.reapedAt);
+  }
+  for (const entry of lanes.values()) {
+    const queued = entry.native ? entry.native.executing + entry.native.waiting : 0;
+    entry.inFlight = Math.max(queued, entry.aggInFlight, entry.listedInFlight);
+    entry.direct = Math.max(0, entry.inFlight - queued);
+    entry.markers = markersOf(entry);
+  }
+  return lanes;
+}
+
+function markersOf(entry) {
+  const markers = [];
+  const lane = entry.native;
+  const cap = lane && lane.cap !== null && lane.cap !== undefined ? lane.cap : null;
+  if (cap !== null && lane.executing > cap) markers.push("over-cap");
+  else if (cap !== null && lane.executing >= cap && lane.waiting > 0) markers.push("saturated");
+  else if (lane && lane.waiting > 0) markers.push("waiting");
+  if (entry.failedRecent > 0) markers.push("failing");
+  if (entry.reapedRecent > 0) markers.push("reaped");
+  return markers;
+}
+
+function rankOf(entry) {
+  return entry.markers.length ? RANK[entry.markers[0]] : MARKERS.length;
+}
+
+// Worst first; within a rank, the worse first; ties by name.
+function byTrouble(a, b) {
+  const ra = rankOf(a);
+  const rb = rankOf(b);
+  if (ra !== rb) return ra - rb;
+  const kind = a.markers[0];
+  let diff = 0;
+  if (kind === "over-cap") diff = b.native.executing - b.native.cap - (a.native.executing - a.native.cap);
+  if (!diff && (kind === "over-cap" || kind === "saturated" || kind === "waiting"))
+    diff = b.native.longestWaitMs - a.native.longestWaitMs;
+  if (kind === "failing") diff = b.failedRecent - a.failedRecent;
+  if (kind === "reaped") diff = b.reapedRecent - a.reapedRecent;
+  if (diff) return diff;
+  return a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
+}
+
+function isIdle(entry, nowMs) {
+  if (entry.inFlight > 0 || entry.markers.length) return false;
+  const lastMs = Math.max(entry.lastCallMs ?? -Infinity, entry.lastReapMs ?? -Infinity);
+  return !(nowMs - lastMs <= quietMs);
+}
+
+function laneRow(key) {
+  let r = laneRows.get(key);
+  if (r) return r;
+  const tr = document.createElement("tr");
+  tr.dataset.lane = key;
+  const td = (className) => {
+    const cell = tr.appendChild(document.createElement("td"));
+    if (className) cell.className = className;
+    return cell;
+  };
+  r = {
+    tr,
+    name: td("lane-name"),
+    markers: td("marks"),
+    cap: td(),
+    executing: td(),
+    waiting: td(),
+    load: td(),
+    longestWait: td(),
+    failed: td("num"),
+    reaped: td("num"),
+    last: td(),
+    markerKey: null,
+  };
+  r.name.textContent = key;
+  r.bar = makeBar(["executing", "waiting"], true);
+  r.load.appendChild(r.bar);
+  r.time = r.last.appendChild(el("time"));
+  for (const cell of [r.failed, r.reaped]) {
+    cell.appendChild(el("span", undefined, "recent"));
+    cell.appendChild(el("span", undefined, "ever"));
+  }
+  laneRows.set(key, r);
+  return r;
+}
+
+function updateLaneRow(entry, nowMs) {
+  const r = laneRow(entry.key);
+  const lane = entry.native;
+  const markerKey = entry.markers.join(" ");
+  if (r.markerKey !== markerKey) {
+    r.markerKey = markerKey;
+    r.tr.className = entry.markers.length ? `trouble ${entry.markers[0]}` : "";
+    r.tr.dataset.trouble = markerKey;
+    r.markers.replaceChildren(
+      ...entry.markers.map((key) => el("span", MARKERS[RANK[key]].text, `marker ${key}`)),
+    );
+  }
+  const direct = entry.direct ? ` +${entry.direct} direct` : "";
+  if (lane) {
+    setText(r.cap, lane.cap ?? "none");
+    setText(r.executing, `${lane.executing}${direct}`);
+    setText(r.waiting, lane.waiting);
     const load = lane.executing + lane.waiting;
     const scale = Math.max(1, load, lane.cap || 0);
-    const reaped = lane.reaped.abandoned + lane.reaped.unsettled;
-    const tr = row([
-      key,
-      lane.cap ?? "none",
-      lane.executing,
-      lane.waiting,
-      bar(
-        [
-          [lane.executing / scale, "executing"],
-          [lane.waiting / scale, "waiting"],
-        ],
-        lane.cap ? lane.cap / scale : null,
-      ),
-      duration(lane.longestWaitMs),
-      reaped,
-    ]);
-    tr.dataset.lane = key;
-    return tr;
-  });
-  fill("lanes", rows, "lanes-empty");
+    r.bar.update([lane.executing / scale, lane.waiting / scale], lane.cap ? lane.cap / scale : null);
+    setText(r.longestWait, lane.waiting ? duration(lane.longestWaitMs) : "");
+  } else {
+    // A lane only `direct` calls use: no admission, so no cap or wait.
+    setText(r.cap, "direct");
+    setText(r.executing, entry.inFlight ? `${entry.inFlight} direct` : "0");
+    setText(r.waiting, "");
+    r.bar.update([0, 0], null);
+    setText(r.longestWait, "");
+  }
+  counts(r.failed, entry.failedRecent, entry.failedEver);
+  counts(r.reaped, entry.reapedRecent, entry.reapedEver);
+  when(r.time, entry.lastCallMs ?? NaN, nowMs, `not in ${WINDOW_HOURS} h`);
+  return r.tr;
+}
+
+// "3 · 29 ever": the window's count, then the lane's counter; blank when
+// both are nothing, so that trouble stands out.
+function counts(cell, recent, ever) {
+  const any = recent > 0 || ever > 0;
+  setText(cell.firstChild, any ? recent : "");
+  setText(cell.lastChild, ever > 0 ? ` · ${ever} ever` : "");
+}
+
+// Puts `rows` into `body` in order, moving only rows out of place: linear
+// in the rows, where replacing the body would rebuild every one.
+function arrange(body, rows) {
+  let cursor = body.firstChild;
+  for (const tr of rows) {
+    if (tr === cursor) cursor = cursor.nextSibling;
+    else body.insertBefore(tr, cursor);
+  }
+}
+
+function renderLanes(s) {
+  const nowMs = Date.parse(s.at);
+  const lanes = summarizeLanes(s);
+  for (const [key, r] of laneRows) {
+    if (!lanes.has(key)) {
+      r.tr.remove();
+      laneRows.delete(key);
+    }
+  }
+  const sorted = Array.from(lanes.values()).sort(byTrouble);
+  const active = [];
+  const idle = [];
+  for (const entry of sorted) (isIdle(entry, nowMs) ? idle : active).push(updateLaneRow(entry, nowMs));
+  // Active rows first: rows leaving for the idle body are moved by the second.
+  arrange($("lanes-active"), active);
+  arrange($("lanes-idle"), idle);
+
+  $("lanes-empty").hidden = lanes.size > 0;
+  $("lanes").hidden = lanes.size === 0;
+  $("lanes-idle").hidden = !idleOpen || idle.length === 0;
+  const toggle = $("idle-toggle");
+  toggle.hidden = idle.length === 0;
+  toggle.setAttribute("aria-expanded", String(idleOpen));
+  setText(
+    toggle,
+    idleOpen
+      ? `▾ Hide ${plural(idle.length, "idle lane", "idle lanes")}`
+      : `▸ ${plural(idle.length, "idle lane", "idle lanes")} (no call for ${quietLabel(quietMs)}): show`,
+  );
+  toggle.dataset.count = String(idle.length);
+
+  const note = $("completions-truncated");
+  note.hidden = !s.recentCompletionsTruncated;
+  if (s.recentCompletionsTruncated) {
+    setText(
+      note,
+      `The failures per lane count the latest ${(s.recentCompletions || []).length} of ` +
+        `${s.totalRecentCompletions} completions in the window; older ones are not listed.`,
+    );
+  }
+  renderTrouble(sorted);
+}
+
+// One line under the header naming the lanes in trouble, worst first.
+function renderTrouble(sorted) {
+  const groups = MARKERS.map((m) => ({ marker: m, names: [] }));
+  for (const entry of sorted) for (const key of entry.markers) groups[RANK[key]].names.push(entry.key);
+  const parts = groups
+    .filter((g) => g.names.length)
+    .map((g) => {
+      const shown = g.names.slice(0, 3).join(", ");
+      const more = g.names.length > 3 ? ` and ${g.names.length - 3} more` : "";
+      return `${g.marker.text.toLowerCase()}: ${shown}${more}`;
+    });
+  const line = $("trouble");
+  line.hidden = parts.length === 0;
+  setText(line, parts.length ? `Lanes in trouble — ${parts.join(" · ")}` : "");
+}
+
+function renderStatus(s) {
+  const reaped = (s.reaped || []).length;
+  const count = s.reapedTruncated ? `more than ${reaped}` : String(reaped);
+  const thisRead = s.reapedThisRead ? s.reapedThisRead.abandoned + s.reapedThisRead.unsettled : 0;
+  let text;
+  if (s.status === "degraded") {
+    text =
+      reaped > 0
+        ? `degraded: ${count} ${reaped === 1 && !s.reapedTruncated ? "record" : "records"} reaped in the last ` +
+          `${WINDOW_HOURS} h — calls whose settle never came (deadline passed or owner lost); see “Reaped records” below.`
+        : `degraded: records were reaped in the last ${WINDOW_HOURS} h — calls whose settle never came.`;
+    if (thisRead) text += ` ${thisRead} reaped by this read.`;
+  } else if (s.status === "ok") {
+    text = `ok: nothing reaped in the last ${WINDOW_HOURS} h.`;
+  } else {
+    text = String(s.status);
+  }
+  setStatus(s.status, s.status, text);
+}
+
+function setStatus(kind, label, explanation) {
+  const badge = $("status");
+  setText(badge, label);
+  badge.dataset.status = kind;
+  badge.title = explanation;
+  setText($("status-text"), explanation);
 }
 
 function seriesOf(record) {
@@ -150,15 +507,46 @@ function seriesOf(record) {
   return `${record.disposition || "abandoned"}-${reason}`;
 }
 
+function renderReapedList(s) {
+  const nowMs = Date.parse(s.at);
+  const all = s.reaped || [];
+  const rows = all.slice(0, REAPED_SHOWN).map((record) => {
+    const series = seriesOf(record);
+    const reason = el("span", record.reapReason || "");
+    reason.prepend(el("i", undefined, `swatch ${series}`));
+    const tr = row([
+      when(null, Date.parse(record.reapedAt), nowMs),
+      laneKey(record),
+      record.class,
+      record.disposition || "",
+      reason,
+      shortId(record.activityId),
+      record.lateSettle ? "yes" : "",
+    ]);
+    tr.dataset.series = series;
+    tr.title = record.activityId;
+    tr.dataset.activity = record.activityId;
+    tr.dataset.lane = laneKey(record);
+    return tr;
+  });
+  fill("reaped-list", rows, "reaped-list-empty");
+  const more = all.length - rows.length;
+  const note = $("reaped-list-more");
+  const parts = [];
+  if (more > 0) parts.push(`${plural(more, "older reaped record is", "older reaped records are")} not listed here; the chart below counts them per hour.`);
+  if (s.reapedTruncated) parts.push(`The snapshot lists only the latest ${all.length} reaped records of the window.`);
+  note.hidden = parts.length === 0;
+  setText(note, parts.join(" "));
+}
+
 function renderReaps(s) {
-  const hourMs = 3600 * 1000;
   const now = Date.parse(s.at);
-  const start = now - REAP_HOURS * hourMs;
-  const buckets = Array.from({ length: REAP_HOURS }, () => Object.fromEntries(SERIES.map((x) => [x.key, 0])));
+  const start = now - WINDOW_HOURS * HOUR_MS;
+  const buckets = Array.from({ length: WINDOW_HOURS }, () => Object.fromEntries(SERIES.map((x) => [x.key, 0])));
   for (const record of s.reaped || []) {
     const at = Date.parse(record.reapedAt);
     if (!(at >= start && at <= now)) continue;
-    const index = Math.min(REAP_HOURS - 1, Math.floor((at - start) / hourMs));
+    const index = Math.min(WINDOW_HOURS - 1, Math.floor((at - start) / HOUR_MS));
     const key = seriesOf(record);
     if (key in buckets[index]) buckets[index][key] += 1;
   }
@@ -167,7 +555,7 @@ function renderReaps(s) {
   const width = 600;
   const height = 130;
   const plot = height - 18;
-  const slot = width / REAP_HOURS;
+  const slot = width / WINDOW_HOURS;
   const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "reaps per hour" });
   buckets.forEach((bucket, i) => {
     let y = plot;
@@ -183,7 +571,7 @@ function renderReaps(s) {
       chart.appendChild(rect);
     }
     const label = svg("text", { x: i * slot + slot / 2, y: height - 4, "text-anchor": "middle" });
-    const hoursAgo = REAP_HOURS - i;
+    const hoursAgo = WINDOW_HOURS - i;
     label.textContent = hoursAgo === 1 ? "last hour" : `${hoursAgo}h ago`;
     chart.appendChild(label);
     if (totals[i]) {
@@ -216,15 +604,18 @@ function renderInFlight(s) {
     const elapsedMs = record.elapsedMs;
     const enqueued = Date.parse(record.enqueuedAt);
     const reapable = record.reapableAt ? Date.parse(record.reapableAt) : null;
-    const span = reapable === null ? null : Math.max(1, reapable - enqueued);
-    const fraction = span === null ? 0 : elapsedMs / span;
+    const bound = reapable === null ? null : Math.max(1, reapable - enqueued);
+    const fraction = bound === null ? 0 : elapsedMs / bound;
+    const bar = makeBar(["age"], false);
+    bar.update([fraction], null, [fraction >= 0.8 ? "age late" : "age"]);
     const tr = row([
       shortId(record.activityId),
-      `${record.service}::${record.provider}`,
+      laneKey(record),
       record.class,
       record.state,
+      clock(enqueued, now),
       duration(elapsedMs),
-      bar([[fraction, fraction >= 0.8 ? "age late" : "age"]]),
+      bar,
       reapable === null ? "never" : duration(reapable - now),
     ]);
     tr.title = record.activityId;
@@ -238,52 +629,64 @@ function renderOwners(s) {
   const now = Date.parse(s.at);
   const rows = (s.owners || [])
     .filter((owner) => owner.state === "live" || owner.state === "lost")
-    .map((owner) =>
-      row([
+    .map((owner) => {
+      const expires = Date.parse(owner.expiresAt);
+      const ended = owner.endedAt ? Date.parse(owner.endedAt) : NaN;
+      const tr = row([
         shortId(owner.ownerId),
         owner.name,
         owner.state,
-        owner.state === "live" ? `in ${duration(Date.parse(owner.expiresAt) - now)}` : "",
+        owner.state === "live" ? when(null, expires, now) : Number.isFinite(ended) ? when(null, ended, now) : "",
         owner.reapedRecords,
         owner.cancelledRecords,
-      ]),
-    );
+      ]);
+      tr.title = owner.ownerId;
+      tr.dataset.state = owner.state;
+      return tr;
+    });
   fill("owners", rows, "owners-empty");
 }
 
 function render(s) {
-  $("status").textContent = s.status;
-  $("status").dataset.status = s.status;
-  $("read-at").textContent = `read at ${s.at}`;
+  renderStatus(s);
   renderTotals(s);
   renderLanes(s);
+  renderReapedList(s);
   renderReaps(s);
   renderInFlight(s);
   renderOwners(s);
+  renderReadAt();
   $("main").hidden = false;
   document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+}
+
+// "read 4 s ago · 03:12:04 UTC", ticking between refreshes, so that a page
+// that stopped updating says so.
+function renderReadAt() {
+  if (!last) return;
+  const age = Date.now() - receivedAt;
+  const at = Date.parse(last.at);
+  const node = $("read-at");
+  setText(node, `read ${age < 5000 ? "just now" : `${span(age)} ago`} · ${clock(at, at)}`);
+  node.classList.toggle("stale", age > 3 * REFRESH_MS);
 }
 
 function showError(message) {
   const error = $("error");
   error.textContent = message;
   error.hidden = !message;
-  if (message) {
-    $("status").textContent = "unreachable";
-    $("status").dataset.status = "error";
-  }
+  if (message) setStatus("error", "unreachable", message);
 }
 
 async function refresh() {
   const headers = { Accept: "application/json" };
   if (token) headers.Authorization = `Bearer ${token}`;
   try {
-    const response = await fetch(`/v1/snapshot?limit=${LIMIT}&since=${REAP_HOURS}h`, { headers, cache: "no-store" });
+    const response = await fetch(`/v1/snapshot?limit=${LIMIT}&since=${WINDOW_HOURS}h`, { headers, cache: "no-store" });
     if (response.status === 401) {
       $("token-form").hidden = false;
       showError(token ? "The server refused that token." : "");
-      $("status").textContent = "token needed";
-      $("status").dataset.status = "error";
+      setStatus("error", "token needed", "This server asks for a bearer token: enter it below.");
       return;
     }
     if (!response.ok) {
@@ -300,6 +703,8 @@ async function refresh() {
     const snapshot = await response.json();
     $("token-form").hidden = true;
     showError("");
+    last = snapshot;
+    receivedAt = Date.now();
     render(snapshot);
   } catch (err) {
     showError(`The server cannot be reached (${err.message}); retrying every ${REFRESH_MS / 1000} s.`);
@@ -314,14 +719,52 @@ function schedule() {
   }, REFRESH_MS);
 }
 
+function setQuiet(ms) {
+  quietMs = ms;
+  for (const node of document.querySelectorAll(".quiet-label")) setText(node, quietLabel(ms));
+  $("idle-quiet").value = String(ms);
+}
+
+// The usual choices, and the address's own value when it is another.
+function quietChoices(initial) {
+  const choices = QUIET_CHOICES_MS.includes(initial) ? QUIET_CHOICES_MS : [...QUIET_CHOICES_MS, initial];
+  $("idle-quiet").replaceChildren(
+    ...[...choices]
+      .sort((a, b) => a - b)
+      .map((choice) => {
+        const option = el("option", quietLabel(choice));
+        option.value = String(choice);
+        return option;
+      }),
+  );
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("interval").textContent = String(REFRESH_MS / 1000);
-  $("reap-hours").textContent = String(REAP_HOURS);
+  for (const node of document.querySelectorAll(".window-hours")) node.textContent = String(WINDOW_HOURS);
+  for (const node of document.querySelectorAll(".limit")) node.textContent = String(LIMIT);
+  const params = new URLSearchParams(window.location.search);
+  const initial = parseQuiet(params.get("idle")) ?? QUIET_DEFAULT_MS;
+  quietChoices(initial);
+  setQuiet(initial);
+  $("idle-quiet").addEventListener("change", (event) => {
+    setQuiet(Number(event.target.value));
+    // Kept in the address so that a reload or a shared link keeps it.
+    const url = new URL(window.location.href);
+    url.searchParams.set("idle", quietParam(quietMs));
+    history.replaceState(null, "", url);
+    if (last) renderLanes(last);
+  });
+  $("idle-toggle").addEventListener("click", () => {
+    idleOpen = !idleOpen;
+    if (last) renderLanes(last);
+  });
   $("token-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     token = $("token").value.trim() || null;
     $("token").value = "";
     await refresh();
   });
+  setInterval(renderReadAt, 1000);
   refresh().then(schedule);
 });
