@@ -9,11 +9,15 @@
 pub mod http;
 pub mod limits;
 mod linger;
+pub mod reload;
 mod server;
+pub mod tls;
 
+pub use reload::Reload;
 pub use server::{
-    load_file, open_ledger, serve, serve_on, serve_state, shutdown_signal, Overrides, ServeError,
+    load_file, open_ledger, serve, serve_on, serve_state, serve_tls, shutdown_signal, Overrides, ServeError,
     ServerSettings, DEFAULT_LISTEN, DEFAULT_STORE,
 };
 
 pub use limits::Limits;
+pub use tls::{Tls, TlsFiles};

@@ -116,12 +116,14 @@ impl Limits {
             match key.as_str() {
                 "max_connections" => limits.max_connections = positive(&name, value)?,
                 "max_requests" => limits.max_requests = positive(&name, value)?,
+                // `[server.tls]`: read by `crate::tls`.
+                "tls" => {}
                 "header_timeout" => limits = limits.with_header_timeout(parse_duration(&name, value, warnings)?)?,
                 "body_timeout" => limits = limits.with_body_timeout(parse_duration(&name, value, warnings)?)?,
                 _ => {
                     return Err(ConfigError::new(
                         name,
-                        "is not a setting; [server] takes max_connections, max_requests, header_timeout, body_timeout",
+                        "is not a setting; [server] takes max_connections, max_requests, header_timeout, body_timeout, tls",
                     ))
                 }
             }

@@ -16,12 +16,15 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use inflight_api::{ErrorBody, ErrorCode};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 
 use crate::limits::Limits;
-use crate::linger::{close_when_body_unread, linger, Lingering};
+use crate::linger::{close_when_body_unread, Lingering};
+use crate::reload::Reload;
+use crate::tls::{Tls, TlsFiles};
 
 use crate::http::auth::{token_specs, TokenSpec};
 use crate::http::{app, AppState, MetricsOptions, Tokens};
@@ -47,6 +50,10 @@ pub struct Overrides {
     pub token: Option<String>,
     /// `--metrics-aggregates` / `INFLIGHT_METRICS_AGGREGATES`.
     pub metrics_aggregates: Option<bool>,
+    /// `--tls-cert` / `INFLIGHT_TLS_CERT`: `[server.tls] cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key` / `INFLIGHT_TLS_KEY`: `[server.tls] key`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl fmt::Debug for Overrides {
@@ -57,6 +64,8 @@ impl fmt::Debug for Overrides {
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("metrics_aggregates", &self.metrics_aggregates)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }
@@ -76,6 +85,9 @@ pub struct ServerSettings {
     pub tokens: Vec<TokenSpec>,
     /// Connections, requests in flight and timeouts (`[server]`).
     pub limits: Limits,
+    /// The certificate and key to serve HTTPS with (`[server.tls]`), or
+    /// `None` for plain HTTP.
+    pub tls: Option<TlsFiles>,
     /// What `/metrics` exposes beyond the standard series.
     pub metrics: MetricsOptions,
     /// The ledger's classes, factor, reap interval and lanes.
@@ -92,6 +104,7 @@ impl fmt::Debug for ServerSettings {
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("tokens", &self.tokens)
+            .field("tls", &self.tls)
             .field("metrics", &self.metrics)
             .field("ledger", &self.ledger)
             .field("warnings", &self.warnings)
@@ -220,6 +233,20 @@ impl ServerSettings {
             })?,
             None => Limits::default(),
         };
+        let tls = TlsFiles::resolve(
+            overrides.tls_cert.as_deref(),
+            overrides.tls_key.as_deref(),
+            file.server.as_ref(),
+        )
+        .map_err(|error| ServeError::Config {
+            origin: overrides.config.clone(),
+            error,
+        })?;
+        // Read the files now, so that `check-config` refuses what `serve`
+        // would.
+        if let Some(files) = &tls {
+            Tls::load(files).map_err(|error| ServeError::Config { origin: None, error })?;
+        }
         let metrics = MetricsOptions {
             aggregates: overrides
                 .metrics_aggregates
@@ -232,6 +259,7 @@ impl ServerSettings {
             token,
             tokens,
             limits,
+            tls,
             metrics,
             ledger: file.ledger,
             warnings,
@@ -276,11 +304,27 @@ pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
 }
 
 /// Serves the API with `settings` until SIGTERM or SIGINT, with the
-/// background reaper running. Logs `listening on http://ADDR` once bound.
+/// background reaper running. Logs `listening on http://ADDR` (or
+/// `https://`) once bound.
+///
+/// SIGHUP re-reads the TLS certificate and key: this is where the server's
+/// one [`Reload`] is made and fed, and where whatever else is re-read on
+/// SIGHUP subscribes to it (see [`crate::reload`]).
 ///
 /// # Errors
 /// See [`ServeError`].
 pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
+    // From here on a SIGHUP re-reads files instead of ending the process.
+    let reload = Reload::new();
+    let _sighup = reload.on_sighup();
+    let tls = match &settings.tls {
+        Some(files) => {
+            let tls = Tls::load(files).map_err(|error| ServeError::Config { origin: None, error })?;
+            tls.reload_on(&reload);
+            Some(tls)
+        }
+        None => None,
+    };
     for warning in &settings.warnings {
         tracing::warn!(key = %warning.key, "configuration: {warning}");
     }
@@ -298,7 +342,7 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
         .with_tokens(tokens)
         .with_limits(settings.limits)
         .with_metrics(settings.metrics);
-    serve_state(listener, state, shutdown_signal()).await?;
+    serve_listener(listener, state, tls, shutdown_signal()).await?;
     tracing::info!(addr = %local, "stopped");
     Ok(())
 }
@@ -333,6 +377,32 @@ pub async fn serve_state(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_listener(listener, state, None, shutdown).await
+}
+
+/// Serves the API over `state` on `listener` over TLS until `shutdown`
+/// resolves, as [`serve_state`] does over plain HTTP. A reload of `tls`
+/// ([`Tls::reload`], or a [`Reload`] it follows) changes the certificate
+/// new connections get.
+///
+/// # Errors
+/// [`ServeError::Serve`] when the listener fails.
+pub async fn serve_tls(
+    listener: TcpListener,
+    state: AppState,
+    tls: Tls,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    serve_listener(listener, state, Some(tls), shutdown).await
+}
+
+/// [`serve_state`] over plain HTTP, or over TLS when `tls` is given.
+async fn serve_listener(
+    listener: TcpListener,
+    state: AppState,
+    tls: Option<Tls>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let ledger = state.ledger().clone();
     let limits = state.limits();
     let local = listener.local_addr().map_err(ServeError::Serve)?;
@@ -354,10 +424,18 @@ pub async fn serve_state(
         max_connections = limits.max_connections(),
         max_requests = limits.max_requests(),
         header_timeout_ms = u64::try_from(limits.header_timeout().as_millis()).unwrap_or(u64::MAX),
-        "listening on http://{local}"
+        "listening on {scheme}://{local}",
+        scheme = if tls.is_some() { "https" } else { "http" },
     );
+    if tls.is_none() && state.has_token() && !local.ip().is_loopback() {
+        tracing::warn!(
+            addr = %local,
+            "serving plain HTTP beyond this machine with a token: the token crosses the network in \
+             the clear; set [server.tls] (or --tls-cert and --tls-key), or put a TLS proxy in front"
+        );
+    }
     let router = app(state);
-    let result = accept_loop(listener, router, limits, shutdown).await;
+    let result = accept_loop(listener, router, limits, tls.map(|tls| tls.acceptor()), shutdown).await;
     drop(reaper);
     // What the last requests and dropped handles submitted lands before
     // the process ends.
@@ -368,11 +446,13 @@ pub async fn serve_state(
 }
 
 /// Accepts connections until `shutdown`, then lets the open ones finish
-/// their requests.
+/// their requests. With `tls`, each connection's handshake must end within
+/// the header timeout, as a request head must.
 async fn accept_loop(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let router = router.layer(tower::util::MapResponseLayer::new(close_when_body_unread));
@@ -403,7 +483,7 @@ async fn accept_loop(
             },
         };
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
+            tokio::spawn(refuse(stream, tls.clone()));
             continue;
         };
         // Small request-response exchanges: send each answer at once.
@@ -412,9 +492,29 @@ async fn accept_loop(
         // holds its place among the open ones until then.
         let stream = Lingering::new(stream, Some(permit));
         let service = TowerToHyperService::new(router.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        // Watched from now on: a shutdown waits for a handshake under way.
+        let watcher = graceful.watcher();
+        let incoming = match &tls {
+            None => Incoming::Plain(stream),
+            Some(acceptor) => Incoming::Tls(Box::new(acceptor.accept(stream))),
+        };
+        let (http, timeout) = (http.clone(), limits.header_timeout());
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
+            let result = match incoming {
+                Incoming::Plain(stream) => watcher
+                    .watch(http.serve_connection(TokioIo::new(stream), service))
+                    .await
+                    .map_err(ConnectionError::Http),
+                Incoming::Tls(handshake) => match tokio::time::timeout(timeout, handshake).await {
+                    Ok(Ok(stream)) => watcher
+                        .watch(http.serve_connection(TokioIo::new(stream), service))
+                        .await
+                        .map_err(ConnectionError::Http),
+                    Ok(Err(err)) => Err(ConnectionError::Handshake(err)),
+                    Err(_) => Err(ConnectionError::HandshakeTimeout),
+                },
+            };
+            if let Err(err) = result {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");
             }
         });
@@ -422,6 +522,24 @@ async fn accept_loop(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// An accepted connection: plain, or its TLS handshake to come.
+enum Incoming {
+    Plain(Lingering),
+    // Boxed: a handshake's state is over a kilobyte.
+    Tls(Box<tokio_rustls::Accept<Lingering>>),
+}
+
+/// Why a connection ended early: logged at debug, as a client's doing.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error("TLS handshake failed: {0}")]
+    Handshake(std::io::Error),
+    #[error("no TLS handshake within the header timeout")]
+    HandshakeTimeout,
+    #[error(transparent)]
+    Http(hyper::Error),
 }
 
 /// The largest request head (request line and headers) read, in bytes.
@@ -433,9 +551,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How long a refused connection gets to take its 503.
 const REFUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Answers a connection past `max_connections` with a 503 and closes it,
-/// without reading its request (past what lingering discards).
-async fn refuse(mut stream: TcpStream) {
+/// Answers a connection past `max_connections` with a 503 (over TLS after
+/// its handshake, with `tls`) and closes it, without reading its request
+/// (past what lingering discards: the unread request would otherwise turn
+/// the close into a reset that loses the 503).
+async fn refuse(stream: TcpStream, tls: Option<TlsAcceptor>) {
     let body = serde_json::to_string(&ErrorBody::new(
         ErrorCode::Unavailable,
         "the server is at its limit of open connections; retry shortly",
@@ -446,10 +566,19 @@ async fn refuse(mut stream: TcpStream) {
          connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(REFUSE_TIMEOUT, stream.write_all(response.as_bytes())).await;
-    // The unread request would otherwise turn the close into a reset that
-    // loses the 503.
-    linger(stream, false, REFUSE_TIMEOUT).await;
+    let stream = Lingering::new(stream, None);
+    let _ = tokio::time::timeout(REFUSE_TIMEOUT, async {
+        match tls {
+            None => send_and_close(stream, response.as_bytes()).await,
+            Some(acceptor) => send_and_close(acceptor.accept(stream).await?, response.as_bytes()).await,
+        }
+    })
+    .await;
+}
+
+async fn send_and_close(mut stream: impl AsyncWrite + Unpin, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.shutdown().await
 }
 
 /// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
@@ -491,6 +620,37 @@ mod tests {
             store: store.map(str::to_owned),
             token: token.map(str::to_owned),
             metrics_aggregates: None,
+            ..Overrides::default()
+        }
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_readable_ones() {
+        let cert_alone = Overrides {
+            tls_cert: Some("server.crt".into()),
+            ..Overrides::default()
+        };
+        match ServerSettings::merge(&cert_alone, Settings::default()) {
+            Err(err @ ServeError::Config { .. }) => {
+                assert!(err.is_config());
+                assert!(err.to_string().contains("server.tls.key: is missing"), "{err}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = Settings::from_toml(&format!(
+            "[server]\nmax_requests = 10\n[server.tls]\ncert = {:?}\nkey = {:?}\n",
+            dir.path().join("absent.crt"),
+            dir.path().join("absent.key"),
+        ))
+        .unwrap();
+        match ServerSettings::merge(&Overrides::default(), file) {
+            Err(err @ ServeError::Config { .. }) => {
+                let message = err.to_string();
+                assert!(message.contains("server.tls.cert"), "{message}");
+                assert!(message.contains("absent.crt cannot be read"), "{message}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
         }
     }
 
