@@ -82,7 +82,18 @@ pub struct ActivityRecord {
     /// left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    /// On a begin's answer only: the top-level fields of the request this
+    /// server does not know, and so ignored (a misspelled `clas`, or a
+    /// field of a newer API); at most 16 names, each cut to 64 characters.
+    /// Left out of the JSON when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored_fields: Vec<String>,
 }
+
+/// The most field names a begin's answer lists in `ignoredFields`.
+pub const MAX_IGNORED_FIELDS: usize = 16;
+/// The most characters of a field name `ignoredFields` keeps.
+pub const MAX_IGNORED_FIELD_CHARS: usize = 64;
 
 /// An in-flight record in the snapshot: the record and its age.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

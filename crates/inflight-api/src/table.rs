@@ -399,6 +399,7 @@ mod tests {
             failure_stage: None,
             late_settle: false,
             cancel_reason: None,
+            ignored_fields: Vec::new(),
         }
     }
 

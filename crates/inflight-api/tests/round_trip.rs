@@ -58,6 +58,7 @@ fn record(state: State) -> ActivityRecord {
         failure_stage: None,
         late_settle: false,
         cancel_reason: None,
+        ignored_fields: Vec::new(),
     }
 }
 

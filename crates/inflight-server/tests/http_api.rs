@@ -322,6 +322,7 @@ async fn unknown_fields_are_ignored() {
         )
         .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    assert_eq!(reply.body["ignoredFields"], json!(["fromTheFuture", "tenant"]));
     let id = reply.body["activityId"].as_str().unwrap();
     let settled = api
         .post(
@@ -330,6 +331,55 @@ async fn unknown_fields_are_ignored() {
         )
         .await;
     assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+    assert!(
+        settled.body.get("ignoredFields").is_none(),
+        "a begin's answer only"
+    );
+}
+
+#[tokio::test]
+async fn a_begin_answers_the_fields_it_ignored() {
+    let api = api();
+    let misspelled = api
+        .post(
+            "/v1/activities",
+            r#"{"service":"kb","provider":"ollama","clas":"embedding","modle":"x"}"#,
+        )
+        .await;
+    assert_eq!(misspelled.status, StatusCode::CREATED, "{}", misspelled.body);
+    assert_eq!(misspelled.body["class"], "unknown");
+    assert_eq!(misspelled.body["ignoredFields"], json!(["clas", "modle"]));
+    let started = api
+        .post(
+            "/v1/activities?start=now",
+            r#"{"service":"kb","provider":"ollama","class":"embedding","Model":"x"}"#,
+        )
+        .await;
+    assert_eq!(
+        started.body["ignoredFields"],
+        json!(["Model"]),
+        "{}",
+        started.body
+    );
+    let spelled = api
+        .post(
+            "/v1/activities",
+            r#"{"service":"kb","provider":"ollama","class":"embedding","model":"x","enqueuedAt":null}"#,
+        )
+        .await;
+    assert!(spelled.body.get("ignoredFields").is_none(), "{}", spelled.body);
+    let fields: Vec<String> = (0..100)
+        .map(|i| format!("\"{}{i}\": 1", "y".repeat(200)))
+        .collect();
+    let hostile = api
+        .post(
+            "/v1/activities",
+            &format!("{{\"service\":\"kb\",\"provider\":\"o\",{}}}", fields.join(",")),
+        )
+        .await;
+    let ignored = hostile.body["ignoredFields"].as_array().unwrap();
+    assert_eq!(ignored.len(), 16, "bounded");
+    assert!(ignored.iter().all(|name| name.as_str().unwrap().len() == 64));
 }
 
 #[tokio::test]

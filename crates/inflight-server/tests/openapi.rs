@@ -217,7 +217,8 @@ async fn every_error_answer_is_the_error_body() {
 async fn answers_document_their_fields_as_the_wire_writes_them() {
     let document = openapi::document_json().unwrap();
     let record = &document["components"]["schemas"]["ActivityRecord"];
-    // camelCase, every field written (unset ones as null) except cancelReason.
+    // camelCase, every field written (unset ones as null) except
+    // cancelReason and ignoredFields, written only when set.
     let required: Vec<&str> = record["required"]
         .as_array()
         .unwrap()
@@ -225,11 +226,12 @@ async fn answers_document_their_fields_as_the_wire_writes_them() {
         .map(|name| name.as_str().unwrap())
         .collect();
     assert!(required.contains(&"activityId") && required.contains(&"reapableAt"));
-    assert!(!required.contains(&"cancelReason"));
+    assert!(!required.contains(&"cancelReason") && !required.contains(&"ignoredFields"));
     assert_eq!(
         record["properties"].as_object().unwrap().len(),
-        required.len() + 1
+        required.len() + 2
     );
+    assert_eq!(record["properties"]["ignoredFields"]["items"]["type"], "string");
     // Timestamps are RFC 3339 strings in answers; requests also take millis.
     let timestamp = &document["components"]["schemas"]["Timestamp"];
     assert_eq!(

@@ -61,6 +61,7 @@ impl ToApi for inflight::ActivityRecord {
             failure_stage: self.failure_stage,
             late_settle: self.late_settle,
             cancel_reason: self.cancel_reason.clone(),
+            ignored_fields: Vec::new(),
         }
     }
 }

@@ -15,7 +15,9 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use serde::de::{DeserializeOwned, IgnoredAny};
+use inflight_api::{MAX_IGNORED_FIELDS, MAX_IGNORED_FIELD_CHARS};
+use serde::de::{self, DeserializeOwned, IgnoredAny, Visitor};
+use serde::Deserialize;
 use serde_json::error::Category;
 
 use super::error::ApiError;
@@ -26,6 +28,11 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// A body the route needs: one JSON object, read as `T`.
 #[derive(Debug, Clone)]
 pub struct RequiredBody<T>(pub T);
+
+/// A body the route needs, read as `T` as [`RequiredBody`] does, with the
+/// names of its top-level fields that `T` does not know ([`ignored_fields`]).
+#[derive(Debug, Clone)]
+pub struct NotingBody<T>(pub T, pub Vec<String>);
 
 /// A body the route may go without: one JSON object, or empty (the same as
 /// `{}`), read as `T`.
@@ -60,6 +67,112 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let value = serde_path_to_error::deserialize(&mut json).map_err(field_error)?;
     json.end().map_err(not_json)?;
     Ok(value)
+}
+
+/// The names of the top-level fields of `bytes`, a JSON object that `T`
+/// read, that `T` does not know: at most [`MAX_IGNORED_FIELDS`], each cut
+/// to [`MAX_IGNORED_FIELD_CHARS`] characters, so that a hostile body cannot
+/// grow the answer. A second, shallow pass over the body (its values are
+/// skipped, not built), paid only by the routes that report them.
+pub fn ignored_fields<'de, T: Deserialize<'de>>(bytes: &[u8]) -> Vec<String> {
+    let known = fields_of::<T>();
+    let mut ignored = Vec::new();
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    // Stopping at the limit ends the pass with an error: what it found stands.
+    let _ = serde::Deserializer::deserialize_map(
+        &mut json,
+        UnknownKeys {
+            known,
+            ignored: &mut ignored,
+        },
+    );
+    ignored
+}
+
+/// The field names the derived `Deserialize` of a struct `T` passes to
+/// `deserialize_struct` (after any renaming): a deserializer that only
+/// takes note of them.
+fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Note<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> serde::Deserializer<'de> for Note<'_> {
+        type Error = serde::de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("noted"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Note(&mut fields));
+    fields
+}
+
+/// Visits an object's keys, skipping its values, and notes those not known.
+struct UnknownKeys<'a> {
+    known: &'static [&'static str],
+    ignored: &'a mut Vec<String>,
+}
+
+impl<'de> Visitor<'de> for UnknownKeys<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(unknown) = map.next_key_seed(UnknownKey(self.known))? {
+            map.next_value::<IgnoredAny>()?;
+            if let Some(name) = unknown {
+                if self.ignored.len() == MAX_IGNORED_FIELDS {
+                    return Err(de::Error::custom("enough"));
+                }
+                self.ignored.push(name);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A key, as its name cut to [`MAX_IGNORED_FIELD_CHARS`] when it is not
+/// one of the known ones: compared where it lies in the body, copied only
+/// when unknown.
+struct UnknownKey(&'static [&'static str]);
+
+impl<'de> de::DeserializeSeed<'de> for UnknownKey {
+    type Value = Option<String>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for UnknownKey {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Option<String>, E> {
+        Ok((!self.0.contains(&key)).then(|| key.chars().take(MAX_IGNORED_FIELD_CHARS).collect()))
+    }
 }
 
 /// Reads `bytes` as `T`, an empty body as `{}`.
@@ -156,17 +269,32 @@ async fn read_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Ap
     })
 }
 
+/// The body's bytes, refused when there are none.
+async fn required_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    let bytes = read_bytes(req, state).await?;
+    if is_blank(&bytes) {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object; it was empty",
+        ));
+    }
+    Ok(bytes)
+}
+
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for RequiredBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = read_bytes(req, state).await?;
-        if is_blank(&bytes) {
-            return Err(ApiError::invalid(
-                "the request body must be a JSON object; it was empty",
-            ));
-        }
-        parse_body(&bytes).map(Self)
+        parse_body(&required_bytes(req, state).await?).map(Self)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for NotingBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = required_bytes(req, state).await?;
+        let value = parse_body(&bytes)?;
+        Ok(Self(value, ignored_fields::<T>(&bytes)))
     }
 }
 
@@ -279,6 +407,22 @@ mod tests {
             parse_body(br#"{"service": "kb", "provider": "o", "class": null, "n": 3, "b": {"c": []}}"#)
                 .unwrap();
         assert_eq!(begin, BeginRequest::new("kb", "o"));
+    }
+
+    #[test]
+    fn ignored_fields_are_the_unknown_top_level_names_and_bounded() {
+        let body = br#"{"service": "kb", "provider": "o", "clas": "embedding", "modle": {"class": 1},
+            "operationStage": "s", "enqueuedAt": null, "caf\u00e9": []}"#;
+        assert_eq!(ignored_fields::<BeginRequest>(body), ["clas", "modle", "café"]);
+        assert!(ignored_fields::<BeginRequest>(br#"{"service": "kb", "provider": "o"}"#).is_empty());
+        let long = "x".repeat(1000);
+        let many: Vec<String> = (0..1000).map(|i| format!("\"{long}{i}\": {i}")).collect();
+        let hostile = format!("{{{}}}", many.join(","));
+        let ignored = ignored_fields::<BeginRequest>(hostile.as_bytes());
+        assert_eq!(ignored.len(), MAX_IGNORED_FIELDS);
+        assert!(ignored
+            .iter()
+            .all(|name| name.chars().count() == MAX_IGNORED_FIELD_CHARS));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::auth::Grant;
-use super::body::{OptionalBody, QueryString, RequiredBody};
+use super::body::{NotingBody, OptionalBody, QueryString, RequiredBody};
 use super::error::ApiError;
 use super::{check_service, AppState};
 use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
@@ -130,16 +130,17 @@ pub(super) async fn begin(
     State(state): State<AppState>,
     grant: Grant,
     QueryString(query): QueryString<api::BeginQuery>,
-    RequiredBody(request): RequiredBody<api::BeginRequest>,
+    NotingBody(request, ignored_fields): NotingBody<api::BeginRequest>,
 ) -> Answer<impl IntoResponse> {
     check_service(&grant, &request.service, "POST /v1/activities")?;
     let start_now = begin_starts_now(&query, &request)?;
     let spec = convert::activity_spec(request);
-    let record = match start_now {
+    let mut record = match start_now {
         Some(wait) => state.ledger().begin_started(spec, wait).await?,
         None => state.ledger().begin_record(spec).await?,
     }
     .to_api();
+    record.ignored_fields = ignored_fields;
     let location = format!("/v1/activities/{}", record.activity_id);
     Ok((
         StatusCode::CREATED,
