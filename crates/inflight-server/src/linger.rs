@@ -76,7 +76,7 @@ impl Drop for Lingering {
         // socket closes at once.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                linger(stream, shut, LINGER_TIME).await;
+                linger(stream, shut).await;
                 drop(permit);
             });
         }
@@ -84,14 +84,14 @@ impl Drop for Lingering {
 }
 
 /// Sends the FIN (unless `shut` says it was sent), then reads and discards
-/// until EOF, [`LINGER_BYTES`] or `time`, whichever comes first; the caller
-/// drops (closes) `stream` after.
-pub async fn linger(mut stream: TcpStream, shut: bool, time: Duration) {
+/// until EOF, [`LINGER_BYTES`] or [`LINGER_TIME`], whichever comes first;
+/// the caller drops (closes) `stream` after.
+async fn linger(mut stream: TcpStream, shut: bool) {
     if !shut && stream.shutdown().await.is_err() {
         // The peer is gone already: nothing to wait for.
         return;
     }
-    let _ = tokio::time::timeout(time, async {
+    let _ = tokio::time::timeout(LINGER_TIME, async {
         let mut buf = [0u8; 16 * 1024];
         let mut left = LINGER_BYTES;
         while left > 0 {

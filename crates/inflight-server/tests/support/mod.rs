@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test file uses its own part.
 
+pub mod certs;
+
 use std::io;
 use std::net::SocketAddr;
 
