@@ -1178,3 +1178,100 @@ async fn killed_client_processes(dir: &tempfile::TempDir, store: String) {
     eprintln!("two killed client processes' slots came back in {reclaimed_in:?} (lease 1 s) on {store}");
     assert!(reclaimed_in < Duration::from_secs(5), "{reclaimed_in:?}");
 }
+
+/// A scope-refusal log line: it names the token's index, never its value.
+fn is_scope_refusal(line: &Value) -> bool {
+    line["fields"]["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("refused a request beyond its token's scope"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let read_file = dir.path().join("read-token");
+    std::fs::write(&read_file, "reader-one\n").unwrap();
+    let config = format!(
+        "[[tokens]]\ntoken_file = {:?}\nscope = \"read\"\n\
+         [[tokens]]\ntoken = \"kb-writer\"\nscope = \"write\"\nservices = [\"knowledge-base\"]\n",
+        read_file.display().to_string()
+    );
+    let mut server = Server::start(Launch {
+        store: Some(temp_store(&dir)),
+        args: config_file(&dir, &config),
+        token: Some("kb-writer"),
+        ..Launch::default()
+    })
+    .await;
+    let kb = json!({"service": "knowledge-base", "provider": "ollama"});
+    server.begin(kb.clone()).await;
+    let status = |reply: reqwest::Response| reply.status().as_u16();
+    let (http, base) = (server.http.clone(), server.base.clone());
+    let as_reader = |token: &str, method: reqwest::Method, path: &str| {
+        http.request(method, format!("{base}{path}")).bearer_auth(token)
+    };
+
+    // The read token reads, and is refused on a write, logged by index.
+    let read = as_reader("reader-one", reqwest::Method::GET, "/v1/snapshot");
+    assert_eq!(status(read.send().await.unwrap()), 200);
+    let metrics = as_reader("reader-one", reqwest::Method::GET, "/metrics");
+    assert_eq!(status(metrics.send().await.unwrap()), 200);
+    let write = as_reader("reader-one", reqwest::Method::POST, "/v1/activities").json(&kb);
+    let refused = write.send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "forbidden", "{body}");
+    let line = server
+        .wait_for_log("the refusal's log line", is_scope_refusal)
+        .await;
+    assert_eq!(line["fields"]["token"], 0, "{line}");
+    assert!(
+        !line.to_string().contains("reader-one"),
+        "a secret in the log: {line}"
+    );
+
+    // The bound write token cannot begin for another service.
+    let (code, body) = server
+        .post(
+            "/v1/activities",
+            json!({"service": "billing", "provider": "ollama"}),
+        )
+        .await;
+    assert_eq!(
+        (code, &body["error"]["code"]),
+        (403, &json!("forbidden")),
+        "{body}"
+    );
+
+    // A new secret in the file, then SIGHUP: the new one opens, the old no
+    // longer does, and the server goes on serving.
+    std::fs::write(&read_file, "reader-two\n").unwrap();
+    let pid = server.child.id().expect("running").to_string();
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().await.unwrap();
+    assert!(hup.success());
+    server
+        .wait_for_log("the token files to be re-read", |line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("re-read the token files"))
+        })
+        .await;
+    let new = as_reader("reader-two", reqwest::Method::GET, "/v1/snapshot");
+    assert_eq!(status(new.send().await.unwrap()), 200);
+    let old = as_reader("reader-one", reqwest::Method::GET, "/v1/snapshot");
+    assert_eq!(status(old.send().await.unwrap()), 401);
+
+    // An emptied file at the next SIGHUP keeps the secret in force.
+    std::fs::write(&read_file, "").unwrap();
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().await.unwrap();
+    assert!(hup.success());
+    server
+        .wait_for_log("the empty file to be refused", |line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("keeping the token's previous secret"))
+        })
+        .await;
+    let kept = as_reader("reader-two", reqwest::Method::GET, "/v1/snapshot");
+    assert_eq!(status(kept.send().await.unwrap()), 200);
+}

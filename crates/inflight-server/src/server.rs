@@ -307,9 +307,9 @@ pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
 /// background reaper running. Logs `listening on http://ADDR` (or
 /// `https://`) once bound.
 ///
-/// SIGHUP re-reads the TLS certificate and key: this is where the server's
-/// one [`Reload`] is made and fed, and where whatever else is re-read on
-/// SIGHUP subscribes to it (see [`crate::reload`]).
+/// SIGHUP re-reads the TLS certificate and key and the `token_file`s: this
+/// is where the server's one [`Reload`] is made and fed, and where whatever
+/// else is re-read on SIGHUP subscribes to it (see [`crate::reload`]).
 ///
 /// # Errors
 /// See [`ServeError`].
@@ -342,6 +342,12 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
         .with_tokens(tokens)
         .with_limits(settings.limits)
         .with_metrics(settings.metrics);
+    if let Some(tokens) = state.tokens() {
+        let tokens = Arc::clone(tokens);
+        reload.each(move || {
+            tokens.reload();
+        });
+    }
     serve_listener(listener, state, tls, shutdown_signal()).await?;
     tracing::info!(addr = %local, "stopped");
     Ok(())
