@@ -113,3 +113,73 @@ fn check_config_warns_of_bare_milliseconds_and_dropped_classes_and_still_passes(
         "{stderr}"
     );
 }
+
+/// Sends one HTTP/1.1 request and returns the answer's status line.
+fn post(port: u16, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn check_config_against_a_server_names_a_misspelled_lane_and_an_unknown_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(["serve", "--store", "memory:", "--listen", &listen])
+        .current_dir(dir.path())
+        .env_remove("INFLIGHT_CONFIG")
+        .env_remove("INFLIGHT_TOKEN")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the server starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the server did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..2 {
+        let status = post(
+            port,
+            "/v1/activities",
+            r#"{"service":"knowledge-base","provider":"ollama","class":"embeding"}"#,
+        );
+        assert!(status.contains("201"), "{status}");
+    }
+    let file = dir.path().join("olama.toml");
+    std::fs::write(&file, "[lanes.\"knowledge-base::olama\"]\ncap = 4\n").unwrap();
+    let url = format!("http://{listen}");
+    let checked = inflight(
+        dir.path(),
+        &["check-config", file.to_str().unwrap(), "--against", &url],
+    );
+    server.kill().unwrap();
+    let _ = server.wait();
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(0), "warnings only: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: lane knowledge-base::olama is capped at 4 but has no calls on {url} since "
+        )) && stderr.contains("while knowledge-base::ollama (one or two edits away) has")
+            && stderr.contains("(lane_unused_near_miss)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("warning: class embeding (did you mean embedding?) is not configured")
+            && stderr.contains("(unknown_class)"),
+        "{stderr}"
+    );
+}

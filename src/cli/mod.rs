@@ -187,6 +187,22 @@ pub struct ReleaseArgs {
 pub struct CheckConfigArgs {
     /// The configuration file to validate.
     pub file: PathBuf,
+    /// Also compare the file with a running server's calls (its snapshot
+    /// of the last 24 hours): a lane the file declares that no call uses
+    /// next to one a call uses one or two edits away, and classes the
+    /// calls use that the file does not configure. Warnings: the exit code
+    /// stays 0.
+    #[arg(long, value_name = "URL")]
+    pub against: Option<String>,
+    /// Bearer token for `--against`, when the server requires one.
+    #[arg(
+        long,
+        env = "INFLIGHT_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true,
+        requires = "against"
+    )]
+    pub token: Option<String>,
 }
 
 /// Why a command failed, and so its exit code.
@@ -371,6 +387,11 @@ fn execute(cli: Cli) -> Result<(), CliError> {
             for warning in &merged.warnings {
                 eprintln!("inflight: warning: {warning}");
             }
+            if let Some(url) = &args.against {
+                for warning in runtime()?.block_on(against_server(&merged, url, args.token.clone()))? {
+                    eprintln!("inflight: warning: {warning}");
+                }
+            }
             Ok(())
         }
         Command::Demo => {
@@ -430,6 +451,30 @@ impl<'de> serde::Deserialize<'de> for OrderedFields {
 
         deserializer.deserialize_map(Pairs)
     }
+}
+
+/// What the lanes and classes of `settings` and the calls a running server
+/// saw (its snapshot) do not match: the snapshot's own rule
+/// ([`inflight::domain::warnings`]), applied to the file's configuration.
+async fn against_server(
+    settings: &ServerSettings,
+    url: &str,
+    token: Option<String>,
+) -> Result<Vec<String>, CliError> {
+    let client = client::Client::new(url, token)?;
+    let snapshot = client.snapshot(&inflight_api::SnapshotQuery::default()).await?;
+    let (caps, policy) = (settings.ledger.caps(), settings.ledger.policy());
+    let mut seen = inflight::domain::warnings::Seen::default();
+    for aggregate in &snapshot.aggregates {
+        let lane = (aggregate.service.as_str(), aggregate.provider.as_str());
+        seen.add(policy, true, lane, &aggregate.class, aggregate.calls);
+    }
+    let since = format!("on {url} since {}", snapshot.since);
+    Ok(seen
+        .warnings(caps, policy, &since)
+        .into_iter()
+        .map(|warning| format!("{} ({})", warning.message, warning.code))
+        .collect())
 }
 
 /// The tokens line of `check-config`: how many of each scope, never a

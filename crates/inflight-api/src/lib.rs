@@ -143,7 +143,7 @@ pub use request::{
 };
 pub use response::{
     ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,
-    MAX_IGNORED_FIELDS, MAX_IGNORED_FIELD_CHARS,
+    SnapshotWarning, MAX_IGNORED_FIELDS, MAX_IGNORED_FIELD_CHARS,
 };
 pub use table::{human_duration, render_snapshot, short_ids, SHORT_ID_MIN_LEN};
 pub use values::{

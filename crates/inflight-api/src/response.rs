@@ -302,6 +302,26 @@ pub struct Snapshot {
     pub aggregates: Vec<Aggregate>,
     /// Every live owner, and the owners lost or released within the window.
     pub owners: Vec<Owner>,
+    /// What the server's configuration and the calls within the window do
+    /// not match, for an operator to fix; empty when none (absent from
+    /// older servers: empty).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    #[serde(default)]
+    pub warnings: Vec<SnapshotWarning>,
+}
+
+/// A warning of the snapshot: a stable `code` and a human `message`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnapshotWarning {
+    /// What kind: `lane_unused_near_miss` (a configured lane has no calls
+    /// while a lane one or two edits away has: one of them is most likely
+    /// misspelled) or `unknown_class` (calls of a class the configuration
+    /// does not know, which get the widest bound). A client should show a
+    /// code it does not know as it shows any other.
+    pub code: String,
+    /// What, and what to check.
+    pub message: String,
 }
 
 impl Snapshot {

@@ -185,6 +185,9 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
             this_read.abandoned, this_read.unsettled
         );
     }
+    for warning in &snapshot.warnings {
+        let _ = writeln!(out, "warning ({}): {}", warning.code, warning.message);
+    }
 
     out.push('\n');
     if snapshot.native_admission.is_empty() {
@@ -443,6 +446,7 @@ mod tests {
             reaped_truncated: false,
             aggregates: Vec::new(),
             owners: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 

@@ -181,6 +181,10 @@ fn snapshot() -> Snapshot {
             owner(OwnerState::Lost),
             owner(OwnerState::Released),
         ],
+        warnings: vec![SnapshotWarning {
+            code: "unknown_class".to_owned(),
+            message: "class embeding is not configured".to_owned(),
+        }],
     }
 }
 
@@ -388,6 +392,18 @@ fn unknown_fields_are_ignored_and_null_is_missing() {
     json["inFlight"][0]["newerField"] = json!("x");
     let back: Snapshot = serde_json::from_value(json).unwrap();
     assert_eq!(back, snapshot());
+}
+
+#[test]
+fn an_older_servers_snapshot_has_no_warnings() {
+    let mut json = serde_json::to_value(snapshot()).unwrap();
+    json.as_object_mut().unwrap().remove("warnings");
+    let back: Snapshot = serde_json::from_value(json).unwrap();
+    assert!(back.warnings.is_empty());
+    assert_eq!(
+        serde_json::to_value(snapshot()).unwrap()["warnings"],
+        json!([{"code": "unknown_class", "message": "class embeding is not configured"}])
+    );
 }
 
 #[test]

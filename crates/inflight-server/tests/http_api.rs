@@ -445,6 +445,51 @@ async fn epoch_seconds_are_refused_naming_the_field_and_saying_so() {
 }
 
 #[tokio::test]
+async fn the_snapshot_warns_of_a_misspelled_lane_and_an_unknown_class() {
+    let config = LedgerConfig::default()
+        .with_lane_cap("knowledge-base::olama", 4)
+        .unwrap();
+    let api = api_with(config, None);
+    let quiet = api.get("/v1/snapshot").await;
+    assert_eq!(quiet.body["warnings"], json!([]), "none before any call");
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let begun = api
+            .post(
+                "/v1/activities?start=now",
+                r#"{"service":"knowledge-base","provider":"ollama","class":"embeding"}"#,
+            )
+            .await;
+        assert_eq!(begun.status, StatusCode::CREATED, "{}", begun.body);
+        ids.push(begun.body["activityId"].as_str().unwrap().to_owned());
+    }
+    let snapshot = api.get("/v1/snapshot").await;
+    let warnings = snapshot.body["warnings"].as_array().unwrap();
+    let codes: Vec<&str> = warnings.iter().map(|w| w["code"].as_str().unwrap()).collect();
+    assert_eq!(codes, ["lane_unused_near_miss", "unknown_class"], "{warnings:?}");
+    let lane = warnings[0]["message"].as_str().unwrap();
+    assert!(
+        lane.starts_with("lane knowledge-base::olama is capped at 4 but has no calls since ")
+            && lane.contains("while knowledge-base::ollama (one or two edits away) has"),
+        "{lane}"
+    );
+    let class = warnings[1]["message"].as_str().unwrap();
+    assert!(
+        class.starts_with("class embeding (did you mean embedding?) is not configured, and calls use it (4 in all, seen since "),
+        "{class}"
+    );
+    // Settled and past the window, the calls no longer count, nor their
+    // warnings (calls in flight always do).
+    for id in &ids {
+        api.post(&format!("/v1/activities/{id}/settle"), r#"{"success":true}"#)
+            .await;
+    }
+    api.clock.advance(Duration::from_secs(60));
+    let later = api.get("/v1/snapshot?since=30s").await;
+    assert_eq!(later.body["warnings"], json!([]), "{}", later.body["warnings"]);
+}
+
+#[tokio::test]
 async fn begin_refuses_each_invalid_input_with_400_and_records_nothing() {
     let api = api();
     let future = T0 + 6 * 60 * 1000;

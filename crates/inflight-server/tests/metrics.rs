@@ -296,6 +296,55 @@ async fn metrics_after_a_scripted_sequence_have_every_series_with_its_value() {
 }
 
 #[tokio::test]
+async fn calls_of_classes_not_configured_are_counted_per_class_and_bounded() {
+    let (api, _ledger) = Api::new(MetricsOptions::default());
+    for class in ["embeding", "embeding", "chatt"] {
+        api.begin(json!({"service": "kb", "provider": "ollama", "class": class}))
+            .await;
+    }
+    api.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    api.begin(kb()).await;
+    let (text, samples) = api.metrics().await;
+    expect(
+        &samples,
+        &text,
+        r#"inflight_unknown_class_total{class="embeding"}"#,
+        "2",
+    );
+    expect(
+        &samples,
+        &text,
+        r#"inflight_unknown_class_total{class="chatt"}"#,
+        "1",
+    );
+    assert!(
+        !text.contains(r#"unknown_class_total{class="unknown"}"#),
+        "no class is no mistake"
+    );
+    assert!(
+        !text.contains(r#"unknown_class_total{class="embedding"}"#),
+        "{text}"
+    );
+    for i in 0..40 {
+        api.begin(json!({"service": "kb", "provider": "ollama", "class": format!("typo-{i:02}")}))
+            .await;
+    }
+    let (text, samples) = api.metrics().await;
+    let series = samples
+        .keys()
+        .filter(|series| series.starts_with("inflight_unknown_class_total"))
+        .count();
+    assert_eq!(series, 17, "16 classes by name, the rest in other:\n{text}");
+    // chatt, embeding and typo-00 to typo-13 by name; typo-14 to typo-39.
+    expect(
+        &samples,
+        &text,
+        r#"inflight_unknown_class_total{class="other"}"#,
+        "26",
+    );
+}
+
+#[tokio::test]
 async fn a_scrape_reaps_first_like_every_read() {
     let (api, _ledger) = Api::new(MetricsOptions::default());
     let leaked = api.begin(kb()).await;

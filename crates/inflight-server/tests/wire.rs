@@ -349,7 +349,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""ttlMs":30000,"registeredAt":"2026-08-13T12:00:00.000Z","#,
             r#""renewedAt":"2026-08-13T12:00:00.000Z","expiresAt":"2026-08-13T12:00:30.000Z","#,
             r#""state":"lost","endedAt":"2026-08-13T12:00:31.000Z","reapedRecords":1,"#,
-            r#""cancelledRecords":0}]}"#,
+            r#""cancelledRecords":0}],"warnings":[]}"#,
         ),
     );
 

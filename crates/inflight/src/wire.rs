@@ -166,6 +166,14 @@ impl ToApi for inflight::Snapshot {
             reaped_truncated: self.reaped_truncated,
             aggregates: aggregates.collect(),
             owners: self.owners.iter().map(ToApi::to_api).collect(),
+            warnings: self
+                .warnings
+                .iter()
+                .map(|warning| api::SnapshotWarning {
+                    code: warning.code.to_owned(),
+                    message: warning.message.clone(),
+                })
+                .collect(),
         }
     }
 }

@@ -28,6 +28,7 @@ use inflight::domain::counters::Totals;
 use inflight::domain::owner::OwnerState as Owned;
 use inflight::domain::record::{Disposition, ReapReason, State};
 use inflight::domain::snapshot::Snapshot;
+use inflight::domain::warnings::MAX_NAMED_CLASSES;
 use inflight::stats::{Histogram, LaneClass, Rejection, StatsSnapshot};
 
 /// The content type of the exposition.
@@ -154,6 +155,7 @@ pub fn render(snapshot: &Snapshot, stats: &StatsSnapshot, options: MetricsOption
     register_lanes(&mut registry, snapshot);
     register_counters(&mut registry, snapshot, stats);
     register_owners(&mut registry, snapshot);
+    register_unknown_classes(&mut registry, snapshot);
     register_stats(&mut registry, stats);
     if options.aggregates {
         register_aggregates(&mut registry, snapshot);
@@ -316,6 +318,31 @@ fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &Stats
         "admission_rejected",
         "Admissions this instance refused on the lane, by reason (lane_full: at once; wait_timeout: after waiting in line)",
         rejected,
+    );
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Class {
+    class: String,
+}
+
+/// Calls of classes the configuration does not know (store-wide, from the
+/// aggregates): the first classes by name each with its own series, the
+/// rest in `other`, so that callers cannot grow the scrape without bound.
+fn register_unknown_classes(registry: &mut Registry, snapshot: &Snapshot) {
+    let unknown = Family::<Class, Counter>::default();
+    for (index, (class, calls)) in snapshot.unknown_classes.iter().enumerate() {
+        let class = if index < MAX_NAMED_CLASSES {
+            class.clone()
+        } else {
+            inflight::domain::cardinality::OTHER.to_owned()
+        };
+        unknown.get_or_create(&Class { class }).inc_by(count(*calls));
+    }
+    registry.register(
+        "unknown_class",
+        "Calls of a class the configuration does not know, which get the widest bound (a call without a class is not counted)",
+        unknown,
     );
 }
 

@@ -211,6 +211,12 @@ impl ReapPolicy {
         }
     }
 
+    /// Whether the class `name` is configured: a call of any other gets
+    /// the widest bound.
+    pub fn knows(&self, name: &str) -> bool {
+        self.class(name).is_some()
+    }
+
     /// The configured class `name`.
     fn class(&self, name: &str) -> Option<&ResolvedClass> {
         if self.resolved.len() <= LINEAR_CLASSES {

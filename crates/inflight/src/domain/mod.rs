@@ -15,6 +15,7 @@ pub mod record;
 pub mod snapshot;
 pub mod timestamp;
 pub mod transition;
+pub mod warnings;
 
 pub use bounds::{ClassBounds, ReapPolicy};
 pub use cardinality::{Cardinality, Overflow, Vocabularies};

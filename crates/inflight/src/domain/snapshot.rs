@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::bounds::ReapPolicy;
 use super::counters::{AggregateKey, AggregateView, ReapedCounts, Totals};
 use super::owner::Owner;
 use super::record::{ActivityRecord, Admission, LaneKey};
 use super::timestamp::Timestamp;
+use super::warnings::{Seen, Warning};
 
 /// The most records a snapshot lists per section.
 pub const MAX_LIMIT: usize = 10_000;
@@ -231,6 +233,13 @@ pub struct Snapshot {
     /// Live owners, and owners lost or released within the window: a lost
     /// owner is evidence, with how many records its loss reaped.
     pub owners: Vec<Owner>,
+    /// What the configuration and the calls in the window do not match
+    /// ([`Snapshot::note_mismatches`]); empty until noted.
+    pub warnings: Vec<Warning>,
+    /// Calls in the window per class the configuration does not know (not
+    /// on the wire: `/metrics` reads it).
+    #[serde(skip)]
+    pub unknown_classes: BTreeMap<String, i64>,
 }
 
 fn truncate<T>(mut items: Vec<T>, limit: usize) -> (Vec<T>, bool) {
@@ -353,7 +362,34 @@ impl Snapshot {
             reaped_truncated,
             aggregates,
             owners: parts.owners,
+            warnings: Vec::new(),
+            unknown_classes: BTreeMap::new(),
         }
+    }
+
+    /// Notes what the configuration (`caps`, `policy`) and the calls in the
+    /// window (its aggregates) do not match, as [`warnings`](super::warnings)
+    /// says. Bounded: one pass over the aggregates; lanes are compared only
+    /// for configured lanes without calls.
+    pub fn note_mismatches(&mut self, caps: &BTreeMap<LaneKey, Option<u32>>, policy: &ReapPolicy) {
+        let mut seen = Seen::default();
+        let track_lanes = !caps.is_empty();
+        for aggregate in &self.aggregates {
+            let key = &aggregate.key;
+            seen.add(
+                policy,
+                track_lanes,
+                (&key.service, &key.provider),
+                &key.class,
+                aggregate.calls,
+            );
+        }
+        self.warnings = seen.warnings(caps, policy, &format!("since {}", self.since));
+        self.unknown_classes = seen
+            .unknown_classes()
+            .iter()
+            .map(|(class, calls)| ((*class).to_owned(), *calls))
+            .collect();
     }
 
     /// The lane keyed `service::provider`, if the snapshot shows it.

@@ -513,7 +513,11 @@ impl Ledger {
     /// # Cancel safety
     /// Cancel safe: the reap runs to completion; only the answer is lost.
     pub async fn snapshot(&self, options: SnapshotOptions) -> Result<Snapshot, LedgerError> {
-        self.run(Command::Snapshot { options }).await?.into_snapshot()
+        let mut snapshot = self.run(Command::Snapshot { options }).await?.into_snapshot()?;
+        // Here rather than in the store: off the store's thread.
+        let config = &self.inner.config;
+        snapshot.note_mismatches(config.caps(), config.policy());
+        Ok(snapshot)
     }
 
     /// Deletes settled and reaped records older than the retention period,
