@@ -134,6 +134,7 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         ("ReapedRecord", (snapshot, "reaped", "items")),
         ("Aggregate", (snapshot, "aggregates", "items")),
         ("Owner", (snapshot, "owners", "items")),
+        ("SnapshotWarning", (snapshot, "warnings", "items")),
         ("ErrorBody", error),
         ("ErrorDetail", (error, "error")),
     ]

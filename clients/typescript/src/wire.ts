@@ -97,6 +97,8 @@ export interface ActivityRecord {
   lateSettle: boolean;
   /** Present only when a cancel gave a reason. */
   cancelReason?: string;
+  /** On a begin's answer only: the request's top-level fields this server does not know, and ignored. */
+  ignoredFields?: string[];
 }
 
 /** A registered owner and its lease. */
@@ -189,6 +191,14 @@ export interface Snapshot {
   reapedTruncated: boolean;
   aggregates: Aggregate[];
   owners: Owner[];
+  /** What the server's configuration and the window's calls do not match (absent from older servers). */
+  warnings?: SnapshotWarning[];
+}
+
+/** A snapshot's warning: show a `code` this client does not know like any other. */
+export interface SnapshotWarning {
+  code: string;
+  message: string;
 }
 
 export interface ErrorBody {
@@ -210,7 +220,7 @@ const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
   "activityId", "service", "provider", "class", "operationStage", "model", "priority", "admission",
   "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
   "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
-  "lateSettle", "cancelReason",
+  "lateSettle", "cancelReason", "ignoredFields",
 ]);
 const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 
@@ -249,8 +259,9 @@ export const FIELDS = {
     "totalCancelled", "totalInFlight", "totalRecentCompletions", "totalReaped", "totalReapedOwnerLost",
     "totalLateSettles", "totalResurrections", "reapedThisRead", "inFlight", "recentCompletions",
     "reaped", "inFlightTruncated", "recentCompletionsTruncated", "reapedTruncated", "aggregates",
-    "owners",
+    "owners", "warnings",
   ]),
+  SnapshotWarning: fields<SnapshotWarning>()(["code", "message"]),
   ErrorBody: fields<ErrorBody>()(["error"]),
   ErrorDetail: fields<ErrorBody["error"]>()(["code", "message"]),
 } as const;

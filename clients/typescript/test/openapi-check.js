@@ -114,6 +114,7 @@ export function compareWithDocument(doc) {
     ["ReapedRecord", [ok("snapshot"), "reaped", "items"]],
     ["Aggregate", [ok("snapshot"), "aggregates", "items"]],
     ["Owner", [ok("snapshot"), "owners", "items"]],
+    ["SnapshotWarning", [ok("snapshot"), "warnings", "items"]],
     ["ErrorBody", response("begin", "400")],
     ["ErrorDetail", [response("begin", "400"), "error"]],
   ];

@@ -33,6 +33,7 @@ from .wire import (
     BeginRequest,
     Owner,
     Snapshot,
+    SnapshotWarning,
     field_names,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "ROUTES_NOT_CALLED",
     "SERVER_ERROR_CODES",
     "Snapshot",
+    "SnapshotWarning",
     "TLSError",
     "TYPES",
     "UnauthorizedError",

@@ -116,6 +116,7 @@ class ActivityRecord(_ActivityRecordBase, total=False):
     """Every activity route answers with the record."""
 
     cancelReason: str  # present only when a cancel gave a reason
+    ignoredFields: List[str]  # on a begin's answer only: the request's fields the server ignored
 
 
 class InFlightRecord(ActivityRecord):
@@ -183,7 +184,14 @@ Aggregate = TypedDict(
 )
 
 
-class Snapshot(TypedDict):
+class SnapshotWarning(TypedDict):
+    """Show a ``code`` this client does not know like any other."""
+
+    code: str
+    message: str
+
+
+class _SnapshotBase(TypedDict):
     status: Literal["ok", "degraded"]
     at: str
     since: str
@@ -207,6 +215,12 @@ class Snapshot(TypedDict):
     reapedTruncated: bool
     aggregates: List[Aggregate]
     owners: List[Owner]
+
+
+class Snapshot(_SnapshotBase, total=False):
+    #: What the server's configuration and the window's calls do not match
+    #: (absent from older servers).
+    warnings: List[SnapshotWarning]
 
 
 class ErrorDetail(TypedDict):
@@ -235,6 +249,7 @@ TYPES = {
         Lane,
         Aggregate,
         Snapshot,
+        SnapshotWarning,
         ErrorDetail,
         ErrorBody,
     )
