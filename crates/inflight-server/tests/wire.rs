@@ -427,8 +427,8 @@ async fn a_missing_token_answers_the_documented_error() {
     assert_eq!(
         &bytes[..],
         concat!(
-            r#"{"error":{"code":"unauthorized","message":"this route requires the header "#,
-            r#"`Authorization: Bearer <token>` with the server's token"}}"#
+            r#"{"error":{"code":"unauthorized","message":"this route requires a token: "#,
+            r#"send the header `Authorization: Bearer <token>`"}}"#
         )
         .as_bytes()
     );
