@@ -9,6 +9,8 @@ such labels, so only a damaged or hostile store could hold one), then opens
 the page and checks:
 
 - it asks for the token, and keeps working once given it;
+- the snapshot's warnings are shown (a declared lane one edit from a lane
+  with calls);
 - lanes are sorted by trouble (a saturated lane above idle lanes whose
   names sort before it), marked in text, with failures and reaps per lane;
 - the reaped records are listed, and the status badge explains itself;
@@ -50,6 +52,8 @@ ORPHANED = "jobs::ollama"  # a record reaped when its owner was lost
 QUIET = "archive::ollama"  # its last call an hour ago
 # Declared, never used, and named to sort before the saturated lane.
 IDLE = ["aaa::idle", "batch::ollama"]
+# Declared, never called, one edit from the saturated lane: a snapshot warning.
+MISSPELLED = "kb::olama"
 MARKUP = '<img src=x onerror="window.__pwned=1">'
 
 
@@ -67,7 +71,7 @@ class Server:
         config = os.path.join(workdir, "inflight.toml")
         with open(config, "w") as f:
             f.write(f'[lanes."{LANE}"]\ncap = 2\n')
-            for lane in IDLE:
+            for lane in IDLE + [MISSPELLED]:
                 f.write(f'[lanes."{lane}"]\ncap = 4\n')
         self.log = open(os.path.join(workdir, "server.log"), "w")
         self.process = subprocess.Popen(
@@ -237,6 +241,9 @@ def run(server, seeded, args):
         assert page.get_attribute("#status", "title") == page.text_content("#status-text")
         expect(page.locator("#trouble")).to_contain_text(f"saturated: {LANE}")
         expect(page.locator("#trouble")).to_contain_text(f"failing: {FAILING}")
+        warning = page.locator('#warnings li[data-code="lane_unused_near_miss"]')
+        expect(warning).to_contain_text(MISSPELLED)
+        expect(warning).to_contain_text(LANE)
 
         # Trouble first: the saturated lane tops the table, above lanes whose
         # names sort before it, then the waiting, failing and reaped ones.
@@ -286,10 +293,10 @@ def run(server, seeded, args):
 
         # Idle lanes are folded away under a toggle.
         toggle = page.locator("#idle-toggle")
-        expect(toggle).to_contain_text("3 idle lanes")
+        expect(toggle).to_contain_text("4 idle lanes")  # IDLE, MISSPELLED, QUIET
         expect(toggle).to_contain_text("15 min")
         expect(page.locator("#lanes-idle")).to_be_hidden()
-        assert sorted(lane_order(page, "lanes-idle")) == sorted(IDLE + [QUIET])
+        assert sorted(lane_order(page, "lanes-idle")) == sorted(IDLE + [MISSPELLED, QUIET])
         toggle.click()
         expect(page.locator("#lanes-idle")).to_be_visible()
         expect(lane_row(page, IDLE[0])).to_be_visible()
@@ -366,13 +373,13 @@ def run(server, seeded, args):
         # The quiet time from the address: the hour-old lane is no longer idle.
         page.set_viewport_size({"width": 1200, "height": 900})
         open_page(page, server.base + "/?idle=2h")
-        expect(page.locator("#idle-toggle")).to_contain_text("2 idle lanes")
+        expect(page.locator("#idle-toggle")).to_contain_text("3 idle lanes")
         expect(page.locator("#idle-toggle")).to_contain_text("2 h")
         assert QUIET in lane_order(page, "lanes-active")
         assert page.input_value("#idle-quiet") == str(2 * 3600 * 1000)
         # And from the page's control, kept in the address.
         page.select_option("#idle-quiet", str(5 * 60 * 1000))
-        expect(page.locator("#idle-toggle")).to_contain_text("4 idle lanes")
+        expect(page.locator("#idle-toggle")).to_contain_text("5 idle lanes")
         assert page.url.endswith("?idle=5m"), page.url
 
         assert not outside, f"requests left the machine: {outside}"

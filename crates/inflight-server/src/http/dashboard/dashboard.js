@@ -474,6 +474,20 @@ function renderTrouble(sorted) {
   setText(line, parts.length ? `Lanes in trouble — ${parts.join(" · ")}` : "");
 }
 
+// The snapshot's warnings (a misspelled lane, an unknown class): mistakes
+// that pass silently otherwise and surface later as wrong numbers.
+function renderWarnings(s) {
+  const items = (s.warnings || []).map((warning) => {
+    const li = document.createElement("li");
+    li.dataset.code = warning.code;
+    setText(li, warning.message);
+    return li;
+  });
+  const list = $("warnings");
+  list.replaceChildren(...items);
+  list.hidden = items.length === 0;
+}
+
 function renderStatus(s) {
   const reaped = (s.reaped || []).length;
   const count = s.reapedTruncated ? `more than ${reaped}` : String(reaped);
@@ -649,6 +663,7 @@ function renderOwners(s) {
 
 function render(s) {
   renderStatus(s);
+  renderWarnings(s);
   renderTotals(s);
   renderLanes(s);
   renderReapedList(s);
