@@ -394,7 +394,7 @@ async fn the_cli_takes_host_port_and_inflight_url_and_says_how_to_write_an_addre
         let (code, _, err) = run_cli(&["snapshot", "--server", bad], &[]).await;
         assert_eq!(code, Some(1), "{bad}");
         assert!(
-            err.contains("http://HOST:PORT") || err.contains("only http:// URLs"),
+            err.contains("http://HOST:PORT") || err.contains("only http:// and https:// URLs"),
             "{bad}: {err}"
         );
         assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -1274,4 +1274,88 @@ async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
         .await;
     let kept = as_reader("reader-two", reqwest::Method::GET, "/v1/snapshot");
     assert_eq!(status(kept.send().await.unwrap()), 200);
+}
+
+/// A CA made for the test, and a server certificate for 127.0.0.1 it
+/// signed, written as `ca.pem`, `server.crt` and `server.key` in `dir`.
+fn make_certificates(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.join("server.crt"), leaf.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reads_an_https_server_trusting_the_ca_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let server = Server::start(Launch {
+        store: Some(temp_store(&dir)),
+        args: vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--tls-cert".into(),
+            path("server.crt"),
+            "--tls-key".into(),
+            path("server.key"),
+        ],
+        ..Launch::default()
+    })
+    .await;
+    assert!(server.base.starts_with("https://"), "{}", server.base);
+    let base = server.base.clone();
+
+    let (code, out, err) = run_cli(
+        &[
+            "snapshot",
+            "--json",
+            "--server",
+            &base,
+            "--ca-file",
+            &path("ca.pem"),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let snapshot: Value = serde_json::from_str(&out).expect("a JSON snapshot");
+    assert_eq!(snapshot["totalActivities"], 0);
+    let (code, _, err) = run_cli(
+        &["reap", "--server", &base],
+        &[("INFLIGHT_CA_FILE", &path("ca.pem"))],
+    )
+    .await;
+    assert_eq!(code, Some(0), "INFLIGHT_CA_FILE: {err}");
+
+    // Without the CA, the system's roots do not know it: a clear refusal
+    // that says how to trust it.
+    let (code, _, err) = run_cli(&["snapshot", "--server", &base], &[]).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("certificate") && err.contains("--ca-file"), "{err}");
+    // A CA file that is not one is named.
+    let (code, _, err) = run_cli(
+        &["snapshot", "--server", &base, "--ca-file", &path("server.key")],
+        &[],
+    )
+    .await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("server.key") && err.contains("--ca-file"), "{err}");
+    // An exported token or CA file does not trouble a plain check-config.
+    let config = dir.path().join("plain.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:7878\"\n").unwrap();
+    let (code, _, err) = run_cli(
+        &["check-config", &config.display().to_string()],
+        &[("INFLIGHT_TOKEN", "x"), ("INFLIGHT_CA_FILE", "/nonexistent")],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
 }

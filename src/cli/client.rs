@@ -1,6 +1,7 @@
 //! The HTTP client behind `inflight snapshot` and `inflight reap`: it sends
 //! and reads the wire types of [`inflight_api`].
 
+use std::path::Path;
 use std::time::Duration;
 
 use inflight_api::{ActivityRecord, CancelRequest, ErrorBody, Owner, ReapCounts, Snapshot, SnapshotQuery};
@@ -29,21 +30,30 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of the server at `base` (`http://127.0.0.1:7878`, or
-    /// `127.0.0.1:7878`: see [`server_url`]).
+    /// A client of the server at `base` (`http://127.0.0.1:7878`,
+    /// `https://...`, or `127.0.0.1:7878`: see [`server_url`]). With
+    /// `ca_file`, an `https://` server's certificate is checked against the
+    /// certificates in that PEM file instead of the system's roots.
     ///
     /// # Errors
-    /// A `base` that is not an `http://` URL.
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, CliError> {
+    /// A `base` that is not an `http://` or `https://` URL; a CA file that
+    /// cannot be read or holds no certificate.
+    pub fn new(base: &str, token: Option<String>, ca_file: Option<&Path>) -> Result<Self, CliError> {
         let url = server_url(base)?;
-        if url.scheme() != "http" {
+        if !matches!(url.scheme(), "http" | "https") {
             return Err(CliError::Failed(format!(
-                "the server {base:?} (--server or INFLIGHT_URL): only http:// URLs are supported"
+                "the server {base:?} (--server or INFLIGHT_URL): only http:// and https:// URLs are supported"
             )));
         }
         let base = url.as_str();
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
+        let mut builder = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+        if let Some(path) = ca_file {
+            builder = builder.tls_built_in_root_certs(false);
+            for certificate in read_ca_file(path)? {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|err| CliError::Failed(format!("cannot build the HTTP client: {err}")))?;
         Ok(Self {
@@ -179,9 +189,23 @@ impl Client {
     }
 
     fn unreachable(&self, err: &reqwest::Error) -> CliError {
-        CliError::Failed(if err.is_connect() {
+        // The innermost cause says what went wrong (refused, a certificate
+        // not trusted, ...); reqwest's own text only says "error sending
+        // request".
+        let mut cause: &dyn std::error::Error = err;
+        while let Some(source) = cause.source() {
+            cause = source;
+        }
+        let certificate = cause.to_string().contains("certificate");
+        CliError::Failed(if certificate {
             format!(
-                "cannot connect to the inflight server at {} (is `inflight serve` running there?)",
+                "cannot connect to the inflight server at {}: {cause}; if it uses a private CA, \
+                 pass its certificate with --ca-file FILE or INFLIGHT_CA_FILE",
+                self.base
+            )
+        } else if err.is_connect() {
+            format!(
+                "cannot connect to the inflight server at {}: {cause} (is `inflight serve` running there?)",
                 self.base
             )
         } else if err.is_timeout() {
@@ -194,6 +218,23 @@ impl Client {
             format!("request to the server at {} failed: {err}", self.base)
         })
     }
+}
+
+/// The certificates of the PEM file `path` (`--ca-file`, `INFLIGHT_CA_FILE`).
+fn read_ca_file(path: &Path) -> Result<Vec<reqwest::Certificate>, CliError> {
+    let refuse = |why: String| {
+        CliError::Failed(format!(
+            "the CA file {} (--ca-file or INFLIGHT_CA_FILE) {why}",
+            path.display()
+        ))
+    };
+    let pem = std::fs::read(path).map_err(|err| refuse(format!("cannot be read: {err}")))?;
+    let certificates =
+        reqwest::Certificate::from_pem_bundle(&pem).map_err(|err| refuse(format!("is not PEM: {err}")))?;
+    if certificates.is_empty() {
+        return Err(refuse("holds no PEM certificate".to_owned()));
+    }
+    Ok(certificates)
 }
 
 /// The server's URL from `--server` or `INFLIGHT_URL`: a URL, or
@@ -237,7 +278,7 @@ mod tests {
         ] {
             assert_eq!(server_url(text).unwrap().as_str(), url, "{text}");
         }
-        let client = Client::new("127.0.0.1:7980/", None).unwrap();
+        let client = Client::new("127.0.0.1:7980/", None, None).unwrap();
         assert_eq!(client.base, "http://127.0.0.1:7980");
     }
 
@@ -247,13 +288,15 @@ mod tests {
             let err = server_url(text).unwrap_err().to_string();
             assert!(err.contains("http://HOST:PORT"), "{text}: {err}");
         }
-        let err = Client::new("ftp://127.0.0.1:21", None).unwrap_err().to_string();
-        assert!(err.contains("only http:// URLs"), "{err}");
+        let err = Client::new("ftp://127.0.0.1:21", None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("only http:// and https:// URLs"), "{err}");
     }
 
     #[test]
     fn an_answer_that_is_not_the_wire_type_is_refused_plainly() {
-        let client = Client::new("http://127.0.0.1:1", None).unwrap();
+        let client = Client::new("http://127.0.0.1:1", None, None).unwrap();
         for text in ["{}", "null", "<html>", r#"{"abandoned": "x"}"#] {
             let err = client.decode::<ReapCounts>(text, "reap counts").unwrap_err();
             assert!(

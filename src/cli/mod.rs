@@ -6,7 +6,7 @@
 //! process's exit code: 0 on success, 2 for a configuration error, 1 for
 //! anything else.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -114,6 +114,17 @@ pub struct ClientArgs {
     /// Bearer token, when the server requires one.
     #[arg(long, env = "INFLIGHT_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM file of the CA that signed an https:// server's certificate
+    /// (instead of the system's roots).
+    #[arg(long, env = "INFLIGHT_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl ClientArgs {
+    /// The client of the server these arguments name.
+    fn client(&self) -> Result<client::Client, CliError> {
+        client::Client::new(&self.server, self.token.clone(), self.ca_file.as_deref())
+    }
 }
 
 /// `inflight snapshot`'s options.
@@ -195,14 +206,15 @@ pub struct CheckConfigArgs {
     #[arg(long, value_name = "URL")]
     pub against: Option<String>,
     /// Bearer token for `--against`, when the server requires one.
-    #[arg(
-        long,
-        env = "INFLIGHT_TOKEN",
-        value_name = "TOKEN",
-        hide_env_values = true,
-        requires = "against"
-    )]
+    // No `requires = "against"`: clap counts a value from the environment
+    // as given, so an exported INFLIGHT_TOKEN would refuse a plain
+    // check-config. Without --against both are unused.
+    #[arg(long, env = "INFLIGHT_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM file of the CA that signed an https:// `--against` server's
+    /// certificate.
+    #[arg(long, env = "INFLIGHT_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Why a command failed, and so its exit code.
@@ -299,7 +311,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         }
         Command::Snapshot(args) => {
             init_logging(cli.log_format, "warn");
-            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let client = args.client.client()?;
             let query = inflight_api::SnapshotQuery {
                 limit: args.limit,
                 since: args.since,
@@ -320,7 +332,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         }
         Command::Reap(args) => {
             init_logging(cli.log_format, "warn");
-            let client = client::Client::new(&args.server, args.token)?;
+            let client = args.client()?;
             let counts = runtime()?.block_on(client.reap())?;
             println!(
                 "reaped {} abandoned (never started) and {} unsettled (started, never settled)",
@@ -330,7 +342,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         }
         Command::Show(args) => {
             init_logging(cli.log_format, "warn");
-            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let client = args.client.client()?;
             let record = runtime()?.block_on(async {
                 let id = client.resolve(&args.id, ids::Kind::Activity).await?;
                 client.activity(&id).await
@@ -346,7 +358,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         }
         Command::Cancel(args) => {
             init_logging(cli.log_format, "warn");
-            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let client = args.client.client()?;
             let record = runtime()?.block_on(async {
                 let id = client.resolve(&args.id, ids::Kind::Activity).await?;
                 client.cancel(&id, args.reason).await
@@ -364,7 +376,7 @@ fn execute(cli: Cli) -> Result<(), CliError> {
         }
         Command::Release(args) => {
             init_logging(cli.log_format, "warn");
-            let client = client::Client::new(&args.client.server, args.client.token.clone())?;
+            let client = args.client.client()?;
             let owner = runtime()?.block_on(async {
                 let id = client.resolve(&args.id, ids::Kind::Owner).await?;
                 client.release_owner(&id).await
@@ -388,7 +400,12 @@ fn execute(cli: Cli) -> Result<(), CliError> {
                 eprintln!("inflight: warning: {warning}");
             }
             if let Some(url) = &args.against {
-                for warning in runtime()?.block_on(against_server(&merged, url, args.token.clone()))? {
+                for warning in runtime()?.block_on(against_server(
+                    &merged,
+                    url,
+                    args.token.clone(),
+                    args.ca_file.as_deref(),
+                ))? {
                     eprintln!("inflight: warning: {warning}");
                 }
             }
@@ -460,8 +477,9 @@ async fn against_server(
     settings: &ServerSettings,
     url: &str,
     token: Option<String>,
+    ca_file: Option<&Path>,
 ) -> Result<Vec<String>, CliError> {
-    let client = client::Client::new(url, token)?;
+    let client = client::Client::new(url, token, ca_file)?;
     let snapshot = client.snapshot(&inflight_api::SnapshotQuery::default()).await?;
     let (caps, policy) = (settings.ledger.caps(), settings.ledger.policy());
     let mut seen = inflight::domain::warnings::Seen::default();

@@ -58,6 +58,10 @@ pub fn inflight() -> Command {
         "INFLIGHT_LISTEN",
         "INFLIGHT_STORE",
         "INFLIGHT_TOKEN",
+        "INFLIGHT_URL",
+        "INFLIGHT_CA_FILE",
+        "INFLIGHT_TLS_CERT",
+        "INFLIGHT_TLS_KEY",
         "RUST_LOG",
     ] {
         command.env_remove(var);
@@ -107,11 +111,17 @@ impl Server {
             .wait_for_log("the server to listen", |line| {
                 line["fields"]["message"]
                     .as_str()
-                    .is_some_and(|m| m.starts_with("listening on http://"))
+                    .is_some_and(|m| m.starts_with("listening on http"))
             })
             .await;
         let addr = line["fields"]["addr"].as_str().expect("addr field");
-        server.base = format!("http://{addr}");
+        let message = line["fields"]["message"].as_str().unwrap_or_default();
+        let scheme = if message.starts_with("listening on https://") {
+            "https"
+        } else {
+            "http"
+        };
+        server.base = format!("{scheme}://{addr}");
         server
     }
 
