@@ -453,3 +453,68 @@ async fn twenty_thousand_distinct_services_leave_the_scrape_bounded() {
     let snapshot: Value = serde_json::from_str(&snapshot).unwrap();
     assert_eq!(snapshot["totalSucceeded"], CALLS);
 }
+
+#[tokio::test]
+async fn series_come_in_the_order_of_their_labels_and_histograms_stay_whole() {
+    let (api, _ledger) = Api::new(MetricsOptions::default());
+    // Lanes begun out of order, each started and settled, so that every
+    // family (histograms included) has a series per lane.
+    let services = ["zeta", "alpha", "mu", "beta", "omega", "kappa", "delta", "sigma"];
+    for service in services {
+        let id = api
+            .begin(json!({"service": service, "provider": "ollama", "class": "chat"}))
+            .await;
+        api.post(&format!("/v1/activities/{id}/start"), json!({})).await;
+        api.advance(Duration::from_millis(5));
+        api.post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+            .await;
+    }
+    let (text, _) = api.metrics().await;
+    let mut sorted_services: Vec<&str> = services.to_vec();
+    sorted_services.sort_unstable();
+    let service_of = |line: &str| {
+        line.split("service=\"")
+            .nth(1)
+            .map(|rest| rest.split('"').next().unwrap().to_owned())
+    };
+    // The settle counter of one outcome: one line per lane (the declared
+    // `kb::ollama` too), in order.
+    let mut lanes = sorted_services.clone();
+    lanes.push("kb");
+    lanes.sort_unstable();
+    let settled: Vec<String> = text
+        .lines()
+        .filter(|line| line.starts_with("inflight_settled_total{") && line.contains("outcome=\"succeeded\""))
+        .filter_map(service_of)
+        .collect();
+    assert_eq!(settled, lanes, "{text}");
+    // A histogram's lines stay together per series, buckets ascending.
+    let histogram: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("inflight_execution_seconds"))
+        .collect();
+    let mut seen: Vec<String> = Vec::new();
+    let mut last_le = f64::NEG_INFINITY;
+    for line in &histogram {
+        let service = service_of(line).expect("a lane's histogram");
+        if seen.last() != Some(&service) {
+            assert!(
+                !seen.contains(&service),
+                "{service}'s lines are split: {histogram:#?}"
+            );
+            seen.push(service);
+            last_le = f64::NEG_INFINITY;
+        }
+        if let Some(le) = line.split("le=\"").nth(1) {
+            let le = le.split('"').next().unwrap();
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            assert!(le > last_le, "buckets out of order: {histogram:#?}");
+            last_le = le;
+        }
+    }
+    assert_eq!(seen, sorted_services, "{histogram:#?}");
+}

@@ -163,7 +163,60 @@ pub fn render(snapshot: &Snapshot, stats: &StatsSnapshot, options: MetricsOption
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &registry);
-    text
+    sorted_series(&text)
+}
+
+/// `text` with each family's series in the order of their labels.
+/// prometheus-client writes a family's series in its hash map's order, so
+/// that a lane moved between two scrapes, and a person reading the scrape
+/// or diffing two could not find one. A series keeps its lines together and
+/// in their order (a histogram's `_sum`, `_count` and buckets): lines are
+/// ordered by their labels less `le`, stably.
+fn sorted_series(text: &str) -> String {
+    /// A line's labels less `le` (wherever prometheus-client put it).
+    fn series(line: &str) -> String {
+        let labels = line.find('{').map_or("", |at| &line[at..]);
+        let labels = labels.rfind('}').map_or(labels, |end| &labels[..=end]);
+        let label_start = |&(at, _): &(usize, &str)| at > 0 && matches!(&labels[at - 1..at], "{" | ",");
+        let Some((at, _)) = labels.match_indices("le=\"").find(label_start) else {
+            return labels.to_owned();
+        };
+        let end = labels[at + 4..]
+            .find('"')
+            .map_or(labels.len(), |close| at + 4 + close + 1);
+        // The comma after it, or else the one before it, goes with it.
+        let (from, to) = if labels[end..].starts_with(',') {
+            (at, end + 1)
+        } else {
+            (at - 1, end)
+        };
+        let from = if labels[from..].starts_with('{') {
+            from + 1
+        } else {
+            from
+        };
+        format!("{}{}", &labels[..from], &labels[to..])
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut samples: Vec<&str> = Vec::new();
+    let flush = |samples: &mut Vec<&str>, out: &mut String| {
+        samples.sort_by_cached_key(|line| series(line));
+        for line in samples.drain(..) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut samples, &mut out);
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            samples.push(line);
+        }
+    }
+    flush(&mut samples, &mut out);
+    out
 }
 
 /// The lanes' gauges (store-wide), over `queued` records as admission
