@@ -64,10 +64,26 @@ export interface ClientOptions {
    */
   onLedgerError?(err: unknown, record: ActivityRecord): void;
   /**
+   * Called with what the client noticed but the server let pass: a begin
+   * whose answer lists `ignoredFields` (top-level fields the server does not
+   * know, e.g. a misspelled `clas`). Once per distinct set of field names
+   * for this client, not on every call. Default: `console.warn(message)`.
+   */
+  onWarning?(message: string, warning: InflightWarning): void;
+  /**
    * A `fetch` to use instead of the global one. With a CA, it receives the
    * connection pool that trusts it as `init.dispatcher` (an undici `Agent`).
    */
   fetch?: typeof fetch;
+}
+
+/** What `onWarning` is told about, beside its message. */
+export interface InflightWarning {
+  kind: "ignoredFields";
+  /** The begin's top-level fields the server ignored, as the server named them. */
+  fields: string[];
+  /** The record the begin made (the fields were dropped, the record stands). */
+  record: ActivityRecord;
 }
 
 export interface RunOptions extends Lifecycle {
@@ -147,20 +163,40 @@ function caOption(options: ClientOptions): string | undefined {
 /** Node's codes for a certificate that could not be verified. */
 const CERTIFICATE_CODES = /CERT|UNABLE_TO_|SELF_SIGNED|^ERR_TLS_/;
 
+/** Node's and undici's codes for a connection that failed, in words. */
+const TRANSPORT_CODES: Record<string, string> = {
+  ECONNREFUSED: "connection refused",
+  ECONNRESET: "connection reset",
+  EPIPE: "connection closed while sending",
+  ENOTFOUND: "no such host",
+  EAI_AGAIN: "the host name could not be resolved (DNS)",
+  EHOSTUNREACH: "host unreachable",
+  ENETUNREACH: "network unreachable",
+  ETIMEDOUT: "connection timed out",
+  UND_ERR_CONNECT_TIMEOUT: "connection timed out",
+  UND_ERR_SOCKET: "the connection closed without an answer",
+  UND_ERR_CLOSED: "the connection closed without an answer",
+};
+
 /**
  * The error for a request that got no answer: `TLSError` when the TLS
  * handshake failed (retrying would fail again), else `UnavailableError`.
- * `fetch` says only "fetch failed"; what happened is in its `cause`.
+ * `fetch` says only "fetch failed"; what happened is in its `cause`, so the
+ * message names the server (`base`) and that cause.
  */
-function transportError(what: string, err: unknown): InflightError {
+function transportError(what: string, base: string, err: unknown): InflightError {
   let cause: unknown = err;
   while (cause instanceof Error && cause.message === "fetch failed" && cause.cause !== undefined) cause = cause.cause;
+  // A connection to a name with several addresses fails with an AggregateError of each.
+  if (cause instanceof AggregateError && cause.errors.length > 0 && (cause as { code?: unknown }).code === undefined) {
+    cause = cause.errors[0];
+  }
   const code = (cause as { code?: unknown } | undefined)?.code;
   const message = cause instanceof Error ? cause.message : String(cause);
   if (typeof code === "string" && CERTIFICATE_CODES.test(code)) {
     return new TLSError(
       "unavailable",
-      `${what}: the server's TLS certificate was refused: ${message} (${code}); ` +
+      `${what}: the TLS certificate of ${base} was refused: ${message} (${code}); ` +
         "trust its certificate authority with the caFile option or INFLIGHT_CA_FILE",
       { cause: err },
     );
@@ -169,14 +205,16 @@ function transportError(what: string, err: unknown): InflightError {
     // OpenSSL's message is a raw error line; its `reason` is the readable part.
     const reason = (cause as { reason?: unknown }).reason ?? message;
     const hint = code === "ERR_SSL_WRONG_VERSION_NUMBER" ? " (does the server serve TLS? if not, its URL is http://)" : "";
-    return new TLSError("unavailable", `${what}: the TLS handshake failed: ${String(reason)}${hint}`, { cause: err });
+    return new TLSError("unavailable", `${what}: the TLS handshake with ${base} failed: ${String(reason)}${hint}`, { cause: err });
   }
   // A TLS server answers a plain request with a TLS alert, which is no HTTP.
   const hint =
-    typeof code === "string" && code.startsWith("HPE_") && what.includes(" http:")
+    typeof code === "string" && code.startsWith("HPE_") && base.startsWith("http:")
       ? "; does the server serve https? then its URL is https://"
       : "";
-  return new UnavailableError("unavailable", `${what}: no answer from the server (${message})${hint}`, { cause: err });
+  const words = typeof code === "string" ? TRANSPORT_CODES[code] : undefined;
+  const why = words !== undefined ? `${words} (${code})` : typeof code === "string" ? `${message} (${code})` : message;
+  return new UnavailableError("unavailable", `${what}: cannot reach ${base}: ${why}${hint}`, { cause: err });
 }
 
 function toWireTime(value: TimestampInput | undefined): number | string | undefined {
@@ -258,6 +296,9 @@ export class InflightClient {
   private readonly dispatcher: Agent | undefined;
   readonly lifecycle: Lifecycle | undefined;
   private readonly onLedgerError: (err: unknown, record: ActivityRecord) => void;
+  private readonly onWarning: (message: string, warning: InflightWarning) => void;
+  /** The sets of ignored fields already warned about (sorted, joined), so each is told once. */
+  private readonly warnedIgnored = new Set<string>();
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? process.env.INFLIGHT_URL ?? "http://127.0.0.1:7878").replace(/\/+$/, "");
@@ -281,6 +322,7 @@ export class InflightClient {
             "the server reaps it past its bound",
           "InflightWarning",
         ));
+    this.onWarning = options.onWarning ?? ((message) => console.warn(message));
   }
 
   // ---- one request -------------------------------------------------------
@@ -319,9 +361,10 @@ export class InflightClient {
         error = this.errorFromAnswer(response, text, `${method} ${path}`);
       } catch (err) {
         if (options.signal?.aborted) throw options.signal.reason;
+        const limitMs = this.requestTimeoutMs + (options.extraTimeoutMs ?? 0);
         error = timeout.signal.aborted
-          ? new UnavailableError("unavailable", `${method} ${url}: no answer from the server (timed out)`, { cause: err })
-          : transportError(`${method} ${url}`, err);
+          ? new UnavailableError("unavailable", `${method} ${path}: no answer from ${this.baseUrl} within ${limitMs} ms`, { cause: err })
+          : transportError(`${method} ${path}`, this.baseUrl, err);
       } finally {
         timeout.clear();
         combined.dispose();
@@ -385,7 +428,26 @@ export class InflightClient {
       signal: options.signal,
       extraTimeoutMs: waitMs ?? 0,
     });
+    this.warnIgnoredFields(record);
     return new Activity(this, record);
+  }
+
+  /** Tells `onWarning` once per distinct set of fields a begin's answer says the server ignored. */
+  private warnIgnoredFields(record: ActivityRecord): void {
+    const fields = record.ignoredFields;
+    if (!fields || fields.length === 0) return;
+    const key = [...fields].sort().join("\n");
+    if (this.warnedIgnored.has(key)) return;
+    this.warnedIgnored.add(key);
+    const message =
+      `inflight: the server ignored the begin's unknown field${fields.length > 1 ? "s" : ""} ` +
+      `${fields.map((f) => JSON.stringify(f)).join(", ")} (activity ${record.activityId} on ` +
+      `${record.service}::${record.provider}); a misspelling? (told once per set of fields)`;
+    try {
+      this.onWarning(message, { kind: "ignoredFields", fields: [...fields], record });
+    } catch {
+      // The hook's failure is the hook's: the call goes on.
+    }
   }
 
   /** The record with this id (reaped first if it is past its bound). */

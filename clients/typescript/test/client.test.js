@@ -300,13 +300,31 @@ describe("the handle and errors", () => {
       down.run({ service: "down", provider: "p" }, async () => {
         fnCalled = true;
       }),
-      (err) => err instanceof UnavailableError && err.code === "unavailable" && err instanceof InflightError,
+      (err) => {
+        assert.ok(err instanceof UnavailableError && err instanceof InflightError);
+        assert.equal(err.code, "unavailable");
+        // The message names the server and why it could not be reached.
+        assert.equal(
+          err.message,
+          `POST /v1/activities: cannot reach http://127.0.0.1:${port}: connection refused (ECONNREFUSED)`,
+        );
+        return true;
+      },
     );
     assert.equal(fnCalled, false);
     assert.deepEqual(calls, ["POST /v1/activities"], "a begin is sent once");
     calls = [];
-    await assert.rejects(down.snapshot(), UnavailableError);
+    await assert.rejects(down.snapshot(), {
+      name: "UnavailableError",
+      message: `GET /v1/snapshot: cannot reach http://127.0.0.1:${port}: connection refused (ECONNREFUSED)`,
+    });
     assert.equal(calls.length, 3, "a read is tried 1 + 2 times");
+    // A host that does not resolve is named too.
+    const nowhere = new InflightClient({ baseUrl: "http://inflight.invalid:7878", retry: { retries: 0 } });
+    await assert.rejects(nowhere.snapshot(), {
+      // No such host, or no DNS server at all on a sandboxed machine.
+      message: /^GET \/v1\/snapshot: cannot reach http:\/\/inflight\.invalid:7878: .+ \((ENOTFOUND|EAI_AGAIN)\)$/,
+    });
     assert.equal(await down.healthy(), false);
   });
 
@@ -351,6 +369,54 @@ describe("the handle and errors", () => {
     const snap = await c.snapshot();
     assert.equal(typeof snap.totalActivities, "number");
     assert.equal(attempts, 3);
+  });
+});
+
+describe("warnings", () => {
+  test("a begin's ignored fields are told through onWarning, once per set of field names", async () => {
+    const told = [];
+    const c = new InflightClient({
+      baseUrl: server.url,
+      token: TOKEN,
+      onWarning: (message, warning) => told.push({ message, warning }),
+    });
+    const a = await c.begin({ service: "typo", provider: "p", clas: "chat", modle: "m" });
+    assert.deepEqual([...a.record.ignoredFields].sort(), ["clas", "modle"]);
+    assert.equal(told.length, 1);
+    assert.equal(told[0].warning.kind, "ignoredFields");
+    assert.deepEqual([...told[0].warning.fields].sort(), ["clas", "modle"]);
+    assert.equal(told[0].warning.record.activityId, a.id);
+    assert.match(told[0].message, /ignored .*"clas".*"modle".* typo::p/);
+    // The same set again (in any order, through run too): not told again.
+    await c.begin({ service: "typo", provider: "p", modle: "m", clas: "chat" });
+    await c.run({ service: "typo", provider: "p", clas: "chat", modle: "m" }, async () => "ok");
+    assert.equal(told.length, 1);
+    // Another set is told; a begin with only known fields is not.
+    await c.run({ service: "typo", provider: "p", clas: "chat" }, async () => "ok");
+    await c.run({ service: "typo", provider: "p", class: "chat", model: "m" }, async () => "ok");
+    assert.equal(told.length, 2);
+    assert.deepEqual(told[1].warning.fields, ["clas"]);
+    // Once per client: another client tells its own.
+    const other = [];
+    const d = new InflightClient({ baseUrl: server.url, token: TOKEN, onWarning: (m) => other.push(m) });
+    await d.begin({ service: "typo", provider: "p", clas: "chat", modle: "m" });
+    assert.equal(other.length, 1);
+    await a.cancel();
+  });
+
+  test("by default an ignored field goes to console.warn", async () => {
+    const warned = [];
+    const original = console.warn;
+    console.warn = (...args) => warned.push(args.join(" "));
+    try {
+      const c = new InflightClient({ baseUrl: server.url, token: TOKEN });
+      await c.run({ service: "typo", provider: "p", modle: "m" }, async () => "ok");
+      await c.run({ service: "typo", provider: "p", modle: "m" }, async () => "ok");
+    } finally {
+      console.warn = original;
+    }
+    assert.equal(warned.length, 1);
+    assert.match(warned[0], /"modle"/);
   });
 });
 
