@@ -9,9 +9,16 @@ import type { ServerErrorCode } from "./wire.js";
  */
 export type ErrorCode = ServerErrorCode | "wait_timeout";
 
+/**
+ * Marks the errors of either build (ESM and CommonJS are two copies of each
+ * class), so `isInflightError` holds across them where `instanceof` cannot.
+ */
+const ERROR_BRAND: unique symbol = Symbol.for("inflight-ledger.InflightError");
+
 /** An error from the ledger, typed by its `code`. */
 export class InflightError extends Error {
   override name = "InflightError";
+  readonly [ERROR_BRAND] = true;
   /** The server's error code, or the client's own (`unavailable`, `wait_timeout`). */
   readonly code: ErrorCode;
   /** The HTTP status, when the server answered. */
@@ -110,7 +117,12 @@ export function errorFor(
   return new Class(code, message, options);
 }
 
-/** Whether `err` is an `InflightError`, with `code` when given. */
+/**
+ * Whether `err` is an `InflightError`, with `code` when given. Unlike
+ * `instanceof`, it holds for an error of the other build too (a program that
+ * both `require`s and `import`s the package has two copies of each class).
+ */
 export function isInflightError(err: unknown, code?: ErrorCode): err is InflightError {
-  return err instanceof InflightError && (code === undefined || err.code === code);
+  if (typeof err !== "object" || err === null || (err as { [ERROR_BRAND]?: unknown })[ERROR_BRAND] !== true) return false;
+  return code === undefined || (err as InflightError).code === code;
 }
