@@ -23,7 +23,7 @@ TOKEN = "py-client-test-token"
 #: Lanes with a cap of 1, one per test that needs a full lane.
 CAPPED = [f"{name}::capped" for name in (
     "wait", "exec", "timeout", "owner", "full", "maxwait", "kbint",
-    "await", "aexec", "atimeout", "aowner", "amaxwait", "now", "anow",
+    "await", "aexec", "atimeout", "aowner", "amaxwait", "now", "anow", "cancel", "hcancel",
 )]
 
 

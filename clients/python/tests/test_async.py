@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -173,11 +174,31 @@ async def test_lane_full_and_typed_errors(server):
 
 
 async def test_server_unreachable():
-    async with AsyncLedger(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.005) as down:
-        with pytest.raises(UnavailableError):
+    port = free_port()
+    async with AsyncLedger(f"http://127.0.0.1:{port}", retries=1, backoff=0.005) as down:
+        with pytest.raises(UnavailableError) as info:
             async with down.activity(service="down", provider="p"):
                 pytest.fail("not entered")
+        assert str(info.value) == (
+            f"POST /v1/activities: cannot reach http://127.0.0.1:{port}: connection refused (ECONNREFUSED)"
+        )
         assert await down.healthy() is False
+
+
+async def test_ignored_fields_are_logged_once_per_set(server, caplog):
+    caplog.set_level(logging.WARNING, logger="inflight_ledger")
+    async with AsyncLedger(server.url, token=TOKEN) as ledger:
+        begun = []
+        for _ in range(3):
+            async with ledger.activity(service="typo", provider="p", clas="chat", modle="m",
+                                       lifecycle=Lifecycle(on_enqueued=begun.append)):
+                pass
+        assert sorted(begun[0]["ignoredFields"]) == ["clas", "modle"]  # the begin's answer
+        async with ledger.activity(service="typo", provider="p", class_="chat"):
+            pass
+    told = [r for r in caplog.records if r.name == "inflight_ledger"]
+    assert len(told) == 1
+    assert '"clas", "modle"' in told[0].getMessage() and "typo::p" in told[0].getMessage()
 
 
 async def test_a_dead_owners_slot_comes_back(server):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from inflight_ledger import (
     NotFoundError,
     UnauthorizedError,
     UnavailableError,
+    WaitCancelledError,
     WaitTimeoutError,
 )
 
@@ -225,12 +227,123 @@ def test_server_unreachable_is_unavailable_and_only_idempotent_requests_retry():
         assert not entered
         assert info.value.code == "unavailable"
         assert isinstance(info.value, InflightError)
+        # The message names the server and why it could not be reached.
+        base = down.config.base_url
+        assert str(info.value) == f"POST /v1/activities: cannot reach {base}: connection refused (ECONNREFUSED)"
         assert seen == ["POST /v1/activities"], "a begin is sent once"
         seen.clear()
-        with pytest.raises(UnavailableError):
+        with pytest.raises(UnavailableError, match=f"^GET /v1/snapshot: cannot reach {base}: connection refused"):
             down.snapshot()
         assert len(seen) == 3, "a read is tried 1 + 2 times"
         assert down.healthy() is False
+    # A host that does not resolve is named too (no DNS at all on a sandboxed machine says so).
+    with Ledger("http://inflight.invalid:7878", retries=0) as nowhere:
+        with pytest.raises(UnavailableError) as info:
+            nowhere.snapshot()
+        assert str(info.value).startswith("GET /v1/snapshot: cannot reach http://inflight.invalid:7878: ")
+        assert str(info.value).endswith(("(EAI_NONAME)", "(EAI_AGAIN)"))
+
+
+def test_ignored_fields_are_logged_once_per_set_per_client(server, caplog):
+    caplog.set_level(logging.WARNING, logger="inflight_ledger")
+
+    def told():
+        return [r for r in caplog.records if r.name == "inflight_ledger"]
+
+    with Ledger(server.url, token=TOKEN) as ledger:
+        a = ledger.begin(service="typo", provider="p", clas="chat", modle="m")
+        assert sorted(a.record["ignoredFields"]) == ["clas", "modle"]
+        assert len(told()) == 1
+        message = told()[0].getMessage()
+        assert '"clas", "modle"' in message and "typo::p" in message and a.id in message
+        assert sorted(told()[0].inflight_ignored_fields) == ["clas", "modle"]
+        # The same set again, in another order or through a block: not logged again.
+        ledger.begin({"service": "typo", "provider": "p", "modle": "m", "clas": "chat"}).cancel()
+        with ledger.activity(service="typo", provider="p", clas="chat", modle="m"):
+            pass
+        assert len(told()) == 1
+        # Another set is; known fields only (snake case included) are not.
+        with ledger.activity(service="typo", provider="p", operation_stag="ingest"):
+            pass
+        with ledger.activity(service="typo", provider="p", class_="chat", operation_stage="ingest", model="m"):
+            pass
+        assert len(told()) == 2
+        assert '"operation_stag"' in told()[1].getMessage()
+        a.cancel()
+    with Ledger(server.url, token=TOKEN) as other:  # per client: another tells its own
+        other.begin(service="typo", provider="p", clas="chat", modle="m").cancel()
+    assert len(told()) == 3
+
+
+def test_a_cancel_event_aborts_a_call_waiting_in_line(ledger):
+    lane = "cancel::capped"
+    holder = hold_slot(ledger, lane)
+    cancel = threading.Event()
+    enqueued = threading.Event()
+    seen = []
+    outcome = {}
+
+    def waiter():
+        hooks = Lifecycle(on_enqueued=lambda r: (seen.append(r), enqueued.set()))
+        try:
+            # wait_step 10 s: the abort must not wait for the held ?wait= to end.
+            with ledger.activity(service="cancel", provider="capped", cancel=cancel, lifecycle=hooks):
+                outcome["entered"] = True
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert enqueued.wait(5)
+    time.sleep(0.3)  # in its ?wait= request
+    assert counts(ledger, lane) == {"executing": 1, "waiting": 1, "inFlight": 2}
+    set_at = time.monotonic()
+    cancel.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert "entered" not in outcome
+    error = outcome["error"]
+    assert isinstance(error, WaitCancelledError) and error.code == "wait_cancelled"
+    assert "cancel event" in str(error) and seen[0]["activityId"] in str(error)
+    assert outcome["at"] - set_at < 1.0, "the abort took effect at once, not at the end of the wait step"
+    # Cancelled on the server, nothing leaked: the lane holds only the holder.
+    snap = ledger.snapshot(limit=1000)
+    done = {r["activityId"]: r for r in snap["recentCompletions"]}
+    record = done[seen[0]["activityId"]]
+    assert record["state"] == "cancelled"
+    assert record["startedAt"] is None
+    assert record["cancelReason"] == "cancelled"
+    assert lane_counts(snap, lane) == {"executing": 1, "waiting": 0, "inFlight": 1}
+    holder.succeed()
+    assert counts(ledger, lane) == EMPTY
+    # An event already set: nothing is begun.
+    with pytest.raises(WaitCancelledError, match="nothing was recorded"):
+        with ledger.activity(service="cancel", provider="capped", cancel=cancel):
+            pytest.fail("not entered")
+
+
+def test_the_handles_admit_takes_a_cancel_event_and_a_block_aborted_is_cancelled(ledger):
+    lane = "hcancel::capped"
+    holder = hold_slot(ledger, lane)
+    waiting = ledger.begin(service="hcancel", provider="capped")
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(WaitCancelledError):
+        waiting.admit(wait_step=10, cancel=cancel)
+    assert time.monotonic() - started < 1.3
+    assert waiting.refresh()["state"] == "cancelled"
+    holder.succeed()
+    # Admitted, then aborted: an exception leaving the block while the event
+    # is set records cancelled, not failed.
+    stop = threading.Event()
+    with pytest.raises(RuntimeError):
+        with ledger.activity(service="hcancel", provider="capped", cancel=stop) as call:
+            stop.set()
+            raise RuntimeError("the provider call saw the event and gave up")
+    assert ledger.get_activity(call.id)["state"] == "cancelled"
+    assert counts(ledger, lane) == EMPTY
 
 
 class Scripted(httpx.HTTPTransport):

@@ -20,6 +20,7 @@ from .errors import (
     TLSError,
     UnauthorizedError,
     UnavailableError,
+    WaitCancelledError,
     WaitTimeoutError,
     error_for,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "TYPES",
     "UnauthorizedError",
     "UnavailableError",
+    "WaitCancelledError",
     "WaitTimeoutError",
     "error_for",
     "field_names",

@@ -3,20 +3,27 @@ answers, backoff, lifecycle hooks. No I/O here."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import random
+import socket
 import ssl
+import threading
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Set, Tuple, Union
 from urllib.parse import quote, urlencode
 
 import httpx
 
-from .errors import InflightError, TLSError, UnavailableError, WaitTimeoutError, error_for
+from .errors import InflightError, TLSError, UnavailableError, WaitCancelledError, WaitTimeoutError, error_for
 from .wire import ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest
+
+#: Where the client logs what the server let pass (a begin's ignored fields).
+log = logging.getLogger("inflight_ledger")
 
 DEFAULT_URL = "http://127.0.0.1:7878"
 #: The server holds a ``?wait=`` at most this long.
@@ -54,6 +61,37 @@ def call_hook(hooks: Tuple[Optional[Lifecycle], ...], name: str, record: Activit
             hook(record)
         except Exception:  # noqa: BLE001 - a hook's failure is the hook's; the call goes on
             pass
+
+
+class IgnoredFieldsLog:
+    """Logs the fields a begin's answer says the server ignored
+    (``ignoredFields``: top-level fields it does not know, e.g. a misspelled
+    ``clas``), once per distinct set of names for the client that owns it,
+    so a misspelling in a hot path is told once, not on every call."""
+
+    def __init__(self) -> None:
+        self._told: Set[FrozenSet[str]] = set()
+        self._lock = threading.Lock()  # a sync Ledger is shared by threads
+
+    def note(self, record: ActivityRecord) -> None:
+        fields = record.get("ignoredFields") or []
+        if not fields:
+            return
+        key = frozenset(fields)
+        with self._lock:
+            if key in self._told:
+                return
+            self._told.add(key)
+        log.warning(
+            "inflight: the server ignored the begin's unknown field%s %s (activity %s on %s::%s); "
+            "a misspelling? (told once per set of fields)",
+            "s" if len(fields) > 1 else "",
+            ", ".join(json.dumps(f) for f in fields),
+            record.get("activityId"),
+            record.get("service"),
+            record.get("provider"),
+            extra={"inflight_ignored_fields": list(fields), "inflight_activity_id": record.get("activityId")},
+        )
 
 
 def wire_time(value: Any) -> Any:
@@ -179,32 +217,73 @@ def read_answer(response: httpx.Response, what: str) -> Any:
     )
 
 
-def unavailable(what: str, err: BaseException) -> UnavailableError:
+#: getaddrinfo's failures (socket.gaierror), which errno.errorcode does not name.
+_GAI_ERRORS = {
+    getattr(socket, name): (name, words)
+    for name, words in (
+        ("EAI_NONAME", "no such host"),
+        ("EAI_AGAIN", "the host name could not be resolved (DNS)"),
+        ("EAI_FAIL", "the host name could not be resolved (DNS)"),
+        ("EAI_NODATA", "no such host"),
+    )
+    if hasattr(socket, name)
+}
+
+#: OS errors of a connection, in words.
+_ERRNO_WORDS = {
+    "ECONNREFUSED": "connection refused",
+    "ECONNRESET": "connection reset",
+    "ECONNABORTED": "connection aborted",
+    "EPIPE": "connection closed while sending",
+    "EHOSTUNREACH": "host unreachable",
+    "ENETUNREACH": "network unreachable",
+    "ETIMEDOUT": "connection timed out",
+}
+
+
+def _why(err: BaseException, timeout: Optional[float]) -> str:
+    """Why a request got no answer, in words, with the OS's code when there
+    is one (``connection refused (ECONNREFUSED)``). httpx keeps the OS error
+    as the cause of its own."""
+    cause: Optional[BaseException] = err
+    while cause is not None:
+        if isinstance(cause, socket.gaierror) and cause.errno in _GAI_ERRORS:
+            name, words = _GAI_ERRORS[cause.errno]
+            return f"{words} ({name})"
+        if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno in errno.errorcode:
+            name = errno.errorcode[cause.errno]
+            return f"{_ERRNO_WORDS.get(name) or cause.strerror or name} ({name})"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(err, httpx.ConnectTimeout):
+        return "connection timed out"
+    if isinstance(err, httpx.TimeoutException):
+        return "no answer in time" if timeout is None else f"no answer within {timeout:g} s"
+    if isinstance(err, httpx.RemoteProtocolError):
+        return f"the connection closed without an answer ({err})"
+    return f"{type(err).__name__}: {err}"
+
+
+def unavailable(what: str, base: str, err: BaseException, timeout: Optional[float] = None) -> UnavailableError:
     """The error for a request that got no answer: ``TLSError`` when the TLS
     handshake failed (httpx keeps the ``ssl`` error as a cause), else
-    ``UnavailableError``."""
+    ``UnavailableError``. Each names the server (``base``) and the cause."""
     cause: Optional[BaseException] = err
     while cause is not None and not isinstance(cause, ssl.SSLError):
         cause = cause.__cause__ or cause.__context__
     if isinstance(cause, ssl.SSLCertVerificationError):
         return TLSError(
             "unavailable",
-            f"{what}: the server's TLS certificate was refused: {cause.verify_message or cause}; "
+            f"{what}: the TLS certificate of {base} was refused: {cause.verify_message or cause}; "
             "trust its certificate authority with ca_file or INFLIGHT_CA_FILE",
         )
     if cause is not None:
         hint = " (does the server serve TLS? if not, its URL is http://)" if cause.reason == "WRONG_VERSION_NUMBER" else ""
-        return TLSError("unavailable", f"{what}: the TLS handshake failed: {cause}{hint}")
+        return TLSError("unavailable", f"{what}: the TLS handshake with {base} failed: {cause}{hint}")
     hint = ""
     # A TLS server answers a plain request with a TLS alert, which is no HTTP.
-    if isinstance(err, httpx.RemoteProtocolError):
-        try:
-            plain = err.request.url.scheme == "http"
-        except RuntimeError:  # httpx raises it when the error has no request
-            plain = False
-        if plain:
-            hint = "; does the server serve https? then its URL is https://"
-    return UnavailableError("unavailable", f"{what}: no answer from the server ({type(err).__name__}: {err}){hint}")
+    if isinstance(err, httpx.RemoteProtocolError) and base.startswith("http:"):
+        hint = "; does the server serve https? then its URL is https://"
+    return UnavailableError("unavailable", f"{what}: cannot reach {base}: {_why(err, timeout)}{hint}")
 
 
 def retryable(route: str, err: InflightError) -> bool:
@@ -234,9 +313,19 @@ def wait_timeout(record: ActivityRecord, max_wait: Optional[float]) -> WaitTimeo
     )
 
 
+def wait_cancelled(record: ActivityRecord) -> WaitCancelledError:
+    return WaitCancelledError(
+        "wait_cancelled",
+        f"activity {record['activityId']} on {record['service']}::{record['provider']}: "
+        "its cancel event was set while it waited in line; the record is cancelled",
+    )
+
+
 def cancel_reason(exc: Optional[BaseException]) -> str:
     if isinstance(exc, WaitTimeoutError):
         return "wait timeout"
+    if isinstance(exc, WaitCancelledError):
+        return "cancelled"
     if isinstance(exc, TimeoutError):
         return "timeout"
     if isinstance(exc, KeyboardInterrupt):
@@ -260,6 +349,7 @@ def is_abort(exc: Optional[BaseException]) -> bool:
 
 __all__ = [
     "Config",
+    "IgnoredFieldsLog",
     "InflightError",
     "Lifecycle",
     "build_spec",
@@ -271,6 +361,7 @@ __all__ = [
     "read_answer",
     "retryable",
     "unavailable",
+    "wait_cancelled",
     "wait_param",
     "wait_timeout",
 ]

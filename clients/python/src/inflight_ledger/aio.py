@@ -13,6 +13,7 @@ import httpx
 
 from ._common import (
     Config,
+    IgnoredFieldsLog,
     Lifecycle,
     build_spec,
     call_hook,
@@ -66,6 +67,7 @@ class AsyncLedger:
         self.on_ledger_error = on_ledger_error or default_ledger_error
         #: The owner whose id tags the records this client begins, if any.
         self.owner_id: Optional[str] = None
+        self._ignored_fields = IgnoredFieldsLog()
         self._http = httpx.AsyncClient(transport=transport, verify=self.config.verify)
 
     async def aclose(self) -> None:
@@ -104,7 +106,7 @@ class AsyncLedger:
             except InflightError as err:
                 error = err
             except httpx.TransportError as err:
-                error = unavailable(what, err)
+                error = unavailable(what, self.config.base_url, err, self.config.timeout + extra_timeout)
             if not retryable(route, error) or attempt + 1 >= attempts:
                 raise error
             await asyncio.sleep(self.config.delay(attempt, error))
@@ -132,6 +134,7 @@ class AsyncLedger:
         record = await self.request(
             "begin", query=query, body=build_spec(spec, fields, self.owner_id), extra_timeout=wait or 0.0
         )
+        self._ignored_fields.note(record)
         return AsyncActivity(self, record)
 
     async def get_activity(self, activity_id: str) -> ActivityRecord:

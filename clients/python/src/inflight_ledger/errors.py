@@ -11,7 +11,8 @@ class InflightError(Exception):
     ``code`` is the server's code (``lane_full``, ``not_found``,
     ``invalid_request``, ``conflict``, ``unauthorized``, ``unavailable``,
     ...) or the client's own ``wait_timeout`` (the call waited in line longer
-    than its ``max_wait``). ``unavailable`` is also the client's when no
+    than its ``max_wait``) and ``wait_cancelled`` (its ``cancel`` event was
+    set while it waited). ``unavailable`` is also the client's when no
     answer came, or a 5xx that is not the server's error body.
     """
 
@@ -45,6 +46,11 @@ class LaneFullError(InflightError):
 
 class WaitTimeoutError(InflightError):
     """The call waited in line longer than ``max_wait``; its record was cancelled."""
+
+
+class WaitCancelledError(InflightError):
+    """The client's own ``wait_cancelled``: the call's ``cancel`` event was
+    set while it waited in line (or before); its record was cancelled."""
 
 
 class NotFoundError(InflightError):
@@ -86,6 +92,7 @@ class TLSError(UnavailableError):
 _CLASSES: Dict[str, Type[InflightError]] = {
     "lane_full": LaneFullError,
     "wait_timeout": WaitTimeoutError,
+    "wait_cancelled": WaitCancelledError,
     "not_found": NotFoundError,
     "invalid_request": InvalidRequestError,
     "unauthorized": UnauthorizedError,

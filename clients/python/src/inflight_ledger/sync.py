@@ -13,6 +13,7 @@ import httpx
 
 from ._common import (
     Config,
+    IgnoredFieldsLog,
     Lifecycle,
     build_spec,
     call_hook,
@@ -23,11 +24,12 @@ from ._common import (
     read_answer,
     retryable,
     unavailable,
+    wait_cancelled,
     wait_param,
     wait_timeout,
     wire_time,
 )
-from .errors import InflightError
+from .errors import InflightError, WaitCancelledError
 from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snapshot
 
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
@@ -68,6 +70,7 @@ class Ledger:
         self.on_ledger_error = on_ledger_error or default_ledger_error
         #: The owner whose id tags the records this client begins, if any.
         self.owner_id: Optional[str] = None
+        self._ignored_fields = IgnoredFieldsLog()
         self._http = httpx.Client(transport=transport, verify=self.config.verify)
 
     def close(self) -> None:
@@ -108,7 +111,7 @@ class Ledger:
             except InflightError as err:
                 error = err
             except httpx.TransportError as err:
-                error = unavailable(what, err)
+                error = unavailable(what, self.config.base_url, err, self.config.timeout + extra_timeout)
             if not retryable(route, error) or attempt + 1 >= attempts:
                 raise error
             time.sleep(self.config.delay(attempt, error))
@@ -138,6 +141,7 @@ class Ledger:
         record = self.request(
             "begin", query=query, body=build_spec(spec, fields, self.owner_id), extra_timeout=wait or 0.0
         )
+        self._ignored_fields.note(record)
         return Activity(self, record)
 
     def get_activity(self, activity_id: str) -> ActivityRecord:
@@ -175,14 +179,22 @@ class Ledger:
         wait_step: float = 10.0,
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
         lifecycle: Optional[Lifecycle] = None,
+        cancel: Optional[threading.Event] = None,
         **fields: Any,
     ) -> "ActivityBlock":
         """A block that is one provider call (see the class's doc).
 
         ``max_wait``: give up waiting in line after this many seconds with
         ``WaitTimeoutError`` (the record is cancelled). ``failure_stage``:
-        where an exception happened (or a function of it)."""
-        return ActivityBlock(self, build_spec(spec, fields, None), max_wait, wait_step, failure_stage, lifecycle)
+        where an exception happened (or a function of it). ``cancel``: an
+        event another thread may set to abort the call: while it waits in
+        line (or before), ``WaitCancelledError`` is raised at once and the
+        record is cancelled; once the block runs, an exception leaving it
+        while the event is set records ``cancelled`` rather than ``failed``
+        (the block itself watches the event for its own work)."""
+        return ActivityBlock(
+            self, build_spec(spec, fields, None), max_wait, wait_step, failure_stage, lifecycle, cancel
+        )
 
     def observe_unqueued(
         self, spec: Optional[Mapping[str, Any]] = None, *, lifecycle: Optional[Lifecycle] = None, **fields: Any
@@ -191,7 +203,7 @@ class Ledger:
         never counted in a lane nor refused), settled like ``activity``."""
         body = build_spec(spec, fields, None)
         body["admission"] = "direct"
-        return ActivityBlock(self, body, None, 10.0, "provider", lifecycle)
+        return ActivityBlock(self, body, None, 10.0, "provider", lifecycle, None)
 
     def join_as_owner(
         self,
@@ -245,18 +257,52 @@ class Activity:
             self.ledger.request("start", id=self.id, query={"wait": param}, body=body, extra_timeout=wait or 0.0)
         )
 
-    def admit(self, *, max_wait: Optional[float] = None, wait_step: float = 10.0) -> ActivityRecord:
-        """Waits in line with bounded ``?wait=`` requests until admitted."""
+    def admit(
+        self, *, max_wait: Optional[float] = None, wait_step: float = 10.0, cancel: Optional[threading.Event] = None
+    ) -> ActivityRecord:
+        """Waits in line with bounded ``?wait=`` requests until admitted.
+
+        ``cancel``: when another thread sets it, the record is cancelled and
+        ``WaitCancelledError`` raised, at once (not at the end of a
+        ``?wait=``: cancelling the record ends the request the server holds)."""
+        if cancel is None:
+            return self._admit(max_wait, wait_step, None)
+        if cancel.is_set():
+            self._cancel_quietly()
+            raise wait_cancelled(self.record)
+        watch = _CancelWatch(self, cancel)
+        try:
+            record = self._admit(max_wait, wait_step, cancel)
+        except InflightError as err:
+            if watch.finish():
+                self._cancel_quietly()
+                raise wait_cancelled(self.record) from err
+            raise
+        except BaseException:
+            watch.finish()
+            raise
+        if watch.finish():  # set as the turn came: the watch may have cancelled it
+            self._cancel_quietly()
+            raise wait_cancelled(self.record)
+        return record
+
+    def _admit(self, max_wait: Optional[float], wait_step: float, cancel: Optional[threading.Event]) -> ActivityRecord:
         deadline = None if max_wait is None else time.monotonic() + max_wait
         while True:
             left = wait_step if deadline is None else min(wait_step, max(0.0, deadline - time.monotonic()))
             try:
                 return self.start(wait=left)
             except InflightError as err:
-                if err.code != "lane_full":
+                if err.code != "lane_full" or (cancel is not None and cancel.is_set()):
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
                     raise wait_timeout(self.record, max_wait) from err
+
+    def _cancel_quietly(self) -> None:
+        try:
+            self.cancel("cancelled")
+        except InflightError:
+            pass  # reaped past its bound if this cancel was lost
 
     def settle(
         self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
@@ -282,6 +328,43 @@ class Activity:
         return self._update(self.ledger.get_activity(self.id))
 
 
+class _CancelWatch:
+    """While a call waits in line, a daemon thread waits for its cancel
+    event; when it is set, the thread cancels the record, which makes the
+    server answer the held ``?wait=`` start at once (409) instead of at the
+    end of its wait. ``finish()`` ends the watch and says whether it fired;
+    once it has returned, the watch never cancels (the lock orders the two)."""
+
+    def __init__(self, activity: "Activity", event: threading.Event) -> None:
+        self._activity = activity
+        self._event = event
+        self._lock = threading.Lock()
+        self._finished = False
+        self._fired = False
+        threading.Thread(target=self._run, name=f"inflight-cancel-{activity.id}", daemon=True).start()
+
+    def _run(self) -> None:
+        # Event.wait returns as soon as it is set; the timeout only bounds
+        # how long the thread outlives an admission.
+        while not self._event.wait(0.05):
+            if self._finished:
+                return
+        with self._lock:
+            if self._finished:
+                return
+            self._fired = True
+        try:
+            # Not through Activity.cancel: the waiting thread owns .record.
+            self._activity.ledger.request("cancel", id=self._activity.id, body={"reason": "cancelled"})
+        except InflightError:
+            pass  # the waiting thread cancels too, once its request ends
+
+    def finish(self) -> bool:
+        with self._lock:
+            self._finished = True
+            return self._fired or self._event.is_set()
+
+
 class ActivityBlock:
     """``with ledger.activity(...) as call:`` (see ``Ledger``)."""
 
@@ -293,8 +376,10 @@ class ActivityBlock:
         wait_step: float,
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]],
         lifecycle: Optional[Lifecycle],
+        cancel: Optional[threading.Event],
     ) -> None:
         self.ledger = ledger
+        self.cancel = cancel
         self.spec = dict(spec)
         self.max_wait = max_wait
         self.wait_step = wait_step
@@ -303,6 +388,10 @@ class ActivityBlock:
         self.activity: Optional[Activity] = None
 
     def __enter__(self) -> Activity:
+        if self.cancel is not None and self.cancel.is_set():
+            raise WaitCancelledError(
+                "wait_cancelled", "the cancel event was set before the call began; nothing was recorded"
+            )
         direct = self.spec.get("admission") == "direct"
         spec = dict(self.spec)
         if direct:
@@ -314,7 +403,7 @@ class ActivityBlock:
         call_hook(self.hooks, "on_enqueued", activity.record)
         if not direct:
             try:
-                activity.admit(max_wait=self.max_wait, wait_step=self.wait_step)
+                activity.admit(max_wait=self.max_wait, wait_step=self.wait_step, cancel=self.cancel)
             except BaseException as exc:
                 self._end(lambda: activity.cancel(cancel_reason(exc)))
                 raise
@@ -334,6 +423,8 @@ class ActivityBlock:
             self._end(activity.succeed)
         elif is_abort(exc):
             self._end(lambda: activity.cancel(cancel_reason(exc)))
+        elif self.cancel is not None and self.cancel.is_set():
+            self._end(lambda: activity.cancel("cancelled"))  # the caller aborted the work
         else:
             stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
             self._end(lambda: activity.fail(stage))
