@@ -1,5 +1,6 @@
 //! The PostgreSQL cases, each on a fresh schema of the test server
-//! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432):
+//! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432, or a
+//! private cluster started for the run when nothing answers there):
 //!
 //! - `postgres_lifecycle`: lifecycles per second through the PostgreSQL
 //!   ledger (one writer, group commit) against plain `tokio-postgres`, one

@@ -1,28 +1,37 @@
 //! Test databases on a real PostgreSQL server, for this workspace's tests
 //! and benchmarks. Not for production use.
 //!
-//! The server is `INFLIGHT_TEST_POSTGRES_URL`, by default
-//! [`DEFAULT_SERVER`]. Each test process (a run) creates its own database,
-//! `inflight_test_<host>_<pid>` (`<host>` a hash of this machine's name, so
-//! that machines sharing a server leave each other's alone), and drops it
-//! when it exits; each test gets a fresh schema in it ([`TestDatabase`]),
-//! dropped when the test ends. A run that was killed leaves its database
-//! behind: the next run on the machine drops every one of this machine's
-//! whose process is gone, first thing.
+//! The server is `INFLIGHT_TEST_POSTGRES_URL`'s; when it is not set,
+//! [`DEFAULT_SERVER`] when that can be reached, and otherwise a private
+//! cluster this process starts with the installed server programs and stops
+//! when it ends ([`cluster`], whose documentation gives the rule);
+//! `INFLIGHT_TEST_POSTGRES_URL=private` asks for the private cluster
+//! whatever runs on the machine. Each test process (a run) creates its own
+//! database, `inflight_test_<host>_<pid>` (`<host>` a hash of this machine's
+//! name, so that machines sharing a server leave each other's alone), and
+//! drops it when it exits; each test gets a fresh schema in it
+//! ([`TestDatabase`]), dropped when the test ends. A run that was killed
+//! leaves its database behind: the next run on the machine drops every one
+//! of this machine's whose process is gone, first thing.
 //!
-//! When the server cannot be reached, [`TestDatabase::new`] panics with a
-//! message that says so and how to point the tests elsewhere: PostgreSQL
-//! tests never skip silently.
+//! When no server can be had (the one named is unreachable, or none is and
+//! the server programs are missing), [`TestDatabase::new`] panics with a
+//! message that says so and what to do: PostgreSQL tests never skip
+//! silently.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::off_runtime;
 
+pub mod cluster;
+
 /// The server the tests use when `INFLIGHT_TEST_POSTGRES_URL` is not set.
 pub const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// The variable that points the tests at another server.
 pub const SERVER_VARIABLE: &str = "INFLIGHT_TEST_POSTGRES_URL";
+/// `SERVER_VARIABLE`'s value that asks for a private cluster.
+pub const PRIVATE: &str = "private";
 /// Every test database's name starts with this.
 pub const PREFIX: &str = "inflight_test_";
 
@@ -87,9 +96,43 @@ fn host_tag() -> String {
     format!("{:08x}", hasher.finish() as u32)
 }
 
-/// The test server's URL.
+/// The test server's URL: `SERVER_VARIABLE`'s, or [`DEFAULT_SERVER`] when
+/// it can be reached, or this process's private cluster's (started now).
+///
+/// # Panics
+/// When there is none of those, saying what to do.
 pub fn server_url() -> String {
-    std::env::var(SERVER_VARIABLE).unwrap_or_else(|_| DEFAULT_SERVER.to_owned())
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    // Decided once: every test of the process uses the same server.
+    URL.get_or_init(|| off_runtime(find_server))
+        .clone()
+        .unwrap_or_else(|message| panic!("{message}"))
+}
+
+fn find_server() -> Result<String, String> {
+    match std::env::var(SERVER_VARIABLE) {
+        Ok(url) if url == PRIVATE => cluster::private_url()
+            .map_err(|err| format!("{SERVER_VARIABLE}={PRIVATE} asks for a private cluster, but {err}")),
+        Ok(url) => Ok(url),
+        Err(_) => {
+            let mut config: postgres::Config = DEFAULT_SERVER.parse().expect("the default URL is valid");
+            let reached = config
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .connect(postgres::NoTls);
+            match reached {
+                Ok(_) => Ok(DEFAULT_SERVER.to_owned()),
+                Err(unreached) => cluster::private_url().map_err(|err| {
+                    format!(
+                        "the PostgreSQL tests found no server at {DEFAULT_SERVER} ({unreached}), \
+                         and cannot run a private cluster instead: {err}.\n\
+                         Install PostgreSQL's server programs (initdb, pg_ctl; Debian: apt-get \
+                         install postgresql-15), start a server there (user postgres, trust \
+                         authentication), or set {SERVER_VARIABLE} to another server's URL."
+                    )
+                }),
+            }
+        }
+    }
 }
 
 /// `server` with its database replaced by `database`.
@@ -109,9 +152,9 @@ fn connect(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).unwrap_or_else(|err| {
         panic!(
             "cannot reach the test PostgreSQL server at {url}: {err}\n\
-             The PostgreSQL tests need a server: start one (user postgres, trust \
-             authentication, on 127.0.0.1:5432), or set {SERVER_VARIABLE} to another \
-             server's URL."
+             The PostgreSQL tests need a server: start it, set {SERVER_VARIABLE} to \
+             another server's URL, or unset it (the tests then use {DEFAULT_SERVER}, \
+             or a private cluster when that cannot be reached)."
         )
     })
 }
