@@ -1179,6 +1179,20 @@ async fn killed_client_processes(dir: &tempfile::TempDir, store: String) {
     assert!(reclaimed_in < Duration::from_secs(5), "{reclaimed_in:?}");
 }
 
+/// Sends the server SIGHUP and waits for its log line starting `logged`.
+async fn hang_up(server: &mut Server, logged: &str) {
+    let pid = server.child.id().expect("running").to_string();
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().await.unwrap();
+    assert!(hup.success());
+    server
+        .wait_for_log(logged, |line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(logged))
+        })
+        .await;
+}
+
 /// A scope-refusal log line: it names the token's index, never its value.
 fn is_scope_refusal(line: &Value) -> bool {
     line["fields"]["message"]
@@ -1246,16 +1260,7 @@ async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
     // A new secret in the file, then SIGHUP: the new one opens, the old no
     // longer does, and the server goes on serving.
     std::fs::write(&read_file, "reader-two\n").unwrap();
-    let pid = server.child.id().expect("running").to_string();
-    let hup = Command::new("kill").args(["-HUP", &pid]).status().await.unwrap();
-    assert!(hup.success());
-    server
-        .wait_for_log("the token files to be re-read", |line| {
-            line["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("re-read the token files"))
-        })
-        .await;
+    hang_up(&mut server, "re-read the token files").await;
     let new = as_reader("reader-two", reqwest::Method::GET, "/v1/snapshot");
     assert_eq!(status(new.send().await.unwrap()), 200);
     let old = as_reader("reader-one", reqwest::Method::GET, "/v1/snapshot");
@@ -1263,15 +1268,7 @@ async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
 
     // An emptied file at the next SIGHUP keeps the secret in force.
     std::fs::write(&read_file, "").unwrap();
-    let hup = Command::new("kill").args(["-HUP", &pid]).status().await.unwrap();
-    assert!(hup.success());
-    server
-        .wait_for_log("the empty file to be refused", |line| {
-            line["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("keeping the token's previous secret"))
-        })
-        .await;
+    hang_up(&mut server, "keeping the token's previous secret").await;
     let kept = as_reader("reader-two", reqwest::Method::GET, "/v1/snapshot");
     assert_eq!(status(kept.send().await.unwrap()), 200);
 }
