@@ -189,7 +189,11 @@ impl Timestamp {
         if (Self::MIN.0..=Self::MAX.0).contains(&millis) {
             Ok(Self(millis))
         } else {
-            Err("out of range: times from 1970 to 9999 are accepted".to_owned())
+            Err(format!(
+                "out of range: timestamps are epoch milliseconds, from {} ({}) to the year 9999",
+                Self::EARLIEST_CALL,
+                Self::EARLIEST_CALL.0
+            ))
         }
     }
 }

@@ -173,15 +173,17 @@ fn check_not_future(field: &str, at: Timestamp, now: Timestamp) -> Result<Timest
 #[cold]
 fn out_of_range(field: &str, at: Timestamp, now: Timestamp) -> Refusal {
     if at < Timestamp::EARLIEST_CALL {
+        // Sent as a number or as a time, the caller sees both forms: the
+        // hint fits the number, the time shows where it landed.
         return Refusal::Invalid(format!(
-            "{field} {} is before {}: it looks like epoch seconds; timestamps are epoch milliseconds \
-             (multiply by 1000)",
+            "`{field}`: {at} ({} as epoch milliseconds) is before {}; sent as a number this small, \
+             it looks like epoch seconds: timestamps are epoch milliseconds (multiply by 1000)",
             at.as_millis(),
             Timestamp::EARLIEST_CALL
         ));
     }
     Refusal::Invalid(format!(
-        "{field} {} is more than 5 minutes in the future (now is {})",
+        "`{field}`: {} is more than 5 minutes in the future (now is {})",
         at, now
     ))
 }
