@@ -358,6 +358,34 @@ async fn snapshot_watch_into_a_pipe_prints_each_snapshot_after_the_last() {
             .unwrap();
         assert!(status.success(), "{status}");
     }
+
+    // A reader that is done (`| head -1`) ends the watch quietly.
+    let mut watch = inflight()
+        .args([
+            "snapshot",
+            "--watch",
+            "--json",
+            "--interval",
+            "500ms",
+            "--server",
+            &server.base,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let mut stdout = watch.stdout.take().unwrap();
+    read_until(&mut stdout, |seen| seen.contains('\n')).await;
+    drop(stdout);
+    let output = tokio::time::timeout(PATIENCE, watch.wait_with_output())
+        .await
+        .expect("the watch stops when its reader is gone")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}: {stderr}", output.status);
+    assert!(stderr.is_empty(), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1213,6 +1241,8 @@ async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
     let mut server = Server::start(Launch {
         store: Some(temp_store(&dir)),
         args: config_file(&dir, &config),
+        // The single token beside the entries: they keep their names.
+        env: vec![("INFLIGHT_TOKEN", "legacy-admin".into())],
         token: Some("kb-writer"),
         ..Launch::default()
     })
@@ -1238,7 +1268,7 @@ async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
     let line = server
         .wait_for_log("the refusal's log line", is_scope_refusal)
         .await;
-    assert_eq!(line["fields"]["token"], 0, "{line}");
+    assert_eq!(line["fields"]["token"], "tokens[0]", "{line}");
     assert!(
         !line.to_string().contains("reader-one"),
         "a secret in the log: {line}"
@@ -1338,6 +1368,12 @@ async fn the_cli_reads_an_https_server_trusting_the_ca_it_is_given() {
     let (code, _, err) = run_cli(&["snapshot", "--server", &base], &[]).await;
     assert_ne!(code, Some(0));
     assert!(err.contains("certificate") && err.contains("--ca-file"), "{err}");
+    // Plain http:// to it: the server hangs up, and the CLI says why that
+    // may be.
+    let plain = base.replacen("https://", "http://", 1);
+    let (code, _, err) = run_cli(&["snapshot", "--server", &plain], &[]).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("does the server serve https?"), "{err}");
     // A CA file that is not one is named.
     let (code, _, err) = run_cli(
         &["snapshot", "--server", &base, "--ca-file", &path("server.key")],

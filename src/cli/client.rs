@@ -214,8 +214,15 @@ impl Client {
                 self.base,
                 REQUEST_TIMEOUT.as_secs()
             )
+        } else if self.base.starts_with("http://") {
+            // What a TLS server does to a plain request: it hangs up.
+            format!(
+                "request to the server at {} failed: {cause}; does the server serve https? \
+                 then write its URL with https://",
+                self.base
+            )
         } else {
-            format!("request to the server at {} failed: {err}", self.base)
+            format!("request to the server at {} failed: {cause}", self.base)
         })
     }
 }

@@ -85,8 +85,10 @@ pub fn frame(read: Result<&Snapshot, &CliError>, interval: Duration, output: Out
 /// Writes `client`'s snapshot every `interval` until Ctrl-C (or SIGTERM),
 /// as `output` says. A failed read is reported and retried at the next one.
 ///
+/// A closed pipe (the reader is done) ends it quietly.
+///
 /// # Errors
-/// Standard output cannot be written (a closed pipe).
+/// Standard output cannot be written for another reason.
 pub async fn watch(
     client: &Client,
     query: &SnapshotQuery,
@@ -103,9 +105,13 @@ pub async fn watch(
         match frame(read.as_ref(), interval, output) {
             Some(text) => {
                 let mut out = std::io::stdout().lock();
-                out.write_all(text.as_bytes())
-                    .and_then(|()| out.flush())
-                    .map_err(|err| CliError::Failed(format!("cannot write the snapshot: {err}")))?;
+                match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                    Ok(()) => {}
+                    // The reader is done (`| head`): stop quietly, as
+                    // command-line filters do.
+                    Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                    Err(err) => return Err(CliError::Failed(format!("cannot write the snapshot: {err}"))),
+                }
             }
             None => {
                 if let Err(err) = &read {

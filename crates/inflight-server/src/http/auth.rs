@@ -42,6 +42,9 @@ enum Source {
 /// One configured token, as the settings say it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TokenSpec {
+    /// How the configuration names it: `token`, or `tokens[1]` (the
+    /// entry's position among the `[[tokens]]`), for errors and logs.
+    name: Arc<str>,
     source: Source,
     scope: Scope,
     /// `None`: every service.
@@ -55,6 +58,7 @@ impl fmt::Debug for TokenSpec {
             Source::File(path) => format!("file {}", path.display()),
         };
         f.debug_struct("TokenSpec")
+            .field("name", &self.name)
             .field("source", &source)
             .field("scope", &self.scope)
             .field("services", &self.services)
@@ -66,6 +70,7 @@ impl TokenSpec {
     /// A write token for every service: the legacy `token` setting.
     pub fn write_all(token: impl Into<Arc<str>>) -> Self {
         Self {
+            name: Arc::from("token"),
             source: Source::Inline(token.into()),
             scope: Scope::Write,
             services: None,
@@ -180,6 +185,7 @@ impl TokenSpec {
             }
         };
         Ok(Self {
+            name: Arc::from(format!("tokens[{index}]")),
             source,
             scope,
             services,
@@ -187,11 +193,11 @@ impl TokenSpec {
     }
 
     /// The secret as it stands now.
-    fn read_secret(&self, index: usize) -> Result<Box<[u8]>, ConfigError> {
+    fn read_secret(&self) -> Result<Box<[u8]>, ConfigError> {
         match &self.source {
             Source::Inline(token) => Ok(token.as_bytes().into()),
             Source::File(path) => {
-                let key = format!("tokens[{index}].token_file");
+                let key = format!("{}.token_file", self.name);
                 let text = std::fs::read_to_string(path).map_err(|err| {
                     ConfigError::new(&key, format!("cannot read {}: {err}", path.display()))
                 })?;
@@ -222,8 +228,9 @@ pub fn token_specs(legacy: Option<&str>, tables: &[toml::Table]) -> Result<Vec<T
 /// services. Without configured tokens every request is granted everything.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
-    /// The matching entry's position among the tokens, for logs.
-    index: Option<usize>,
+    /// The matching entry as the configuration names it (`token`, or
+    /// `tokens[1]`), for logs.
+    name: Option<Arc<str>>,
     scope: Scope,
     services: Option<Arc<BTreeSet<String>>>,
 }
@@ -232,7 +239,7 @@ impl Grant {
     /// Everything: a server without tokens.
     pub(crate) fn everything() -> Self {
         Self {
-            index: None,
+            name: None,
             scope: Scope::Write,
             services: None,
         }
@@ -268,9 +275,10 @@ impl Grant {
         self.services.is_some()
     }
 
-    /// The matching entry's position, for logs (`None` without tokens).
-    pub(crate) fn index(&self) -> Option<usize> {
-        self.index
+    /// The matching entry as the configuration names it, for logs (`None`
+    /// without tokens).
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 }
 
@@ -312,12 +320,11 @@ impl Tokens {
     pub fn load(specs: Vec<TokenSpec>) -> Result<Self, ConfigError> {
         let loaded = specs
             .iter()
-            .enumerate()
-            .map(|(index, spec)| {
+            .map(|spec| {
                 Ok(Loaded {
-                    secret: spec.read_secret(index)?,
+                    secret: spec.read_secret()?,
                     grant: Grant {
-                        index: Some(index),
+                        name: Some(spec.name.clone()),
                         scope: spec.scope,
                         services: spec.services.clone(),
                     },
@@ -345,9 +352,8 @@ impl Tokens {
             .specs
             .iter()
             .zip(current.iter())
-            .enumerate()
-            .map(|(index, (spec, was))| {
-                let secret = match spec.read_secret(index) {
+            .map(|(spec, was)| {
+                let secret = match spec.read_secret() {
                     Ok(secret) => secret,
                     Err(err) => {
                         tracing::error!(error = %err, "keeping the token's previous secret");
@@ -453,13 +459,17 @@ mod tests {
             other => panic!("{token}: {other:?}"),
         };
         let legacy = grant("legacy");
-        assert_eq!(legacy.index(), Some(0));
+        assert_eq!(legacy.name(), Some("token"));
         assert!(legacy.refuses_method(&Method::POST).is_none());
         assert!(legacy.refuses_service("anything").is_none());
         assert!(!legacy.is_bound());
 
         let reader = grant("reader");
-        assert_eq!(reader.index(), Some(1));
+        assert_eq!(
+            reader.name(),
+            Some("tokens[0]"),
+            "named as in the file, whatever comes first"
+        );
         assert!(reader.refuses_method(&Method::GET).is_none());
         assert!(reader.refuses_method(&Method::HEAD).is_none());
         for method in [Method::POST, Method::DELETE, Method::PUT] {
@@ -554,8 +564,11 @@ mod tests {
             Identity::Known(_)
         ));
 
-        // At start-up, the same is an error naming the key and the file.
+        // At start-up, the same is an error naming the key and the file,
+        // as the file names it whether or not a single `token` comes first.
         let err = Tokens::load(token_specs(None, &tables(&text)).unwrap()).expect_err("no file");
+        assert_eq!(err.key, "tokens[0].token_file");
+        let err = Tokens::load(token_specs(Some("legacy"), &tables(&text)).unwrap()).expect_err("no file");
         assert_eq!(err.key, "tokens[0].token_file");
         assert!(err.problem.contains("cannot read"), "{err}");
     }

@@ -238,11 +238,11 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
     next.run(request).await
 }
 
-/// Logs a request refused for its token's scope, naming the token by its
-/// position among the configured ones, never by its value.
+/// Logs a request refused for its token's scope, naming the token as the
+/// configuration does (`token`, `tokens[1]`), never by its value.
 fn log_refusal(grant: &Grant, route: &str, why: &str) {
     tracing::info!(
-        token = grant.index(),
+        token = grant.name(),
         route,
         reason = why,
         "refused a request beyond its token's scope"
