@@ -4,7 +4,11 @@
 //! every store must give the same reply, and that reply must equal the
 //! model's: the reply kind (a record, counts, a snapshot, an owner, or an
 //! error and its kind), every field of every record and owner, and every
-//! snapshot row in its order.
+//! snapshot row in its order. "Every field" includes those the wire leaves
+//! out but `/metrics` reads (a lane's `next_waiting_reap_in_ms`, an
+//! aggregate's whole `totals`), and the snapshot's `warnings` and
+//! `unknown_classes`, which the ledger notes (not a store), so a store
+//! leaves them empty.
 //!
 //! The model follows `docs/semantics.md` plus the rules decided on top of it:
 //!
@@ -101,12 +105,13 @@ const STORES: &[(&str, StoreUrl)] = &[
             Box::new(()),
         )
     }),
-    // A fresh schema on the test server (`INFLIGHT_TEST_POSTGRES_URL`),
-    // one writer, so that commands land in the order they were sent.
+    // A fresh schema on the test server, as deployed: the default pool and
+    // the listener. Several writers still land one process's commands in
+    // the order sent, which a dump (sent all at once) checks too.
     #[cfg(feature = "postgres")]
     ("postgres", |_| {
         let database = inflight::store::postgres::testing::TestDatabase::new();
-        (database.store_url("pool=1&listen=false"), Box::new(database))
+        (database.store_url(""), Box::new(database))
     }),
 ];
 
@@ -534,6 +539,8 @@ struct Own {
 
 #[derive(Debug, Clone, PartialEq)]
 struct LaneObs {
+    service: String,
+    provider: String,
     cap: Option<u32>,
     executing: i64,
     waiting: i64,
@@ -543,6 +550,7 @@ struct LaneObs {
     late_settles: i64,
     resurrections: i64,
     longest_wait_ms: i64,
+    next_waiting_reap_in_ms: Option<i64>,
 }
 
 type AggKey = (String, String, String, String, String, Priority, Admission);
@@ -563,6 +571,13 @@ struct AggObs {
     avg_execution_ms: Option<i64>,
     max_execution_ms: Option<i64>,
     last_seen_at: Option<i64>,
+    // The counters the view leaves out (its `totals`, which `/metrics`
+    // reads); `(count, sum, max)` for the durations.
+    owner_lost: i64,
+    owner_lost_abandoned: i64,
+    resurrections: i64,
+    queue_waits: (i64, i64, i64),
+    executions: (i64, i64, i64),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -572,6 +587,9 @@ struct Snap {
     since: i64,
     lanes: Vec<(String, LaneObs)>,
     total_activities: i64,
+    total_succeeded: i64,
+    total_failed: i64,
+    total_cancelled: i64,
     total_in_flight: i64,
     total_recent_completions: i64,
     total_reaped: i64,
@@ -588,6 +606,9 @@ struct Snap {
     /// Sorted by key: no rule orders them, and the stores do not agree.
     aggregates: Vec<AggObs>,
     owners: Vec<Own>,
+    /// `(code, message)`.
+    warnings: Vec<(String, String)>,
+    unknown_classes: Vec<(String, i64)>,
 }
 
 // ---------------------------------------------------------------------------
@@ -602,6 +623,9 @@ struct Tot {
     abandoned: i64,
     unsettled: i64,
     owner_lost: i64,
+    /// Owner-lost reaps of records not started, ever (a resurrection does
+    /// not take one back).
+    owner_lost_abandoned: i64,
     late_settles: i64,
     resurrections: i64,
     in_flight: i64,
@@ -723,6 +747,9 @@ impl Model {
         }
         if reason == ReapReason::OwnerLost {
             tot.owner_lost += 1;
+            if disposition == Disposition::Abandoned {
+                tot.owner_lost_abandoned += 1;
+            }
         }
         disposition
     }
@@ -1189,6 +1216,8 @@ impl Model {
         };
         let mut lanes: BTreeMap<String, LaneObs> = BTreeMap::new();
         let empty = |cap| LaneObs {
+            service: String::new(),
+            provider: String::new(),
             cap,
             executing: 0,
             waiting: 0,
@@ -1198,11 +1227,15 @@ impl Model {
             late_settles: 0,
             resurrections: 0,
             longest_wait_ms: 0,
+            next_waiting_reap_in_ms: None,
         };
         lanes.insert(CAPPED_LANE.to_owned(), empty(Some(CAP as u32)));
         let mut everything = Tot::default();
         for (key, tot) in &self.totals {
             everything.calls += tot.calls;
+            everything.succeeded += tot.succeeded;
+            everything.failed += tot.failed;
+            everything.cancelled += tot.cancelled;
             everything.abandoned += tot.abandoned;
             everything.unsettled += tot.unsettled;
             everything.owner_lost += tot.owner_lost;
@@ -1231,7 +1264,14 @@ impl Model {
                     lane.longest_wait_ms = (now - rec.enqueued_at).max(0);
                 }
                 lane.waiting += 1;
+                let reap_in = (rec.reapable_at.unwrap() - now).max(0);
+                lane.next_waiting_reap_in_ms =
+                    Some(lane.next_waiting_reap_in_ms.map_or(reap_in, |ms| ms.min(reap_in)));
             }
+        }
+        for (key, lane) in &mut lanes {
+            let (service, provider) = key.split_once("::").unwrap();
+            (lane.service, lane.provider) = (service.to_owned(), provider.to_owned());
         }
         let mut recent: Vec<&Rec> = self
             .recs
@@ -1281,6 +1321,11 @@ impl Model {
                     avg_execution_ms: avg(tot.ex_sum, tot.ex_count),
                     max_execution_ms: max(tot.ex_max, tot.ex_count),
                     last_seen_at: tot.last_seen,
+                    owner_lost: tot.owner_lost,
+                    owner_lost_abandoned: tot.owner_lost_abandoned,
+                    resurrections: tot.resurrections,
+                    queue_waits: (tot.qw_count, tot.qw_sum, tot.qw_max),
+                    executions: (tot.ex_count, tot.ex_sum, tot.ex_max),
                 }
             })
             .collect();
@@ -1305,6 +1350,9 @@ impl Model {
             since,
             lanes: lanes.into_iter().collect(),
             total_activities: everything.calls,
+            total_succeeded: everything.succeeded,
+            total_failed: everything.failed,
+            total_cancelled: everything.cancelled,
             total_in_flight: in_flight.len() as i64,
             total_recent_completions: partial + whole,
             total_reaped: everything.abandoned + everything.unsettled,
@@ -1328,6 +1376,8 @@ impl Model {
             ),
             aggregates,
             owners,
+            warnings: Vec::new(),
+            unknown_classes: Vec::new(),
         }
     }
 }
@@ -1716,6 +1766,19 @@ impl Subject {
                 avg_execution_ms: a.avg_execution_ms,
                 max_execution_ms: a.max_execution_ms,
                 last_seen_at: a.last_seen_at.map(|at| at.millis_since(T0)),
+                owner_lost: a.totals.reaped_owner_lost,
+                owner_lost_abandoned: a.totals.reaped_owner_lost_abandoned,
+                resurrections: a.totals.resurrections,
+                queue_waits: (
+                    a.totals.queue_wait_count,
+                    a.totals.queue_wait_sum_ms,
+                    a.totals.queue_wait_max_ms,
+                ),
+                executions: (
+                    a.totals.execution_count,
+                    a.totals.execution_sum_ms,
+                    a.totals.execution_max_ms,
+                ),
             })
             .collect();
         Snap {
@@ -1729,6 +1792,8 @@ impl Subject {
                     (
                         key.clone(),
                         LaneObs {
+                            service: lane.service.clone(),
+                            provider: lane.provider.clone(),
                             cap: lane.cap,
                             executing: lane.executing,
                             waiting: lane.waiting,
@@ -1738,11 +1803,15 @@ impl Subject {
                             late_settles: lane.late_settles,
                             resurrections: lane.resurrections,
                             longest_wait_ms: lane.longest_wait_ms,
+                            next_waiting_reap_in_ms: lane.next_waiting_reap_in_ms,
                         },
                     )
                 })
                 .collect(),
             total_activities: snapshot.total_activities,
+            total_succeeded: snapshot.total_succeeded,
+            total_failed: snapshot.total_failed,
+            total_cancelled: snapshot.total_cancelled,
             total_in_flight: snapshot.total_in_flight,
             total_recent_completions: snapshot.total_recent_completions,
             total_reaped: snapshot.total_reaped,
@@ -1775,6 +1844,16 @@ impl Subject {
             ),
             aggregates,
             owners: snapshot.owners.iter().map(|owner| self.own(owner)).collect(),
+            warnings: snapshot
+                .warnings
+                .iter()
+                .map(|warning| (warning.code.to_owned(), warning.message.clone()))
+                .collect(),
+            unknown_classes: snapshot
+                .unknown_classes
+                .iter()
+                .map(|(class, calls)| (class.clone(), *calls))
+                .collect(),
         }
     }
 }
