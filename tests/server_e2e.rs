@@ -1244,7 +1244,6 @@ async fn scoped_tokens_from_files_hold_their_scopes_and_are_reread_on_sighup() {
         // The single token beside the entries: they keep their names.
         env: vec![("INFLIGHT_TOKEN", "legacy-admin".into())],
         token: Some("kb-writer"),
-        ..Launch::default()
     })
     .await;
     let kb = json!({"service": "knowledge-base", "provider": "ollama"});
