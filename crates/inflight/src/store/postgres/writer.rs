@@ -639,6 +639,7 @@ mod tests {
     use crate::clock::FakeClock;
     use crate::domain::record::{ActivityId, ActivityRecord, State};
     use crate::domain::transition::{NewActivity, Transition};
+    use postgres::types::ToSql;
     use std::thread;
 
     const NOW: Timestamp = Timestamp::from_millis(1_786_000_000_000);
@@ -794,27 +795,83 @@ mod tests {
         });
     }
 
+    /// The advisory lock a commit waits for in [`hold_commits`]. Advisory
+    /// locks are the database's, and each test run has a database of its
+    /// own: no other test takes it.
+    const COMMIT_LOCK: i64 = 0x1f1c_0c0c;
+
+    /// Makes every commit that adds to a counter row wait until the
+    /// returned session lets go of [`COMMIT_LOCK`]: `SLOW_COMMIT`'s trigger,
+    /// its pause made one the test ends rather than half a second.
+    fn hold_commits(database: &TestDatabase) -> postgres::Client {
+        let mut client = database.client();
+        client.batch_execute(SLOW_COMMIT).unwrap();
+        client
+            .batch_execute(&format!(
+                "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 PERFORM set_config('lock_timeout', '0', true); \
+                 PERFORM pg_advisory_xact_lock({COMMIT_LOCK}); RETURN NULL; END $$"
+            ))
+            .unwrap();
+        client
+            .execute("SELECT pg_advisory_lock($1)", &[&COMMIT_LOCK])
+            .unwrap();
+        client
+    }
+
+    /// The backends waiting for `COMMIT_LOCK`.
+    const HELD_COMMITS: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND objid::bigint = $1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    /// Those of the backends `$1` that wait for a lock.
+    const LOCK_WAITS: &str =
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'";
+
+    /// Waits until the rows `count` counts (given `param`) are `least`.
+    fn await_count(client: &mut postgres::Client, count: &str, param: &(dyn ToSql + Sync), least: i64) {
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while client.query_one(count, &[param]).unwrap().get::<_, i64>(0) < least {
+            assert!(Instant::now() < give_up, "never {least}: {count}");
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// The backend of `writer`'s connection.
+    fn backend_pid(writer: &mut Writer) -> i32 {
+        let conn = writer.conn.as_mut().expect("connected");
+        conn.client.query_one(BACKEND_PID, &[]).unwrap().get(0)
+    }
+
     #[test]
     fn a_read_beyond_its_records_waits_for_an_earlier_group_still_committing() {
-        // Two writers. The first group's commit is held for half a second
-        // (a deferred trigger on the counter row it adds to); a `Get` of
-        // the record it begins, submitted meanwhile, is the other writer's
-        // group. The record is not among those it could lock (uncommitted,
-        // it is invisible), so its read must wait for that commit, and see
-        // the record rather than answer "not found".
+        // Two writers. The first group's commit is held (a deferred
+        // trigger on the counter row it adds to waits for a lock the test
+        // holds); a `Get` of the record it begins, submitted meanwhile, is
+        // the other writer's group. The record is not among those it could
+        // lock (uncommitted, it is invisible), so its read must wait for
+        // that commit, and see the record rather than answer "not found".
         use crate::store::Store;
         let database = TestDatabase::new();
         let (store, runtime) = store_of_writers(&database, 2);
-        database.client().batch_execute(SLOW_COMMIT).unwrap();
-        runtime.block_on(async {
-            let new = NewActivity::fixture("chat");
-            let begun = store.execute(begin(&new));
-            // Submitted once the first group is sure to be committing.
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            let got = store.execute(Command::Get { id: new.activity_id }).await;
-            assert_eq!(record(&got).state, State::Waiting);
-            begun.await.unwrap();
-        });
+        let mut holder = hold_commits(&database);
+        let new = NewActivity::fixture("chat");
+        let begun = store.execute(begin(&new));
+        await_count(&mut holder, HELD_COMMITS, &COMMIT_LOCK, 1);
+        let mut got = Box::pin(store.execute(Command::Get { id: new.activity_id }));
+        // Held a while longer, so that a read that does not wait for the
+        // commit runs meanwhile and misses the record; a read that waits
+        // does so however long this takes.
+        let early =
+            runtime.block_on(async { tokio::time::timeout(Duration::from_millis(200), got.as_mut()).await });
+        assert!(
+            early.is_err(),
+            "answered before the earlier group committed: {early:?}"
+        );
+        holder
+            .execute("SELECT pg_advisory_unlock($1)", &[&COMMIT_LOCK])
+            .unwrap();
+        let got = runtime.block_on(got);
+        assert_eq!(record(&got).state, State::Waiting);
+        runtime.block_on(begun).unwrap();
     }
 
     #[test]
@@ -839,6 +896,9 @@ mod tests {
         let new = NewActivity::fixture("chat");
         let id = new.activity_id;
         assert!(first.run_group(vec![begin(&new)])[0].is_ok());
+        // Connected, so that the test can tell when each waits.
+        assert!(second.run_group(vec![Command::Get { id }])[0].is_ok());
+        let backends = [backend_pid(&mut first), backend_pid(&mut second)];
         let taken = NewActivity::fixture("chat");
         let mut other = database.client();
         let mut inserting = other.transaction().unwrap();
@@ -868,7 +928,7 @@ mod tests {
             answered.send((2, results)).unwrap();
         });
         // Both wait: the first for the insert, the second for the record.
-        thread::sleep(Duration::from_millis(300));
+        await_count(&mut database.client(), LOCK_WAITS, &backends.as_slice(), 2);
         inserting.commit().unwrap();
         let mut results = [None, None];
         for _ in 0..2 {
