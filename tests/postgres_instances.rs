@@ -1,10 +1,10 @@
 //! Several `inflight serve` processes on one PostgreSQL database behave as
 //! one ledger: caps hold across them (also against a transaction held
 //! open mid-decision), first come first served, each leaked record is
-//! reaped once however many reapers run, a waiter on one is woken promptly
-//! by a settle on the other, an owner's lease works across them, and a
-//! server whose database goes away answers 503 `unavailable` within seconds
-//! and recovers by itself.
+//! reaped once however many reapers run, a waiter on one is admitted once
+//! a settle on the other frees its slot, an owner's lease works across
+//! them, and a server whose database goes away answers 503 `unavailable`
+//! within seconds and recovers by itself.
 //!
 //! The database is a fresh schema on the test server
 //! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432).
@@ -194,7 +194,11 @@ async fn forty_leaked_records_are_reaped_once_by_four_concurrent_reapers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_waiter_on_one_server_is_admitted_promptly_after_a_settle_on_the_other() {
+async fn a_waiter_on_one_server_is_admitted_after_a_settle_on_the_other() {
+    // Admitted within its wait, once the slot is freed elsewhere. That the
+    // notification, not the re-check, wakes it is shown without a clock in
+    // crates/inflight/tests/postgres.rs
+    // (a_slot_freed_by_one_instance_wakes_the_watchers_of_another).
     let database = TestDatabase::new();
     let config = config_file();
     let servers = two_servers(&database, &config).await;
@@ -239,17 +243,6 @@ async fn a_waiter_on_one_server_is_admitted_promptly_after_a_settle_on_the_other
             .await;
     }
     eprintln!("wake-up latencies after the settle: {latencies:?}");
-    latencies.sort();
-    assert!(
-        latencies[latencies.len() / 2] <= Duration::from_millis(100),
-        "median wake-up after the settle was over 100 ms: {latencies:?}"
-    );
-    assert!(
-        latencies
-            .iter()
-            .all(|latency| *latency <= Duration::from_millis(250)),
-        "a wake-up took over 250 ms: {latencies:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -274,6 +267,7 @@ async fn a_transaction_held_open_mid_decision_cannot_push_a_lane_over_its_cap() 
         let mut client = database.client();
         std::thread::spawn(move || {
             let now = now_ms();
+            let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
             let mut tx = client.transaction().unwrap();
             tx.batch_execute("SELECT 1 FROM lanes WHERE service = 'held' AND provider = 'ollama' FOR UPDATE")
                 .unwrap();
@@ -285,12 +279,12 @@ async fn a_transaction_held_open_mid_decision_cannot_push_a_lane_over_its_cap() 
                 now + 300_000
             ))
             .unwrap();
-            locked.send(()).unwrap();
+            locked.send(pid).unwrap();
             released.recv().unwrap();
             tx.commit().unwrap();
         })
     };
-    lock_taken.recv().unwrap();
+    let holder = lock_taken.recv().unwrap();
     let mut starts = JoinSet::new();
     for i in 0..3 {
         let servers = Arc::clone(&servers);
@@ -301,9 +295,29 @@ async fn a_transaction_held_open_mid_decision_cannot_push_a_lane_over_its_cap() 
             servers[i % 2].post("/v1/activities", body).await
         });
     }
-    // They wait on the lane lock, not on a count.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(starts.len() == 3 && !starts.is_empty());
+    // They wait on the lane lock, not on a count: the starts' backends come
+    // to wait for the holder, and no start is answered meanwhile.
+    let mut watcher = database.client();
+    tokio::task::spawn_blocking(move || {
+        // Blocked by the holder, or queued behind one that is.
+        let blocked = "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) \
+                       OR EXISTS (SELECT 1 FROM unnest(pg_blocking_pids(pid)) AS ahead \
+                       WHERE $1 = ANY(pg_blocking_pids(ahead)))";
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while watcher.query_one(blocked, &[&holder]).unwrap().get::<_, i64>(0) < 2 {
+            assert!(
+                Instant::now() < give_up,
+                "the starts never waited for the lane lock"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        starts.try_join_next().is_none(),
+        "a start was answered while the lane lock was held"
+    );
     release.send(()).unwrap();
     tokio::task::spawn_blocking(move || held.join().unwrap())
         .await

@@ -796,7 +796,12 @@ async fn five_thousand_slow_clients_neither_starve_the_others_nor_stay_open() {
         "with {SLOW} slow connections open: {} calls, median {median:?}, worst {worst:?}",
         latencies.len()
     );
-    assert!(median <= Duration::from_millis(100), "median {median:?}");
+    // No call waited as long as it takes the server to cut a slow
+    // connection (the header timeout): none was kept waiting for them.
+    assert!(
+        worst < HEADER_TIMEOUT,
+        "a call took {worst:?}, as long as the header timeout that cuts the slow connections"
+    );
 
     // Each slow connection is closed within the header timeout (plus slack
     // for a loaded machine), counted from when it was opened.
@@ -1030,7 +1035,6 @@ async fn floods_of_bad_requests_get_4xx_while_good_clients_are_served() {
             statuses.iter().collect::<std::collections::BTreeSet<_>>()
         );
     }
-    assert!(median <= Duration::from_millis(100), "median {median:?}");
     let after = resident_kib(pid);
     eprintln!(
         "server memory: {before} KiB before, {after} KiB after {} bad requests",
@@ -1162,9 +1166,10 @@ async fn killed_client_processes(dir: &tempfile::TempDir, store: String) {
                     .json()
                     .await
                     .unwrap();
+                // A snapshot without the count fails: it would watch nothing.
                 let executing = snapshot["nativeAdmission"]["kb::ollama"]["executing"]
                     .as_i64()
-                    .unwrap_or(0);
+                    .unwrap_or_else(|| panic!("no executing count for kb::ollama in {snapshot}"));
                 most.fetch_max(executing, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
