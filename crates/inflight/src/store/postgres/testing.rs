@@ -49,14 +49,29 @@ pub(super) const BREAK_CLASS: &str =
      CREATE TRIGGER refuse_broken BEFORE INSERT OR UPDATE ON activities \
      FOR EACH ROW EXECUTE FUNCTION refuse_broken()";
 
-/// Holds every commit that adds to the counters for half a second (a
-/// deferred trigger): a group then stays committing long enough for a test
-/// to act meanwhile.
+/// Holds every commit that adds to the counters (a deferred trigger) until
+/// the session that ran [`TAKE_COMMIT_LOCK`] lets go of that advisory lock:
+/// a group then stays committing for as long as the test needs. Advisory
+/// locks are the database's, and each run has a database of its own.
 #[cfg(test)]
-pub(super) const SLOW_COMMIT: &str = "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-     BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$; \
-     CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON aggregates \
-     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()";
+pub(super) const HELD_COMMIT: &str = "CREATE FUNCTION held_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN PERFORM set_config('lock_timeout', '0', true); PERFORM pg_advisory_xact_lock(1, 1187); \
+     RETURN NULL; END $$; \
+     CREATE CONSTRAINT TRIGGER held_commit AFTER INSERT OR UPDATE ON aggregates \
+     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION held_commit()";
+#[cfg(test)]
+pub(super) const TAKE_COMMIT_LOCK: &str = "SELECT pg_advisory_lock(1, 1187)";
+#[cfg(test)]
+pub(super) const RELEASE_COMMIT_LOCK: &str = "SELECT pg_advisory_unlock(1, 1187)";
+/// How many commits wait for the test's lock.
+#[cfg(test)]
+pub(super) const HELD_COMMITS: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+     AND NOT granted AND classid = 1 AND objid = 1187 AND objsubid = 2 \
+     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+/// How many of the backends `$1` wait for a lock.
+#[cfg(test)]
+pub(super) const LOCK_WAITS: &str =
+    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'";
 
 /// Locks the record `$1` until the transaction ends, as another instance's
 /// stuck transaction would.

@@ -632,7 +632,8 @@ fn unavailable() -> LedgerError {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{
-        TestDatabase, BACKEND_PID, BREAK_CLASS, HOLD_RECORD, INSERT_RECORD, SLOW_COMMIT, TERMINATE_BACKEND,
+        TestDatabase, BACKEND_PID, BREAK_CLASS, HELD_COMMIT, HELD_COMMITS, HOLD_RECORD, INSERT_RECORD,
+        LOCK_WAITS, RELEASE_COMMIT_LOCK, TAKE_COMMIT_LOCK, TERMINATE_BACKEND,
     };
     use super::super::PostgresStore;
     use super::*;
@@ -795,41 +796,19 @@ mod tests {
         });
     }
 
-    /// The advisory lock a commit waits for in [`hold_commits`]. Advisory
-    /// locks are the database's, and each test run has a database of its
-    /// own: no other test takes it.
-    const COMMIT_LOCK: i64 = 0x1f1c_0c0c;
-
-    /// Makes every commit that adds to a counter row wait until the
-    /// returned session lets go of [`COMMIT_LOCK`]: `SLOW_COMMIT`'s trigger,
-    /// its pause made one the test ends rather than half a second.
+    /// Holds the commits of groups that add to the counters until the
+    /// returned session runs `RELEASE_COMMIT_LOCK`.
     fn hold_commits(database: &TestDatabase) -> postgres::Client {
         let mut client = database.client();
-        client.batch_execute(SLOW_COMMIT).unwrap();
-        client
-            .batch_execute(&format!(
-                "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-                 PERFORM set_config('lock_timeout', '0', true); \
-                 PERFORM pg_advisory_xact_lock({COMMIT_LOCK}); RETURN NULL; END $$"
-            ))
-            .unwrap();
-        client
-            .execute("SELECT pg_advisory_lock($1)", &[&COMMIT_LOCK])
-            .unwrap();
+        client.batch_execute(HELD_COMMIT).unwrap();
+        client.batch_execute(TAKE_COMMIT_LOCK).unwrap();
         client
     }
 
-    /// The backends waiting for `COMMIT_LOCK`.
-    const HELD_COMMITS: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-         AND objid::bigint = $1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
-    /// Those of the backends `$1` that wait for a lock.
-    const LOCK_WAITS: &str =
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND wait_event_type = 'Lock'";
-
-    /// Waits until the rows `count` counts (given `param`) are `least`.
-    fn await_count(client: &mut postgres::Client, count: &str, param: &(dyn ToSql + Sync), least: i64) {
+    /// Waits until `count` (a query of one count) says at least `least`.
+    fn await_count(client: &mut postgres::Client, count: &str, params: &[&(dyn ToSql + Sync)], least: i64) {
         let give_up = Instant::now() + Duration::from_secs(30);
-        while client.query_one(count, &[param]).unwrap().get::<_, i64>(0) < least {
+        while client.query_one(count, params).unwrap().get::<_, i64>(0) < least {
             assert!(Instant::now() < give_up, "never {least}: {count}");
             thread::sleep(Duration::from_millis(2));
         }
@@ -855,20 +834,17 @@ mod tests {
         let mut holder = hold_commits(&database);
         let new = NewActivity::fixture("chat");
         let begun = store.execute(begin(&new));
-        await_count(&mut holder, HELD_COMMITS, &COMMIT_LOCK, 1);
+        await_count(&mut holder, HELD_COMMITS, &[], 1);
         let mut got = Box::pin(store.execute(Command::Get { id: new.activity_id }));
-        // Held a while longer, so that a read that does not wait for the
-        // commit runs meanwhile and misses the record; a read that waits
-        // does so however long this takes.
-        let early =
-            runtime.block_on(async { tokio::time::timeout(Duration::from_millis(200), got.as_mut()).await });
+        // Held past EARLIER_WAIT: the read's group, waiting for this one,
+        // yields and runs again once it has committed; it never answers
+        // before that.
+        let early = runtime.block_on(async { tokio::time::timeout(2 * EARLIER_WAIT, got.as_mut()).await });
         assert!(
             early.is_err(),
             "answered before the earlier group committed: {early:?}"
         );
-        holder
-            .execute("SELECT pg_advisory_unlock($1)", &[&COMMIT_LOCK])
-            .unwrap();
+        holder.batch_execute(RELEASE_COMMIT_LOCK).unwrap();
         let got = runtime.block_on(got);
         assert_eq!(record(&got).state, State::Waiting);
         runtime.block_on(begun).unwrap();
@@ -928,7 +904,7 @@ mod tests {
             answered.send((2, results)).unwrap();
         });
         // Both wait: the first for the insert, the second for the record.
-        await_count(&mut database.client(), LOCK_WAITS, &backends.as_slice(), 2);
+        await_count(&mut database.client(), LOCK_WAITS, &[&backends.as_slice()], 2);
         inserting.commit().unwrap();
         let mut results = [None, None];
         for _ in 0..2 {
