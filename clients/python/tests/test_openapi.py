@@ -21,7 +21,7 @@ def document(plain_server):
     if response.status_code == 404:
         message = (
             "THE SERVER HAS NO /openapi.json (404): the client's wire was NOT checked against the document. "
-            "INFLIGHT_OPENAPI_REQUIRED=1 makes this a failure; .ci/run sets it once the server has the route."
+            "INFLIGHT_OPENAPI_REQUIRED=1 (which .ci/run always sets) makes this a failure."
         )
         banner = "!" * 100
         print(f"\n{banner}\n{message}\n{banner}", file=sys.stderr)

@@ -28,7 +28,7 @@ after(async () => {
 function skipLoudly(t) {
   const message =
     "THE SERVER HAS NO /openapi.json (404): the client's wire was NOT checked against the document. " +
-    "INFLIGHT_OPENAPI_REQUIRED=1 makes this a failure; .ci/run sets it once the server has the route.";
+    "INFLIGHT_OPENAPI_REQUIRED=1 (which .ci/run always sets) makes this a failure.";
   console.error(`\n${"!".repeat(100)}\n${message}\n${"!".repeat(100)}\n`);
   if (process.env.INFLIGHT_OPENAPI_REQUIRED === "1") assert.fail(message);
   t.skip(message);
