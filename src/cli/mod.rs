@@ -525,7 +525,7 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
     let mut lines = vec![
         format!("listen {}", settings.listen),
         format!("store {}", settings.store),
-        describe_tokens(&settings.tokens),
+        describe_tokens(settings.tokens.specs()),
         format!(
             "reap factor {}, interval {}",
             policy.factor(),

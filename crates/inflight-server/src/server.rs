@@ -26,7 +26,7 @@ use crate::linger::{close_when_body_unread, Lingering};
 use crate::reload::Reload;
 use crate::tls::{Tls, TlsFiles};
 
-use crate::http::auth::{token_specs, TokenSpec};
+use crate::http::auth::token_specs;
 use crate::http::{app, AppState, MetricsOptions, Tokens};
 use inflight::config::{ConfigError, ConfigWarning, LedgerConfig, Settings};
 use inflight::error::ErrorKind;
@@ -82,7 +82,10 @@ pub struct ServerSettings {
     pub token: Option<String>,
     /// Every token the API takes: `token` first, then the `[[tokens]]`
     /// entries, each with its scope.
-    pub tokens: Vec<TokenSpec>,
+    /// Loaded once here: their files are read when the settings are, so
+    /// that `check-config` and `serve` refuse the same one, and `serve`
+    /// does not read them again.
+    pub tokens: Arc<Tokens>,
     /// Connections, requests in flight and timeouts (`[server]`).
     pub limits: Limits,
     /// The certificate and key to serve HTTPS with (`[server.tls]`), or
@@ -221,10 +224,8 @@ impl ServerSettings {
             origin: overrides.config.clone(),
             error,
         };
-        let tokens = token_specs(token.as_deref(), &file.tokens).map_err(in_file)?;
-        // Read every token file now, so that `check-config` and `serve`
-        // refuse the same unreadable one.
-        Tokens::load(tokens.clone()).map_err(in_file)?;
+        let specs = token_specs(token.as_deref(), &file.tokens).map_err(in_file)?;
+        let tokens = Arc::new(Tokens::load(specs).map_err(in_file)?);
         let mut warnings = file.warnings;
         let limits = match &file.server {
             Some(table) => Limits::from_table(table, &mut warnings).map_err(|error| ServeError::Config {
@@ -337,9 +338,8 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
             source,
         })?;
     let local = listener.local_addr().map_err(ServeError::Serve)?;
-    let tokens = Tokens::load(settings.tokens).map_err(|error| ServeError::Config { origin: None, error })?;
     let state = AppState::new(ledger)
-        .with_tokens(tokens)
+        .with_tokens(settings.tokens)
         .with_limits(settings.limits)
         .with_metrics(settings.metrics);
     if let Some(tokens) = state.tokens() {

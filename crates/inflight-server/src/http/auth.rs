@@ -306,6 +306,13 @@ pub struct Tokens {
     loaded: RwLock<Arc<[Loaded]>>,
 }
 
+/// The same configuration: the secrets read from files are not compared.
+impl PartialEq for Tokens {
+    fn eq(&self, other: &Self) -> bool {
+        self.specs == other.specs
+    }
+}
+
 impl fmt::Debug for Tokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tokens").field("specs", &self.specs).finish()

@@ -87,8 +87,9 @@ impl AppState {
 
     /// Requires one of `tokens` on every `/v1` route and on `/metrics`,
     /// each within its scope; no tokens at all requires nothing.
-    pub fn with_tokens(mut self, tokens: Tokens) -> Self {
-        self.tokens = (!tokens.specs().is_empty()).then(|| Arc::new(tokens));
+    pub fn with_tokens(mut self, tokens: impl Into<Arc<Tokens>>) -> Self {
+        let tokens = tokens.into();
+        self.tokens = (!tokens.specs().is_empty()).then_some(tokens);
         self
     }
 
