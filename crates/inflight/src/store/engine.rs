@@ -25,22 +25,27 @@ use super::{Command, Reply, StoreStats};
 /// How many due records a reap pass handles per round trip.
 const REAP_BATCH: usize = 512;
 
-/// What a store provides inside one transaction: storage primitives, and
-/// the questions of [`crate::domain::query`], each answered exactly as the
-/// reference predicate and order named in its documentation say. The
-/// engine holds every rule; a store holds none.
-pub(crate) trait Txn {
-    // Storage primitives.
-
+/// What a store provides inside one transaction: storage primitives,
+/// which each store keeps its own way, and ([`Questions`]) the questions
+/// of [`crate::domain::query`]. The engine holds every rule; a store holds
+/// none.
+pub(crate) trait Txn: Questions {
     /// The record with `id`, as stored.
     fn get(&mut self, id: ActivityId) -> Result<Option<Arc<ActivityRecord>>, LedgerError>;
     /// Stores a new record.
     fn insert(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
     /// Overwrites a stored record with `record`.
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError>;
-    /// Shows `look` the record with `id`, as stored, without copying or
-    /// sharing it; `false` when there is none.
-    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError>;
+    /// Shows `look` the record with `id`, as stored; `false` when there is
+    /// none. A store that keeps records in memory shows its own version,
+    /// without copying or sharing it.
+    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
+        let Some(record) = self.get(id)? else {
+            return Ok(false);
+        };
+        look(&record);
+        Ok(true)
+    }
     /// Changes the record with `id` with `change`, and stores the result
     /// when `change` says it changed something; returns the version stored,
     /// `None` when there is no such record. A store that keeps records in
@@ -61,6 +66,35 @@ pub(crate) trait Txn {
     /// Adds one to the completion counter of `minute`
     /// ([`query::completion_minute`]), for `record`'s completion.
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
+    /// `effect` landed for `record` (after [`Txn::add_totals`]): the store
+    /// shows it to this process's statistics and reap log
+    /// ([`CallStats::land`](crate::stats::CallStats::land)) once the command
+    /// is committed, and never if the command is undone.
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect);
+    /// Whether the aggregate of calls with `labels`, `priority` and
+    /// `admission` has totals stored, or counted by an earlier command of
+    /// this transaction.
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError>;
+
+    /// Takes the lane's admission lock until the transaction ends, before
+    /// an admission decision reads the lane: a store shared by several
+    /// writers at once (PostgreSQL) serializes every decision on one lane
+    /// with it. A store with one writer has nothing to do.
+    fn lock_lane(&mut self, _lane: &LaneKey) -> Result<(), LedgerError> {
+        Ok(())
+    }
+}
+
+/// The questions a store answers inside a transaction, each exactly as the
+/// reference predicate and order named in its documentation say
+/// (`tests/differential.rs` checks it), and the owner table. The SQL stores
+/// share one implementation (`store::sql::questions`).
+pub(crate) trait Questions {
     /// Every aggregate's totals, in any order.
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError>;
     /// The sum of the completion counters of `minute` and every later one.
@@ -73,35 +107,11 @@ pub(crate) trait Txn {
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
     /// Stores a new owner, or overwrites one.
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
-    /// `effect` landed for `record` (after [`Txn::add_totals`]): the store
-    /// shows it to this process's statistics and reap log
-    /// ([`CallStats::land`](crate::stats::CallStats::land)) once the command
-    /// is committed, and never if the command is undone.
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect);
-    /// Whether the aggregate of calls with `labels`, `priority` and
-    /// `admission` has totals stored.
-    fn aggregate_known(
-        &mut self,
-        labels: &ActivityLabels,
-        priority: Priority,
-        admission: Admission,
-    ) -> Result<bool, LedgerError>;
     /// Whether any aggregate of the lane of `labels` has totals stored.
     fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError>;
     /// How many distinct lanes, and how many aggregates, have totals
     /// stored.
     fn label_census(&mut self) -> Result<(i64, i64), LedgerError>;
-
-    /// Takes the lane's admission lock until the transaction ends, before
-    /// an admission decision reads the lane: a store shared by several
-    /// writers at once (PostgreSQL) serializes every decision on one lane
-    /// with it. A store with one writer has nothing to do.
-    fn lock_lane(&mut self, _lane: &LaneKey) -> Result<(), LedgerError> {
-        Ok(())
-    }
-
-    // The questions of `domain::query`.
-
     /// Records that [`query::is_due`] at `now`, in [`query::due_order`], at
     /// most `limit`.
     fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;

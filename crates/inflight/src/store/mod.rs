@@ -27,6 +27,8 @@ pub(crate) mod engine;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

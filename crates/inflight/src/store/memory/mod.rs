@@ -21,7 +21,7 @@ use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
-use super::engine::{self, Txn};
+use super::engine::{self, Questions, Txn};
 use super::{Command, Store, StoreFuture};
 
 mod append_map;
@@ -473,18 +473,6 @@ impl Txn for MemoryState {
         Ok(self.totals.contains((labels, priority, admission)))
     }
 
-    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
-        Ok(self
-            .totals
-            .lanes
-            .contains(&(labels.service.clone(), labels.provider.clone())))
-    }
-
-    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
-        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        Ok((count(self.totals.lanes.len()), count(self.totals.entries.len())))
-    }
-
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
         let totals = self.totals.of(record);
         // Counted straight into the stored totals: no delta to build and add.
@@ -504,6 +492,24 @@ impl Txn for MemoryState {
         }
         *self.completions_by_minute.entry(minute).or_default() += 1;
         Ok(())
+    }
+
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
+        self.calls.land(record.activity_id, &record.labels, effect);
+    }
+}
+
+impl Questions for MemoryState {
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        Ok(self
+            .totals
+            .lanes
+            .contains(&(labels.service.clone(), labels.provider.clone())))
+    }
+
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        Ok((count(self.totals.lanes.len()), count(self.totals.entries.len())))
     }
 
     fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
@@ -537,10 +543,6 @@ impl Txn for MemoryState {
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
         self.owners.insert(owner.owner_id.clone(), owner.clone());
         Ok(())
-    }
-
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
-        self.calls.land(record.activity_id, &record.labels, effect);
     }
 
     fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {

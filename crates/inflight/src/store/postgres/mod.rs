@@ -46,7 +46,7 @@
 //! - `pool=N`: writer connections, 1 to 64. Each group commit shares one
 //!   commit between every command waiting. With several writers, a group
 //!   takes at most 32 commands and runs while the one before writes and
-//!   commits, on another backend (`writer::Order`), each writer
+//!   commits, on another backend (`order::Order`), each writer
 //!   counting into counter rows of its own, and the commands of this
 //!   process still land in the order they were submitted, as the SQLite
 //!   store lands them (a dropped handle's cancel lands before the snapshot
@@ -75,10 +75,12 @@ use crate::config::LedgerConfig;
 use crate::error::LedgerError;
 use crate::stats::{CallSnapshot, CallStats};
 
+use super::sql::counts::PendingCounts;
 use super::{Command, Reply, Store, StoreFuture, Wake};
 use session::Session;
 
 mod listen;
+mod order;
 mod schema;
 mod session;
 mod sql;
@@ -366,7 +368,7 @@ impl PostgresStore {
         let mut writers = Vec::with_capacity(settings.pool);
         let mut first = Some(first);
         let calls = Arc::new(Mutex::new(CallStats::default()));
-        let order = Arc::new(writer::Order::of(settings.pool));
+        let order = Arc::new(order::Order::of(settings.pool));
         for index in 0..settings.pool {
             let writer = Writer {
                 settings: Arc::clone(&settings),
@@ -519,7 +521,7 @@ pub fn seed_history(
     off_runtime(|| {
         let mut conn = schema::migrate(&settings, &config, &crate::clock::SystemClock)?;
         let failed = |err: postgres::Error| LedgerError::storage("cannot seed history", err);
-        let mut counts = txn::PendingCounts::default();
+        let mut counts = PendingCounts::default();
         conn.client.batch_execute(sql::BEGIN).map_err(failed)?;
         let mut done = 0;
         while done < count {
@@ -536,10 +538,7 @@ pub fn seed_history(
                 enqueued.push(at.as_millis() - 20);
                 started.push(at.as_millis() - 10);
                 completed.push(at.as_millis());
-                *counts
-                    .completions
-                    .entry(query::completion_minute(at))
-                    .or_default() += 1;
+                counts.complete(query::completion_minute(at));
             }
             conn.client
                 .execute(sql::SEED_RECORDS, &[&ids, &enqueued, &started, &completed])
@@ -549,14 +548,8 @@ pub fn seed_history(
         conn.client.batch_execute(sql::COMMIT).map_err(failed)?;
         let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
         counts.totals.insert(aggregate, totals);
-        counts.write(&mut conn).map_err(|unflushed| match unflushed {
-            txn::Unflushed::Failed(err)
-            | txn::Unflushed::Uncommitted(err)
-            | txn::Unflushed::Unnotified(err) => LedgerError::storage("cannot update counters", err),
-            txn::Unflushed::Unexpected => {
-                LedgerError::new(crate::error::ErrorKind::Storage, "a counter write did not land")
-            }
-        })?;
+        txn::write_counts(&mut conn, &mut counts)
+            .map_err(|unflushed| unflushed.into_error("cannot update counters"))?;
         conn.client.batch_execute(sql::ANALYZE).map_err(failed)
     })
 }

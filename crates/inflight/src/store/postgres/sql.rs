@@ -12,31 +12,13 @@
 //! the first, then re-reads it, and a record the first reaped or settled no
 //! longer matches `state IN ('waiting', 'executing')`. That is what makes
 //! every reap happen exactly once however many instances reap at once.
+//!
+//! The statements both SQL stores run are written once
+//! (`store::sql::statements`, re-exported here, each locking one as its
+//! `*_LOCKED` twin); this file holds what only PostgreSQL runs.
 
-/// The record columns, in `record_from_row` order.
-macro_rules! record_columns {
-    () => {
-        "activity_id, service, provider, class, operation_stage, model, priority, \
-     admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
-     reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason"
-    };
-}
-
-/// The owner columns, in `owner_from_row` order.
-macro_rules! owner_columns {
-    () => {
-        "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
-     reaped_records, cancelled_records"
-    };
-}
-
-/// The condition of the partial indexes on records in flight.
-macro_rules! in_flight {
-    () => {
-        "state IN ('waiting', 'executing')"
-    };
-}
+use crate::store::sql::columns::record_columns;
+pub(super) use crate::store::sql::statements::*;
 
 /// Versioned migrations: the row `version = n` of `inflight_schema` says
 /// that the first `n` ran. Each runs in one transaction with its row.
@@ -213,37 +195,9 @@ pub(super) const BEGIN_AT: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL inflight.now_ms = '{}'; SELECT inflight_now()";
 /// Opens a transaction with no "now" (a migration, the bulk loader).
 pub(super) const BEGIN: &str = "BEGIN";
-pub(super) const COMMIT: &str = "COMMIT";
-pub(super) const ROLLBACK: &str = "ROLLBACK";
-pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
-pub(super) const RELEASE: &str = "RELEASE SAVEPOINT command";
-pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT command";
 /// Set on every connection: a lane lock held by a stuck transaction
 /// elsewhere fails a command as `unavailable` within this, never hangs it.
 pub(super) const SESSION: &str = "SET lock_timeout = '4s'";
-
-/// The record `$1`, locked: every read of one record may lead to a write.
-pub(super) const GET_RECORD: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE activity_id = $1 FOR UPDATE"
-);
-
-/// A new record; no row when the id is taken (a conflict, which must not
-/// abort the transaction that the group shares).
-pub(super) const INSERT_RECORD: &str = concat!(
-    "INSERT INTO activities (",
-    record_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
-     $20, $21, $22, $23) ON CONFLICT (activity_id) DO NOTHING"
-);
-
-pub(super) const UPDATE_RECORD: &str =
-    "UPDATE activities SET service = $2, provider = $3, class = $4, operation_stage = $5, model = $6, \
-     priority = $7, admission = $8, state = $9, disposition = $10, reap_reason = $11, owner_id = $12, \
-     enqueued_at = $13, started_at = $14, completed_at = $15, reaped_at = $16, \
-     declared_deadline_ms = $17, deadline_ms = $18, reapable_at = $19, success = $20, \
-     failure_stage = $21, late_settle = $22, cancel_reason = $23 WHERE activity_id = $1";
 
 /// The records `$1` (an array of ids, sorted) that a group's commands
 /// name, locked one after the other in that order before its first command
@@ -355,181 +309,10 @@ pub(super) const LOCK_LANE: &str = "SELECT 1 FROM lanes WHERE service = $1 AND p
 pub(super) const ADD_LANE: &str =
     "INSERT INTO lanes (service, provider) VALUES ($1, $2) ON CONFLICT (service, provider) DO NOTHING";
 
-/// Every aggregate's totals: the sum of its shards (one per writer that
-/// counted into it).
-pub(super) const AGGREGATES: &str =
-    "SELECT service, operation_stage, class, provider, model, priority, admission, \
-     SUM(calls)::BIGINT, SUM(succeeded)::BIGINT, SUM(failed)::BIGINT, SUM(cancelled)::BIGINT, \
-     SUM(reaped_abandoned)::BIGINT, SUM(reaped_unsettled)::BIGINT, SUM(reaped_owner_lost)::BIGINT, \
-     SUM(late_settles)::BIGINT, SUM(resurrections)::BIGINT, SUM(in_flight)::BIGINT, \
-     SUM(queue_wait_count)::BIGINT, SUM(queue_wait_sum_ms)::BIGINT, MAX(queue_wait_max_ms), \
-     SUM(execution_count)::BIGINT, SUM(execution_sum_ms)::BIGINT, MAX(execution_max_ms), \
-     MAX(last_seen_at), SUM(reaped_owner_lost_abandoned)::BIGINT \
-     FROM aggregates \
-     GROUP BY service, operation_stage, class, provider, model, priority, admission";
-
 /// Whether an aggregate has totals stored: its primary key.
 pub(super) const AGGREGATE_KNOWN: &str = "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 \
      AND operation_stage = $2 AND class = $3 AND provider = $4 AND model = $5 AND priority = $6 \
      AND admission = $7)";
-
-/// Whether a lane has an aggregate: the primary key's first column, then
-/// the service's own aggregates.
-pub(super) const LANE_KNOWN: &str =
-    "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 AND provider = $2)";
-
-/// Distinct lanes and aggregates. Reads every aggregate, which the label
-/// bounds themselves keep few (`domain::cardinality`); asked only for a
-/// begin whose aggregate is new.
-pub(super) const LABEL_CENSUS: &str = "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT service, provider \
-     FROM aggregates) AS lanes), (SELECT COUNT(*) FROM (SELECT DISTINCT service, operation_stage, class, provider, model, \
-     priority, admission FROM aggregates) AS aggregates)";
-
-pub(super) const COMPLETION_MINUTES_FROM: &str =
-    "SELECT COALESCE(SUM(completions), 0)::BIGINT FROM completion_minutes WHERE minute >= $1";
-
-pub(super) const DELETE_MINUTES_BEFORE: &str = "DELETE FROM completion_minutes WHERE minute < $1";
-
-/// Walks every record: `Command::Stats`, never on a hot path.
-pub(super) const STORED_RECORDS: &str = "SELECT COUNT(*) FROM activities";
-
-/// The owner `$1`, locked: a read of an owner may lose or renew it.
-pub(super) const GET_OWNER: &str = concat!(
-    "SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE owner_id = $1 FOR UPDATE"
-);
-
-pub(super) const PUT_OWNER: &str = concat!(
-    "INSERT INTO owners (",
-    owner_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (owner_id) DO UPDATE SET \
-     name = excluded.name, ttl_ms = excluded.ttl_ms, registered_at = excluded.registered_at, \
-     renewed_at = excluded.renewed_at, expires_at = excluded.expires_at, state = excluded.state, \
-     ended_at = excluded.ended_at, reaped_records = excluded.reaped_records, \
-     cancelled_records = excluded.cancelled_records"
-);
-
-/// `query::is_due`, in `query::due_order`, locked: a record another
-/// reaper reaped first no longer matches once its lock is released, so it
-/// is neither returned nor counted again. `reapableAt` is set only while a
-/// record is in flight.
-pub(super) const DUE: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < $1 \
-     ORDER BY reapable_at, activity_id LIMIT $2 FOR UPDATE"
-);
-
-/// `LaneQuery::counts`: $1 service, $2 provider, $3 the asking record's
-/// id, $4 its `enqueuedAt`, $5 whether it is a newcomer. Read after
-/// `LOCK_LANE`, in a statement of its own, so it sees every decision on the
-/// lane that committed before the lock was granted.
-pub(super) const LANE_POSITION: &str = concat!(
-    "SELECT \
-       (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
-          AND admission = 'queued' AND ",
-    in_flight!(),
-    " AND state = 'executing' AND activity_id <> $3), \
-       (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
-          AND admission = 'queued' AND ",
-    in_flight!(),
-    " AND state = 'waiting' AND activity_id <> $3 \
-          AND (enqueued_at < $4 OR (enqueued_at = $4 AND ($5 OR activity_id < $3))))"
-);
-
-/// Records in flight in `query::line_order`.
-pub(super) const IN_FLIGHT: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE ",
-    in_flight!(),
-    " ORDER BY enqueued_at, activity_id LIMIT $1"
-);
-
-/// [`IN_FLIGHT`], locked: the rebound at open rewrites what it reads.
-pub(super) const IN_FLIGHT_LOCKED: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE ",
-    in_flight!(),
-    " ORDER BY enqueued_at, activity_id LIMIT $1 FOR UPDATE"
-);
-
-pub(super) const IN_FLIGHT_COUNT: &str = concat!("SELECT COUNT(*) FROM activities WHERE ", in_flight!());
-
-/// `query::lane_loads`.
-pub(super) const LANE_LOADS: &str = concat!(
-    "SELECT service, provider, COUNT(*) FILTER (WHERE state = 'executing'), \
-     COUNT(*) FILTER (WHERE state = 'waiting'), \
-     MIN(enqueued_at) FILTER (WHERE state = 'waiting'), \
-     MIN(reapable_at) FILTER (WHERE state = 'waiting') \
-     FROM activities WHERE ",
-    in_flight!(),
-    " AND admission = 'queued' GROUP BY service, provider ORDER BY service, provider"
-);
-
-/// `Window::completed`, in `Window::completed_order`. `completedAt` is set
-/// only by a settle.
-pub(super) const COMPLETED: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE completed_at >= $1 \
-     ORDER BY completed_at DESC, activity_id DESC LIMIT $2"
-);
-
-pub(super) const COMPLETED_BETWEEN: &str =
-    "SELECT COUNT(*) FROM activities WHERE completed_at >= $1 AND completed_at < $2";
-
-/// `Window::reaped`, in `Window::reaped_order`. `reapedAt` is set only
-/// while a record is reaped.
-pub(super) const REAPED: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE reaped_at >= $1 \
-     ORDER BY reaped_at DESC, activity_id DESC LIMIT $2"
-);
-
-/// `Window::lists_owner`, in `Window::owner_order`.
-pub(super) const LISTED_OWNERS: &str = concat!(
-    "(SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE state = 'live') \
-     UNION ALL (SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE ended_at >= $1 AND state <> 'live') \
-     ORDER BY registered_at, owner_id"
-);
-
-/// `Owner::is_expired`, locked: each is then lost.
-pub(super) const EXPIRED_OWNERS: &str = concat!(
-    "SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE state = 'live' AND expires_at < $1 ORDER BY owner_id FOR UPDATE"
-);
-
-/// An owner's records in flight, in `query::line_order`, locked: a
-/// release cancels them, a loss reaps them.
-pub(super) const OWNER_IN_FLIGHT: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE owner_id = $1 AND ",
-    in_flight!(),
-    " ORDER BY enqueued_at, activity_id FOR UPDATE"
-);
-
-/// `Retention::prunes`, in `Retention::record_order`: the oldest `$2` of
-/// each end index, merged.
-pub(super) const PRUNABLE: &str = "SELECT activity_id, ended_at FROM ( \
-       (SELECT activity_id, completed_at AS ended_at FROM activities WHERE completed_at < $1 \
-        ORDER BY completed_at, activity_id LIMIT $2) \
-       UNION ALL \
-       (SELECT activity_id, reaped_at AS ended_at FROM activities WHERE reaped_at < $1 \
-        ORDER BY reaped_at, activity_id LIMIT $2)) AS ended \
-     ORDER BY ended_at, activity_id LIMIT $2";
-
-/// `Retention::prunes_owner`.
-pub(super) const PRUNE_OWNERS: &str = "DELETE FROM owners WHERE ended_at < $1";
 
 /// A hint to every instance's listener that a slot was granted or freed;
 /// sent inside the committing transaction, so it is delivered only if it
@@ -550,18 +333,8 @@ pub(super) const SEED_RECORDS: &str = concat!(
 /// Refreshes the planner's statistics after the bulk loader.
 pub(super) const ANALYZE: &str = "ANALYZE activities, aggregates, completion_minutes";
 
-/// How a statement may read the tables.
 #[cfg(test)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reach {
-    /// Reads or writes through indexes only: never a scan of `activities`
-    /// or `owners` beyond a partial index of what is in flight or live.
-    Indexed,
-    /// Meant to walk history (statistics, migrations, the bulk loader).
-    WalksHistory,
-    /// Not a query that reads the ledger's tables (transactions, locks).
-    Control,
-}
+pub(super) use crate::store::sql::Reach;
 
 /// Every statement above, by name, with how it may read the tables.
 #[cfg(test)]
@@ -575,43 +348,13 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("BEGIN_NOW", BEGIN_NOW, Reach::Control),
     ("BEGIN_AT", BEGIN_AT, Reach::Control),
     ("BEGIN", BEGIN, Reach::Control),
-    ("COMMIT", COMMIT, Reach::Control),
-    ("ROLLBACK", ROLLBACK, Reach::Control),
-    ("SAVEPOINT", SAVEPOINT, Reach::Control),
-    ("RELEASE", RELEASE, Reach::Control),
-    ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),
     ("SESSION", SESSION, Reach::Control),
-    ("GET_RECORD", GET_RECORD, Reach::Indexed),
-    ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
-    ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORDS", DELETE_RECORDS, Reach::Indexed),
     ("LOCK_RECORDS", LOCK_RECORDS, Reach::Indexed),
     ("WRITE_GROUP", WRITE_GROUP, Reach::Indexed),
     ("LOCK_LANE", LOCK_LANE, Reach::Indexed),
     ("ADD_LANE", ADD_LANE, Reach::Indexed),
-    ("AGGREGATES", AGGREGATES, Reach::Indexed),
     ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
-    ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
-    ("LABEL_CENSUS", LABEL_CENSUS, Reach::Indexed),
-    ("COMPLETION_MINUTES_FROM", COMPLETION_MINUTES_FROM, Reach::Indexed),
-    ("DELETE_MINUTES_BEFORE", DELETE_MINUTES_BEFORE, Reach::Indexed),
-    ("STORED_RECORDS", STORED_RECORDS, Reach::WalksHistory),
-    ("GET_OWNER", GET_OWNER, Reach::Indexed),
-    ("PUT_OWNER", PUT_OWNER, Reach::Indexed),
-    ("DUE", DUE, Reach::Indexed),
-    ("LANE_POSITION", LANE_POSITION, Reach::Indexed),
-    ("IN_FLIGHT", IN_FLIGHT, Reach::Indexed),
-    ("IN_FLIGHT_LOCKED", IN_FLIGHT_LOCKED, Reach::Indexed),
-    ("IN_FLIGHT_COUNT", IN_FLIGHT_COUNT, Reach::Indexed),
-    ("LANE_LOADS", LANE_LOADS, Reach::Indexed),
-    ("COMPLETED", COMPLETED, Reach::Indexed),
-    ("COMPLETED_BETWEEN", COMPLETED_BETWEEN, Reach::Indexed),
-    ("REAPED", REAPED, Reach::Indexed),
-    ("LISTED_OWNERS", LISTED_OWNERS, Reach::Indexed),
-    ("EXPIRED_OWNERS", EXPIRED_OWNERS, Reach::Indexed),
-    ("OWNER_IN_FLIGHT", OWNER_IN_FLIGHT, Reach::Indexed),
-    ("PRUNABLE", PRUNABLE, Reach::Indexed),
-    ("PRUNE_OWNERS", PRUNE_OWNERS, Reach::Indexed),
     ("NOTIFY", NOTIFY, Reach::Control),
     ("SEED_RECORDS", SEED_RECORDS, Reach::WalksHistory),
     ("ANALYZE", ANALYZE, Reach::Control),
@@ -703,8 +446,14 @@ mod tests {
                 .batch_execute("SET plan_cache_mode = force_generic_plan")
                 .unwrap();
             let mut failures = Vec::new();
-            for (name, sql, reach) in STATEMENTS {
-                if *reach != Reach::Indexed {
+            let locking = LOCKING.iter().map(|(name, sql)| (*name, *sql, Reach::Indexed));
+            for (name, sql, reach) in STATEMENTS
+                .iter()
+                .copied()
+                .chain(BOTH.iter().copied())
+                .chain(locking)
+            {
+                if reach != Reach::Indexed {
                     continue;
                 }
                 let plan = plan(&mut client, sql);

@@ -14,25 +14,24 @@ use std::sync::Arc;
 
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
+use smallvec::SmallVec;
 
 use crate::config::LedgerConfig;
-use crate::domain::admission::LanePosition;
-use crate::domain::counters::{AggregateKey, Totals};
-use crate::domain::labels::{ActivityLabels, Label, LabelSet};
-use crate::domain::owner::{Owner, OwnerId};
-use crate::domain::query::{LaneQuery, Retention, Window};
+use crate::domain::counters::AggregateKey;
+use crate::domain::labels::ActivityLabels;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
-use crate::domain::snapshot::LaneLoad;
-use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
-use crate::domain::ParseError;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::Landed;
 use crate::store::engine::Txn;
+use crate::store::sql::codec::{self, Columns, Value};
+use crate::store::sql::columns::{LABEL_COLUMNS, RECORD_COLUMNS, TOTALS_COLUMNS};
+use crate::store::sql::counts::PendingCounts;
+use crate::store::sql::questions::{Driver, Reads};
 
+use super::order::{Done, EARLIER_WAIT};
 use super::session::Session;
 use super::sql;
-use super::writer::Done;
 
 /// What a failed statement means for the transaction it ran in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +48,7 @@ pub(super) enum Fault {
     /// told, as without deferral.
     Redo,
     /// An earlier group of this process did not end within
-    /// [`super::writer::EARLIER_WAIT`] while this one waited for it holding
+    /// [`EARLIER_WAIT`] while this one waited for it holding
     /// locks: the group rolls back, waits for it without them, and runs
     /// again (the earlier group may be waiting on one of those locks).
     Yield,
@@ -207,7 +206,7 @@ impl Records {
         for row in rows {
             // A row that cannot be read is left to its command's own read,
             // which fails that command alone.
-            if let Ok(record) = record_from_row(row) {
+            if let Ok(record) = codec::record_from(row) {
                 self.cached.insert(record.activity_id, Arc::new(record));
             }
         }
@@ -240,6 +239,25 @@ impl Records {
     }
 }
 
+impl Unflushed {
+    /// What it means for the command, in `context`.
+    pub(super) fn into_error(self, context: &str) -> LedgerError {
+        match self {
+            Self::Failed(err) | Self::Uncommitted(err) | Self::Unnotified(err) => {
+                LedgerError::storage(context, err)
+            }
+            Self::Unexpected => {
+                LedgerError::new(ErrorKind::Storage, format!("{context}: a write did not land"))
+            }
+        }
+    }
+}
+
+/// Writes `counts`, in one statement, and forgets them.
+pub(super) fn write_counts(conn: &mut Conn, counts: &mut PendingCounts) -> Result<(), Unflushed> {
+    write_group(conn, &mut Records::default(), counts, Last::default())
+}
+
 /// Sends `records`' deferred writes and `counts` in one statement
 /// ([`sql::WRITE_GROUP`]), and forgets both: a group's last round trip
 /// before its commit carries all it wrote. What `last` asks for goes in
@@ -266,47 +284,19 @@ pub(super) fn write_group(
         None => None,
     };
     let pending = std::mem::take(&mut records.pending);
-    let records: Vec<&ActivityRecord> = pending.values().map(|(record, _)| &**record).collect();
+    let ids: Vec<String> = pending.keys().map(ToString::to_string).collect();
+    // The records, one array per column (`record_columns!`).
+    let mut columns: [Vec<Value<'_>>; RECORD_COLUMNS] =
+        std::array::from_fn(|_| Vec::with_capacity(ids.len()));
+    for ((record, _), id) in pending.values().zip(&ids) {
+        for (column, value) in columns.iter_mut().zip(codec::record_values(record, id)) {
+            column.push(value);
+        }
+    }
     let fresh: Vec<bool> = pending.values().map(|(_, fresh)| *fresh).collect();
     let new = fresh.iter().filter(|fresh| **fresh).count();
-    let text = |f: fn(&ActivityRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<&str>>();
-    let text_opt =
-        |f: fn(&ActivityRecord) -> Option<&str>| records.iter().map(|r| f(r)).collect::<Vec<Option<&str>>>();
-    let ms =
-        |f: fn(&ActivityRecord) -> Option<i64>| records.iter().map(|r| f(r)).collect::<Vec<Option<i64>>>();
-    let ids: Vec<String> = records.iter().map(|r| r.activity_id.to_string()).collect();
-    let (service, provider, class, stage, model) = (
-        text(|r| r.labels.service.as_str()),
-        text(|r| r.labels.provider.as_str()),
-        text(|r| r.labels.class.as_str()),
-        text(|r| r.labels.operation_stage.as_str()),
-        text(|r| &r.labels.model),
-    );
-    let (priority, admission, state) = (
-        text(|r| r.priority.as_str()),
-        text(|r| r.admission.as_str()),
-        text(|r| r.state.as_str()),
-    );
-    let (disposition, reap_reason, owner) = (
-        text_opt(|r| r.disposition.map(|d| d.as_str())),
-        text_opt(|r| r.reap_reason.map(|r| r.as_str())),
-        text_opt(|r| r.owner_id.as_deref()),
-    );
-    let enqueued: Vec<i64> = records.iter().map(|r| r.enqueued_at.as_millis()).collect();
-    let (started, completed, reaped, declared) = (
-        ms(|r| ms_opt(r.started_at)),
-        ms(|r| ms_opt(r.completed_at)),
-        ms(|r| ms_opt(r.reaped_at)),
-        ms(|r| r.declared_deadline_ms),
-    );
-    let deadline: Vec<i64> = records.iter().map(|r| r.deadline_ms).collect();
-    let reapable = ms(|r| ms_opt(r.reapable_at));
-    let success: Vec<Option<bool>> = records.iter().map(|r| r.success).collect();
-    let failure_stage = text_opt(|r| r.failure_stage.map(|s| s.as_str()));
-    let late: Vec<bool> = records.iter().map(|r| r.late_settle).collect();
-    let cancel = text_opt(|r| r.cancel_reason.as_deref());
 
-    let mut totals: Vec<(AggregateKey, Totals)> = counts
+    let mut totals: Vec<(AggregateKey, _)> = counts
         .totals
         .drain()
         .map(|((labels, priority, admission), totals)| {
@@ -314,17 +304,18 @@ pub(super) fn write_group(
         })
         .collect();
     totals.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let key = |f: fn(&AggregateKey) -> &str| totals.iter().map(|(k, _)| f(k)).collect::<Vec<&str>>();
-    let sum = |f: fn(&Totals) -> i64| totals.iter().map(|(_, d)| f(d)).collect::<Vec<i64>>();
-    let (g_service, g_stage, g_class, g_provider, g_model) = (
-        key(|k| &k.service),
-        key(|k| &k.operation_stage),
-        key(|k| &k.class),
-        key(|k| &k.provider),
-        key(|k| &k.model),
-    );
-    let (g_priority, g_admission) = (key(|k| k.priority.as_str()), key(|k| k.admission.as_str()));
-    let last_seen: Vec<Option<i64>> = totals.iter().map(|(_, d)| ms_opt(d.last_seen_at)).collect();
+    // The counters, one array per column (`aggregate_labels!`, then
+    // `totals_columns!`).
+    let mut sums: [Vec<Value<'_>>; LABEL_COLUMNS + TOTALS_COLUMNS] =
+        std::array::from_fn(|_| Vec::with_capacity(totals.len()));
+    for (key, d) in &totals {
+        let values = codec::aggregate_key_values(key)
+            .into_iter()
+            .chain(codec::totals_values(d));
+        for (column, value) in sums.iter_mut().zip(values) {
+            column.push(value);
+        }
+    }
     let (minutes, completions): (Vec<i64>, Vec<i64>) =
         std::mem::take(&mut counts.completions).into_iter().unzip();
 
@@ -333,64 +324,19 @@ pub(super) fn write_group(
     // Every overwrite must find its row (it holds its lock), every new
     // record its id free, and every counter its row: the statement checks
     // it, and fails otherwise ($53 to $56).
-    let params: &[&(dyn ToSql + Sync)] = &[
-        &ids,
-        &service,
-        &provider,
-        &class,
-        &stage,
-        &model,
-        &priority,
-        &admission,
-        &state,
-        &disposition,
-        &reap_reason,
-        &owner,
-        &enqueued,
-        &started,
-        &completed,
-        &reaped,
-        &declared,
-        &deadline,
-        &reapable,
-        &success,
-        &failure_stage,
-        &late,
-        &cancel,
-        &fresh,
-        &g_service,
-        &g_stage,
-        &g_class,
-        &g_provider,
-        &g_model,
-        &g_priority,
-        &g_admission,
-        &sum(|d| d.calls),
-        &sum(|d| d.succeeded),
-        &sum(|d| d.failed),
-        &sum(|d| d.cancelled),
-        &sum(|d| d.reaped_abandoned),
-        &sum(|d| d.reaped_unsettled),
-        &sum(|d| d.reaped_owner_lost),
-        &sum(|d| d.late_settles),
-        &sum(|d| d.resurrections),
-        &sum(|d| d.in_flight),
-        &sum(|d| d.queue_wait_count),
-        &sum(|d| d.queue_wait_sum_ms),
-        &sum(|d| d.queue_wait_max_ms),
-        &sum(|d| d.execution_count),
-        &sum(|d| d.execution_sum_ms),
-        &sum(|d| d.execution_max_ms),
-        &last_seen,
-        &sum(|d| d.reaped_owner_lost_abandoned),
-        &minutes,
-        &completions,
-        &shard,
-        &((records.len() - new) as i64),
-        &(new as i64),
-        &(totals.len() as i64),
-        &(minutes.len() as i64),
+    let expected = [
+        (ids.len() - new) as i64,
+        new as i64,
+        totals.len() as i64,
+        minutes.len() as i64,
     ];
+    let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(56);
+    params.extend(columns.iter().map(|column| column as &(dyn ToSql + Sync)));
+    params.push(&fresh);
+    params.extend(sums.iter().map(|column| column as &(dyn ToSql + Sync)));
+    params.extend([&minutes as &(dyn ToSql + Sync), &completions, &shard]);
+    params.extend(expected.iter().map(|count| count as &(dyn ToSql + Sync)));
+    let params = &params[..];
     conn.ended |= last.commit;
     let payload = last.notify.unwrap_or_default();
     let channel: [&(dyn ToSql + Sync); 2] = [&conn.channel, &payload];
@@ -432,7 +378,7 @@ pub(super) struct PgTxn<'c> {
     pub(super) landed: Vec<Landed>,
     /// The end of the groups this process ran before this one, which every
     /// read beyond the group's own records waits for
-    /// ([`super::writer::Order`]).
+    /// ([`super::order::Order`]).
     pub(super) previous: Option<&'c Done>,
 }
 
@@ -456,7 +402,7 @@ impl<'c> PgTxn<'c> {
     /// [`Fault::Yield`] when they take too long.
     fn after_earlier_groups(&mut self) -> Result<(), LedgerError> {
         if let Some(previous) = self.previous.take() {
-            if !previous.wait_for(super::writer::EARLIER_WAIT) {
+            if !previous.wait_for(EARLIER_WAIT) {
                 self.fault = Some(Fault::Yield);
                 return Err(LedgerError::new(
                     ErrorKind::Storage,
@@ -491,13 +437,6 @@ impl<'c> PgTxn<'c> {
         }
     }
 
-    /// `sql`, a statement that reads or writes `activities`, after the
-    /// deferred writes.
-    fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, LedgerError> {
-        self.flush()?;
-        self.query_other(sql, params)
-    }
-
     /// `sql`, a statement that touches no record: deferred writes may wait.
     fn query_other(
         &mut self,
@@ -512,12 +451,6 @@ impl<'c> PgTxn<'c> {
         result.map_err(|err| self.failed("cannot read", err))
     }
 
-    /// Like [`PgTxn::query`], for a statement that returns no rows.
-    fn execute(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, LedgerError> {
-        self.flush()?;
-        self.execute_other(sql, params)
-    }
-
     /// Like [`PgTxn::query_other`], for a statement that returns no rows.
     fn execute_other(
         &mut self,
@@ -530,41 +463,6 @@ impl<'c> PgTxn<'c> {
             .prepare(sql)
             .and_then(|statement| self.conn.client.execute(&statement, params));
         result.map_err(|err| self.failed("cannot write", err))
-    }
-
-    fn count(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<i64, LedgerError> {
-        let rows = self.query(sql, params)?;
-        let row = rows
-            .first()
-            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "a count returned no row"))?;
-        column(row, 0)
-    }
-
-    fn records(
-        &mut self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<ActivityRecord>, LedgerError> {
-        self.query(sql, params)?.iter().map(record_from_row).collect()
-    }
-
-    fn shared(
-        &mut self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        Ok(self.records(sql, params)?.into_iter().map(Arc::new).collect())
-    }
-
-    fn owners(
-        &mut self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Owner>, LedgerError> {
-        self.query_other(sql, params)?
-            .iter()
-            .map(owner_from_row)
-            .collect()
     }
 
     /// Stores `record`, new when `fresh`: deferred, or at once; kept as
@@ -584,194 +482,36 @@ impl<'c> PgTxn<'c> {
             // A record inserted then changed in one group is still new.
             let fresh = fresh || self.records.pending.get(&id).is_some_and(|(_, fresh)| *fresh);
             self.records.pending.insert(id, (Arc::clone(record), fresh));
-        } else if fresh {
-            if self.write(sql::INSERT_RECORD, record)? == 0 {
-                return Err(taken(id));
-            }
-        } else {
-            self.write(sql::UPDATE_RECORD, record)?;
+        } else if self.write(record, fresh)? == 0 && fresh {
+            return Err(taken(id));
         }
         self.records.cached.insert(id, Arc::clone(record));
         Ok(())
     }
 
-    fn write(&mut self, sql: &'static str, record: &ActivityRecord) -> Result<u64, LedgerError> {
+    /// Writes `record` at once: a new one with `INSERT_RECORD`, a changed
+    /// one with `UPDATE_RECORD`; returns how many rows it wrote.
+    fn write(&mut self, record: &ActivityRecord, fresh: bool) -> Result<u64, LedgerError> {
+        self.flush()?;
         let id = record.activity_id.to_string();
-        let (enqueued, started, completed, reaped, reapable) = (
-            record.enqueued_at.as_millis(),
-            ms_opt(record.started_at),
-            ms_opt(record.completed_at),
-            ms_opt(record.reaped_at),
-            ms_opt(record.reapable_at),
-        );
-        self.execute(
-            sql,
-            &[
-                &id,
-                &record.labels.service.as_str(),
-                &record.labels.provider.as_str(),
-                &record.labels.class.as_str(),
-                &record.labels.operation_stage.as_str(),
-                &&*record.labels.model,
-                &record.priority.as_str(),
-                &record.admission.as_str(),
-                &record.state.as_str(),
-                &record.disposition.map(|d| d.as_str()),
-                &record.reap_reason.map(|r| r.as_str()),
-                &record.owner_id,
-                &enqueued,
-                &started,
-                &completed,
-                &reaped,
-                &record.declared_deadline_ms,
-                &record.deadline_ms,
-                &reapable,
-                &record.success,
-                &record.failure_stage.map(|s| s.as_str()),
-                &record.late_settle,
-                &record.cancel_reason,
-            ],
-        )
+        if fresh {
+            self.execute_other(sql::INSERT_RECORD, &refs(&codec::record_values(record, &id)))
+        } else {
+            self.execute_other(sql::UPDATE_RECORD, &refs(&codec::record_changes(record, &id)))
+        }
     }
 
     /// Writes the counter changes so far; before a read of the counters.
     fn flush_counts(&mut self) -> Result<(), LedgerError> {
         let mut counts = std::mem::take(&mut self.counts);
-        match counts.write(self.conn) {
+        match write_counts(self.conn, &mut counts) {
             Ok(()) => Ok(()),
             Err(Unflushed::Failed(err) | Unflushed::Uncommitted(err) | Unflushed::Unnotified(err)) => {
                 Err(self.failed("cannot update counters", err))
             }
-            Err(Unflushed::Unexpected) => Err(LedgerError::new(
-                ErrorKind::Storage,
-                "a counter write did not land",
-            )),
+            Err(unexpected @ Unflushed::Unexpected) => Err(unexpected.into_error("cannot update counters")),
         }
     }
-}
-
-/// Counter changes not yet written: the totals of each aggregate and the
-/// completions of each minute. Written in key order, so that two groups
-/// that count into the same rows lock them in the same order.
-#[derive(Default)]
-pub(super) struct PendingCounts {
-    pub(super) totals: HashMap<(ActivityLabels, Priority, Admission), Totals>,
-    pub(super) completions: BTreeMap<i64, i64>,
-}
-
-impl PendingCounts {
-    pub(super) fn merge(&mut self, other: Self) {
-        for (key, totals) in other.totals {
-            self.totals.entry(key).or_default().add(&totals);
-        }
-        for (minute, completions) in other.completions {
-            *self.completions.entry(minute).or_default() += completions;
-        }
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.totals.is_empty() && self.completions.is_empty()
-    }
-
-    /// Writes them all, in one statement, and forgets them.
-    pub(super) fn write(&mut self, conn: &mut Conn) -> Result<(), Unflushed> {
-        write_group(conn, &mut Records::default(), self, Last::default())
-    }
-}
-
-fn column<'a, T: postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, LedgerError> {
-    row.try_get(index)
-        .map_err(|err| LedgerError::storage("cannot read a column", err))
-}
-
-/// An instant from its column (epoch milliseconds).
-fn at(row: &Row, index: usize) -> Result<Timestamp, LedgerError> {
-    column::<i64>(row, index).map(Timestamp::from_millis)
-}
-
-/// An optional instant, NULL for none.
-fn at_opt(row: &Row, index: usize) -> Result<Option<Timestamp>, LedgerError> {
-    Ok(column::<Option<i64>>(row, index)?.map(Timestamp::from_millis))
-}
-
-/// An optional instant as a column value.
-fn ms_opt(at: Option<Timestamp>) -> Option<i64> {
-    at.map(Timestamp::as_millis)
-}
-
-fn parsed<T: std::str::FromStr<Err = ParseError>>(row: &Row, index: usize) -> Result<T, LedgerError> {
-    let text: &str = column(row, index)?;
-    text.parse()
-        .map_err(|err: ParseError| LedgerError::storage("cannot read a column", err))
-}
-
-fn parsed_optional<T: std::str::FromStr<Err = ParseError>>(
-    row: &Row,
-    index: usize,
-) -> Result<Option<T>, LedgerError> {
-    let text: Option<&str> = column(row, index)?;
-    text.map(|text| text.parse())
-        .transpose()
-        .map_err(|err: ParseError| LedgerError::storage("cannot read a column", err))
-}
-
-fn id_from(text: &str) -> Result<ActivityId, LedgerError> {
-    text.parse()
-        .map_err(|err: uuid::Error| LedgerError::storage("cannot read an activity id", err))
-}
-
-pub(super) fn record_from_row(row: &Row) -> Result<ActivityRecord, LedgerError> {
-    let mut record = ActivityRecord {
-        activity_id: id_from(column(row, 0)?)?,
-        labels: ActivityLabels::new(LabelSet {
-            service: Label::trusted(column::<String>(row, 1)?),
-            provider: Label::trusted(column::<String>(row, 2)?),
-            class: Label::trusted(column::<String>(row, 3)?),
-            operation_stage: Label::trusted(column::<String>(row, 4)?),
-            model: column::<String>(row, 5)?.into(),
-        }),
-        priority: parsed(row, 6)?,
-        admission: parsed(row, 7)?,
-        state: parsed(row, 8)?,
-        disposition: parsed_optional(row, 9)?,
-        reap_reason: parsed_optional(row, 10)?,
-        owner_id: column(row, 11)?,
-        enqueued_at: at(row, 12)?,
-        started_at: at_opt(row, 13)?,
-        completed_at: at_opt(row, 14)?,
-        reaped_at: at_opt(row, 15)?,
-        declared_deadline_ms: column(row, 16)?,
-        deadline_ms: column(row, 17)?,
-        reapable_at: at_opt(row, 18)?,
-        queue_wait_ms: None,
-        execution_ms: None,
-        success: column(row, 19)?,
-        failure_stage: parsed_optional(row, 20)?,
-        late_settle: column(row, 21)?,
-        cancel_reason: column(row, 22)?,
-    };
-    // Not stored: implied by the instants.
-    record.derive_durations();
-    Ok(record)
-}
-
-pub(super) fn owner_from_row(row: &Row) -> Result<Owner, LedgerError> {
-    Ok(Owner {
-        owner_id: OwnerId::trusted(column::<String>(row, 0)?),
-        name: Label::trusted(column::<String>(row, 1)?),
-        ttl_ms: column(row, 2)?,
-        registered_at: at(row, 3)?,
-        renewed_at: at(row, 4)?,
-        expires_at: at(row, 5)?,
-        state: parsed(row, 6)?,
-        ended_at: at_opt(row, 7)?,
-        reaped_records: column(row, 8)?,
-        cancelled_records: column(row, 9)?,
-    })
-}
-
-fn limit_of(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
 /// The conflict of an insert whose id is taken. Stores agree on the kind.
@@ -787,10 +527,10 @@ impl Txn for PgTxn<'_> {
         // Not kept, so not written by this transaction: nothing deferred
         // concerns it.
         let text = id.to_string();
-        let rows = self.query_other(sql::GET_RECORD, &[&text])?;
+        let rows = self.query_other(sql::GET_RECORD_LOCKED, &[&text])?;
         let record = rows
             .first()
-            .map(|row| record_from_row(row).map(Arc::new))
+            .map(|row| codec::record_from(row).map(Arc::new))
             .transpose()?;
         if let Some(record) = &record {
             // Locked by the read: kept for the rest of the transaction.
@@ -805,14 +545,6 @@ impl Txn for PgTxn<'_> {
 
     fn update(&mut self, record: &Arc<ActivityRecord>) -> Result<(), LedgerError> {
         self.store(record, false)
-    }
-
-    fn peek(&mut self, id: ActivityId, look: &mut dyn FnMut(&ActivityRecord)) -> Result<bool, LedgerError> {
-        let Some(record) = self.get(id)? else {
-            return Ok(false);
-        };
-        look(&record);
-        Ok(true)
     }
 
     fn modify(
@@ -841,7 +573,8 @@ impl Txn for PgTxn<'_> {
             return Ok(0);
         }
         let texts: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        let deleted = self.execute(sql::DELETE_RECORDS, &[&texts])?;
+        self.flush()?;
+        let deleted = self.execute_other(sql::DELETE_RECORDS, &[&texts])?;
         for id in ids {
             self.records.cached.remove(id);
         }
@@ -849,108 +582,19 @@ impl Txn for PgTxn<'_> {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
-        let key = (record.labels.clone(), record.priority, record.admission);
-        let totals = self.counts.totals.entry(key).or_default();
-        for effect in effects {
-            totals.count(effect);
-        }
+        self.counts.count(record, effects);
         Ok(())
     }
 
     fn count_completion(&mut self, _record: &ActivityRecord, minute: i64) -> Result<(), LedgerError> {
-        *self.counts.completions.entry(minute).or_default() += 1;
+        self.counts.complete(minute);
         Ok(())
-    }
-
-    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
-        // What this command counted (a reap on read) is part of what it reads.
-        self.flush_counts()?;
-        let rows = self.query_other(sql::AGGREGATES, &[])?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    AggregateKey {
-                        service: column::<&str>(row, 0)?.into(),
-                        operation_stage: column::<&str>(row, 1)?.into(),
-                        class: column::<&str>(row, 2)?.into(),
-                        provider: column::<&str>(row, 3)?.into(),
-                        model: column::<&str>(row, 4)?.into(),
-                        priority: parsed(row, 5)?,
-                        admission: parsed(row, 6)?,
-                    },
-                    Totals {
-                        calls: column(row, 7)?,
-                        succeeded: column(row, 8)?,
-                        failed: column(row, 9)?,
-                        cancelled: column(row, 10)?,
-                        reaped_abandoned: column(row, 11)?,
-                        reaped_unsettled: column(row, 12)?,
-                        reaped_owner_lost: column(row, 13)?,
-                        late_settles: column(row, 14)?,
-                        resurrections: column(row, 15)?,
-                        in_flight: column(row, 16)?,
-                        queue_wait_count: column(row, 17)?,
-                        queue_wait_sum_ms: column(row, 18)?,
-                        queue_wait_max_ms: column(row, 19)?,
-                        execution_count: column(row, 20)?,
-                        execution_sum_ms: column(row, 21)?,
-                        execution_max_ms: column(row, 22)?,
-                        last_seen_at: at_opt(row, 23)?,
-                        reaped_owner_lost_abandoned: column(row, 24)?,
-                    },
-                ))
-            })
-            .collect()
-    }
-
-    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
-        self.flush_counts()?;
-        self.count(sql::COMPLETION_MINUTES_FROM, &[&minute])
-    }
-
-    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
-        self.flush_counts()?;
-        self.execute_other(sql::DELETE_MINUTES_BEFORE, &[&minute])
-            .map(|_| ())
-    }
-
-    fn stored_records(&mut self) -> Result<i64, LedgerError> {
-        self.count(sql::STORED_RECORDS, &[])
-    }
-
-    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
-        Ok(self.owners(sql::GET_OWNER, &[&id.as_str()])?.pop())
     }
 
     fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
         if let Some(landed) = Landed::of(record, effect) {
             self.landed.push(landed);
         }
-    }
-
-    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
-        let (registered, renewed, expires, ended) = (
-            owner.registered_at.as_millis(),
-            owner.renewed_at.as_millis(),
-            owner.expires_at.as_millis(),
-            ms_opt(owner.ended_at),
-        );
-        self.execute_other(
-            sql::PUT_OWNER,
-            &[
-                &owner.owner_id.as_str(),
-                &owner.name.as_str(),
-                &owner.ttl_ms,
-                &registered,
-                &renewed,
-                &expires,
-                &owner.state.as_str(),
-                &ended,
-                &owner.reaped_records,
-                &owner.cancelled_records,
-            ],
-        )
-        .map(|_| ())
     }
 
     fn aggregate_known(
@@ -962,42 +606,19 @@ impl Txn for PgTxn<'_> {
         let slot = (labels.clone(), priority, admission);
         // As in the SQLite store: what earlier commands of the group counted
         // is not written yet, and they decide against what was committed.
-        if self.conn.known_aggregates.contains(&slot) || self.counts.totals.contains_key(&slot) {
+        if self.conn.known_aggregates.contains(&slot) || self.counts.counts_into(&slot) {
             return Ok(true);
         }
-        let rows = self.query_other(
-            sql::AGGREGATE_KNOWN,
-            &[
-                &labels.service.as_str(),
-                &labels.operation_stage.as_str(),
-                &labels.class.as_str(),
-                &labels.provider.as_str(),
-                &&*labels.model,
-                &priority.as_str(),
-                &admission.as_str(),
-            ],
-        )?;
-        let known = rows.first().map_or(Ok(false), |row| column(row, 0))?;
+        let key = AggregateKey::new(labels, priority, admission);
+        let rows = self.query_other(sql::AGGREGATE_KNOWN, &refs(&codec::aggregate_key_values(&key)))?;
+        let known = rows
+            .first()
+            .map_or(Ok(None), |row| row.boolean(0))?
+            .unwrap_or(false);
         if known {
             self.conn.known_aggregates.insert(slot, ());
         }
         Ok(known)
-    }
-
-    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
-        let rows = self.query_other(
-            sql::LANE_KNOWN,
-            &[&labels.service.as_str(), &labels.provider.as_str()],
-        )?;
-        rows.first().map_or(Ok(false), |row| column(row, 0))
-    }
-
-    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
-        let rows = self.query_other(sql::LABEL_CENSUS, &[])?;
-        let row = rows
-            .first()
-            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "the label census returned no row"))?;
-        Ok((column(row, 0)?, column(row, 1)?))
     }
 
     fn lock_lane(&mut self, lane: &LaneKey) -> Result<(), LedgerError> {
@@ -1012,94 +633,49 @@ impl Txn for PgTxn<'_> {
         }
         Ok(())
     }
+}
 
-    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        self.shared(sql::DUE, &[&now.as_millis(), &limit_of(limit)])
+impl Driver for PgTxn<'_> {
+    const LOCKS: bool = true;
+
+    fn query(
+        &mut self,
+        reads: Reads,
+        sql: &'static str,
+        params: &[Value<'_>],
+        row: &mut dyn FnMut(&dyn Columns) -> Result<(), LedgerError>,
+    ) -> Result<(), LedgerError> {
+        self.before(reads)?;
+        for columns in &self.query_other(sql, &refs(params))? {
+            row(columns)?;
+        }
+        Ok(())
     }
 
-    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
-        let id = query.activity_id.to_string();
-        let rows = self.query(
-            sql::LANE_POSITION,
-            &[
-                &query.lane.service.as_str(),
-                &query.lane.provider.as_str(),
-                &id,
-                &query.enqueued_at.as_millis(),
-                &query.newcomer,
-            ],
-        )?;
-        let row = rows
-            .first()
-            .ok_or_else(|| LedgerError::new(ErrorKind::Storage, "the lane count returned no row"))?;
-        Ok(LanePosition {
-            executing: column(row, 0)?,
-            waiting_ahead: column(row, 1)?,
-        })
+    fn execute(&mut self, reads: Reads, sql: &'static str, params: &[Value<'_>]) -> Result<u64, LedgerError> {
+        self.before(reads)?;
+        self.execute_other(sql, &refs(params))
     }
 
-    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        let sql = if self.lock_in_flight {
-            sql::IN_FLIGHT_LOCKED
-        } else {
-            sql::IN_FLIGHT
-        };
-        self.shared(sql, &[&limit_of(limit)])
+    fn lock_in_flight(&self) -> bool {
+        self.lock_in_flight
     }
+}
 
-    fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
-        self.count(sql::IN_FLIGHT_COUNT, &[])
+impl PgTxn<'_> {
+    /// Sends what a statement reads and this transaction holds back: the
+    /// deferred record writes before a read of records, the counter
+    /// changes before a read of the counters.
+    fn before(&mut self, reads: Reads) -> Result<(), LedgerError> {
+        match reads {
+            Reads::Records => self.flush(),
+            Reads::Counters => self.flush_counts(),
+            Reads::Aggregates | Reads::Owners => Ok(()),
+        }
     }
+}
 
-    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
-        let rows = self.query(sql::LANE_LOADS, &[])?;
-        rows.iter()
-            .map(|row| {
-                Ok(LaneLoad {
-                    lane: LaneKey {
-                        service: Label::trusted(column::<String>(row, 0)?),
-                        provider: Label::trusted(column::<String>(row, 1)?),
-                    },
-                    executing: column(row, 2)?,
-                    waiting: column(row, 3)?,
-                    oldest_waiting_since: at_opt(row, 4)?,
-                    next_waiting_reapable_at: at_opt(row, 5)?,
-                })
-            })
-            .collect()
-    }
-
-    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        self.records(sql::COMPLETED, &[&window.since.as_millis(), &limit_of(limit)])
-    }
-
-    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
-        self.count(sql::COMPLETED_BETWEEN, &[&from.as_millis(), &to.as_millis()])
-    }
-
-    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
-        self.records(sql::REAPED, &[&window.since.as_millis(), &limit_of(limit)])
-    }
-
-    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
-        self.owners(sql::LISTED_OWNERS, &[&window.since.as_millis()])
-    }
-
-    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError> {
-        self.owners(sql::EXPIRED_OWNERS, &[&now.as_millis()])
-    }
-
-    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
-        self.shared(sql::OWNER_IN_FLIGHT, &[&id.as_str()])
-    }
-
-    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
-        let rows = self.query(sql::PRUNABLE, &[&retention.before.as_millis(), &limit_of(limit)])?;
-        rows.iter().map(|row| id_from(column(row, 0)?)).collect()
-    }
-
-    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
-        self.execute_other(sql::PRUNE_OWNERS, &[&retention.before.as_millis()])
-            .map(|_| ())
-    }
+/// `params` as the client binds them.
+fn refs<'v>(params: &'v [Value<'_>]) -> SmallVec<[&'v (dyn ToSql + Sync); 24]> {
+    params.iter().map(|value| value as &(dyn ToSql + Sync)).collect()
 }

@@ -57,6 +57,14 @@ const GROUP_WAIT: Duration = Duration::from_micros(300);
 
 /// The connection, the statements prepared on it and the checkpointer its
 /// commits nudge: what runs a group, owned by whoever runs one.
+///
+/// Self-referential, with `unsafe`, for two measured gains: the statements
+/// live as long as the connection and are found by the address of their
+/// text (rusqlite's `prepare_cached` hashed each text twice a use, about
+/// 40,000 of the writer's 285,000 instructions a lifecycle, 14 %, at
+/// `f77409e`); and the core moves to a lone caller's thread, which runs its
+/// own command (593 to 610 µs a lifecycle before, 203 to 210 µs after, in
+/// session 11: docs/performance.md, "A lone caller runs its own command").
 pub(super) struct Core {
     /// Borrows `conn`; dropped first (`Drop`).
     statements: ManuallyDrop<Statements<'static>>,

@@ -1,7 +1,7 @@
 //! Writing ahead: a begin, start or settle appends one row to `journal`
 //! instead of changing `activities`, its indexes, an aggregate and a
 //! completion minute. The rows are applied to those tables in batches, and
-//! before any command reads them.
+//! before any command reads them (`tables.rs` appends and applies them).
 //!
 //! A lifecycle changed about fifteen pages when each transition went
 //! straight to the tables: the record's row, its entries in four indexes,
@@ -26,23 +26,18 @@ use std::sync::Arc;
 
 use crate::domain::counters::Totals;
 use crate::domain::record::{ActivityId, ActivityRecord};
-use crate::error::LedgerError;
-
-use super::rows::{bind_record, bind_totals, query_rows, record_from_row, totals_from_row, Statements};
-use super::txn::{store_record, PendingCounts};
-use super::{sql, sql_error};
 
 /// What the writer knows of the rows written ahead.
 #[derive(Default)]
 pub(super) struct Journal {
     /// Each record written ahead and not applied, as last written.
-    records: HashMap<ActivityId, Arc<ActivityRecord>>,
+    pub(super) records: HashMap<ActivityId, Arc<ActivityRecord>>,
     /// Rows in the table.
-    rows: usize,
+    pub(super) rows: usize,
     /// Whether `records` and `rows` describe the table: false until the
     /// first apply, and again after a rollback or another connection's
     /// commit.
-    known: bool,
+    pub(super) known: bool,
 }
 
 impl Journal {
@@ -93,52 +88,4 @@ pub(super) struct Ahead {
     pub(super) record: Arc<ActivityRecord>,
     pub(super) totals: Totals,
     pub(super) completion_minute: Option<i64>,
-}
-
-/// Appends `entry` to the table.
-pub(super) fn append(st: &mut Statements<'_>, entry: &Ahead) -> Result<(), LedgerError> {
-    let statement = st
-        .prepare(sql::JOURNAL_APPEND)
-        .map_err(sql_error("cannot prepare"))?;
-    bind_record(statement, 1, &entry.record)
-        .and_then(|()| bind_totals(statement, 24, &entry.totals))
-        .and_then(|()| statement.raw_bind_parameter(42, entry.completion_minute))
-        .map_err(sql_error("cannot bind"))?;
-    statement.raw_execute().map_err(sql_error("cannot write ahead"))?;
-    st.journal.rows += 1;
-    Ok(())
-}
-
-/// Applies every row of the table to the tables it stands for, in the
-/// open transaction, and empties it: each record stored once as its last
-/// row left it, the counters and completions added up.
-pub(super) fn apply(st: &mut Statements<'_>) -> Result<(), LedgerError> {
-    if !st.journal.is_pending() {
-        return Ok(());
-    }
-    let rows = query_rows(st, sql::JOURNAL_ROWS, [], |row| {
-        Ok(Ahead {
-            record: Arc::new(record_from_row(row)?),
-            totals: totals_from_row(row, 23)?,
-            completion_minute: row.get(41)?,
-        })
-    })?;
-    let mut counts = PendingCounts::default();
-    let mut latest = HashMap::with_capacity(rows.len());
-    for entry in rows {
-        counts.add_ahead(&entry);
-        latest.insert(entry.record.activity_id, entry.record);
-    }
-    for record in latest.into_values() {
-        store_record(st, &record)?;
-        st.records.stored(&record);
-    }
-    counts.write(st)?;
-    st.prepare(sql::JOURNAL_CLEAR)
-        .and_then(|statement| statement.execute([]))
-        .map_err(sql_error("cannot clear the journal"))?;
-    st.journal.records.clear();
-    st.journal.rows = 0;
-    st.journal.known = true;
-    Ok(())
 }

@@ -37,13 +37,14 @@ mod journal;
 mod rows;
 mod schema;
 mod sql;
+mod tables;
 mod txn;
 mod writer;
 
+use crate::store::sql::counts::PendingCounts;
 use checkpoint::Checkpointer;
 use handoff::{Core, Handoff};
 use schema::{connect, migrate, rebound_in_flight};
-use txn::PendingCounts;
 
 /// How long a writer waits for another process's transaction to finish.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -188,16 +189,22 @@ pub fn seed_history(path: &Path, count: usize, completed_at: Timestamp) -> Resul
             insert
                 .execute(params![ActivityId::new().to_string(), done - 20, done - 10, done])
                 .map_err(sql_error("cannot seed history"))?;
-            *counts
-                .completions
-                .entry(query::completion_minute(Timestamp::from_millis(done)))
-                .or_default() += 1;
+            counts.complete(query::completion_minute(Timestamp::from_millis(done)));
         }
         let (aggregate, totals) = super::seeded_history_totals(count, completed_at)?;
         counts.totals.insert(aggregate, totals);
-        counts.write(&mut rows::Statements::new(&tx))?;
+        tables::write_counts(&mut rows::Statements::new(&tx), &mut counts)?;
     }
     tx.commit().map_err(sql_error("cannot commit"))
+}
+
+/// A connection to a migrated database at `path`, for tests of the
+/// shared statements.
+#[cfg(test)]
+pub(crate) fn test_connection(path: &Path) -> rusqlite::Connection {
+    let mut conn = connect(path, Synchronous::Full).unwrap();
+    migrate(&mut conn).unwrap();
+    conn
 }
 
 #[cfg(test)]

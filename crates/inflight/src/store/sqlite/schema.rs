@@ -12,10 +12,13 @@ use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
 
-use super::rows::{at, query_rows, Statements};
+use super::rows::{query_rows, Statements};
 use super::sql::{self, Backfill, MIGRATIONS};
-use super::txn::{PendingCounts, SqliteTxn};
+use super::tables::write_counts;
+use super::txn::SqliteTxn;
 use super::{pragmas, sql_error, Synchronous, BUSY_TIMEOUT};
+use crate::store::sql::codec;
+use crate::store::sql::counts::PendingCounts;
 
 /// Lookaside of each connection (slot size, count): SQLite serves its
 /// small allocations from it without `malloc` or its global memory mutex.
@@ -91,14 +94,11 @@ pub(super) fn run_backfill(conn: &Connection, backfill: Backfill) -> Result<(), 
             // Counted by the domain's minute, not restated in SQL.
             let mut counts = PendingCounts::default();
             let mut st = Statements::new(conn);
-            let completed: Vec<Timestamp> = query_rows(&mut st, sql::COMPLETED_AT_ALL, [], |row| at(row, 0))?;
+            let completed = query_rows(&mut st, sql::COMPLETED_AT_ALL, &[], |row| codec::int(row, 0))?;
             for at in completed {
-                *counts
-                    .completions
-                    .entry(query::completion_minute(at))
-                    .or_default() += 1;
+                counts.complete(query::completion_minute(Timestamp::from_millis(at)));
             }
-            counts.write(&mut st)
+            write_counts(&mut st, &mut counts)
         }
     }
 }

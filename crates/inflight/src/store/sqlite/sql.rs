@@ -1,48 +1,11 @@
-//! Every statement the SQLite store prepares, in one place, so that a test
-//! can show the query plan of each (`STATEMENTS`, in the tests) and none slips past it.
-//!
-//! Each query answers one question of [`crate::domain::query`]; its doc
-//! names the reference it must agree with. Conditions a partial index is
-//! declared with are repeated word for word in the queries that should use
-//! it: SQLite picks a partial index only when the query's `WHERE` implies
-//! the index's own, and `state = 'executing'` does not imply
-//! `state IN ('waiting', 'executing')` to its prover.
+//! The statements only the SQLite store prepares (its schema, its journal,
+//! its aggregates by id), in one place, beside the ones both SQL stores
+//! share (`store::sql::statements`, re-exported here), so that a test can
+//! show the query plan of each (`STATEMENTS`, in the tests) and none slips
+//! past it.
 
-/// The record columns, in `record_from_row` order (a macro, so that SQL is
-/// built with `concat!` at compile time).
-macro_rules! record_columns {
-    () => {
-        "activity_id, service, provider, class, operation_stage, model, priority, \
-     admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
-     reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason"
-    };
-}
-
-/// The owner columns, in `owner_from_row` order.
-macro_rules! owner_columns {
-    () => {
-        "owner_id, name, ttl_ms, registered_at, renewed_at, expires_at, state, ended_at, \
-     reaped_records, cancelled_records"
-    };
-}
-
-/// The counter columns of an aggregate, in `totals_from_row` order, which
-/// is also the order `bind_totals` binds them in.
-macro_rules! totals_columns {
-    () => {
-        "calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
-     late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
-     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned"
-    };
-}
-
-/// The condition of the partial indexes on records in flight.
-macro_rules! in_flight {
-    () => {
-        "state IN ('waiting', 'executing')"
-    };
-}
+use crate::store::sql::columns::{aggregate_labels, record_columns, totals_columns};
+pub(super) use crate::store::sql::statements::*;
 
 /// One versioned migration: its schema change, then what Rust must do
 /// after it (a backfill that follows a domain rule, written once there).
@@ -293,11 +256,6 @@ CREATE TABLE journal (
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
-pub(super) const COMMIT: &str = "COMMIT";
-pub(super) const ROLLBACK: &str = "ROLLBACK";
-pub(super) const SAVEPOINT: &str = "SAVEPOINT command";
-pub(super) const RELEASE: &str = "RELEASE command";
-pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO command";
 /// Moves when another connection committed to the file: whether the
 /// writer's cached records are still the stored rows (`cache.rs`).
 pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
@@ -305,28 +263,6 @@ pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
 /// for the write lock (the checkpointer's); answers busy, log pages, pages
 /// copied.
 pub(super) const CHECKPOINT: &str = "PRAGMA wal_checkpoint(PASSIVE)";
-
-pub(super) const GET_RECORD: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE activity_id = ?1"
-);
-
-pub(super) const INSERT_RECORD: &str = concat!(
-    "INSERT INTO activities (",
-    record_columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23)"
-);
-
-/// Writes what a transition, a reap or a rebound can change. A record's
-/// labels, priority, admission, owner, `enqueuedAt` and declared deadline
-/// are set by its begin and never change after it: left out, they cost
-/// neither a bound value nor a comparison for every index that holds them.
-pub(super) const UPDATE_RECORD: &str =
-    "UPDATE activities SET state = ?2, disposition = ?3, reap_reason = ?4, started_at = ?5, \
-     completed_at = ?6, reaped_at = ?7, deadline_ms = ?8, reapable_at = ?9, success = ?10, \
-     failure_stage = ?11, late_settle = ?12, cancel_reason = ?13 WHERE activity_id = ?1";
 
 /// Whether a record with id `?1` is stored (a begin's check that its id is
 /// free, when it writes ahead).
@@ -391,157 +327,17 @@ pub(super) const ADD_TO_AGGREGATE: &str =
 
 /// Stores a new aggregate with its first totals.
 pub(super) const INSERT_AGGREGATE: &str = concat!(
-    "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, ",
+    "INSERT INTO aggregates (",
+    aggregate_labels!(),
+    ", ",
     totals_columns!(),
     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
      ?20, ?21, ?22, ?23, ?24, ?25)"
 );
 
-pub(super) const AGGREGATES: &str = concat!(
-    "SELECT service, operation_stage, class, provider, model, priority, admission, ",
-    totals_columns!(),
-    " FROM aggregates"
-);
-
-/// Whether a lane has an aggregate: the primary key's first column, then
-/// the service's own aggregates.
-pub(super) const LANE_KNOWN: &str =
-    "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = ?1 AND provider = ?2)";
-
-/// Distinct lanes and aggregates. Reads every aggregate, which the label
-/// bounds themselves keep few (`domain::cardinality`); asked only for a
-/// begin whose aggregate is new.
-pub(super) const LABEL_CENSUS: &str = "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT service, provider \
-     FROM aggregates)), (SELECT COUNT(*) FROM aggregates)";
-
 pub(super) const COUNT_COMPLETIONS: &str =
     "INSERT INTO completion_minutes (minute, completions) VALUES (?1, ?2) \
      ON CONFLICT (minute) DO UPDATE SET completions = completions + excluded.completions";
-
-pub(super) const COMPLETION_MINUTES_FROM: &str =
-    "SELECT COALESCE(SUM(completions), 0) FROM completion_minutes WHERE minute >= ?1";
-
-pub(super) const DELETE_MINUTES_BEFORE: &str = "DELETE FROM completion_minutes WHERE minute < ?1";
-
-/// Walks every record: `Command::Stats`, never on a hot path.
-pub(super) const STORED_RECORDS: &str = "SELECT COUNT(*) FROM activities";
-
-pub(super) const GET_OWNER: &str = concat!("SELECT ", owner_columns!(), " FROM owners WHERE owner_id = ?1");
-
-pub(super) const PUT_OWNER: &str = concat!(
-    "INSERT OR REPLACE INTO owners (",
-    owner_columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-);
-
-/// `query::is_due`, in `query::due_order`. `reapableAt` is set only while
-/// a record is in flight.
-pub(super) const DUE: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE reapable_at IS NOT NULL AND reapable_at < ?1 \
-     ORDER BY reapable_at, activity_id LIMIT ?2"
-);
-
-/// `LaneQuery::counts`: ?1 service, ?2 provider, ?3 the asking record's
-/// id, ?4 its `enqueuedAt`, ?5 whether it is a newcomer.
-pub(super) const LANE_POSITION: &str = concat!(
-    "SELECT \
-       (SELECT COUNT(*) FROM activities WHERE service = ?1 AND provider = ?2 \
-          AND admission = 'queued' AND ",
-    in_flight!(),
-    " AND state = 'executing' AND activity_id != ?3), \
-       (SELECT COUNT(*) FROM activities WHERE service = ?1 AND provider = ?2 \
-          AND admission = 'queued' AND ",
-    in_flight!(),
-    " AND state = 'waiting' AND activity_id != ?3 \
-          AND (enqueued_at < ?4 OR (enqueued_at = ?4 AND (?5 OR activity_id < ?3))))"
-);
-
-/// Records in flight in `query::line_order`. No index holds them in that
-/// order (migration 5): the line is sorted from `activities_lane`, which
-/// covers the order's columns, and only the first `?1` rows are then read
-/// whole, instead of every record in flight.
-pub(super) const IN_FLIGHT: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE activity_id IN (SELECT activity_id FROM activities WHERE ",
-    in_flight!(),
-    " ORDER BY enqueued_at, activity_id LIMIT ?1) ORDER BY enqueued_at, activity_id"
-);
-
-pub(super) const IN_FLIGHT_COUNT: &str = concat!("SELECT COUNT(*) FROM activities WHERE ", in_flight!());
-
-/// `query::lane_loads`.
-pub(super) const LANE_LOADS: &str = concat!(
-    "SELECT service, provider, SUM(state = 'executing'), SUM(state = 'waiting'), \
-     MIN(CASE WHEN state = 'waiting' THEN enqueued_at END), \
-     MIN(CASE WHEN state = 'waiting' THEN reapable_at END) \
-     FROM activities WHERE ",
-    in_flight!(),
-    " AND admission = 'queued' GROUP BY service, provider"
-);
-
-/// `Window::completed`, in `Window::completed_order`. `completedAt` is set
-/// only by a settle.
-pub(super) const COMPLETED: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE completed_at >= ?1 \
-     ORDER BY completed_at DESC, activity_id DESC LIMIT ?2"
-);
-
-pub(super) const COMPLETED_BETWEEN: &str =
-    "SELECT COUNT(*) FROM activities WHERE completed_at >= ?1 AND completed_at < ?2";
-
-/// `Window::reaped`, in `Window::reaped_order`. `reapedAt` is set only
-/// while a record is reaped.
-pub(super) const REAPED: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE reaped_at >= ?1 \
-     ORDER BY reaped_at DESC, activity_id DESC LIMIT ?2"
-);
-
-/// `Window::lists_owner`, in `Window::owner_order`.
-pub(super) const LISTED_OWNERS: &str = concat!(
-    "SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE state = 'live' \
-     UNION ALL SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE ended_at >= ?1 AND state != 'live' \
-     ORDER BY registered_at, owner_id"
-);
-
-/// `Owner::is_expired`.
-pub(super) const EXPIRED_OWNERS: &str = concat!(
-    "SELECT ",
-    owner_columns!(),
-    " FROM owners WHERE state = 'live' AND expires_at < ?1"
-);
-
-/// An owner's records in flight, in `query::line_order`.
-pub(super) const OWNER_IN_FLIGHT: &str = concat!(
-    "SELECT ",
-    record_columns!(),
-    " FROM activities WHERE owner_id = ?1 AND ",
-    in_flight!(),
-    " ORDER BY enqueued_at, activity_id"
-);
-
-/// `Retention::prunes`, in `Retention::record_order`: the oldest `?2` of
-/// each end index, merged.
-pub(super) const PRUNABLE: &str = "SELECT activity_id, ended_at FROM ( \
-       SELECT activity_id, completed_at AS ended_at FROM activities WHERE completed_at < ?1 \
-       ORDER BY completed_at, activity_id LIMIT ?2) \
-     UNION ALL SELECT activity_id, ended_at FROM ( \
-       SELECT activity_id, reaped_at AS ended_at FROM activities WHERE reaped_at < ?1 \
-       ORDER BY reaped_at, activity_id LIMIT ?2) \
-     ORDER BY ended_at, activity_id LIMIT ?2";
-
-/// `Retention::prunes_owner`.
-pub(super) const PRUNE_OWNERS: &str = "DELETE FROM owners WHERE ended_at < ?1";
 
 /// Walks history once, when migration 3 runs.
 pub(super) const COMPLETED_AT_ALL: &str =
@@ -556,33 +352,16 @@ pub(super) const SEED_RECORD: &str = concat!(
      NULL, 300000, NULL, 1, NULL, 0, NULL)"
 );
 
-/// How a statement may read the tables.
 #[cfg(test)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reach {
-    /// Reads or writes through indexes only: never a scan of `activities`
-    /// or `owners` beyond a partial index of what is in flight or live.
-    Indexed,
-    /// Meant to walk history (statistics, migrations, the bulk loader).
-    WalksHistory,
-    /// Not a query of the tables (transactions, savepoints, a pragma).
-    Control,
-}
+pub(super) use crate::store::sql::Reach;
 
-/// Every statement above, by name, with how it may read the tables.
+/// Every statement above, by name, with how it may read the tables; with
+/// the shared ones (`BOTH`), what the plan check reads.
 #[cfg(test)]
 pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("BEGIN_IMMEDIATE", BEGIN_IMMEDIATE, Reach::Control),
-    ("COMMIT", COMMIT, Reach::Control),
-    ("ROLLBACK", ROLLBACK, Reach::Control),
-    ("SAVEPOINT", SAVEPOINT, Reach::Control),
-    ("RELEASE", RELEASE, Reach::Control),
-    ("ROLLBACK_TO", ROLLBACK_TO, Reach::Control),
     ("DATA_VERSION", DATA_VERSION, Reach::Control),
     ("CHECKPOINT", CHECKPOINT, Reach::Control),
-    ("GET_RECORD", GET_RECORD, Reach::Indexed),
-    ("INSERT_RECORD", INSERT_RECORD, Reach::Indexed),
-    ("UPDATE_RECORD", UPDATE_RECORD, Reach::Indexed),
     ("DELETE_RECORD", DELETE_RECORD, Reach::Indexed),
     ("RECORD_EXISTS", RECORD_EXISTS, Reach::Indexed),
     ("JOURNAL_APPEND", JOURNAL_APPEND, Reach::Indexed),
@@ -597,28 +376,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("AGGREGATE_ID", AGGREGATE_ID, Reach::Indexed),
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
     ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),
-    ("AGGREGATES", AGGREGATES, Reach::Indexed),
-    ("LANE_KNOWN", LANE_KNOWN, Reach::Indexed),
-    ("LABEL_CENSUS", LABEL_CENSUS, Reach::Indexed),
     ("COUNT_COMPLETIONS", COUNT_COMPLETIONS, Reach::Indexed),
-    ("COMPLETION_MINUTES_FROM", COMPLETION_MINUTES_FROM, Reach::Indexed),
-    ("DELETE_MINUTES_BEFORE", DELETE_MINUTES_BEFORE, Reach::Indexed),
-    ("STORED_RECORDS", STORED_RECORDS, Reach::WalksHistory),
-    ("GET_OWNER", GET_OWNER, Reach::Indexed),
-    ("PUT_OWNER", PUT_OWNER, Reach::Indexed),
-    ("DUE", DUE, Reach::Indexed),
-    ("LANE_POSITION", LANE_POSITION, Reach::Indexed),
-    ("IN_FLIGHT", IN_FLIGHT, Reach::Indexed),
-    ("IN_FLIGHT_COUNT", IN_FLIGHT_COUNT, Reach::Indexed),
-    ("LANE_LOADS", LANE_LOADS, Reach::Indexed),
-    ("COMPLETED", COMPLETED, Reach::Indexed),
-    ("COMPLETED_BETWEEN", COMPLETED_BETWEEN, Reach::Indexed),
-    ("REAPED", REAPED, Reach::Indexed),
-    ("LISTED_OWNERS", LISTED_OWNERS, Reach::Indexed),
-    ("EXPIRED_OWNERS", EXPIRED_OWNERS, Reach::Indexed),
-    ("OWNER_IN_FLIGHT", OWNER_IN_FLIGHT, Reach::Indexed),
-    ("PRUNABLE", PRUNABLE, Reach::Indexed),
-    ("PRUNE_OWNERS", PRUNE_OWNERS, Reach::Indexed),
     ("COMPLETED_AT_ALL", COMPLETED_AT_ALL, Reach::WalksHistory),
     ("SEED_RECORD", SEED_RECORD, Reach::WalksHistory),
 ];
@@ -661,7 +419,7 @@ mod tests {
             super::super::connect(&dir.path().join("plans.db"), super::super::Synchronous::Full).unwrap();
         super::super::migrate(&mut conn).unwrap();
         let mut failures = Vec::new();
-        for (name, sql, reach) in STATEMENTS {
+        for (name, sql, reach) in STATEMENTS.iter().chain(BOTH) {
             if *reach != Reach::Indexed {
                 continue;
             }
@@ -706,6 +464,7 @@ mod tests {
                 ("checkpoint.rs", include_str!("checkpoint.rs")),
                 ("handoff.rs", include_str!("handoff.rs")),
                 ("journal.rs", include_str!("journal.rs")),
+                ("tables.rs", include_str!("tables.rs")),
             ],
             &["SELECT", "INSERT", "UPDATE", "DELETE", "SAVEPOINT", "RELEASE"],
             include_str!("sql.rs"),

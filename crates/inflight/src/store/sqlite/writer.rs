@@ -15,10 +15,12 @@ use crate::stats::{CallStats, Landed};
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
-use super::journal;
+use crate::store::sql::counts::PendingCounts;
+
 use super::rows::Statements;
 use super::sql;
-use super::txn::{PendingCounts, SqliteTxn};
+use super::tables::{self, write_counts};
+use super::txn::SqliteTxn;
 
 /// The most commands grouped into one transaction.
 pub(super) const MAX_GROUP: usize = 256;
@@ -178,7 +180,7 @@ fn run_commands(
     let mut counts = PendingCounts::default();
     for command in commands {
         if matches!(command, Command::Snapshot { .. }) {
-            counts.write(conn).map_err(Failed::Transaction)?;
+            write_counts(conn, &mut counts).map_err(Failed::Transaction)?;
         }
         if isolation == Isolation::PerCommand {
             // By prepared statements: rusqlite's `Savepoint` formats and
@@ -225,9 +227,9 @@ fn run_commands(
         });
     }
     if conn.journal.is_full() {
-        journal::apply(conn).map_err(Failed::Transaction)?;
+        tables::apply(conn).map_err(Failed::Transaction)?;
     }
-    counts.write(conn).map_err(Failed::Transaction)?;
+    write_counts(conn, &mut counts).map_err(Failed::Transaction)?;
     control(conn, sql::COMMIT)
         .map_err(|err| Failed::Transaction(LedgerError::storage("cannot commit", err)))?;
     Ok((results, landed))
@@ -246,7 +248,7 @@ pub(super) fn apply_journal(conn: &mut Statements<'_>) -> Result<(), LedgerError
     let applied = conn
         .check_data_version()
         .map_err(|err| LedgerError::storage("cannot read data_version", err))
-        .and_then(|()| journal::apply(conn))
+        .and_then(|()| tables::apply(conn))
         .and_then(|()| control(conn, sql::COMMIT).map_err(|err| LedgerError::storage("cannot commit", err)));
     if applied.is_err() {
         rollback(conn);

@@ -1,0 +1,441 @@
+//! The row codec: records, owners and counters to and from the columns of
+//! [`super::columns`], once for both stores. A store reads a row through
+//! [`Columns`] and binds [`Value`]s; nothing else knows the column order.
+
+use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::labels::{ActivityLabels, Label, LabelSet};
+use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
+use crate::domain::snapshot::LaneLoad;
+use crate::domain::{ParseError, Timestamp};
+use crate::error::{ErrorKind, LedgerError};
+
+use super::columns::{LABEL_COLUMNS, OWNER_COLUMNS, RECORD_COLUMNS, TOTALS_COLUMNS};
+
+/// One bound parameter, as both drivers take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Value<'a> {
+    Null,
+    Text(&'a str),
+    Int(i64),
+    Bool(bool),
+}
+
+impl<'a> From<&'a str> for Value<'a> {
+    fn from(text: &'a str) -> Self {
+        Self::Text(text)
+    }
+}
+
+impl From<i64> for Value<'_> {
+    fn from(value: i64) -> Self {
+        Self::Int(value)
+    }
+}
+
+impl From<bool> for Value<'_> {
+    fn from(value: bool) -> Self {
+        Self::Bool(value)
+    }
+}
+
+impl From<Timestamp> for Value<'_> {
+    fn from(at: Timestamp) -> Self {
+        Self::Int(at.as_millis())
+    }
+}
+
+impl<'a, T: Into<Value<'a>>> From<Option<T>> for Value<'a> {
+    fn from(value: Option<T>) -> Self {
+        value.map_or(Self::Null, Into::into)
+    }
+}
+
+/// A row as a driver returns it: each column read by index, NULL as
+/// `None`.
+pub(crate) trait Columns {
+    fn text(&self, index: usize) -> Result<Option<&str>, LedgerError>;
+    fn int(&self, index: usize) -> Result<Option<i64>, LedgerError>;
+    fn boolean(&self, index: usize) -> Result<Option<bool>, LedgerError>;
+}
+
+/// A column that must not be NULL.
+fn required<T>(value: Option<T>, index: usize) -> Result<T, LedgerError> {
+    value.ok_or_else(|| {
+        LedgerError::new(
+            ErrorKind::Storage,
+            format!("cannot read a column: column {index} is NULL where a value is required"),
+        )
+    })
+}
+
+fn text(row: &dyn Columns, index: usize) -> Result<&str, LedgerError> {
+    required(row.text(index)?, index)
+}
+
+pub(crate) fn int(row: &dyn Columns, index: usize) -> Result<i64, LedgerError> {
+    required(row.int(index)?, index)
+}
+
+fn label(row: &dyn Columns, index: usize) -> Result<Label, LedgerError> {
+    Ok(Label::trusted(text(row, index)?.to_owned()))
+}
+
+fn at(row: &dyn Columns, index: usize) -> Result<Timestamp, LedgerError> {
+    int(row, index).map(Timestamp::from_millis)
+}
+
+fn at_opt(row: &dyn Columns, index: usize) -> Result<Option<Timestamp>, LedgerError> {
+    Ok(row.int(index)?.map(Timestamp::from_millis))
+}
+
+fn parsed<T: std::str::FromStr<Err = ParseError>>(row: &dyn Columns, index: usize) -> Result<T, LedgerError> {
+    parse(text(row, index)?)
+}
+
+fn parsed_opt<T: std::str::FromStr<Err = ParseError>>(
+    row: &dyn Columns,
+    index: usize,
+) -> Result<Option<T>, LedgerError> {
+    row.text(index)?.map(parse).transpose()
+}
+
+fn parse<T: std::str::FromStr<Err = ParseError>>(text: &str) -> Result<T, LedgerError> {
+    text.parse()
+        .map_err(|err: ParseError| LedgerError::storage("cannot read a column", err))
+}
+
+/// An activity id from its column.
+pub(crate) fn id_from(row: &dyn Columns, index: usize) -> Result<ActivityId, LedgerError> {
+    text(row, index)?
+        .parse()
+        .map_err(|err: uuid::Error| LedgerError::storage("cannot read an activity id", err))
+}
+
+/// A record from the columns of `record_columns!`, from the first.
+pub(crate) fn record_from(row: &dyn Columns) -> Result<ActivityRecord, LedgerError> {
+    let mut record = ActivityRecord {
+        activity_id: id_from(row, 0)?,
+        labels: ActivityLabels::new(LabelSet {
+            service: label(row, 1)?,
+            provider: label(row, 2)?,
+            class: label(row, 3)?,
+            operation_stage: label(row, 4)?,
+            model: text(row, 5)?.into(),
+        }),
+        priority: parsed(row, 6)?,
+        admission: parsed(row, 7)?,
+        state: parsed(row, 8)?,
+        disposition: parsed_opt(row, 9)?,
+        reap_reason: parsed_opt(row, 10)?,
+        owner_id: row.text(11)?.map(str::to_owned),
+        enqueued_at: at(row, 12)?,
+        started_at: at_opt(row, 13)?,
+        completed_at: at_opt(row, 14)?,
+        reaped_at: at_opt(row, 15)?,
+        declared_deadline_ms: row.int(16)?,
+        deadline_ms: int(row, 17)?,
+        reapable_at: at_opt(row, 18)?,
+        queue_wait_ms: None,
+        execution_ms: None,
+        success: row.boolean(19)?,
+        failure_stage: parsed_opt(row, 20)?,
+        late_settle: required(row.boolean(21)?, 21)?,
+        cancel_reason: row.text(22)?.map(str::to_owned),
+    };
+    // Not stored: implied by the instants.
+    record.derive_durations();
+    Ok(record)
+}
+
+/// The columns of `record_columns!` for `record`, whose id reads `id`.
+pub(crate) fn record_values<'a>(record: &'a ActivityRecord, id: &'a str) -> [Value<'a>; RECORD_COLUMNS] {
+    let labels = &record.labels;
+    [
+        id.into(),
+        labels.service.as_str().into(),
+        labels.provider.as_str().into(),
+        labels.class.as_str().into(),
+        labels.operation_stage.as_str().into(),
+        (&*labels.model).into(),
+        record.priority.as_str().into(),
+        record.admission.as_str().into(),
+        record.state.as_str().into(),
+        record.disposition.map(|d| d.as_str()).into(),
+        record.reap_reason.map(|r| r.as_str()).into(),
+        record.owner_id.as_deref().into(),
+        record.enqueued_at.into(),
+        record.started_at.into(),
+        record.completed_at.into(),
+        record.reaped_at.into(),
+        record.declared_deadline_ms.into(),
+        record.deadline_ms.into(),
+        record.reapable_at.into(),
+        record.success.into(),
+        record.failure_stage.map(|s| s.as_str()).into(),
+        record.late_settle.into(),
+        record.cancel_reason.as_deref().into(),
+    ]
+}
+
+/// The columns of `record_columns!` that can change after a begin, in
+/// the order `statements::UPDATE_RECORD` binds them (the id last).
+const CHANGING: [usize; 13] = [8, 9, 10, 13, 14, 15, 17, 18, 19, 20, 21, 22, 0];
+
+/// The parameters of `statements::UPDATE_RECORD`: what can change after a
+/// begin, then the id.
+pub(crate) fn record_changes<'a>(record: &'a ActivityRecord, id: &'a str) -> [Value<'a>; 13] {
+    let values = record_values(record, id);
+    CHANGING.map(|column| values[column])
+}
+
+/// An owner from the columns of `owner_columns!`.
+pub(crate) fn owner_from(row: &dyn Columns) -> Result<Owner, LedgerError> {
+    Ok(Owner {
+        owner_id: OwnerId::trusted(text(row, 0)?.to_owned()),
+        name: label(row, 1)?,
+        ttl_ms: int(row, 2)?,
+        registered_at: at(row, 3)?,
+        renewed_at: at(row, 4)?,
+        expires_at: at(row, 5)?,
+        state: parsed(row, 6)?,
+        ended_at: at_opt(row, 7)?,
+        reaped_records: int(row, 8)?,
+        cancelled_records: int(row, 9)?,
+    })
+}
+
+/// The columns of `owner_columns!` for `owner`.
+pub(crate) fn owner_values(owner: &Owner) -> [Value<'_>; OWNER_COLUMNS] {
+    [
+        owner.owner_id.as_str().into(),
+        owner.name.as_str().into(),
+        owner.ttl_ms.into(),
+        owner.registered_at.into(),
+        owner.renewed_at.into(),
+        owner.expires_at.into(),
+        owner.state.as_str().into(),
+        owner.ended_at.into(),
+        owner.reaped_records.into(),
+        owner.cancelled_records.into(),
+    ]
+}
+
+/// Totals from the columns of `totals_columns!`, the first at `first`.
+pub(crate) fn totals_from(row: &dyn Columns, first: usize) -> Result<Totals, LedgerError> {
+    let n = |offset: usize| int(row, first + offset);
+    Ok(Totals {
+        calls: n(0)?,
+        succeeded: n(1)?,
+        failed: n(2)?,
+        cancelled: n(3)?,
+        reaped_abandoned: n(4)?,
+        reaped_unsettled: n(5)?,
+        reaped_owner_lost: n(6)?,
+        late_settles: n(7)?,
+        resurrections: n(8)?,
+        in_flight: n(9)?,
+        queue_wait_count: n(10)?,
+        queue_wait_sum_ms: n(11)?,
+        queue_wait_max_ms: n(12)?,
+        execution_count: n(13)?,
+        execution_sum_ms: n(14)?,
+        execution_max_ms: n(15)?,
+        last_seen_at: at_opt(row, first + 16)?,
+        reaped_owner_lost_abandoned: n(17)?,
+    })
+}
+
+/// The columns of `totals_columns!` for `d`.
+pub(crate) fn totals_values(d: &Totals) -> [Value<'static>; TOTALS_COLUMNS] {
+    [
+        d.calls.into(),
+        d.succeeded.into(),
+        d.failed.into(),
+        d.cancelled.into(),
+        d.reaped_abandoned.into(),
+        d.reaped_unsettled.into(),
+        d.reaped_owner_lost.into(),
+        d.late_settles.into(),
+        d.resurrections.into(),
+        d.in_flight.into(),
+        d.queue_wait_count.into(),
+        d.queue_wait_sum_ms.into(),
+        d.queue_wait_max_ms.into(),
+        d.execution_count.into(),
+        d.execution_sum_ms.into(),
+        d.execution_max_ms.into(),
+        d.last_seen_at.into(),
+        d.reaped_owner_lost_abandoned.into(),
+    ]
+}
+
+/// An aggregate's key from the columns of `aggregate_labels!`.
+pub(crate) fn aggregate_key_from(row: &dyn Columns) -> Result<AggregateKey, LedgerError> {
+    Ok(AggregateKey {
+        service: text(row, 0)?.into(),
+        operation_stage: text(row, 1)?.into(),
+        class: text(row, 2)?.into(),
+        provider: text(row, 3)?.into(),
+        model: text(row, 4)?.into(),
+        priority: parsed(row, 5)?,
+        admission: parsed(row, 6)?,
+    })
+}
+
+/// The columns of `aggregate_labels!` for `key`.
+pub(crate) fn aggregate_key_values(key: &AggregateKey) -> [Value<'_>; LABEL_COLUMNS] {
+    [
+        (&*key.service).into(),
+        (&*key.operation_stage).into(),
+        (&*key.class).into(),
+        (&*key.provider).into(),
+        (&*key.model).into(),
+        key.priority.as_str().into(),
+        key.admission.as_str().into(),
+    ]
+}
+
+/// A lane's load from a row of `statements::LANE_LOADS`.
+pub(crate) fn lane_load_from(row: &dyn Columns) -> Result<LaneLoad, LedgerError> {
+    Ok(LaneLoad {
+        lane: LaneKey {
+            service: label(row, 0)?,
+            provider: label(row, 1)?,
+        },
+        executing: int(row, 2)?,
+        waiting: int(row, 3)?,
+        oldest_waiting_since: at_opt(row, 4)?,
+        next_waiting_reapable_at: at_opt(row, 5)?,
+    })
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use rusqlite::types::{ToSqlOutput, ValueRef};
+
+    use super::{Columns, Value};
+    use crate::error::{ErrorKind, LedgerError};
+
+    impl rusqlite::ToSql for Value<'_> {
+        fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+            Ok(ToSqlOutput::Borrowed(match *self {
+                Self::Null => ValueRef::Null,
+                Self::Text(text) => ValueRef::Text(text.as_bytes()),
+                Self::Int(value) => ValueRef::Integer(value),
+                Self::Bool(value) => ValueRef::Integer(i64::from(value)),
+            }))
+        }
+    }
+
+    fn column<'r>(row: &'r rusqlite::Row<'_>, index: usize) -> Result<ValueRef<'r>, LedgerError> {
+        row.get_ref(index)
+            .map_err(|err| LedgerError::storage("cannot read a column", err))
+    }
+
+    fn mismatch(index: usize, wanted: &str) -> LedgerError {
+        LedgerError::new(
+            ErrorKind::Storage,
+            format!("cannot read a column: column {index} does not hold {wanted}"),
+        )
+    }
+
+    impl Columns for rusqlite::Row<'_> {
+        fn text(&self, index: usize) -> Result<Option<&str>, LedgerError> {
+            match column(self, index)? {
+                ValueRef::Null => Ok(None),
+                ValueRef::Text(bytes) => std::str::from_utf8(bytes)
+                    .map(Some)
+                    .map_err(|err| LedgerError::storage("cannot read a column", err)),
+                _ => Err(mismatch(index, "text")),
+            }
+        }
+
+        fn int(&self, index: usize) -> Result<Option<i64>, LedgerError> {
+            match column(self, index)? {
+                ValueRef::Null => Ok(None),
+                ValueRef::Integer(value) => Ok(Some(value)),
+                _ => Err(mismatch(index, "an integer")),
+            }
+        }
+
+        fn boolean(&self, index: usize) -> Result<Option<bool>, LedgerError> {
+            Ok(self.int(index)?.map(|value| value != 0))
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::error::Error;
+
+    use bytes::BytesMut;
+    use postgres::types::{IsNull, ToSql, Type};
+
+    use super::{Columns, Value};
+    use crate::error::LedgerError;
+
+    impl ToSql for Value<'_> {
+        fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+            match *self {
+                Self::Null => Ok(IsNull::Yes),
+                Self::Text(text) if <&str as ToSql>::accepts(ty) => text.to_sql(ty, out),
+                Self::Int(value) if <i64 as ToSql>::accepts(ty) => value.to_sql(ty, out),
+                Self::Bool(value) if <bool as ToSql>::accepts(ty) => value.to_sql(ty, out),
+                other => Err(format!("{other:?} cannot be sent as {ty}").into()),
+            }
+        }
+
+        fn accepts(ty: &Type) -> bool {
+            <&str as ToSql>::accepts(ty) || <i64 as ToSql>::accepts(ty) || <bool as ToSql>::accepts(ty)
+        }
+
+        postgres::types::to_sql_checked!();
+    }
+
+    fn column<'r, T: postgres::types::FromSql<'r>>(
+        row: &'r postgres::Row,
+        index: usize,
+    ) -> Result<Option<T>, LedgerError> {
+        row.try_get(index)
+            .map_err(|err| LedgerError::storage("cannot read a column", err))
+    }
+
+    impl Columns for postgres::Row {
+        fn text(&self, index: usize) -> Result<Option<&str>, LedgerError> {
+            column(self, index)
+        }
+
+        fn int(&self, index: usize) -> Result<Option<i64>, LedgerError> {
+            column(self, index)
+        }
+
+        fn boolean(&self, index: usize) -> Result<Option<bool>, LedgerError> {
+            column(self, index)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::columns::record_columns;
+    use super::super::statements::UPDATE_RECORD;
+    use super::CHANGING;
+
+    #[test]
+    fn the_update_binds_the_columns_it_names() {
+        let columns: Vec<&str> = record_columns!().split(',').map(str::trim).collect();
+        let set = UPDATE_RECORD
+            .split_once(" SET ")
+            .and_then(|(_, rest)| rest.split_once(" WHERE "))
+            .unwrap();
+        let mut named: Vec<&str> = set
+            .0
+            .split(',')
+            .map(|pair| pair.split('=').next().unwrap().trim())
+            .collect();
+        named.push(set.1.split('=').next().unwrap().trim());
+        let bound: Vec<&str> = CHANGING.iter().map(|&column| columns[column]).collect();
+        assert_eq!(named, bound);
+    }
+}

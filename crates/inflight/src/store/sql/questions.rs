@@ -1,0 +1,264 @@
+//! The questions of [`crate::domain::query`] and the owner table, answered
+//! once for both SQL stores over a [`Driver`]: a statement of
+//! [`super::statements`] per question, its rows read by [`super::codec`].
+
+use std::sync::Arc;
+
+use crate::domain::admission::LanePosition;
+use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::labels::LabelSet;
+use crate::domain::owner::{Owner, OwnerId};
+use crate::domain::query::{LaneQuery, Retention, Window};
+use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::snapshot::LaneLoad;
+use crate::domain::timestamp::Timestamp;
+use crate::error::{ErrorKind, LedgerError};
+use crate::store::engine::Questions;
+
+use super::codec::{self, Columns, Value};
+use super::statements as sql;
+
+/// What a statement reads, so that a store first makes visible to it what
+/// the transaction holds back (SQLite's rows written ahead, PostgreSQL's
+/// deferred writes), and no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// Records: every record write of the transaction must be visible.
+    Records,
+    /// The counters: every counter change of the transaction must be
+    /// written.
+    Counters,
+    /// Which aggregates exist: what earlier commands stored.
+    Aggregates,
+    /// Owners, which are written at once.
+    Owners,
+}
+
+/// A SQL store's transaction as the shared questions use it: one statement
+/// at a time, after the store made what it holds back visible to what the
+/// statement reads.
+pub(crate) trait Driver {
+    /// Whether reads that lead to a write lock the rows they read (the
+    /// `*_LOCKED` statements): PostgreSQL, whose writers run at once.
+    const LOCKS: bool;
+
+    /// Runs `sql` with `params`, showing each row to `row`.
+    fn query(
+        &mut self,
+        reads: Reads,
+        sql: &'static str,
+        params: &[Value<'_>],
+        row: &mut dyn FnMut(&dyn Columns) -> Result<(), LedgerError>,
+    ) -> Result<(), LedgerError>;
+
+    /// Runs `sql` with `params` for its changes; returns how many rows it
+    /// changed.
+    fn execute(&mut self, reads: Reads, sql: &'static str, params: &[Value<'_>]) -> Result<u64, LedgerError>;
+
+    /// Whether reads of records in flight lock them too (PostgreSQL's
+    /// rebound at open, which rewrites what it reads).
+    fn lock_in_flight(&self) -> bool {
+        false
+    }
+}
+
+/// Every row of `sql`, read by `from`.
+fn rows<D: Driver + ?Sized, T>(
+    driver: &mut D,
+    reads: Reads,
+    sql: &'static str,
+    params: &[Value<'_>],
+    from: fn(&dyn Columns) -> Result<T, LedgerError>,
+) -> Result<Vec<T>, LedgerError> {
+    let mut out = Vec::new();
+    driver.query(reads, sql, params, &mut |row| {
+        out.push(from(row)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The one row of `sql`, read by `from`.
+fn one<D: Driver + ?Sized, T>(
+    driver: &mut D,
+    reads: Reads,
+    sql: &'static str,
+    params: &[Value<'_>],
+    from: fn(&dyn Columns) -> Result<T, LedgerError>,
+) -> Result<T, LedgerError> {
+    rows(driver, reads, sql, params, from)?
+        .pop()
+        .ok_or_else(|| LedgerError::new(ErrorKind::Storage, format!("no row answered {sql:?}")))
+}
+
+fn count(row: &dyn Columns) -> Result<i64, LedgerError> {
+    codec::int(row, 0)
+}
+
+fn flag(row: &dyn Columns) -> Result<bool, LedgerError> {
+    Ok(row.boolean(0)?.unwrap_or(false))
+}
+
+fn shared(records: Vec<ActivityRecord>) -> Vec<Arc<ActivityRecord>> {
+    records.into_iter().map(Arc::new).collect()
+}
+
+fn limit_of(limit: usize) -> Value<'static> {
+    Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))
+}
+
+/// The statement, or its locking twin where the store locks.
+fn locking<D: Driver>(plain: &'static str, locked: &'static str) -> &'static str {
+    if D::LOCKS {
+        locked
+    } else {
+        plain
+    }
+}
+
+impl<D: Driver> Questions for D {
+    fn aggregates(&mut self) -> Result<Vec<(AggregateKey, Totals)>, LedgerError> {
+        rows(self, Reads::Counters, sql::AGGREGATES, &[], |row| {
+            Ok((codec::aggregate_key_from(row)?, codec::totals_from(row, 7)?))
+        })
+    }
+
+    fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError> {
+        one(
+            self,
+            Reads::Counters,
+            sql::COMPLETION_MINUTES_FROM,
+            &[minute.into()],
+            count,
+        )
+    }
+
+    fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
+        self.execute(Reads::Counters, sql::DELETE_MINUTES_BEFORE, &[minute.into()])
+            .map(drop)
+    }
+
+    fn stored_records(&mut self) -> Result<i64, LedgerError> {
+        one(self, Reads::Records, sql::STORED_RECORDS, &[], count)
+    }
+
+    fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
+        let sql = locking::<D>(sql::GET_OWNER, sql::GET_OWNER_LOCKED);
+        Ok(rows(self, Reads::Owners, sql, &[id.as_str().into()], codec::owner_from)?.pop())
+    }
+
+    fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {
+        self.execute(Reads::Owners, sql::PUT_OWNER, &codec::owner_values(owner))
+            .map(drop)
+    }
+
+    fn lane_known(&mut self, labels: &LabelSet) -> Result<bool, LedgerError> {
+        let lane = [labels.service.as_str().into(), labels.provider.as_str().into()];
+        one(self, Reads::Aggregates, sql::LANE_KNOWN, &lane, flag)
+    }
+
+    fn label_census(&mut self) -> Result<(i64, i64), LedgerError> {
+        one(self, Reads::Aggregates, sql::LABEL_CENSUS, &[], |row| {
+            Ok((codec::int(row, 0)?, codec::int(row, 1)?))
+        })
+    }
+
+    fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        let sql = locking::<D>(sql::DUE, sql::DUE_LOCKED);
+        let params = [now.into(), limit_of(limit)];
+        rows(self, Reads::Records, sql, &params, codec::record_from).map(shared)
+    }
+
+    fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
+        let id = query.activity_id.to_string();
+        let params = [
+            query.lane.service.as_str().into(),
+            query.lane.provider.as_str().into(),
+            id.as_str().into(),
+            query.enqueued_at.into(),
+            query.newcomer.into(),
+        ];
+        one(self, Reads::Records, sql::LANE_POSITION, &params, |row| {
+            Ok(LanePosition {
+                executing: codec::int(row, 0)?,
+                waiting_ahead: codec::int(row, 1)?,
+            })
+        })
+    }
+
+    fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        let sql = if self.lock_in_flight() {
+            sql::IN_FLIGHT_LOCKED
+        } else {
+            sql::IN_FLIGHT
+        };
+        rows(self, Reads::Records, sql, &[limit_of(limit)], codec::record_from).map(shared)
+    }
+
+    fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
+        one(self, Reads::Records, sql::IN_FLIGHT_COUNT, &[], count)
+    }
+
+    fn lane_loads(&mut self) -> Result<Vec<LaneLoad>, LedgerError> {
+        rows(self, Reads::Records, sql::LANE_LOADS, &[], codec::lane_load_from)
+    }
+
+    fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let params = [window.since.into(), limit_of(limit)];
+        rows(self, Reads::Records, sql::COMPLETED, &params, codec::record_from)
+    }
+
+    fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
+        one(
+            self,
+            Reads::Records,
+            sql::COMPLETED_BETWEEN,
+            &[from.into(), to.into()],
+            count,
+        )
+    }
+
+    fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
+        let params = [window.since.into(), limit_of(limit)];
+        rows(self, Reads::Records, sql::REAPED, &params, codec::record_from)
+    }
+
+    fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
+        rows(
+            self,
+            Reads::Owners,
+            sql::LISTED_OWNERS,
+            &[window.since.into()],
+            codec::owner_from,
+        )
+    }
+
+    fn expired_owners(&mut self, now: Timestamp) -> Result<Vec<Owner>, LedgerError> {
+        let sql = locking::<D>(sql::EXPIRED_OWNERS, sql::EXPIRED_OWNERS_LOCKED);
+        rows(self, Reads::Owners, sql, &[now.into()], codec::owner_from)
+    }
+
+    fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
+        let sql = locking::<D>(sql::OWNER_IN_FLIGHT, sql::OWNER_IN_FLIGHT_LOCKED);
+        rows(
+            self,
+            Reads::Records,
+            sql,
+            &[id.as_str().into()],
+            codec::record_from,
+        )
+        .map(shared)
+    }
+
+    fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
+        let params = [retention.before.into(), limit_of(limit)];
+        rows(self, Reads::Records, sql::PRUNABLE, &params, |row| {
+            codec::id_from(row, 0)
+        })
+    }
+
+    fn prune_owners(&mut self, retention: Retention) -> Result<(), LedgerError> {
+        self.execute(Reads::Owners, sql::PRUNE_OWNERS, &[retention.before.into()])
+            .map(drop)
+    }
+}

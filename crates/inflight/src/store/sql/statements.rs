@@ -1,0 +1,243 @@
+//! The statements both SQL stores run, written once.
+//!
+//! Placeholders are `$1`, `$2`, ... in both dialects. PostgreSQL reads
+//! them by number; SQLite reads `$NAME` as a named parameter and numbers
+//! each name by its first appearance, so every statement here names its
+//! parameters in ascending order of first appearance, and a test checks
+//! that SQLite numbers them as PostgreSQL does.
+//!
+//! Each query answers one question of [`crate::domain::query`]; its doc
+//! names the reference it must agree with. A statement marked `/ NAME`
+//! also exists as `NAME`, which locks the rows it reads (`FOR UPDATE`):
+//! PostgreSQL runs that one, because under READ COMMITTED a second
+//! transaction that wants the same rows then waits for the first and reads
+//! them again, so that a record another instance reaped or settled no
+//! longer matches. SQLite has one writer and no such clause.
+
+use super::columns::{aggregate_labels, in_flight, owner_columns, record_columns};
+
+/// Defines each statement, its locking twin when it has one, and the
+/// lists the plan checks walk, so that none slips past them.
+macro_rules! statements {
+    ($(
+        $(#[doc = $doc:expr])*
+        $name:ident $(/ $locked:ident)? : $reach:ident = $($part:expr),+ ;
+    )*) => {
+        $(
+            statement!([$(#[doc = $doc])*] $name [$($locked)?] $($part),+);
+        )*
+
+        /// Every statement both dialects run, with how it may read the
+        /// tables.
+        #[cfg(test)]
+        pub(crate) const BOTH: &[(&str, &str, super::Reach)] = &[
+            $((stringify!($name), $name, super::Reach::$reach)),*
+        ];
+
+        /// The locking twins, which only PostgreSQL runs; each reads what
+        /// its statement reads.
+        #[cfg(test)]
+        #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+        pub(crate) const LOCKING: &[(&str, &str)] = &[
+            $($((stringify!($locked), $locked),)?)*
+        ];
+    };
+}
+
+/// One statement of [`statements!`], and its locking twin when named.
+macro_rules! statement {
+    ([$(#[$meta:meta])*] $name:ident [] $($part:expr),+) => {
+        $(#[$meta])*
+        // A build with one SQL store leaves what only the other runs unused.
+        #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+        pub(crate) const $name: &str = concat!($($part),+);
+    };
+    ([$(#[$meta:meta])*] $name:ident [$locked:ident] $($part:expr),+) => {
+        statement!([$(#[$meta])*] $name [] $($part),+);
+        #[doc = concat!("[`", stringify!($name), "`], locking the rows it reads.")]
+        #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+        pub(crate) const $locked: &str = concat!($($part),+, " FOR UPDATE");
+    };
+}
+
+statements! {
+    COMMIT: Control = "COMMIT";
+    ROLLBACK: Control = "ROLLBACK";
+    SAVEPOINT: Control = "SAVEPOINT command";
+    RELEASE: Control = "RELEASE SAVEPOINT command";
+    ROLLBACK_TO: Control = "ROLLBACK TO SAVEPOINT command";
+
+    /// The record `$1`.
+    GET_RECORD / GET_RECORD_LOCKED: Indexed =
+        "SELECT ", record_columns!(), " FROM activities WHERE activity_id = $1";
+
+    /// A new record; no row when the id is taken, which the store reports
+    /// as a conflict (an error would abort a transaction a group shares).
+    INSERT_RECORD: Indexed =
+        "INSERT INTO activities (", record_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) \
+         ON CONFLICT (activity_id) DO NOTHING";
+
+    /// Writes what a transition, a reap or a rebound can change
+    /// ([`super::codec::record_changes`]). A record's labels, priority,
+    /// admission, owner, `enqueuedAt` and declared deadline are set by its
+    /// begin and never change: left out, they cost neither a bound value
+    /// nor a comparison for every index that holds them.
+    UPDATE_RECORD: Indexed =
+        "UPDATE activities SET state = $1, disposition = $2, reap_reason = $3, started_at = $4, \
+         completed_at = $5, reaped_at = $6, deadline_ms = $7, reapable_at = $8, success = $9, \
+         failure_stage = $10, late_settle = $11, cancel_reason = $12 WHERE activity_id = $13";
+
+    /// Every aggregate's totals: the sum of its rows (PostgreSQL keeps one
+    /// per writer that counted into it, SQLite one).
+    AGGREGATES: Indexed =
+        "SELECT ", aggregate_labels!(), ", \
+         CAST(SUM(calls) AS BIGINT), CAST(SUM(succeeded) AS BIGINT), CAST(SUM(failed) AS BIGINT), \
+         CAST(SUM(cancelled) AS BIGINT), CAST(SUM(reaped_abandoned) AS BIGINT), \
+         CAST(SUM(reaped_unsettled) AS BIGINT), CAST(SUM(reaped_owner_lost) AS BIGINT), \
+         CAST(SUM(late_settles) AS BIGINT), CAST(SUM(resurrections) AS BIGINT), \
+         CAST(SUM(in_flight) AS BIGINT), CAST(SUM(queue_wait_count) AS BIGINT), \
+         CAST(SUM(queue_wait_sum_ms) AS BIGINT), MAX(queue_wait_max_ms), \
+         CAST(SUM(execution_count) AS BIGINT), CAST(SUM(execution_sum_ms) AS BIGINT), \
+         MAX(execution_max_ms), MAX(last_seen_at), CAST(SUM(reaped_owner_lost_abandoned) AS BIGINT) \
+         FROM aggregates GROUP BY ", aggregate_labels!();
+
+    /// Whether a lane has an aggregate.
+    LANE_KNOWN: Indexed =
+        "SELECT EXISTS (SELECT 1 FROM aggregates WHERE service = $1 AND provider = $2)";
+
+    /// Distinct lanes and aggregates. Reads every aggregate, which the
+    /// label bounds themselves keep few (`domain::cardinality`); asked only
+    /// for a begin whose aggregate is new.
+    LABEL_CENSUS: Indexed =
+        "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT service, provider FROM aggregates) AS lanes), \
+         (SELECT COUNT(*) FROM (SELECT DISTINCT ", aggregate_labels!(), " FROM aggregates) AS aggregates)";
+
+    COMPLETION_MINUTES_FROM: Indexed =
+        "SELECT CAST(COALESCE(SUM(completions), 0) AS BIGINT) FROM completion_minutes WHERE minute >= $1";
+
+    DELETE_MINUTES_BEFORE: Indexed = "DELETE FROM completion_minutes WHERE minute < $1";
+
+    /// Walks every record: `Command::Stats`, never on a hot path.
+    STORED_RECORDS: WalksHistory = "SELECT COUNT(*) FROM activities";
+
+    /// The owner `$1`.
+    GET_OWNER / GET_OWNER_LOCKED: Indexed =
+        "SELECT ", owner_columns!(), " FROM owners WHERE owner_id = $1";
+
+    PUT_OWNER: Indexed =
+        "INSERT INTO owners (", owner_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT (owner_id) DO UPDATE SET name = excluded.name, ttl_ms = excluded.ttl_ms, \
+         registered_at = excluded.registered_at, renewed_at = excluded.renewed_at, \
+         expires_at = excluded.expires_at, state = excluded.state, ended_at = excluded.ended_at, \
+         reaped_records = excluded.reaped_records, cancelled_records = excluded.cancelled_records";
+
+    /// `query::is_due`, in `query::due_order`. `reapableAt` is set only
+    /// while a record is in flight.
+    DUE / DUE_LOCKED: Indexed =
+        "SELECT ", record_columns!(), " FROM activities WHERE reapable_at IS NOT NULL \
+         AND reapable_at < $1 ORDER BY reapable_at, activity_id LIMIT $2";
+
+    /// `LaneQuery::counts`: $1 service, $2 provider, $3 the asking record's
+    /// id, $4 its `enqueuedAt`, $5 whether it is a newcomer. PostgreSQL
+    /// reads it after its lane lock, in a statement of its own, so it sees
+    /// every decision on the lane that committed before the lock was
+    /// granted.
+    LANE_POSITION: Indexed =
+        "SELECT \
+           (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
+              AND admission = 'queued' AND ", in_flight!(), " AND state = 'executing' \
+              AND activity_id <> $3), \
+           (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
+              AND admission = 'queued' AND ", in_flight!(), " AND state = 'waiting' \
+              AND activity_id <> $3 \
+              AND (enqueued_at < $4 OR (enqueued_at = $4 AND ($5 OR activity_id < $3))))";
+
+    /// Records in flight in `query::line_order`: the line is sorted from
+    /// `activities_lane`, which covers the order's columns, and only the
+    /// first `$1` rows are then read whole.
+    IN_FLIGHT / IN_FLIGHT_LOCKED: Indexed =
+        "SELECT ", record_columns!(), " FROM activities WHERE activity_id IN \
+         (SELECT activity_id FROM activities WHERE ", in_flight!(), " \
+         ORDER BY enqueued_at, activity_id LIMIT $1) ORDER BY enqueued_at, activity_id";
+
+    IN_FLIGHT_COUNT: Indexed = "SELECT COUNT(*) FROM activities WHERE ", in_flight!();
+
+    /// `query::lane_loads`.
+    LANE_LOADS: Indexed =
+        "SELECT service, provider, COUNT(*) FILTER (WHERE state = 'executing'), \
+         COUNT(*) FILTER (WHERE state = 'waiting'), \
+         MIN(enqueued_at) FILTER (WHERE state = 'waiting'), \
+         MIN(reapable_at) FILTER (WHERE state = 'waiting') \
+         FROM activities WHERE ", in_flight!(), " AND admission = 'queued' \
+         GROUP BY service, provider ORDER BY service, provider";
+
+    /// `Window::completed`, in `Window::completed_order`. `completedAt` is
+    /// set only by a settle.
+    COMPLETED: Indexed =
+        "SELECT ", record_columns!(), " FROM activities WHERE completed_at >= $1 \
+         ORDER BY completed_at DESC, activity_id DESC LIMIT $2";
+
+    COMPLETED_BETWEEN: Indexed =
+        "SELECT COUNT(*) FROM activities WHERE completed_at >= $1 AND completed_at < $2";
+
+    /// `Window::reaped`, in `Window::reaped_order`. `reapedAt` is set only
+    /// while a record is reaped.
+    REAPED: Indexed =
+        "SELECT ", record_columns!(), " FROM activities WHERE reaped_at >= $1 \
+         ORDER BY reaped_at DESC, activity_id DESC LIMIT $2";
+
+    /// `Window::lists_owner`, in `Window::owner_order`.
+    LISTED_OWNERS: Indexed =
+        "SELECT ", owner_columns!(), " FROM owners WHERE state = 'live' \
+         UNION ALL SELECT ", owner_columns!(), " FROM owners WHERE ended_at >= $1 AND state <> 'live' \
+         ORDER BY registered_at, owner_id";
+
+    /// `Owner::is_expired`; each is then lost. In the order of
+    /// `owners_live`, so that instances lock them in one order.
+    EXPIRED_OWNERS / EXPIRED_OWNERS_LOCKED: Indexed =
+        "SELECT ", owner_columns!(), " FROM owners WHERE state = 'live' AND expires_at < $1 \
+         ORDER BY expires_at, owner_id";
+
+    /// An owner's records in flight, in `query::line_order`: a release
+    /// cancels them, a loss reaps them.
+    OWNER_IN_FLIGHT / OWNER_IN_FLIGHT_LOCKED: Indexed =
+        "SELECT ", record_columns!(), " FROM activities WHERE owner_id = $1 AND ", in_flight!(),
+        " ORDER BY enqueued_at, activity_id";
+
+    /// `Retention::prunes`, in `Retention::record_order`: the oldest `$2`
+    /// of each end index, merged.
+    PRUNABLE: Indexed =
+        "SELECT activity_id, ended_at FROM ( \
+           SELECT activity_id, completed_at AS ended_at FROM activities WHERE completed_at < $1 \
+           ORDER BY completed_at, activity_id LIMIT $2) AS completed \
+         UNION ALL SELECT activity_id, ended_at FROM ( \
+           SELECT activity_id, reaped_at AS ended_at FROM activities WHERE reaped_at < $1 \
+           ORDER BY reaped_at, activity_id LIMIT $2) AS reaped \
+         ORDER BY ended_at, activity_id LIMIT $2";
+
+    /// `Retention::prunes_owner`.
+    PRUNE_OWNERS: Indexed = "DELETE FROM owners WHERE ended_at < $1";
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_numbers_every_parameter_as_postgres_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::sqlite::test_connection(&dir.path().join("numbers.db"));
+        let conn = &mut conn;
+        for (name, sql, _) in BOTH {
+            let statement = conn.prepare(sql).unwrap_or_else(|err| panic!("{name}: {err}"));
+            for index in 1..=statement.parameter_count() {
+                assert_eq!(
+                    statement.parameter_name(index),
+                    Some(format!("${index}").as_str()),
+                    "{name}: SQLite numbers its parameters by first appearance"
+                );
+            }
+        }
+    }
+}
