@@ -17,9 +17,8 @@
 //! again for the next one, so the store recovers by itself when the server
 //! returns; one found lost by the group's `BEGIN` is replaced at once.
 
-use std::collections::BTreeSet;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -28,13 +27,15 @@ use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{CallStats, Landed};
+use crate::stats::CallStats;
 use crate::store::engine;
 use crate::store::{Command, Reply};
 
 use crate::store::sql::counts::PendingCounts;
 
 use super::order::{Done, Order, Turn, EARLIER_WAIT};
+use crate::store::sql::group::{self, Committed, Failed, GroupTxn, Isolation, Ran, Savepoint};
+
 use super::txn::{self, Conn, Fault, PgTxn, Records, Unflushed};
 use super::Settings;
 use super::{listen, sql};
@@ -47,9 +48,6 @@ const MAX_GROUP: usize = 256;
 const SHARED_GROUP: usize = 32;
 /// The longest a group waits for the callers of the previous one.
 const GROUP_WAIT: Duration = Duration::from_micros(300);
-/// How many times a group is run again after a deadlock.
-const RETRIES: usize = 5;
-
 /// What the writer threads are asked to do.
 pub(super) enum Job {
     /// Run a command and answer it.
@@ -138,42 +136,6 @@ fn drain(queue: &mpsc::Receiver<Job>, group: &mut Group, most: usize) {
     }
 }
 
-/// How a transaction undoes a command's storage failure.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Isolation {
-    /// The whole transaction rolls back.
-    Whole,
-    /// The command's savepoint rolls back.
-    PerCommand,
-}
-
-/// Why a transaction was rolled back.
-enum Failed {
-    /// A command hit a storage failure under [`Isolation::Whole`].
-    Command(LedgerError),
-    /// A deadlock or serialization failure: run the group again.
-    Retry(LedgerError),
-    /// The transaction itself failed (begin, counters, commit, connection).
-    Transaction(LedgerError),
-    /// Deferred writes did not land as expected: run the group again,
-    /// writing each record at once.
-    Redo,
-    /// An earlier group did not end in time (see [`Order`]): wait for it,
-    /// then run the group again.
-    Yield,
-}
-
-fn failed_all(count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>> {
-    if err.kind() == ErrorKind::Unavailable {
-        tracing::warn!(error = %err, "PostgreSQL is unavailable");
-    } else {
-        tracing::error!(error = %err, "PostgreSQL transaction failed");
-    }
-    (0..count)
-        .map(|_| Err(LedgerError::new(err.kind(), err.message().to_owned())))
-        .collect()
-}
-
 impl Writer {
     /// The connection, opened (again) when there is none or it was lost.
     fn connection(&mut self) -> Result<&mut Conn, LedgerError> {
@@ -201,52 +163,16 @@ impl Writer {
         commands: Vec<Command>,
         turn: &mut Turn<'_>,
     ) -> Vec<Result<Reply, LedgerError>> {
-        let count = commands.len();
-        let mut isolation = Isolation::Whole;
-        let mut defer = true;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let again = commands.clone();
-            match self.run_transaction(again, isolation, defer, turn) {
-                Ok((results, landed)) => {
-                    // Committed: what landed is published, each command's apart.
-                    let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-                    for landed in landed.iter().filter(|landed| !landed.is_empty()) {
-                        for event in landed {
-                            event.publish(&mut calls);
-                        }
-                        calls.finish();
-                    }
-                    return results;
-                }
-                Err(Failed::Command(_)) if isolation == Isolation::Whole && count > 1 => {
-                    isolation = Isolation::PerCommand;
-                }
-                Err(Failed::Redo) if defer => defer = false,
-                Err(Failed::Redo) => {
-                    return failed_all(
-                        count,
-                        &LedgerError::new(ErrorKind::Storage, "a record write did not land"),
-                    )
-                }
-                Err(Failed::Command(err)) if count == 1 => return vec![Err(err)],
-                // The next group may have started, but commits only once
-                // this one has ended: running again keeps the order.
-                Err(Failed::Retry(err)) if attempt <= RETRIES => {
-                    tracing::debug!(error = %err, attempt, "PostgreSQL group runs again");
-                }
-                Err(Failed::Yield) => {
-                    // Rolled back: no lock of this group is held while it waits.
-                    if let Some(previous) = turn.previous() {
-                        previous.wait();
-                    }
-                }
-                Err(Failed::Command(err) | Failed::Retry(err) | Failed::Transaction(err)) => {
-                    return failed_all(count, &err)
+        let calls = Arc::clone(&self.calls);
+        group::run_group("PostgreSQL", commands, true, &calls, |commands, attempt| {
+            if attempt.yielded {
+                // Rolled back: no lock of this group is held while it waits.
+                if let Some(previous) = turn.previous() {
+                    previous.wait();
                 }
             }
-        }
+            self.run_transaction(commands, attempt.isolation, attempt.defer, turn)
+        })
     }
 
     /// Runs `commands` in one transaction and commits it; rolled back when
@@ -382,66 +308,17 @@ fn run_commands(
     // leave writes behind in memory, nor take others' with it.
     let mut records = Records::new(defer && isolation == Isolation::Whole);
     records.locked(&begun.locked);
-    let mut results = Vec::with_capacity(commands.len());
-    let mut landed = Vec::with_capacity(commands.len());
-    let mut counts = PendingCounts::default();
-    let mut capacity_changed = BTreeSet::new();
-    for command in commands {
-        if matches!(command, Command::Snapshot { .. }) {
-            txn::write_counts(conn, &mut counts)
-                .map_err(|unflushed| unwritten(unflushed, "cannot update counters"))?;
-        }
-        if isolation == Isolation::PerCommand {
-            if let Err((fault, err)) = control(conn, sql::SAVEPOINT) {
-                return Err(transaction_failure((fault, err)));
-            }
-        }
-        let mut txn = PgTxn::new(conn, config, &mut records);
-        txn.previous = turn.previous();
-        let result = engine::execute(&mut txn, config, command, begun.now);
-        let pending = std::mem::take(&mut txn.counts);
-        let did = std::mem::take(&mut txn.landed);
-        let fault = txn.fault;
-        let changed = std::mem::take(&mut txn.capacity_changed);
-        match fault {
-            Some(Fault::Retry) => return Err(Failed::Retry(result.err().unwrap_or_else(deadlock))),
-            Some(Fault::Unavailable) => {
-                return Err(Failed::Transaction(result.err().unwrap_or_else(unavailable)))
-            }
-            Some(Fault::Redo) => return Err(Failed::Redo),
-            Some(Fault::Yield) => return Err(Failed::Yield),
-            _ => {}
-        }
-        // A refusal keeps what time forced (a reap); a storage failure keeps
-        // nothing, its counts included.
-        let keep = fault.is_none() && !matches!(&result, Err(err) if err.kind() == ErrorKind::Storage);
-        match isolation {
-            Isolation::Whole if keep => {}
-            Isolation::Whole => {
-                return Err(Failed::Command(result.err().unwrap_or_else(|| {
-                    LedgerError::new(ErrorKind::Storage, "a statement failed")
-                })))
-            }
-            Isolation::PerCommand if keep => control(conn, sql::RELEASE).map_err(transaction_failure)?,
-            Isolation::PerCommand => {
-                control(conn, sql::ROLLBACK_TO).map_err(transaction_failure)?;
-                control(conn, sql::RELEASE).map_err(transaction_failure)?;
-                // What it changed is undone; the rows stay locked.
-                records.forget();
-                conn.forget_uncommitted();
-            }
-        }
-        if keep {
-            counts.merge(pending);
-            capacity_changed.extend(changed);
-            results.push(result);
-            landed.push(did);
-        } else {
-            results.push(Err(result.err().unwrap_or_else(|| {
-                LedgerError::new(ErrorKind::Storage, "a statement failed")
-            })));
-        }
-    }
+    let mut outcome = {
+        let mut group = PgGroup {
+            conn: &mut *conn,
+            records: &mut records,
+            config,
+            now: begun.now,
+            previous: turn.previous(),
+        };
+        group::run_commands(&mut group, commands, isolation)?
+    };
+    let capacity_changed = std::mem::take(&mut outcome.changed);
     // The group's deferred writes and its counters, in one round trip,
     // behind its notification (if a slot was granted or freed). A failure
     // of its records names no command, so the group runs again with a
@@ -460,7 +337,7 @@ fn run_commands(
         notify: notice.as_deref(),
         commit: committing,
     };
-    let written = txn::write_group(conn, &mut records, &mut counts, last);
+    let written = txn::write_group(conn, &mut records, &mut outcome.counts, last);
     written.map_err(|unflushed| match unflushed {
         Unflushed::Unexpected if had_records => Failed::Redo,
         Unflushed::Failed(err) if had_records && Fault::of(&err) == Fault::Other => {
@@ -477,12 +354,63 @@ fn run_commands(
         conn.ended = true;
         control(conn, sql::COMMIT).map_err(transaction_failure)?;
     }
-    Ok((results, landed))
+    Ok((outcome.results, outcome.landed))
 }
 
-/// What a committed transaction answers, and what each of its commands
-/// did that landed.
-type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
+/// A group's transaction on a writer's connection.
+struct PgGroup<'g> {
+    conn: &'g mut Conn,
+    records: &'g mut Records,
+    config: &'g LedgerConfig,
+    now: Timestamp,
+    /// The end of the earlier groups, which reads wait for.
+    previous: Option<&'g Done>,
+}
+
+impl GroupTxn for PgGroup<'_> {
+    fn command(&mut self, command: Command) -> Ran {
+        let mut txn = PgTxn::new(self.conn, self.config, self.records);
+        txn.previous = self.previous;
+        let result = engine::execute(&mut txn, self.config, command, self.now);
+        let fault = txn.fault;
+        let ran = Ran {
+            counts: std::mem::take(&mut txn.counts),
+            landed: std::mem::take(&mut txn.landed),
+            changed: std::mem::take(&mut txn.capacity_changed).into_iter().collect(),
+            faulted: fault.is_some(),
+            ..Ran::of(Ok(Reply::Closed))
+        };
+        match fault {
+            Some(Fault::Retry) => Ran::aborted(Failed::Retry(result.err().unwrap_or_else(deadlock))),
+            Some(Fault::Unavailable) => {
+                Ran::aborted(Failed::Transaction(result.err().unwrap_or_else(unavailable)))
+            }
+            Some(Fault::Redo) => Ran::aborted(Failed::Redo),
+            Some(Fault::Yield) => Ran::aborted(Failed::Yield),
+            _ => Ran { result, ..ran },
+        }
+    }
+
+    fn savepoint(&mut self, step: Savepoint) -> Result<(), Failed> {
+        let sql = match step {
+            Savepoint::Open => sql::SAVEPOINT,
+            Savepoint::Release => sql::RELEASE,
+            Savepoint::RollBack => sql::ROLLBACK_TO,
+        };
+        control(self.conn, sql).map_err(transaction_failure)
+    }
+
+    fn forget(&mut self) {
+        // What it changed is undone; the rows stay locked.
+        self.records.forget();
+        self.conn.forget_uncommitted();
+    }
+
+    fn write_counts(&mut self, counts: &mut PendingCounts) -> Result<(), Failed> {
+        txn::write_counts(self.conn, counts)
+            .map_err(|unflushed| unwritten(unflushed, "cannot update counters"))
+    }
+}
 
 /// A failed write of counters alone: the whole transaction fails.
 fn unwritten(unflushed: Unflushed, context: &str) -> Failed {

@@ -1,7 +1,8 @@
 //! What the two SQL stores share, so that a column, a statement or a
 //! question is written once: the column lists ([`columns`]), the statements
 //! both dialects run ([`statements`]), the row codec ([`codec`]), the
-//! counter changes a group adds up ([`counts`]), and the questions of
+//! counter changes a group adds up ([`counts`]), the group-commit run
+//! ([`group`]), and the questions of
 //! [`crate::domain::query`] answered over a [`questions::Driver`]
 //! ([`questions`]).
 //!
@@ -12,6 +13,7 @@
 pub(crate) mod codec;
 pub(crate) mod columns;
 pub(crate) mod counts;
+pub(crate) mod group;
 pub(crate) mod questions;
 pub(crate) mod statements;
 
