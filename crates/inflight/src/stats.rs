@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::domain::capacity::Capacity;
 use crate::domain::labels::{ActivityLabels, Label};
 use crate::domain::record::{ActivityId, ActivityRecord, Disposition, LaneKey, ReapReason};
 use crate::domain::transition::Effect;
@@ -426,23 +427,22 @@ impl CallStats {
     }
 }
 
-/// What a command did that a store publishes once it committed: the effect
-/// and what it is about, kept until then.
-// Only a store that commits after the fact (SQLite) keeps them.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+/// What a command did that a store publishes once it committed: the effect,
+/// what it is about and the capacity it changed, kept until then.
 #[derive(Debug, Clone)]
 pub(crate) struct Landed {
     id: ActivityId,
     labels: ActivityLabels,
     effect: Effect,
+    /// What it did to its lane's capacity ([`change`](crate::domain::capacity::change)).
+    capacity: Option<Capacity>,
 }
 
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 impl Landed {
-    /// `effect`, counted for `record`, if [`CallStats::land`] has anything
-    /// to do with it.
-    pub(crate) fn of(record: &ActivityRecord, effect: &Effect) -> Option<Self> {
-        matches!(
+    /// `effect`, counted for `record`, if [`CallStats::land`] or the
+    /// watchers of capacity have anything to do with it.
+    pub(crate) fn of(record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) -> Option<Self> {
+        let observed = matches!(
             effect,
             Effect::Reaped { .. }
                 | Effect::Started { .. }
@@ -450,17 +450,27 @@ impl Landed {
                     execution_ms: Some(_),
                     ..
                 }
-        )
-        .then(|| Self {
+        );
+        (observed || capacity.is_some()).then(|| Self {
             id: record.activity_id,
             labels: record.labels.clone(),
             effect: *effect,
+            capacity,
         })
     }
 
     /// Hands it to `calls`.
     pub(crate) fn publish(&self, calls: &mut CallStats) {
         calls.land(self.id, &self.labels, &self.effect);
+    }
+
+    /// The lane whose capacity it changed, and how, if it did.
+    pub(crate) fn capacity(&self) -> Option<(LaneKey, Capacity)> {
+        let lane = || LaneKey {
+            service: self.labels.service.clone(),
+            provider: self.labels.provider.clone(),
+        };
+        self.capacity.map(|change| (lane(), change))
     }
 }
 

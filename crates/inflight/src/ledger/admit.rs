@@ -128,12 +128,6 @@ impl Line {
         }
     }
 
-    /// Whether any start waits in line in this process.
-    #[inline]
-    pub(crate) fn anyone_waiting(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst) > 0
-    }
-
     /// Counts the caller in line on `lane`, at its record's `place`, until
     /// the guard is dropped.
     fn join(&self, lane: LaneKey, place: LinePlace) -> InLine<'_> {
@@ -639,6 +633,5 @@ mod tests {
         drop(second);
         assert_eq!(line.waiting.load(Ordering::SeqCst), 0);
         assert!(line.state.lock().unwrap().lanes.is_empty());
-        assert!(!line.anyone_waiting());
     }
 }

@@ -69,8 +69,8 @@ impl LedgerBuilder {
     /// Opens the store and returns the ledger.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an
-    /// unsupported store URL, [`ErrorKind::Storage`](crate::ErrorKind::Storage)
+    /// [`ErrorKind::InvalidInput`](crate::error::ErrorKind::InvalidInput) for an
+    /// unsupported store URL, [`ErrorKind::Storage`](crate::error::ErrorKind::Storage)
     /// when the store cannot be opened or migrated.
     pub fn build(self) -> Result<Ledger, LedgerError> {
         let auto_owner = match self.owner {
@@ -101,9 +101,9 @@ impl LedgerBuilder {
                 labels_folded: std::sync::atomic::AtomicU64::new(0),
             }),
         };
-        // Capacity freed by another process sharing the store wakes this
-        // one's waiters; held weakly, so that the store does not keep the
-        // ledger alive.
+        // Capacity freed by a command the store committed, or (PostgreSQL)
+        // by another instance, wakes this ledger's waiters; held weakly, so
+        // that the store does not keep the ledger alive.
         let weak = Arc::downgrade(&ledger.inner);
         ledger.inner.store.watch_capacity(Arc::new(move |lane| {
             if let Some(inner) = weak.upgrade() {

@@ -73,8 +73,8 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) config: Arc<LedgerConfig>,
     pub(crate) clock: Arc<dyn Clock>,
-    /// Woken whenever capacity may have come back on some lane in this
-    /// process (a settle, a cancel, a reap). Other processes are polled.
+    /// Woken by the store whenever a slot or a place in line comes free
+    /// ([`Store::watch_capacity`]).
     pub(crate) capacity_changed: Line,
     /// The owner this process registered with [`Ledger::join_as_owner`];
     /// records begun without an explicit owner are tagged with it.
@@ -130,45 +130,11 @@ impl fmt::Debug for Ledger {
     }
 }
 
-/// A store command's reply, as [`Ledger::run`] returns it.
-#[must_use = "the reply is lost unless awaited (the command itself is submitted)"]
-pub(crate) struct Run<'a> {
-    ledger: &'a Ledger,
-    reply: store::StoreFuture,
-    /// A settle, cancel or owner release: capacity comes back if it lands.
-    settles: bool,
-}
-
-impl Future for Run<'_> {
-    type Output = Result<store::Reply, LedgerError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let reply = ready!(Pin::new(&mut self.reply).poll(cx));
-        let line = &self.ledger.inner.capacity_changed;
-        // Nothing to look at when no one waits (the common case).
-        if line.anyone_waiting() {
-            match &reply {
-                Ok(store::Reply::Reaped(counts)) if counts.total() > 0 => line.capacity_freed(None),
-                Ok(store::Reply::Snapshot(snapshot)) if snapshot.reaped_this_read.total() > 0 => {
-                    line.capacity_freed(None);
-                }
-                // A settle or cancel frees its own lane's slot.
-                Ok(store::Reply::Record(record)) if self.settles => {
-                    line.capacity_freed(Some(&record.lane()));
-                }
-                Ok(_) if self.settles => line.capacity_freed(None),
-                _ => {}
-            }
-        }
-        Poll::Ready(reply)
-    }
-}
-
 /// A store command's reply that is a record.
 #[must_use = "the reply is lost unless awaited (the command itself is submitted)"]
-struct RecordReply<'a>(Run<'a>);
+struct RecordReply(store::StoreFuture);
 
-impl Future for RecordReply<'_> {
+impl Future for RecordReply {
     type Output = Result<Arc<ActivityRecord>, LedgerError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -194,35 +160,22 @@ impl Ledger {
         self.inner.clock.now()
     }
 
-    /// Submits `command` now, and returns a future of its reply that wakes
-    /// the line when the reply may have handed capacity back. Submitting at
-    /// the call rather than at the first poll changes nothing for callers,
-    /// which await it at once, and keeps the command out of their futures.
-    pub(crate) fn run(&self, command: Command) -> Run<'_> {
-        // Only what can hand a slot back wakes the line; a refused start
-        // must not, or waiters would wake each other forever, and a read
-        // that reaped nothing freed nothing.
-        let settles = matches!(
-            command,
-            Command::Transition {
-                transition: Transition::Settle { .. } | Transition::Cancel { .. },
-                ..
-            } | Command::ReleaseOwner { .. }
-        );
-        Run {
-            ledger: self,
-            reply: self.inner.store.execute(command),
-            settles,
-        }
+    /// Submits `command` now, and returns a future of its reply. Submitting
+    /// at the call rather than at the first poll changes nothing for
+    /// callers, which await it at once, and keeps the command out of their
+    /// futures. What the command frees wakes the line from the store, once
+    /// committed ([`Store::watch_capacity`]).
+    pub(crate) fn run(&self, command: Command) -> store::StoreFuture {
+        self.inner.store.execute(command)
     }
 
     /// Records a new activity and returns a handle that settles it, or
     /// cancels it when dropped.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a bad
+    /// [`ErrorKind::InvalidInput`](crate::error::ErrorKind::InvalidInput) for a bad
     /// label, a timestamp more than 5 minutes ahead, or a `startedAt` before
-    /// the `enqueuedAt`; [`ErrorKind::Storage`](crate::ErrorKind::Storage).
+    /// the `enqueuedAt`; [`ErrorKind::Storage`](crate::error::ErrorKind::Storage).
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before it resolves, a record
@@ -371,7 +324,7 @@ impl Ledger {
         let record = match self.run(Command::Begin { new }).await {
             // The lease ran out before a renewal noticed (a long pause, say):
             // this process is alive, so it registers anew and begins again.
-            Err(err) if err.kind() == crate::ErrorKind::Conflict => {
+            Err(err) if err.kind() == crate::error::ErrorKind::Conflict => {
                 self.forget_auto_owner(&owner).await;
                 let mut new =
                     spec.validate(id, &self.inner.labels, &|labels| self.warn_if_undeclared(labels))?;
@@ -479,7 +432,7 @@ impl Ledger {
     /// Submits `transition` of the record `id` now; the future resolves with
     /// the record as it landed. A plain future rather than an `async fn`, so
     /// that the futures of starts and settles built on it stay small.
-    fn transition(&self, id: ActivityId, transition: Transition) -> RecordReply<'_> {
+    fn transition(&self, id: ActivityId, transition: Transition) -> RecordReply {
         RecordReply(self.run(Command::Transition { id, transition }))
     }
 
@@ -570,7 +523,7 @@ impl Ledger {
     /// # Errors
     /// None of its own: a release that fails is logged, and closing a
     /// closed ledger is a no-op. Commands submitted afterwards fail with
-    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed) (the memory store,
+    /// [`ErrorKind::Closed`](crate::error::ErrorKind::Closed) (the memory store,
     /// with nothing to flush, keeps serving).
     ///
     /// # Cancel safety
@@ -601,28 +554,21 @@ impl Ledger {
     }
 
     /// Submits `command` from a synchronous context (a `Drop`). The store
-    /// applies it whether or not anyone awaits the answer; waiters in line
-    /// are woken once it has landed when a runtime is there to watch it.
+    /// applies it whether or not anyone awaits the answer, and wakes the
+    /// line for what it frees; a failure is logged when a runtime is there
+    /// to watch it.
     pub(crate) fn run_detached(&self, command: Command) {
         let landed = self.inner.store.execute(command);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let inner = Arc::clone(&self.inner);
-                runtime.spawn(async move {
-                    match landed.await {
-                        // A begin that was refused left nothing to cancel.
-                        Err(err) if err.kind() != crate::ErrorKind::NotFound => {
-                            tracing::warn!(error = %err, "a command from a dropped handle failed");
-                        }
-                        _ => {}
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                match landed.await {
+                    // A begin that was refused left nothing to cancel.
+                    Err(err) if err.kind() != crate::error::ErrorKind::NotFound => {
+                        tracing::warn!(error = %err, "a command from a dropped handle failed");
                     }
-                    inner.capacity_changed.capacity_freed(None);
-                });
-            }
-            Err(_) => {
-                drop(landed);
-                self.inner.capacity_changed.capacity_freed(None);
-            }
+                    _ => {}
+                }
+            });
         }
     }
 }
@@ -668,6 +614,83 @@ mod tests {
         let warned = ledger.inner.undeclared_lanes.lock().unwrap();
         let lanes: Vec<String> = warned.iter().map(ToString::to_string).collect();
         assert_eq!(lanes, ["svc::fakeprovider"], "the capped lane is declared");
+    }
+
+    #[tokio::test]
+    async fn two_ledgers_on_one_thread_each_warn_of_an_undeclared_lane() {
+        // The same literals, on the same thread: the second ledger must not
+        // take the first one's labels as already checked.
+        let config = || LedgerConfig::default().with_lane_cap("svc::capped", 1).unwrap();
+        let ledgers = [
+            Ledger::builder(config()).build().unwrap(),
+            Ledger::builder(config()).build().unwrap(),
+        ];
+        for ledger in &ledgers {
+            let call = ledger.begin(ActivitySpec::new("svc", "uncapped")).await.unwrap();
+            call.settle(Outcome::Success).await.unwrap();
+        }
+        for ledger in &ledgers {
+            let warned = ledger.inner.undeclared_lanes.lock().unwrap();
+            let lanes: Vec<String> = warned.iter().map(ToString::to_string).collect();
+            assert_eq!(lanes, ["svc::uncapped"]);
+        }
+    }
+
+    /// A ledger capping `kb::ollama` at one on `url`, and the lanes its
+    /// store wakes, as a watcher beside the ledger's own hears them.
+    fn watched(url: &str) -> (Ledger, crate::clock::FakeClock, Arc<Mutex<Vec<Option<String>>>>) {
+        let config = LedgerConfig::default().with_lane_cap("kb::ollama", 1).unwrap();
+        let clock = crate::clock::FakeClock::at(Timestamp::from_millis(1_786_000_000_000));
+        let ledger = Ledger::builder(config)
+            .store_url(url)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let heard = Arc::clone(&woken);
+        ledger.inner.store.watch_capacity(Arc::new(move |lane| {
+            heard.lock().unwrap().push(lane.map(ToString::to_string));
+        }));
+        (ledger, clock, woken)
+    }
+
+    #[tokio::test]
+    async fn each_slot_or_place_freed_on_a_capped_lane_wakes_once_and_nothing_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        for url in ["memory:", sqlite.as_str()] {
+            let (ledger, clock, woken) = watched(url);
+            let taken = || std::mem::take(&mut *woken.lock().unwrap());
+            let capped = || ActivitySpec::new("kb", "ollama");
+            // A grant wakes no one: the waiter admitted passes its turn on.
+            let mut first = ledger.begin(capped()).await.unwrap();
+            first.start().await.unwrap();
+            let second = ledger.begin(capped()).await.unwrap();
+            assert_eq!(taken(), [None::<String>; 0], "{url}: a begin and a grant");
+            // A waiting record that leaves the line frees a place in it.
+            second.cancel(None).await.unwrap();
+            assert_eq!(taken(), [Some("kb::ollama".to_owned())], "{url}: a cancel");
+            first.settle(Outcome::Success).await.unwrap();
+            assert_eq!(taken(), [Some("kb::ollama".to_owned())], "{url}: a settle");
+            // No one waits on a lane without a cap, nor on a direct call.
+            let mut free = ledger.begin(ActivitySpec::new("kb", "other")).await.unwrap();
+            free.start().await.unwrap();
+            free.settle(Outcome::Success).await.unwrap();
+            let mut direct = ledger
+                .begin(capped().admission(crate::domain::record::Admission::Direct))
+                .await
+                .unwrap();
+            direct.start().await.unwrap();
+            direct.settle(Outcome::Success).await.unwrap();
+            assert_eq!(taken(), [None::<String>; 0], "{url}: uncapped and direct calls");
+            // A leak reaped frees its slot.
+            let mut leaked = ledger.begin(capped()).await.unwrap();
+            leaked.start().await.unwrap();
+            std::mem::forget(leaked);
+            clock.advance(Duration::from_secs(7 * 86_400));
+            assert_eq!(ledger.reap().await.unwrap().total(), 1);
+            assert_eq!(taken(), [Some("kb::ollama".to_owned())], "{url}: a reap");
+        }
     }
 
     #[tokio::test]

@@ -2,11 +2,10 @@
 //! [`Outcome`] and [`Settlement`] when it ends.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::domain::labels::{ActivityLabels, Label, LabelError, LabelInterner, RawLabels};
+use crate::domain::labels::{ActivityLabels, Label, LabelInterner, RawLabels, Spelling};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, Admission, FailureStage, LaneKey, Priority};
 use crate::domain::timestamp::Timestamp;
@@ -15,7 +14,7 @@ use crate::error::LedgerError;
 
 /// What a caller says about a call when it begins it.
 ///
-/// Labels are validated by [`Ledger::begin`](crate::Ledger::begin); a missing optional label is
+/// Labels are validated by [`Ledger::begin`](crate::ledger::Ledger::begin); a missing optional label is
 /// `unknown`. They are `Cow`s so that a spec built from string literals,
 /// as most services' are, allocates nothing.
 ///
@@ -130,11 +129,11 @@ impl ActivitySpec {
     }
 
     /// The `service::provider` lane it runs on, to declare a cap with
-    /// ([`LedgerConfig::with_cap`](crate::LedgerConfig::with_cap)) from the
+    /// ([`LedgerConfig::with_cap`](crate::config::LedgerConfig::with_cap)) from the
     /// same spelling the calls use.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the
+    /// [`ErrorKind::InvalidInput`](crate::error::ErrorKind::InvalidInput) when the
     /// service or provider is not a valid label.
     pub fn lane(&self) -> Result<LaneKey, LedgerError> {
         Ok(LaneKey {
@@ -155,13 +154,9 @@ impl ActivitySpec {
 
     /// Where its labels are, when every one of them is a string literal (or
     /// absent): the same addresses hold the same text, so a spec built from
-    /// the same literals is recognized without reading its labels.
-    ///
-    /// A trick that stays because it was measured to buy more than 5 %
-    /// (docs/performance.md, "Tricks measured"): without it, a lifecycle of
-    /// `memory_lifecycle` ran 5,154 instructions instead of 4,866 (5.9 %
-    /// more) at b02b459, and 5 to 11 % more wall-clock time.
-    fn literal_spelling(&self) -> Option<LiteralSpelling> {
+    /// the same literals is recognized without reading its labels
+    /// ([`LabelInterner::intern_spelled`], which gives the figure).
+    fn literal_spelling(&self) -> Option<Spelling> {
         fn at(label: Option<&Cow<'static, str>>) -> Option<(usize, usize)> {
             match label {
                 None => Some((0, 0)),
@@ -187,30 +182,16 @@ impl ActivitySpec {
         interner: &Mutex<LabelInterner>,
         first_seen: &dyn Fn(&ActivityLabels),
     ) -> Result<NewActivity, LedgerError> {
-        let intern = || {
-            let (labels, new) = interner
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .intern(&self.raw_labels())?;
-            if new {
-                first_seen(&labels);
-            }
-            Ok::<_, LabelError>(labels)
-        };
-        let labels = match self.literal_spelling() {
-            // Most services begin every call from the same literals: the
-            // labels of the last such spec on this thread are reused without
-            // the interner's lock, hashing or comparing.
-            Some(spelling) => LAST_LITERAL_LABELS.with_borrow_mut(|last| match last {
-                Some((seen, labels)) if *seen == spelling => Ok(labels.clone()),
-                _ => {
-                    let labels = intern()?;
-                    *last = Some((spelling, labels.clone()));
-                    Ok::<_, LabelError>(labels)
-                }
-            })?,
-            None => intern()?,
-        };
+        let raw = self.raw_labels();
+        let mut interner = interner.lock().unwrap_or_else(PoisonError::into_inner);
+        let (labels, new) = match self.literal_spelling() {
+            Some(spelling) => interner.intern_spelled(spelling, &raw),
+            None => interner.intern(&raw),
+        }?;
+        drop(interner);
+        if new {
+            first_seen(&labels);
+        }
         Ok(NewActivity {
             activity_id,
             labels,
@@ -222,17 +203,6 @@ impl ActivitySpec {
             owner_id: self.owner_id.clone(),
         })
     }
-}
-
-/// The addresses and lengths of a spec's five labels, `(0, 0)` for one
-/// absent.
-type LiteralSpelling = [(usize, usize); 5];
-
-thread_local! {
-    /// The labels of the last spec made of literals validated on this
-    /// thread, by where its literals are.
-    static LAST_LITERAL_LABELS: RefCell<Option<(LiteralSpelling, ActivityLabels)>> =
-        const { RefCell::new(None) };
 }
 
 /// How a call ended, as its caller reports it.
@@ -333,11 +303,11 @@ mod tests {
         let bad = || ActivitySpec::new("bad service!", "ollama");
         assert_eq!(
             labels_of(&bad(), &interner).unwrap_err().kind(),
-            crate::ErrorKind::InvalidInput
+            crate::error::ErrorKind::InvalidInput
         );
         assert_eq!(
             labels_of(&bad(), &interner).unwrap_err().kind(),
-            crate::ErrorKind::InvalidInput
+            crate::error::ErrorKind::InvalidInput
         );
         let good = labels_of(&ActivitySpec::new("kb", "ollama"), &interner).unwrap();
         assert_eq!(good.provider.as_str(), "ollama");

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
 use crate::domain::bounds::ReapPolicy;
+use crate::domain::capacity;
 use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
 use crate::domain::labels::{ActivityLabels, LabelSet};
@@ -19,6 +20,7 @@ use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
+use crate::stats::Landed;
 
 use super::{Command, Reply, StoreStats};
 
@@ -66,11 +68,12 @@ pub(crate) trait Txn: Questions {
     /// Adds one to the completion counter of `minute`
     /// ([`query::completion_minute`]), for `record`'s completion.
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
-    /// `effect` landed for `record` (after [`Txn::add_totals`]): the store
-    /// shows it to this process's statistics and reap log
-    /// ([`CallStats::land`](crate::stats::CallStats::land)) once the command
-    /// is committed, and never if the command is undone.
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect);
+    /// `landed` (after [`Txn::add_totals`]): the store publishes it to
+    /// this process's statistics, reap log and capacity watchers
+    /// ([`CallStats::land`](crate::stats::CallStats::land),
+    /// [`Watchers::landed`](super::Watchers::landed)) once the command is
+    /// committed, and never if the command is undone.
+    fn landed(&mut self, landed: Landed);
     /// Whether the aggregate of calls with `labels`, `priority` and
     /// `admission` has totals stored, or counted by an earlier command of
     /// this transaction.
@@ -164,7 +167,7 @@ pub(crate) fn execute(
                 let owner = txn
                     .get_owner(&id)?
                     .ok_or_else(|| LedgerError::invalid(format!("no owner {id}: register it first")))?;
-                let owner = lose_if_expired(txn, owner, now)?;
+                let owner = lose_if_expired(txn, config, owner, now)?;
                 owner.check_live()?;
             }
             bound_labels(txn, config, &mut new)?;
@@ -178,7 +181,7 @@ pub(crate) fn execute(
             }
             let record = Arc::new(applied.record);
             txn.insert(&record)?;
-            add_totals(txn, &record, &applied.effects)?;
+            add_totals(txn, config, &record, &applied.effects)?;
             Ok(Reply::Record(record))
         }
         Command::Transition { id, transition } => {
@@ -190,7 +193,7 @@ pub(crate) fn execute(
                 needs = Some(record.owner_id.is_some() || (start && needs_admission(config, record)));
             })?;
             if needs.ok_or_else(|| not_found(id))? {
-                let record = load_seen(txn, id, now)?;
+                let record = load_seen(txn, config, id, now)?;
                 if start && needs_admission(config, &record) {
                     // Reaps what is due first, this record too.
                     admit(txn, config, &record, false, now)?;
@@ -209,17 +212,17 @@ pub(crate) fn execute(
                     !effects.is_empty()
                 })?
                 .ok_or_else(|| not_found(id))?;
-            add_totals(txn, &record, &effects)?;
+            add_totals(txn, config, &record, &effects)?;
             applied?;
             Ok(Reply::Record(record))
         }
         Command::Get { id } => {
-            let record = load_seen(txn, id, now)?;
-            Ok(Reply::Record(reap_one(txn, record, now)?))
+            let record = load_seen(txn, config, id, now)?;
+            Ok(Reply::Record(reap_one(txn, config, record, now)?))
         }
-        Command::Reap => Ok(Reply::Reaped(reap_all(txn, now)?)),
+        Command::Reap => Ok(Reply::Reaped(reap_all(txn, config, now)?)),
         Command::Snapshot { options } => {
-            let reaped_this_read = reap_all(txn, now)?;
+            let reaped_this_read = reap_all(txn, config, now)?;
             let window = Window {
                 since: options.since().resolve(now),
             };
@@ -246,14 +249,14 @@ pub(crate) fn execute(
         }
         Command::RenewOwner { id } => {
             let owner = load_owner(txn, &id)?;
-            let mut owner = lose_if_expired(txn, owner, now)?;
+            let mut owner = lose_if_expired(txn, config, owner, now)?;
             owner.renew(now)?;
             txn.put_owner(&owner)?;
             Ok(Reply::Owner(Box::new(owner)))
         }
         Command::ReleaseOwner { id } => {
             let owner = load_owner(txn, &id)?;
-            let mut owner = lose_if_expired(txn, owner, now)?;
+            let mut owner = lose_if_expired(txn, config, owner, now)?;
             if owner.release(now)? {
                 // A clean shutdown: its unfinished work was observed aborted.
                 // Every cancel is decided before any is written, so that a
@@ -274,7 +277,7 @@ pub(crate) fn execute(
                 }
                 for (record, effects) in cancelled {
                     txn.update(&record)?;
-                    add_totals(txn, &record, &effects)?;
+                    add_totals(txn, config, &record, &effects)?;
                 }
                 txn.put_owner(&owner)?;
             }
@@ -378,7 +381,7 @@ fn admit(
     // Locked before anything is read, so that the reap and the counts below
     // see every decision on this lane that committed before.
     txn.lock_lane(&lane)?;
-    reap_all(txn, now)?;
+    reap_all(txn, config, now)?;
     match admission::decide(Some(cap), txn.lane_position(&LaneQuery::of(record, newcomer))?) {
         Decision::Admit => Ok(()),
         Decision::LaneFull { cap } => {
@@ -403,7 +406,12 @@ fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
 /// Loads the record `id` as time has left it: if its owner's lease ran out,
 /// the owner is lost first, so the record is seen reaped. Only this record's
 /// owner is looked at; reads and reaper passes handle every other owner.
-fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Timestamp) -> Result<Arc<ActivityRecord>, LedgerError> {
+fn load_seen(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    id: ActivityId,
+    now: Timestamp,
+) -> Result<Arc<ActivityRecord>, LedgerError> {
     let record = load(txn, id)?;
     let Some(owner_id) = &record.owner_id else {
         return Ok(record);
@@ -411,7 +419,7 @@ fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Timestamp) -> Result<Arc<Ac
     let owner = txn.get_owner(&OwnerId::trusted(owner_id.clone()))?;
     match owner {
         Some(owner) if owner.is_expired(now) => {
-            lose(txn, owner, now)?;
+            lose(txn, config, owner, now)?;
             load(txn, id)
         }
         _ => Ok(record),
@@ -420,17 +428,27 @@ fn load_seen(txn: &mut dyn Txn, id: ActivityId, now: Timestamp) -> Result<Arc<Ac
 
 /// `owner` as time has left it: lost (its records reaped) once its lease
 /// ran out.
-fn lose_if_expired(txn: &mut dyn Txn, owner: Owner, now: Timestamp) -> Result<Owner, LedgerError> {
+fn lose_if_expired(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    owner: Owner,
+    now: Timestamp,
+) -> Result<Owner, LedgerError> {
     if !owner.is_expired(now) {
         return Ok(owner);
     }
     let owner_id = owner.owner_id.clone();
-    lose(txn, owner, now)?;
+    lose(txn, config, owner, now)?;
     load_owner(txn, &owner_id)
 }
 
 /// Marks `owner` lost and reaps its in-flight records.
-fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
+fn lose(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    mut owner: Owner,
+    now: Timestamp,
+) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
     owner.lose(now);
     for mut record in txn.owner_in_flight(&owner.owner_id)? {
@@ -444,7 +462,7 @@ fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Timestamp) -> Result<ReapedCou
             }
             owner.reaped_records += 1;
             txn.update(&record)?;
-            add_totals(txn, &record, &[effect])?;
+            add_totals(txn, config, &record, &[effect])?;
         }
     }
     txn.put_owner(&owner)?;
@@ -453,18 +471,26 @@ fn lose(txn: &mut dyn Txn, mut owner: Owner, now: Timestamp) -> Result<ReapedCou
 
 /// Reaps the in-flight records of every owner whose lease ran out, and marks
 /// those owners lost. Idempotent like [`reap_due`].
-pub(crate) fn reap_lost_owners(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
+pub(crate) fn reap_lost_owners(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    now: Timestamp,
+) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
     for owner in txn.expired_owners(now)? {
-        counts.add(lose(txn, owner, now)?);
+        counts.add(lose(txn, config, owner, now)?);
     }
     Ok(counts)
 }
 
 /// Reaps lost owners' records and every record past its bound.
-pub(crate) fn reap_all(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
-    let mut counts = reap_lost_owners(txn, now)?;
-    counts.add(reap_due(txn, now)?);
+pub(crate) fn reap_all(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    now: Timestamp,
+) -> Result<ReapedCounts, LedgerError> {
+    let mut counts = reap_lost_owners(txn, config, now)?;
+    counts.add(reap_due(txn, config, now)?);
     Ok(counts)
 }
 
@@ -484,12 +510,24 @@ fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
         && config.cap_of(&record.labels).is_some()
 }
 
-fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+/// Counts `effects` of `record` and hands each to the store to publish,
+/// with the capacity it changed ([`capacity::change`]).
+fn add_totals(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    record: &ActivityRecord,
+    effects: &[Effect],
+) -> Result<(), LedgerError> {
+    let mut capped = None;
     for effect in effects {
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(record, query::completion_minute(*at))?;
         }
-        txn.landed(record, effect);
+        let capped = || *capped.get_or_insert_with(|| config.cap_of(&record.labels).is_some());
+        let change = capacity::change(record, effect, capped);
+        if let Some(landed) = Landed::of(record, effect, change) {
+            txn.landed(landed);
+        }
     }
     if effects.is_empty() {
         return Ok(());
@@ -500,6 +538,7 @@ fn add_totals(txn: &mut dyn Txn, record: &ActivityRecord, effects: &[Effect]) ->
 /// Reaps `record` if it is past its bound, persisting the change.
 fn reap_one(
     txn: &mut dyn Txn,
+    config: &LedgerConfig,
     mut record: Arc<ActivityRecord>,
     now: Timestamp,
 ) -> Result<Arc<ActivityRecord>, LedgerError> {
@@ -509,7 +548,7 @@ fn reap_one(
     }
     if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
         txn.update(&record)?;
-        add_totals(txn, &record, &[effect])?;
+        add_totals(txn, config, &record, &[effect])?;
     }
     Ok(record)
 }
@@ -517,7 +556,11 @@ fn reap_one(
 /// Reaps every record past its bound. Idempotent: a record another process
 /// reaped first is no longer in flight, so it is neither found nor counted
 /// again.
-pub(crate) fn reap_due(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts, LedgerError> {
+pub(crate) fn reap_due(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    now: Timestamp,
+) -> Result<ReapedCounts, LedgerError> {
     let mut counts = ReapedCounts::default();
     loop {
         let due = txn.due(now, REAP_BATCH)?;
@@ -528,7 +571,7 @@ pub(crate) fn reap_due(txn: &mut dyn Txn, now: Timestamp) -> Result<ReapedCounts
                     counts.count(disposition);
                 }
                 txn.update(&record)?;
-                add_totals(txn, &record, &[effect])?;
+                add_totals(txn, config, &record, &[effect])?;
             }
         }
         if found < REAP_BATCH {

@@ -8,12 +8,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
+use crate::domain::capacity::Capacity;
 use crate::domain::counters::ReapedCounts;
 use crate::domain::labels::Label;
 use crate::domain::owner::{Owner, OwnerId};
@@ -21,7 +22,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::CallSnapshot;
+use crate::stats::{CallSnapshot, Landed};
 
 pub(crate) mod engine;
 pub mod memory;
@@ -38,10 +39,39 @@ pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
-/// What a store calls when another process sharing it may have freed
-/// capacity ([`Store::watch_capacity`]): with the lane whose slot was
-/// granted or freed, or `None` when any lane's may have been.
+/// What a store calls when capacity may have come back on a lane
+/// ([`Store::watch_capacity`]): with the lane whose slot or place in line
+/// came free, or `None` when any lane's may have.
 pub type Wake = Arc<dyn Fn(Option<&LaneKey>) + Send + Sync>;
+
+/// Those watching a store's capacity ([`Store::watch_capacity`]), and what
+/// they are told: one wake-up for each slot or place in line that a
+/// committed command freed ([`Capacity::Freed`]), whatever the store.
+/// A grant wakes no one here: the waiter admitted passes its wake-up on.
+#[derive(Default)]
+pub(crate) struct Watchers(RwLock<Vec<Wake>>);
+
+impl Watchers {
+    pub(crate) fn add(&self, wake: Wake) {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).push(wake);
+    }
+
+    /// Capacity may have come back on `lane`, or on any lane (`None`).
+    pub(crate) fn wake(&self, lane: Option<&LaneKey>) {
+        for wake in self.0.read().unwrap_or_else(PoisonError::into_inner).iter() {
+            wake(lane);
+        }
+    }
+
+    /// `landed` was committed: wakes the lanes it freed.
+    pub(crate) fn landed<'a>(&self, landed: impl IntoIterator<Item = &'a Landed>) {
+        for (lane, change) in landed.into_iter().filter_map(Landed::capacity) {
+            if change == Capacity::Freed {
+                self.wake(Some(&lane));
+            }
+        }
+    }
+}
 
 /// A request to a store. Each runs atomically, at the time the store reads
 /// from its clock once the transaction holds the write lock, so that the
@@ -243,13 +273,12 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
         CallSnapshot::default()
     }
 
-    /// Asks the store to call `wake` whenever another process sharing it
-    /// granted or freed a slot (PostgreSQL's notifications), so that this
+    /// Asks the store to call `wake` whenever capacity may have come back
+    /// on a lane: for each slot or place in line that a command it
+    /// committed freed and, on PostgreSQL, when another instance sharing
+    /// the database granted or freed one (its notifications), so that this
     /// process's waiters ask again at once rather than at their next poll.
-    /// A store that hears nothing from other processes ignores it.
-    fn watch_capacity(&self, wake: Wake) {
-        let _ = wake;
-    }
+    fn watch_capacity(&self, wake: Wake);
 
     /// The longest a start waiting in line goes without asking again when
     /// nothing woke it: the net for capacity freed where this process does

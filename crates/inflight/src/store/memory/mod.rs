@@ -19,10 +19,10 @@ use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{CallSnapshot, CallStats};
+use crate::stats::{CallSnapshot, CallStats, Landed};
 
 use super::engine::{self, Questions, Txn};
-use super::{Command, Store, StoreFuture};
+use super::{Command, Store, StoreFuture, Wake, Watchers};
 
 mod append_map;
 mod history;
@@ -36,6 +36,7 @@ pub struct MemoryStore {
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
     state: Mutex<MemoryState>,
+    watchers: Watchers,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -51,6 +52,7 @@ impl MemoryStore {
             config,
             clock,
             state: Mutex::new(MemoryState::default()),
+            watchers: Watchers::default(),
         }
     }
 }
@@ -65,7 +67,15 @@ impl Store for MemoryStore {
         // (`Txn::landed`), refusals included (they keep the reaps time
         // forced); the command's reap summary, if any, follows.
         state.calls.finish();
+        let changed = std::mem::take(&mut state.changed);
+        drop(state);
+        // Woken outside the store's lock: a waiter asks again at once.
+        self.watchers.landed(&changed);
         StoreFuture::ready(result)
+    }
+
+    fn watch_capacity(&self, wake: Wake) {
+        self.watchers.add(wake);
     }
 
     fn call_stats(&self) -> CallSnapshot {
@@ -94,6 +104,8 @@ struct MemoryState {
     /// The call histograms and the running command's reaps: kept under
     /// the store's own lock, so a start or settle pays no other.
     calls: CallStats,
+    /// What the running command did to capacity, for the watchers.
+    changed: Vec<Landed>,
 }
 
 /// The records. Those in flight live in a small hash map that stays in
@@ -494,8 +506,11 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
-        self.calls.land(record.activity_id, &record.labels, effect);
+    fn landed(&mut self, landed: Landed) {
+        landed.publish(&mut self.calls);
+        if landed.capacity().is_some() {
+            self.changed.push(landed);
+        }
     }
 }
 

@@ -7,13 +7,12 @@
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use postgres::fallible_iterator::FallibleIterator;
 
 use crate::domain::record::LaneKey;
-use crate::store::Wake;
+use crate::store::Watchers;
 
 use super::{sql, Settings};
 
@@ -25,18 +24,11 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 /// The longest pause between two attempts to reconnect.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-pub(super) fn listen_loop(settings: &Settings, wake: &Mutex<Option<Wake>>, stop: &AtomicBool) {
+pub(super) fn listen_loop(settings: &Settings, watchers: &Watchers, stop: &AtomicBool) {
     // Wakes the first waiter of each lane named, or of every lane (`None`).
-    let fire = |lanes: Option<&BTreeSet<LaneKey>>| {
-        let wake = wake
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let Some(wake) = wake else { return };
-        match lanes {
-            Some(lanes) => lanes.iter().for_each(|lane| wake(Some(lane))),
-            None => wake(None),
-        }
+    let fire = |lanes: Option<&BTreeSet<LaneKey>>| match lanes {
+        Some(lanes) => lanes.iter().for_each(|lane| watchers.wake(Some(lane))),
+        None => watchers.wake(None),
     };
     let mut backoff = Duration::from_millis(100);
     while !stop.load(Ordering::SeqCst) {

@@ -64,7 +64,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::Duration;
 
@@ -73,7 +73,8 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::LedgerError;
-use crate::stats::{CallSnapshot, CallStats};
+use crate::stats::CallSnapshot;
+use crate::store::sql::group::Published;
 
 use super::sql::counts::PendingCounts;
 use super::{Command, Reply, Store, StoreFuture, Wake};
@@ -336,10 +337,10 @@ pub struct PostgresStore {
     settings: Arc<Settings>,
     jobs: RwLock<Option<mpsc::Sender<Job>>>,
     writers: Mutex<Vec<thread::JoinHandle<()>>>,
-    wake: Arc<Mutex<Option<Wake>>>,
     stop: Arc<AtomicBool>,
-    /// The call histograms, which the writers publish to after each commit.
-    calls: Arc<Mutex<CallStats>>,
+    /// The call histograms and the capacity watchers, which the writers
+    /// publish to after each commit and the listener wakes.
+    published: Arc<Published>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -367,7 +368,7 @@ impl PostgresStore {
         let queue = Arc::new(Mutex::new(queue));
         let mut writers = Vec::with_capacity(settings.pool);
         let mut first = Some(first);
-        let calls = Arc::new(Mutex::new(CallStats::default()));
+        let published = Arc::new(Published::default());
         let order = Arc::new(order::Order::of(settings.pool));
         for index in 0..settings.pool {
             let writer = Writer {
@@ -375,7 +376,7 @@ impl PostgresStore {
                 conn: first.take(),
                 config: Arc::clone(&config),
                 clock: Arc::clone(&clock),
-                calls: Arc::clone(&calls),
+                published: Arc::clone(&published),
                 order: Arc::clone(&order),
                 // At most 64 writers (`pool`).
                 shard: index as i16,
@@ -387,22 +388,21 @@ impl PostgresStore {
                 .map_err(|err| LedgerError::storage("cannot start a PostgreSQL writer thread", err))?;
             writers.push(handle);
         }
-        let wake: Arc<Mutex<Option<Wake>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         if settings.listen {
-            let (settings, wake, stop) = (Arc::clone(&settings), Arc::clone(&wake), Arc::clone(&stop));
+            let (settings, published, stop) =
+                (Arc::clone(&settings), Arc::clone(&published), Arc::clone(&stop));
             thread::Builder::new()
                 .name("inflight-pg-listen".into())
-                .spawn(move || listen::listen_loop(&settings, &wake, &stop))
+                .spawn(move || listen::listen_loop(&settings, &published.watchers, &stop))
                 .map_err(|err| LedgerError::storage("cannot start the PostgreSQL listener", err))?;
         }
         Ok(Self {
             settings,
             jobs: RwLock::new(Some(jobs)),
             writers: Mutex::new(writers),
-            wake,
             stop,
-            calls,
+            published,
         })
     }
 
@@ -425,10 +425,7 @@ impl Drop for PostgresStore {
 
 impl Store for PostgresStore {
     fn call_stats(&self) -> CallSnapshot {
-        self.calls
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .snapshot()
+        self.published.call_stats()
     }
 
     fn execute(&self, command: Command) -> StoreFuture {
@@ -482,10 +479,7 @@ impl Store for PostgresStore {
     }
 
     fn watch_capacity(&self, wake: Wake) {
-        *self
-            .wake
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
+        self.published.watchers.add(wake);
     }
 
     fn recheck_within(&self) -> Duration {

@@ -104,7 +104,7 @@ fn rebound_in_flight(conn: &mut Conn, config: &LedgerConfig, clock: &dyn Clock) 
     let at = (!clock.is_system()).then(|| clock.now());
     writer::begin(conn, at, &[]).map_err(|(_, err)| err)?;
     let mut records = Records::new(false);
-    let mut txn = PgTxn::new(conn, config, &mut records);
+    let mut txn = PgTxn::new(conn, &mut records);
     txn.lock_in_flight = true;
     let rebound = engine::rebound(&mut txn, config.policy());
     let control = if rebound.is_ok() {

@@ -9,17 +9,16 @@
 //! wait in it and go out in one statement ([`Records::flush`]) before any
 //! statement that reads `activities`, and before the commit.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use smallvec::SmallVec;
 
-use crate::config::LedgerConfig;
 use crate::domain::counters::AggregateKey;
 use crate::domain::labels::ActivityLabels;
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::Landed;
@@ -361,17 +360,12 @@ pub(super) fn write_group(
 
 pub(super) struct PgTxn<'c> {
     conn: &'c mut Conn,
-    /// Which lanes have caps: only theirs wake other instances.
-    config: &'c LedgerConfig,
     /// The group's records: what it locked, and its deferred writes.
     records: &'c mut Records,
     /// The counter changes of this command, for its group to write.
     pub(super) counts: PendingCounts,
     /// What the last failed statement means, if one failed.
     pub(super) fault: Option<Fault>,
-    /// The lanes a slot of which was granted or freed: the group then
-    /// notifies the other instances, naming them.
-    pub(super) capacity_changed: BTreeSet<LaneKey>,
     /// Whether reads of records in flight lock them (the rebound at open).
     pub(super) lock_in_flight: bool,
     /// What this command did, to publish once its group is committed.
@@ -383,14 +377,12 @@ pub(super) struct PgTxn<'c> {
 }
 
 impl<'c> PgTxn<'c> {
-    pub(super) fn new(conn: &'c mut Conn, config: &'c LedgerConfig, records: &'c mut Records) -> Self {
+    pub(super) fn new(conn: &'c mut Conn, records: &'c mut Records) -> Self {
         Self {
             conn,
-            config,
             records,
             counts: PendingCounts::default(),
             fault: None,
-            capacity_changed: BTreeSet::new(),
             lock_in_flight: false,
             landed: Vec::new(),
             previous: None,
@@ -468,12 +460,6 @@ impl<'c> PgTxn<'c> {
     /// Stores `record`, new when `fresh`: deferred, or at once; kept as
     /// this transaction's version of it either way.
     fn store(&mut self, record: &Arc<ActivityRecord>, fresh: bool) -> Result<(), LedgerError> {
-        if record.admission == Admission::Queued
-            && record.state != State::Waiting
-            && self.config.cap_of(&record.labels).is_some()
-        {
-            self.capacity_changed.insert(record.lane());
-        }
         let id = record.activity_id;
         if self.records.defer {
             if fresh && self.records.cached.contains_key(&id) {
@@ -591,10 +577,8 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
-        if let Some(landed) = Landed::of(record, effect) {
-            self.landed.push(landed);
-        }
+    fn landed(&mut self, landed: Landed) {
+        self.landed.push(landed);
     }
 
     fn aggregate_known(

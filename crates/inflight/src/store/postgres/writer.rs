@@ -17,37 +17,34 @@
 //! again for the next one, so the store recovers by itself when the server
 //! returns; one found lost by the group's `BEGIN` is replaced at once.
 
+use std::collections::BTreeSet;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
+use crate::domain::record::LaneKey;
 use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::CallStats;
+use crate::stats::Landed;
 use crate::store::engine;
+use crate::store::sql::counts::PendingCounts;
+use crate::store::sql::group::{
+    self, Batch, Committed, Failed, GroupTxn, Isolation, Published, Ran, Savepoint, MAX_GROUP,
+};
 use crate::store::{Command, Reply};
 
-use crate::store::sql::counts::PendingCounts;
-
 use super::order::{Done, Order, Turn, EARLIER_WAIT};
-use crate::store::sql::group::{self, Committed, Failed, GroupTxn, Isolation, Ran, Savepoint};
-
 use super::txn::{self, Conn, Fault, PgTxn, Records, Unflushed};
 use super::Settings;
 use super::{listen, sql};
 
-/// The most commands grouped into one transaction.
-const MAX_GROUP: usize = 256;
 /// The most commands a group takes when several writers share the turn:
 /// enough to share a commit, few enough to leave the next writer a group
 /// whose writes run beside this one's.
 const SHARED_GROUP: usize = 32;
-/// The longest a group waits for the callers of the previous one.
-const GROUP_WAIT: Duration = Duration::from_micros(300);
 /// What the writer threads are asked to do.
 pub(super) enum Job {
     /// Run a command and answer it.
@@ -61,8 +58,9 @@ pub(super) struct Writer {
     pub(super) conn: Option<Conn>,
     pub(super) config: Arc<LedgerConfig>,
     pub(super) clock: Arc<dyn Clock>,
-    /// The call histograms, published to after each commit.
-    pub(super) calls: Arc<Mutex<CallStats>>,
+    /// The call histograms and the capacity watchers, published to after
+    /// each commit.
+    pub(super) published: Arc<Published>,
     /// The turn the writers of this store take to run their groups.
     pub(super) order: Arc<Order>,
     /// Which counter rows this writer adds to: its index in the pool.
@@ -75,62 +73,38 @@ pub(super) fn write_loop(mut writer: Writer, queue: &Mutex<mpsc::Receiver<Job>>)
     let most = if order.shared { SHARED_GROUP } else { MAX_GROUP };
     loop {
         let mut turn = Turn::take(&order);
-        let group = {
+        let batch = {
             // One writer gathers a group at a time; the others run theirs.
             let Ok(queue) = queue.lock() else { return };
             let Ok(first) = queue.recv() else { return };
-            let mut group = Group::default();
-            group.push(first);
-            drain(&queue, &mut group, most);
-            // Callers answered by the last commit resubmit within
-            // microseconds: when the last group was larger, wait briefly for
-            // them so that one commit serves them all.
-            if group.commands.len() < last_group {
-                let until = Instant::now() + GROUP_WAIT;
-                while group.commands.len() < last_group {
-                    let Some(left) = until.checked_duration_since(Instant::now()) else {
-                        break;
-                    };
-                    match queue.recv_timeout(left) {
-                        Ok(job) => {
-                            group.push(job);
-                            drain(&queue, &mut group, most);
-                        }
-                        Err(_) => break,
-                    }
+            let mut batch = Batch::default();
+            take(&mut batch, first);
+            drain(&queue, &mut batch, most);
+            batch.wait_for_callers(last_group, |batch, left| match queue.recv_timeout(left) {
+                Ok(job) => {
+                    take(batch, job);
+                    drain(&queue, batch, most);
+                    true
                 }
-            }
-            group
+                Err(_) => false,
+            });
+            batch
         };
-        last_group = group.commands.len().max(1);
-        let results = writer.run_group_in(group.commands, &mut turn);
-        for (reply, result) in group.replies.into_iter().zip(results) {
-            // A caller that went away still had its command committed.
-            let _ = reply.send(result);
-        }
+        last_group = batch.len().max(1);
+        batch.run(|commands| writer.run_group_in(commands, &mut turn));
         drop(turn);
     }
 }
 
-/// The commands of one transaction and their callers.
-#[derive(Default)]
-struct Group {
-    commands: Vec<Command>,
-    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+fn take(batch: &mut Batch, job: Job) {
+    let Job::Run(command, reply) = job;
+    batch.push(command, reply);
 }
 
-impl Group {
-    fn push(&mut self, job: Job) {
-        let Job::Run(command, reply) = job;
-        self.commands.push(command);
-        self.replies.push(reply);
-    }
-}
-
-fn drain(queue: &mpsc::Receiver<Job>, group: &mut Group, most: usize) {
-    while group.commands.len() < most {
+fn drain(queue: &mpsc::Receiver<Job>, batch: &mut Batch, most: usize) {
+    while batch.len() < most {
         match queue.try_recv() {
-            Ok(job) => group.push(job),
+            Ok(job) => take(batch, job),
             Err(_) => return,
         }
     }
@@ -163,8 +137,8 @@ impl Writer {
         commands: Vec<Command>,
         turn: &mut Turn<'_>,
     ) -> Vec<Result<Reply, LedgerError>> {
-        let calls = Arc::clone(&self.calls);
-        group::run_group("PostgreSQL", commands, true, &calls, |commands, attempt| {
+        let published = Arc::clone(&self.published);
+        group::run_group("PostgreSQL", commands, true, &published, |commands, attempt| {
             if attempt.yielded {
                 // Rolled back: no lock of this group is held while it waits.
                 if let Some(previous) = turn.previous() {
@@ -318,7 +292,14 @@ fn run_commands(
         };
         group::run_commands(&mut group, commands, isolation)?
     };
-    let capacity_changed = std::mem::take(&mut outcome.changed);
+    // The lanes whose capacity the group changed, for other instances.
+    let changed: BTreeSet<LaneKey> = outcome
+        .landed
+        .iter()
+        .flatten()
+        .filter_map(Landed::capacity)
+        .map(|(lane, _)| lane)
+        .collect();
     // The group's deferred writes and its counters, in one round trip,
     // behind its notification (if a slot was granted or freed). A failure
     // of its records names no command, so the group runs again with a
@@ -332,7 +313,7 @@ fn run_commands(
     // holds the COMMIT back: it goes in the writes' round trip.
     let committing = turn.previous().is_none_or(Done::has_ended);
     turn.hand_on();
-    let notice = (!capacity_changed.is_empty()).then(|| listen::notice(&capacity_changed));
+    let notice = (!changed.is_empty()).then(|| listen::notice(&changed));
     let last = txn::Last {
         notify: notice.as_deref(),
         commit: committing,
@@ -369,14 +350,13 @@ struct PgGroup<'g> {
 
 impl GroupTxn for PgGroup<'_> {
     fn command(&mut self, command: Command) -> Ran {
-        let mut txn = PgTxn::new(self.conn, self.config, self.records);
+        let mut txn = PgTxn::new(self.conn, self.records);
         txn.previous = self.previous;
         let result = engine::execute(&mut txn, self.config, command, self.now);
         let fault = txn.fault;
         let ran = Ran {
             counts: std::mem::take(&mut txn.counts),
             landed: std::mem::take(&mut txn.landed),
-            changed: std::mem::take(&mut txn.capacity_changed).into_iter().collect(),
             faulted: fault.is_some(),
             ..Ran::of(Ok(Reply::Closed))
         };
@@ -450,6 +430,7 @@ mod tests {
     use crate::domain::transition::{NewActivity, Transition};
     use postgres::types::ToSql;
     use std::thread;
+    use std::time::{Duration, Instant};
 
     const NOW: Timestamp = Timestamp::from_millis(1_786_000_000_000);
 
@@ -465,7 +446,7 @@ mod tests {
             conn: None,
             config,
             clock,
-            calls: Arc::default(),
+            published: Arc::default(),
             order: Arc::default(),
             shard: 0,
         }

@@ -12,12 +12,14 @@
 //! earlier group) is decided here too, once ([`run_group`]); each store
 //! says how it begins, runs a command and commits ([`GroupTxn`]).
 
-use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use crate::domain::record::LaneKey;
+use tokio::sync::oneshot;
+
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{CallStats, Landed};
+use crate::stats::{CallSnapshot, CallStats, Landed};
+use crate::store::Watchers;
 use crate::store::{Command, Reply};
 
 use super::counts::PendingCounts;
@@ -25,6 +27,92 @@ use super::counts::PendingCounts;
 /// How many times a group is run again after a deadlock or a
 /// serialization failure.
 const RETRIES: usize = 5;
+
+/// The most commands grouped into one transaction.
+pub(crate) const MAX_GROUP: usize = 256;
+
+/// The longest a group waits for the callers of the previous one.
+const GROUP_WAIT: Duration = Duration::from_micros(300);
+
+/// The commands of one transaction and their callers.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub(crate) commands: Vec<Command>,
+    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+}
+
+impl Batch {
+    pub(crate) fn push(&mut self, command: Command, reply: oneshot::Sender<Result<Reply, LedgerError>>) {
+        self.commands.push(command);
+        self.replies.push(reply);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    /// Runs the commands with `run` and answers each caller.
+    pub(crate) fn run(self, run: impl FnOnce(Vec<Command>) -> Vec<Result<Reply, LedgerError>>) {
+        for (reply, result) in self.replies.into_iter().zip(run(self.commands)) {
+            // A caller that went away still had its command committed.
+            let _ = reply.send(result);
+        }
+    }
+
+    /// Waits for the callers the last commit answered, when the last group
+    /// (`last`) was larger than this one: they resubmit within
+    /// microseconds, while a commit costs a round trip or a sync, so one
+    /// commit then serves them all. A lone caller (a last group of one)
+    /// never waits. `more` waits up to the time it is given for commands
+    /// and adds them; it answers `false` when no more can come.
+    pub(crate) fn wait_for_callers(
+        &mut self,
+        last: usize,
+        mut more: impl FnMut(&mut Self, Duration) -> bool,
+    ) {
+        let until = Instant::now() + GROUP_WAIT;
+        while self.len() < last {
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                return;
+            };
+            if !more(self, left) {
+                return;
+            }
+        }
+    }
+}
+
+/// Where a SQL store publishes what its committed commands did: to this
+/// process's call histograms and reap log, and to the watchers of its
+/// capacity.
+#[derive(Default)]
+pub(crate) struct Published {
+    calls: Mutex<CallStats>,
+    pub(crate) watchers: Watchers,
+}
+
+impl Published {
+    /// What `landed` holds, each command's apart.
+    fn publish(&self, landed: &[Vec<Landed>]) {
+        let mut calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        for landed in landed.iter().filter(|landed| !landed.is_empty()) {
+            for event in landed {
+                event.publish(&mut calls);
+            }
+            calls.finish();
+        }
+        drop(calls);
+        self.watchers.landed(landed.iter().flatten());
+    }
+
+    /// The call histograms.
+    pub(crate) fn call_stats(&self) -> CallSnapshot {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
+    }
+}
 
 /// How a transaction undoes a command's storage failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +162,7 @@ pub(crate) type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
 
 /// Runs the group `commands` through `attempt` (one transaction each,
 /// begun, run and committed by the store) until one commits or the group
-/// fails; publishes what landed to `calls` and answers each command.
+/// fails; publishes what landed to `published` and answers each command.
 /// `store` names the store in logs; `reruns` says whether it may ask for a
 /// group to run again whole ([`Failed::Retry`], [`Failed::Redo`],
 /// [`Failed::Yield`]), so that the commands are copied for another attempt
@@ -83,7 +171,7 @@ pub(crate) fn run_group(
     store: &str,
     commands: Vec<Command>,
     reruns: bool,
-    calls: &Mutex<CallStats>,
+    published: &Published,
     mut attempt: impl FnMut(Vec<Command>, Attempt) -> Result<Committed, Failed>,
 ) -> Vec<Result<Reply, LedgerError>> {
     let count = commands.len();
@@ -116,14 +204,7 @@ pub(crate) fn run_group(
         next.yielded = false;
         match ran {
             Ok((results, landed)) => {
-                // Committed: what landed is published, each command's apart.
-                let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
-                for landed in landed.iter().filter(|landed| !landed.is_empty()) {
-                    for event in landed {
-                        event.publish(&mut calls);
-                    }
-                    calls.finish();
-                }
+                published.publish(&landed);
                 return results;
             }
             Err(Failed::Command(_)) if next.isolation == Isolation::Whole && count > 1 => {
@@ -166,8 +247,6 @@ pub(crate) struct Ran {
     pub(crate) counts: PendingCounts,
     /// What it did, to publish once the group is committed.
     pub(crate) landed: Vec<Landed>,
-    /// The lanes whose capacity it changed, for other processes to hear.
-    pub(crate) changed: Vec<LaneKey>,
     /// Whether one of its statements failed, whatever the command answered.
     pub(crate) faulted: bool,
     /// What ends the whole transaction at once, if anything does.
@@ -190,7 +269,6 @@ impl Ran {
             result,
             counts: PendingCounts::default(),
             landed: Vec::new(),
-            changed: Vec::new(),
             faulted: false,
             abort: None,
         }
@@ -226,7 +304,6 @@ pub(crate) struct Outcome {
     pub(crate) landed: Vec<Vec<Landed>>,
     /// The counter changes of the commands kept, written once per row.
     pub(crate) counts: PendingCounts,
-    pub(crate) changed: BTreeSet<LaneKey>,
 }
 
 /// Runs `commands` in the open transaction, from the first to the last.
@@ -263,7 +340,6 @@ pub(crate) fn run_commands(
         }
         if keep {
             out.counts.merge(ran.counts);
-            out.changed.extend(ran.changed);
             out.results.push(ran.result);
             out.landed.push(ran.landed);
         } else {
@@ -302,14 +378,14 @@ mod tests {
         reruns: bool,
         answers: Vec<Result<Committed, Failed>>,
     ) -> (Vec<Result<Reply, LedgerError>>, Vec<Attempt>) {
-        let calls = Mutex::default();
+        let published = Published::default();
         let mut answers = answers.into_iter();
         let mut attempts = Vec::new();
         let results = run_group(
             "test",
             (0..count).map(|_| get()).collect(),
             reruns,
-            &calls,
+            &published,
             |commands, attempt| {
                 assert_eq!(commands.len(), count);
                 attempts.push(attempt);

@@ -28,7 +28,6 @@ use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -36,12 +35,12 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::LedgerError;
-use crate::stats::CallStats;
+use crate::store::sql::group::{Batch, Published, MAX_GROUP};
 use crate::store::{Command, Reply, StoreFuture};
 
 use super::checkpoint::Checkpointer;
 use super::rows::Statements;
-use super::writer::{apply_journal, begin_without_waiting, rollback, run_group, Begun, MAX_GROUP};
+use super::writer::{apply_journal, begin_without_waiting, rollback, run_group, Begun};
 
 /// What the writer thread is asked to do.
 enum Job {
@@ -51,9 +50,6 @@ enum Job {
     /// answered once the connection is closed.
     Close(oneshot::Sender<()>),
 }
-
-/// The longest a group waits for the callers of the previous one.
-const GROUP_WAIT: Duration = Duration::from_micros(300);
 
 /// The connection, the statements prepared on it and the checkpointer its
 /// commits nudge: what runs a group, owned by whoever runs one.
@@ -127,7 +123,7 @@ pub(super) struct Handoff {
     inline: bool,
     config: Arc<LedgerConfig>,
     clock: Arc<dyn Clock>,
-    calls: Arc<Mutex<CallStats>>,
+    published: Arc<Published>,
 }
 
 #[derive(Default)]
@@ -154,7 +150,7 @@ impl Handoff {
         inline: bool,
         config: Arc<LedgerConfig>,
         clock: Arc<dyn Clock>,
-        calls: Arc<Mutex<CallStats>>,
+        published: Arc<Published>,
     ) -> Self {
         Self {
             state: Mutex::new(State {
@@ -166,7 +162,7 @@ impl Handoff {
             inline,
             config,
             clock,
-            calls,
+            published,
         }
     }
 
@@ -222,7 +218,7 @@ impl Handoff {
             core.statements(),
             &self.config,
             self.clock.as_ref(),
-            &self.calls,
+            &self.published,
             vec![command],
             Begun::Yes,
         )
@@ -273,17 +269,12 @@ impl Handoff {
             let mut group = Group::default();
             group.take(&mut state.queue);
             state.busy = true;
-            // Callers answered by the last commit resubmit within
-            // microseconds, while a commit costs a sync: when the last group
-            // was larger, wait briefly for them so that one sync serves them
-            // all. A lone caller (last group of one) never waits.
-            let last_group = state.last_group;
-            if group.commands.len() < last_group && group.closing.is_none() {
-                let until = Instant::now() + GROUP_WAIT;
-                while group.commands.len() < last_group && group.closing.is_none() {
-                    let Some(left) = until.checked_duration_since(Instant::now()) else {
-                        break;
-                    };
+            if group.closing.is_none() {
+                let last = state.last_group;
+                let mut held = Some(state);
+                let Group { batch, closing } = &mut group;
+                batch.wait_for_callers(last, |batch, left| {
+                    let mut state = held.take().expect("the state is held between waits");
                     if state.queue.is_empty() {
                         state.idle = true;
                         state = self
@@ -293,27 +284,27 @@ impl Handoff {
                             .0;
                         state.idle = false;
                     }
-                    group.take(&mut state.queue);
-                }
+                    take(batch, closing, &mut state.queue);
+                    held = Some(state);
+                    closing.is_none()
+                });
+                state = held.expect("the state is held after the wait");
             }
             drop(state);
-            let ran = group.commands.len();
+            let ran = group.batch.len();
             let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(core) = core.as_mut() {
                 if ran > 0 {
-                    let results = run_group(
-                        core.statements(),
-                        &self.config,
-                        self.clock.as_ref(),
-                        &self.calls,
-                        group.commands,
-                        Begun::No,
-                    );
-                    for (reply, result) in group.replies.into_iter().zip(results) {
-                        // A caller that went away still had its command
-                        // committed.
-                        let _ = reply.send(result);
-                    }
+                    group.batch.run(|commands| {
+                        run_group(
+                            core.statements(),
+                            &self.config,
+                            self.clock.as_ref(),
+                            &self.published,
+                            commands,
+                            Begun::No,
+                        )
+                    });
                     if let Some(checkpointer) = &core.checkpointer {
                         checkpointer.nudge();
                     }
@@ -409,24 +400,25 @@ impl Drop for Release<'_> {
 /// ends it.
 #[derive(Default)]
 struct Group {
-    commands: Vec<Command>,
-    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+    batch: Batch,
     closing: Option<oneshot::Sender<()>>,
 }
 
 impl Group {
-    /// Moves queued jobs into the group, up to [`MAX_GROUP`] commands,
-    /// stopping at a close.
+    /// Moves queued jobs into the group.
     fn take(&mut self, queue: &mut VecDeque<Job>) {
-        while self.commands.len() < MAX_GROUP && self.closing.is_none() {
-            match queue.pop_front() {
-                Some(Job::Run(command, reply)) => {
-                    self.commands.push(command);
-                    self.replies.push(reply);
-                }
-                Some(Job::Close(done)) => self.closing = Some(done),
-                None => return,
-            }
+        take(&mut self.batch, &mut self.closing, queue);
+    }
+}
+
+/// Moves queued jobs into `batch`, up to [`MAX_GROUP`] commands, stopping at
+/// a close.
+fn take(batch: &mut Batch, closing: &mut Option<oneshot::Sender<()>>, queue: &mut VecDeque<Job>) {
+    while batch.len() < MAX_GROUP && closing.is_none() {
+        match queue.pop_front() {
+            Some(Job::Run(command, reply)) => batch.push(command, reply),
+            Some(Job::Close(done)) => *closing = Some(done),
+            None => return,
         }
     }
 }

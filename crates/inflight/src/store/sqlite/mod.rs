@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -26,7 +26,9 @@ use crate::domain::query;
 use crate::domain::record::ActivityId;
 use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
-use crate::stats::{CallSnapshot, CallStats};
+use crate::stats::CallSnapshot;
+use crate::store::sql::group::Published;
+use crate::store::Wake;
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -69,9 +71,9 @@ pub fn pragmas(synchronous: Synchronous) -> [(&'static str, &'static str); 2] {
 pub struct SqliteStore {
     path: PathBuf,
     handoff: Arc<Handoff>,
-    /// The call histograms, which whoever runs a group publishes to after
-    /// each commit.
-    calls: Arc<Mutex<CallStats>>,
+    /// The call histograms and the capacity watchers, which whoever runs a
+    /// group publishes to after each commit.
+    published: Arc<Published>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -114,16 +116,20 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", checkpoint::WRITER_PAGES)
             .map_err(sql_error("cannot set PRAGMA wal_autocheckpoint"))?;
         let checkpointer = Checkpointer::start(&path, synchronous)?;
-        let calls = Arc::new(Mutex::new(CallStats::default()));
+        let published = Arc::new(Published::default());
         let inline = synchronous == Synchronous::Normal;
         let core = Core::new(conn, checkpointer);
-        let handoff = Arc::new(Handoff::new(core, inline, config, clock, Arc::clone(&calls)));
+        let handoff = Arc::new(Handoff::new(core, inline, config, clock, Arc::clone(&published)));
         let writer = Arc::clone(&handoff);
         thread::Builder::new()
             .name("inflight-sqlite".into())
             .spawn(move || writer.write_loop())
             .map_err(|err| LedgerError::storage("cannot start the SQLite writer thread", err))?;
-        Ok(Self { path, handoff, calls })
+        Ok(Self {
+            path,
+            handoff,
+            published,
+        })
     }
 
     /// The database file.
@@ -138,10 +144,11 @@ impl Store for SqliteStore {
     }
 
     fn call_stats(&self) -> CallSnapshot {
-        self.calls
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .snapshot()
+        self.published.call_stats()
+    }
+
+    fn watch_capacity(&self, wake: Wake) {
+        self.published.watchers.add(wake);
     }
 
     fn close(&self) -> StoreFuture {
@@ -242,7 +249,7 @@ mod tests {
     struct Writer {
         config: LedgerConfig,
         clock: FakeClock,
-        calls: Mutex<CallStats>,
+        published: Published,
     }
 
     impl Writer {
@@ -250,7 +257,7 @@ mod tests {
             Self {
                 config: LedgerConfig::default(),
                 clock: FakeClock::at(T0),
-                calls: Mutex::default(),
+                published: Published::default(),
             }
         }
 
@@ -264,7 +271,7 @@ mod tests {
                 statements,
                 &self.config,
                 &self.clock,
-                &self.calls,
+                &self.published,
                 commands,
                 writer::Begun::No,
             )

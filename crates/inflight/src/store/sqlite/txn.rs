@@ -271,10 +271,8 @@ impl Txn for SqliteTxn<'_, '_> {
         Ok(())
     }
 
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect) {
-        if let Some(landed) = Landed::of(record, effect) {
-            self.landed.push(landed);
-        }
+    fn landed(&mut self, landed: Landed) {
+        self.landed.push(landed);
     }
 
     fn aggregate_known(

@@ -3,25 +3,20 @@
 //! `store::sql::group` runs it: how SQLite begins (`BEGIN IMMEDIATE`),
 //! runs a command (its journal) and commits.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::LedgerError;
-use crate::stats::CallStats;
 use crate::store::engine;
 use crate::store::sql::counts::PendingCounts;
-use crate::store::sql::group::{self, Committed, Failed, GroupTxn, Isolation, Ran, Savepoint};
+use crate::store::sql::group::{self, Committed, Failed, GroupTxn, Isolation, Published, Ran, Savepoint};
 use crate::store::{Command, Reply};
 
 use super::rows::Statements;
 use super::sql;
 use super::tables::{self, write_counts};
 use super::txn::SqliteTxn;
-
-/// The most commands grouped into one transaction.
-pub(super) const MAX_GROUP: usize = 256;
 
 /// Whether the first transaction of a group is already open.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -64,11 +59,11 @@ pub(super) fn run_group(
     conn: &mut Statements<'_>,
     config: &LedgerConfig,
     clock: &dyn Clock,
-    calls: &Mutex<CallStats>,
+    published: &Published,
     commands: Vec<Command>,
     begun: Begun,
 ) -> Vec<Result<Reply, LedgerError>> {
-    group::run_group("SQLite", commands, false, calls, |commands, attempt| {
+    group::run_group("SQLite", commands, false, published, |commands, attempt| {
         let begun = if attempt.first { begun } else { Begun::No };
         run_transaction(conn, config, clock, commands, attempt.isolation, begun)
     })
