@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::num::NonZeroU32;
 
 use super::labels::{ActivityLabels, Label, LabelSet};
-use super::transition::Refusal;
+use super::refusal::Refusal;
 
 /// The label a folded value becomes.
 pub const OTHER: &str = "other";

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::effect::Effect;
 use super::labels::LabelSet;
 use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
 use super::timestamp::Timestamp;
-use super::transition::Effect;
 
 /// The grain of the counters: one row per combination of these labels.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

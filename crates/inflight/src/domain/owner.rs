@@ -14,8 +14,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::labels::Label;
+use super::refusal::Refusal;
 use super::timestamp::Timestamp;
-use super::transition::Refusal;
 use super::ParseError;
 
 /// The default lease time-to-live.
@@ -134,7 +134,7 @@ impl Owner {
 
     /// Whether its lease has run out at `now` (strictly past `expiresAt`).
     pub fn is_expired(&self, now: Timestamp) -> bool {
-        self.state == OwnerState::Live && super::query::is_past(self.expires_at, now)
+        self.state == OwnerState::Live && super::timestamp::is_past(self.expires_at, now)
     }
 
     /// Marks it lost at `now`.

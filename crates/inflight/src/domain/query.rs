@@ -15,16 +15,12 @@ use super::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use super::snapshot::LaneLoad;
 use super::timestamp::Timestamp;
 
+// Defined beside `Timestamp`, so that owners ask it without depending on
+// this module; still public here, where the stores ask it.
+pub use super::timestamp::is_past;
+
 /// The grain of the per-minute completion counters.
 pub const MINUTE_MS: i64 = 60_000;
-
-/// Whether `now` is past `bound`: strictly after it. A record is reapable
-/// *after* `reapableAt`, and an owner lost *after* `expiresAt`, never at
-/// the instant itself; every store and index asks this.
-#[inline]
-pub fn is_past(bound: Timestamp, now: Timestamp) -> bool {
-    now > bound
-}
 
 /// Whether `record` is past its bound at `now`: in flight, and
 /// [`is_past`] its `reapableAt`. The question "which records are due"

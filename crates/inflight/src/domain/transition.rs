@@ -5,7 +5,7 @@
 //! together with the counter changes their [`Effect`]s imply. No rule of the
 //! state machine lives anywhere else.
 
-use smallvec::{smallvec, SmallVec};
+use smallvec::smallvec;
 
 use super::bounds::ReapPolicy;
 use super::labels::{sanitize_note, ActivityLabels};
@@ -14,66 +14,13 @@ use super::record::{
 };
 use super::timestamp::Timestamp;
 
+// Defined in leaf modules, so that the counters and owners need not depend
+// on the state machine; still public here, where they always were.
+pub use super::effect::{Effect, Effects};
+pub use super::refusal::Refusal;
+
 /// How far in the future a caller's timestamp may be (clock skew), in ms.
 pub const MAX_FUTURE_SKEW_MS: i64 = 5 * 60 * 1000;
-
-/// Why a request was refused. A refused request changes nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// The request itself is malformed (a bad timestamp, say).
-    Invalid(String),
-    /// The request contradicts what the record already says.
-    Conflict(String),
-}
-
-/// Something a transition did, which the aggregate counters follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Effect {
-    /// A record was created (at its `enqueuedAt`).
-    Begun {
-        /// Its `enqueuedAt`.
-        at: Timestamp,
-    },
-    /// A record started executing after waiting `queue_wait_ms`.
-    Started {
-        /// Its `startedAt`.
-        at: Timestamp,
-        /// `startedAt - enqueuedAt`.
-        queue_wait_ms: i64,
-    },
-    /// A record settled (`Succeeded`, `Failed` or `Cancelled`).
-    Settled {
-        /// Its `completedAt`.
-        at: Timestamp,
-        /// The state it settled in.
-        state: State,
-        /// `completedAt - startedAt`, if it had started.
-        execution_ms: Option<i64>,
-    },
-    /// A record was reaped.
-    Reaped {
-        /// How it had leaked.
-        disposition: Disposition,
-        /// Why it was reaped.
-        reason: ReapReason,
-        /// How long it had been in its state when reaped: since its start
-        /// when `unsettled`, since its enqueue when `abandoned`.
-        age_ms: i64,
-        /// Its bound, from the same instant: past this age it is due.
-        bound_ms: i64,
-    },
-    /// An abandoned record was started after all: it is live again.
-    Resurrected,
-    /// The first settle or cancel to arrive for a reaped record.
-    LateSettle {
-        /// When the late settle counts as seen (clamped into the record's life).
-        at: Timestamp,
-    },
-}
-
-/// What one transition did: at most a reap, a resurrection, a start and a
-/// second reap, so they fit inline and a transition allocates nothing.
-pub type Effects = SmallVec<[Effect; 4]>;
 
 /// A record just begun, and what its begin did for the counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
