@@ -598,7 +598,7 @@ impl Settings {
         if let Some(url) = &store {
             // The check `serve` makes when it opens the store, so that
             // `check-config` refuses what `serve` would.
-            crate::store::check_url(url).map_err(|err| ConfigError::new("store", err.message()))?;
+            crate::store_url::check_url(url).map_err(|err| ConfigError::new("store", err.message()))?;
         }
         Ok(Self {
             listen: raw.listen,
@@ -619,10 +619,12 @@ fn store_url(table: RawStoreTable) -> Result<Option<String>, ConfigError> {
     let Some(synchronous) = table.synchronous else {
         return Ok(table.url);
     };
-    let synchronous: crate::store::Synchronous = synchronous
+    let synchronous: crate::store_url::Synchronous = synchronous
         .parse()
         .map_err(|err: crate::domain::ParseError| ConfigError::new("store.synchronous", err.to_string()))?;
-    let url = table.url.unwrap_or_else(|| crate::store::DEFAULT_URL.to_owned());
+    let url = table
+        .url
+        .unwrap_or_else(|| crate::store_url::DEFAULT_URL.to_owned());
     if !url.starts_with("sqlite://") {
         return Err(ConfigError::new(
             "store.synchronous",

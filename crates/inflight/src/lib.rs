@@ -101,6 +101,7 @@ pub mod layer;
 mod ledger;
 pub mod stats;
 pub mod store;
+mod store_url;
 pub mod wire;
 
 pub use clock::{Clock, FakeClock, SystemClock};

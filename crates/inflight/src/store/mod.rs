@@ -23,6 +23,7 @@ use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, Landed};
+use crate::store_url::{read_url, StoreUrl};
 
 pub(crate) mod engine;
 pub mod memory;
@@ -32,6 +33,10 @@ pub mod postgres;
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+// What a store URL says, apart from the stores so that `config` can check a
+// URL without depending on them; public here, where it always was.
+pub use crate::store_url::{check_url, redacted_url, Synchronous, DEFAULT_URL};
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -308,169 +313,6 @@ mod sealed {
     impl Sealed for super::SqliteStore {}
     #[cfg(feature = "postgres")]
     impl Sealed for super::PostgresStore {}
-}
-
-/// How durable an acknowledged command is, for a store that syncs to disk:
-/// SQLite's `synchronous` in WAL mode. `Full` is the default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Synchronous {
-    /// Every commit syncs the log: nothing acknowledged is lost, even on a
-    /// power loss. Group commit shares one sync between every command of a
-    /// transaction.
-    #[default]
-    Full,
-    /// The log is synced at checkpoints only: nothing acknowledged is lost
-    /// when the process crashes (`kill -9`), but a power loss or an
-    /// operating-system crash may lose the last transitions acknowledged
-    /// before it.
-    Normal,
-}
-
-impl Synchronous {
-    /// Its name in a store URL (`?synchronous=normal`), a configuration
-    /// file and the `synchronous` pragma.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Normal => "normal",
-        }
-    }
-}
-
-impl std::str::FromStr for Synchronous {
-    type Err = crate::domain::ParseError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "full" => Ok(Self::Full),
-            "normal" => Ok(Self::Normal),
-            other => Err(crate::domain::ParseError::new(other, "one of full, normal")),
-        }
-    }
-}
-
-impl fmt::Display for Synchronous {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The store a server uses when none is named: the embedded SQLite file
-/// `inflight.db` in the working directory.
-pub const DEFAULT_URL: &str = "sqlite://inflight.db";
-
-/// `url` with its password, if any, replaced by `***`: the user-info
-/// password (`postgres://user:PASSWORD@host/db`) and a `password=` query
-/// parameter. A store URL may carry the database's credentials, and it
-/// appears in logs and error messages.
-pub fn redacted_url(url: &str) -> String {
-    let (head, query) = url
-        .split_once('?')
-        .map_or((url, None), |(head, query)| (head, Some(query)));
-    let head = match head.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_once('/').map_or((rest, None), |(a, p)| (a, Some(p)));
-            let authority = match authority.rsplit_once('@') {
-                Some((user, host)) if user.contains(':') => {
-                    let name = user.split(':').next().unwrap_or("");
-                    format!("{name}:***@{host}")
-                }
-                _ => authority.to_owned(),
-            };
-            match path {
-                Some(path) => format!("{scheme}://{authority}/{path}"),
-                None => format!("{scheme}://{authority}"),
-            }
-        }
-        None => head.to_owned(),
-    };
-    match query {
-        Some(query) => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{head}?{}", pairs.join("&"))
-        }
-        None => head,
-    }
-}
-
-/// What a store URL names, read without opening anything.
-enum StoreUrl<'a> {
-    Memory,
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    Sqlite {
-        path: &'a str,
-        synchronous: Synchronous,
-    },
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres,
-}
-
-/// Reads `url`'s scheme and the SQLite store's parameters; a PostgreSQL
-/// URL's parameters are its store's to read.
-fn read_url(url: &str) -> Result<StoreUrl<'_>, LedgerError> {
-    if url == "memory:" || url == "memory://" {
-        return Ok(StoreUrl::Memory);
-    }
-    if let Some(rest) = url.strip_prefix("sqlite://") {
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if path.is_empty() {
-            return Err(LedgerError::invalid(
-                "sqlite:// needs a file path, e.g. sqlite://inflight.db",
-            ));
-        }
-        let mut synchronous = Synchronous::default();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            match pair.split_once('=') {
-                Some(("synchronous", value)) => {
-                    synchronous = value
-                        .parse()
-                        .map_err(|err| LedgerError::invalid(format!("store URL {url:?}: synchronous: {err}")))?;
-                }
-                _ => {
-                    return Err(LedgerError::invalid(format!(
-                        "store URL {url:?}: unknown parameter {pair:?}; the SQLite store takes synchronous=full|normal"
-                    )))
-                }
-            }
-        }
-        if cfg!(not(feature = "sqlite")) {
-            return Err(LedgerError::invalid(format!(
-                "store URL {url:?} needs the SQLite store: build inflight with its `sqlite` feature (on by default)"
-            )));
-        }
-        return Ok(StoreUrl::Sqlite { path, synchronous });
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        if cfg!(not(feature = "postgres")) {
-            return Err(LedgerError::invalid(
-                "a postgres:// store URL needs the PostgreSQL store: build inflight with its `postgres` feature",
-            ));
-        }
-        return Ok(StoreUrl::Postgres);
-    }
-    Err(LedgerError::invalid(format!(
-        "unsupported store URL {:?}: use \"memory:\", \"sqlite://PATH\" or \"postgres://user@host:port/db\"",
-        redacted_url(url)
-    )))
-}
-
-/// Checks the store URL `url` as [`open`] reads it (its scheme, and the
-/// parameters of its store), without opening or connecting to anything:
-/// what `check-config` and `serve` both refuse, with the same message.
-///
-/// # Errors
-/// As [`open`]'s [`ErrorKind::InvalidInput`].
-pub fn check_url(url: &str) -> Result<(), LedgerError> {
-    match read_url(url)? {
-        #[cfg(feature = "postgres")]
-        StoreUrl::Postgres => postgres::check_url(url),
-        _ => Ok(()),
-    }
 }
 
 /// Opens the store named by `url` under `config`.

@@ -13,8 +13,9 @@ use postgres::fallible_iterator::FallibleIterator;
 
 use crate::domain::record::LaneKey;
 use crate::store::Watchers;
+use crate::store_url::PostgresUrl;
 
-use super::{sql, Settings};
+use super::sql;
 
 /// How long the listener waits for a notification before it looks at
 /// whether it should stop.
@@ -24,7 +25,7 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 /// The longest pause between two attempts to reconnect.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-pub(super) fn listen_loop(settings: &Settings, watchers: &Watchers, stop: &AtomicBool) {
+pub(super) fn listen_loop(settings: &PostgresUrl, watchers: &Watchers, stop: &AtomicBool) {
     // Wakes the first waiter of each lane named, or of every lane (`None`).
     let fire = |lanes: Option<&BTreeSet<LaneKey>>| match lanes {
         Some(lanes) => lanes.iter().for_each(|lane| watchers.wake(Some(lane))),

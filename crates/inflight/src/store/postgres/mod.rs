@@ -61,7 +61,6 @@
 //!   `prefer` (the default) connect without TLS.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
@@ -75,6 +74,7 @@ use crate::config::LedgerConfig;
 use crate::error::LedgerError;
 use crate::stats::CallSnapshot;
 use crate::store::sql::group::Published;
+use crate::store_url::{PostgresUrl, Tls};
 
 use super::sql::counts::PendingCounts;
 use super::{Command, Reply, Store, StoreFuture, Wake};
@@ -93,199 +93,13 @@ mod writer;
 use txn::{Conn, Fault};
 use writer::{write_loop, Job, Writer};
 
-/// How long opening a connection may take before the command that needed
-/// it fails as `unavailable`.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Writer connections when the URL names none: two, so that a group's
-/// writes and commit run beside the next group's on another backend.
-pub const DEFAULT_POOL: usize = 2;
+// Read from the URL, apart from the store so that `config` can check a URL
+// without depending on it; public here, where they always were.
+pub use crate::store_url::{CONNECT_TIMEOUT, DEFAULT_POOL};
 
-/// How connections are secured, from `sslmode` and `sslrootcert`.
-#[derive(Clone)]
-enum Tls {
-    /// Plain TCP: `sslmode=disable` or `prefer`.
-    Off,
-    /// TLS with the server's certificate verified.
-    On(tokio_postgres_rustls::MakeRustlsConnect),
-}
-
-impl Tls {
-    /// The TLS `sslmode` asks for, verified against the certificates in
-    /// `root_cert` (a PEM file), or the system's when `None`.
-    fn new(mode: &str, root_cert: Option<&str>) -> Result<Self, String> {
-        match mode {
-            "disable" | "prefer" => {
-                if root_cert.is_some() {
-                    return Err(format!(
-                        "sslrootcert is given but sslmode is {mode:?}: with no TLS it would not be used; \
-                         set sslmode=require"
-                    ));
-                }
-                return Ok(Self::Off);
-            }
-            "require" | "verify-ca" | "verify-full" => {}
-            other => {
-                return Err(format!(
-                    "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-                ))
-            }
-        }
-        let mut roots = rustls::RootCertStore::empty();
-        match root_cert {
-            Some(path) => {
-                use rustls::pki_types::{pem::PemObject, CertificateDer};
-                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                    .and_then(Iterator::collect)
-                    .map_err(|err| {
-                        format!("sslrootcert {path:?} cannot be read as PEM certificates: {err}")
-                    })?;
-                if certs.is_empty() {
-                    return Err(format!("sslrootcert {path:?} holds no certificate"));
-                }
-                for cert in certs {
-                    roots.add(cert).map_err(|err| {
-                        format!("sslrootcert {path:?} holds a certificate that cannot be used: {err}")
-                    })?;
-                }
-            }
-            None => {
-                let found = rustls_native_certs::load_native_certs();
-                roots.add_parsable_certificates(found.certs);
-                if roots.is_empty() {
-                    return Err(
-                        "sslmode=require, and no sslrootcert is given and the system has no root \
-                                certificates: name the server's CA with sslrootcert=PATH"
-                            .to_owned(),
-                    );
-                }
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|err| format!("TLS cannot be set up: {err}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Ok(Self::On(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
-    }
-}
-
-/// Checks `url`'s parameters as opening the store reads them, connecting
-/// to nothing.
-pub(super) fn check_url(url: &str) -> Result<(), LedgerError> {
-    Settings::parse(url).map(drop)
-}
-
-/// Where and how to connect, from a store URL.
-#[derive(Clone)]
-struct Settings {
-    config: tokio_postgres::Config,
-    tls: Tls,
-    schema: Option<String>,
-    pool: usize,
-    listen: bool,
-    /// The notification channel: one per schema, so that ledgers sharing a
-    /// database in different schemas do not wake each other.
-    channel: String,
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("hosts", &self.config.get_hosts())
-            .field("dbname", &self.config.get_dbname())
-            .field("schema", &self.schema)
-            .field("pool", &self.pool)
-            .field("listen", &self.listen)
-            .field("tls", &matches!(self.tls, Tls::On(_)))
-            .finish()
-    }
-}
-
-impl Settings {
-    /// Reads `url`; its store parameters are taken out, the rest is the
-    /// client's.
-    fn parse(url: &str) -> Result<Self, LedgerError> {
-        let named = |message: String| {
-            LedgerError::invalid(format!("store URL {}: {message}", super::redacted_url(url)))
-        };
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut schema = None;
-        let mut pool = DEFAULT_POOL;
-        let mut listen = true;
-        let mut ssl_mode = "prefer";
-        let mut root_cert = None;
-        let mut passed = Vec::new();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            match pair.split_once('=') {
-                Some(("schema", value)) => {
-                    let valid = !value.is_empty()
-                        && value.len() <= 63
-                        && value
-                            .bytes()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-                    if !valid {
-                        return Err(named(format!(
-                            "schema {value:?} is not 1 to 63 lowercase letters, digits or underscores"
-                        )));
-                    }
-                    schema = Some(value.to_owned());
-                }
-                Some(("pool", value)) => {
-                    pool = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=64).contains(n))
-                        .ok_or_else(|| named(format!("pool {value:?} is not a number from 1 to 64")))?;
-                }
-                Some(("listen", value)) => {
-                    listen = match value {
-                        "true" => true,
-                        "false" => false,
-                        other => return Err(named(format!("listen {other:?} is not one of true, false"))),
-                    };
-                }
-                // Read here, not by the client: it knows neither the
-                // verify modes nor the root certificate file.
-                Some(("sslmode", value)) => ssl_mode = value,
-                Some(("sslrootcert", value)) => root_cert = Some(value),
-                _ => passed.push(pair),
-            }
-        }
-        let client_url = if passed.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", passed.join("&"))
-        };
-        let tls = Tls::new(ssl_mode, root_cert).map_err(named)?;
-        let mut config =
-            tokio_postgres::Config::from_str(&client_url).map_err(|err| named(err.to_string()))?;
-        config.ssl_mode(match tls {
-            Tls::Off => tokio_postgres::config::SslMode::Disable,
-            Tls::On(_) => tokio_postgres::config::SslMode::Require,
-        });
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("inflight");
-        }
-        // A peer that vanished without closing is noticed within seconds.
-        config.keepalives(true).keepalives_idle(Duration::from_secs(5));
-        let channel = match &schema {
-            Some(schema) => format!("inflight_capacity_{schema}"),
-            None => "inflight_capacity".to_owned(),
-        };
-        Ok(Self {
-            config,
-            tls,
-            schema,
-            pool,
-            listen,
-            channel,
-        })
-    }
-
+// Connecting needs the store's sessions and statements, so it lives here,
+// beside them, while reading the URL lives in `store_url`.
+impl PostgresUrl {
     /// A new connection, set up for the store.
     fn connect(&self) -> Result<Conn, LedgerError> {
         let connected = match &self.tls {
@@ -334,7 +148,7 @@ fn connect_failed(err: postgres::Error) -> LedgerError {
 /// A ledger store in a PostgreSQL database, shared by every instance that
 /// opens it.
 pub struct PostgresStore {
-    settings: Arc<Settings>,
+    settings: Arc<PostgresUrl>,
     jobs: RwLock<Option<mpsc::Sender<Job>>>,
     writers: Mutex<Vec<thread::JoinHandle<()>>>,
     stop: Arc<AtomicBool>,
@@ -362,7 +176,7 @@ impl PostgresStore {
     /// be reached; `Storage` when the schema is newer than this build or
     /// cannot be migrated.
     pub fn open(url: &str, config: Arc<LedgerConfig>, clock: Arc<dyn Clock>) -> Result<Self, LedgerError> {
-        let settings = Arc::new(Settings::parse(url)?);
+        let settings = Arc::new(PostgresUrl::parse(url)?);
         let first = off_runtime(|| schema::migrate(&settings, &config, clock.as_ref()))?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
@@ -510,7 +324,7 @@ pub fn seed_history(
     use crate::domain::query;
     use crate::domain::record::ActivityId;
 
-    let settings = Settings::parse(url)?;
+    let settings = PostgresUrl::parse(url)?;
     let config = LedgerConfig::default();
     off_runtime(|| {
         let mut conn = schema::migrate(&settings, &config, &crate::clock::SystemClock)?;
@@ -556,62 +370,4 @@ pub(crate) fn off_runtime<T: Send>(work: impl FnOnce() -> T + Send) -> T {
         Ok(value) => value,
         Err(panic) => std::panic::resume_unwind(panic),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_url_names_what_is_wrong_with_it() {
-        let message = |url: &str| Settings::parse(url).unwrap_err().to_string();
-        assert!(message("postgres://u@h/db?pool=0").contains("pool \"0\" is not a number from 1 to 64"));
-        assert!(message("postgres://u@h/db?listen=no").contains("listen \"no\" is not one of true, false"));
-        assert!(message("postgres://u@h/db?schema=Bad-Name").contains("schema \"Bad-Name\""));
-        assert!(message("postgres://u:secret@h/db?bogus=1").contains("u:***@h"));
-        let settings =
-            Settings::parse("postgresql://u@h:5433/db?schema=a1&pool=2&listen=false&application_name=x")
-                .unwrap();
-        assert_eq!((settings.pool, settings.listen), (2, false));
-        assert_eq!(settings.schema.as_deref(), Some("a1"));
-        assert_eq!(settings.config.get_application_name(), Some("x"));
-        assert_eq!(settings.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
-    }
-
-    #[test]
-    fn tls_is_asked_for_with_sslmode_and_its_roots_are_checked() {
-        let message = |url: &str| Settings::parse(url).unwrap_err().to_string();
-        assert!(message("postgres://u@h/db?sslmode=allow").contains("sslmode \"allow\" is not one of"));
-        assert!(
-            message("postgres://u@h/db?sslmode=require&sslrootcert=/nonexistent/ca.pem")
-                .contains("sslrootcert \"/nonexistent/ca.pem\" cannot be read")
-        );
-        assert!(message("postgres://u@h/db?sslrootcert=/etc/hosts").contains("set sslmode=require"));
-        let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("empty.pem");
-        std::fs::write(&empty, "no certificate here\n").unwrap();
-        let url = format!(
-            "postgres://u@h/db?sslmode=require&sslrootcert={}",
-            empty.display()
-        );
-        assert!(
-            message(&url).contains("holds no certificate"),
-            "{}",
-            message(&url)
-        );
-
-        for (url, tls) in [
-            ("postgres://u@h/db", false),
-            ("postgres://u@h/db?sslmode=disable", false),
-            ("postgres://u@h/db?sslmode=prefer", false),
-        ] {
-            let settings = Settings::parse(url).unwrap();
-            assert_eq!(matches!(settings.tls, Tls::On(_)), tls, "{url}");
-            assert_eq!(
-                settings.config.get_ssl_mode(),
-                postgres::config::SslMode::Disable,
-                "{url}"
-            );
-        }
-    }
 }

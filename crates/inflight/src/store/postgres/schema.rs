@@ -5,16 +5,17 @@ use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine;
+use crate::store_url::PostgresUrl;
 
 use super::sql::{self, MIGRATIONS};
 use super::txn::{Conn, Fault, PgTxn, Records};
-use super::{writer, Settings};
+use super::writer;
 
 /// Migrates the database and rebounds what is in flight, holding the
 /// migration lock on the connection it returns, which then serves as a
 /// writer's.
 pub(super) fn migrate(
-    settings: &Settings,
+    settings: &PostgresUrl,
     config: &LedgerConfig,
     clock: &dyn Clock,
 ) -> Result<Conn, LedgerError> {
@@ -43,7 +44,7 @@ pub(super) fn migrate(
 
 fn migrate_locked(
     conn: &mut Conn,
-    settings: &Settings,
+    settings: &PostgresUrl,
     config: &LedgerConfig,
     clock: &dyn Clock,
 ) -> Result<(), LedgerError> {

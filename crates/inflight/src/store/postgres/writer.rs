@@ -35,10 +35,10 @@ use crate::store::sql::group::{
     self, Batch, Committed, Failed, GroupTxn, Isolation, Published, Ran, Savepoint, MAX_GROUP,
 };
 use crate::store::{Command, Reply};
+use crate::store_url::PostgresUrl;
 
 use super::order::{Done, Order, Turn, EARLIER_WAIT};
 use super::txn::{self, Conn, Fault, PgTxn, Records, Unflushed};
-use super::Settings;
 use super::{listen, sql};
 
 /// The most commands a group takes when several writers share the turn:
@@ -54,7 +54,7 @@ pub(super) enum Job {
 /// One writer: its connection (opened again when lost) and where it takes
 /// jobs from.
 pub(super) struct Writer {
-    pub(super) settings: Arc<Settings>,
+    pub(super) settings: Arc<PostgresUrl>,
     pub(super) conn: Option<Conn>,
     pub(super) config: Arc<LedgerConfig>,
     pub(super) clock: Arc<dyn Clock>,
@@ -442,7 +442,7 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(FakeClock::at(NOW));
         drop(PostgresStore::open(&url, Arc::clone(&config), Arc::clone(&clock)).unwrap());
         Writer {
-            settings: Arc::new(super::super::Settings::parse(&url).unwrap()),
+            settings: Arc::new(PostgresUrl::parse(&url).unwrap()),
             conn: None,
             config,
             clock,
