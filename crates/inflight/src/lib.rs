@@ -96,6 +96,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod error;
+mod ids;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod ledger;
