@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use common::load::{check_records, kill_9_under_load, Failure, Load, OnFailure, SHORT_BOUNDS};
 use common::{config_file, Launch, Server};
-use inflight::store::postgres::testing::TestDatabase;
+use inflight_pg_testing::TestDatabase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_work_survives_kill_9_under_load_on_postgres() {

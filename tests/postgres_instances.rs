@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Launch, Server};
-use inflight::store::postgres::testing::TestDatabase;
+use inflight_pg_testing::TestDatabase;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;

@@ -1097,7 +1097,7 @@ async fn killed_client_processes_give_their_slots_back_through_their_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_client_processes_give_their_slots_back_through_their_leases_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    let database = inflight::store::postgres::testing::TestDatabase::new();
+    let database = inflight_pg_testing::TestDatabase::new();
     killed_client_processes(&dir, database.store_url("")).await;
 }
 

@@ -7,7 +7,7 @@
 
 use std::ops::Deref;
 
-use inflight::store::postgres::testing;
+use inflight_pg_testing as testing;
 
 /// A private PostgreSQL cluster, stopped and removed when dropped.
 pub struct Cluster {

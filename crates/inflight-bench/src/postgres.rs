@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use inflight::store::postgres::testing::TestDatabase;
 use inflight::{ActivitySpec, Ledger, LedgerConfig, Outcome, SnapshotOptions};
+use inflight_pg_testing::TestDatabase;
 use serde_json::json;
 
 use crate::report::{human_count, ms, percentile, round, spread, Case, Target};

@@ -110,7 +110,7 @@ const STORES: &[(&str, StoreUrl)] = &[
     // the order sent, which a dump (sent all at once) checks too.
     #[cfg(feature = "postgres")]
     ("postgres", |_| {
-        let database = inflight::store::postgres::testing::TestDatabase::new();
+        let database = inflight_pg_testing::TestDatabase::new();
         (database.store_url(""), Box::new(database))
     }),
 ];

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use inflight::store::postgres::testing::TestDatabase;
 use inflight::store::{self, Store};
 use inflight::{ActivitySpec, ErrorKind, Ledger, LedgerConfig, Outcome, SystemClock};
+use inflight_pg_testing::TestDatabase;
 
 fn open(url: &str) -> Result<Arc<dyn Store>, inflight::LedgerError> {
     store::open(url, Arc::new(LedgerConfig::default()), Arc::new(SystemClock))

@@ -202,7 +202,7 @@ async fn every_reap_is_one_info_event_and_a_pass_that_reaps_several_adds_a_summa
     // transaction by the ledger's `FakeClock`.
     #[cfg(feature = "postgres")]
     {
-        let database = inflight::store::postgres::testing::TestDatabase::new();
+        let database = inflight_pg_testing::TestDatabase::new();
         scenario(&database.store_url(""), &events).await;
     }
 }

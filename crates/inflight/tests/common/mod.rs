@@ -25,7 +25,7 @@ pub enum Backend {
 pub enum Scratch {
     Dir(tempfile::TempDir),
     #[cfg(feature = "postgres")]
-    Database(inflight::store::postgres::testing::TestDatabase),
+    Database(inflight_pg_testing::TestDatabase),
 }
 
 pub struct Harness {
@@ -46,7 +46,7 @@ impl Harness {
             }
             #[cfg(feature = "postgres")]
             Backend::Postgres => {
-                let database = inflight::store::postgres::testing::TestDatabase::new();
+                let database = inflight_pg_testing::TestDatabase::new();
                 (database.store_url(""), Some(Scratch::Database(database)))
             }
         };

@@ -85,8 +85,8 @@ mod order;
 mod schema;
 mod session;
 mod sql;
-#[doc(hidden)]
-pub mod testing;
+#[cfg(test)]
+mod testing;
 mod txn;
 mod writer;
 

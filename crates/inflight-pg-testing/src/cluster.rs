@@ -411,7 +411,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::store::postgres::testing::{TestDatabase, PRIVATE, SERVER_VARIABLE};
+    use crate::{TestDatabase, PRIVATE, SERVER_VARIABLE};
 
     /// Asks the child test to stay until it is killed.
     const STAY: &str = "INFLIGHT_TEST_CHILD_STAY";
@@ -447,10 +447,7 @@ mod tests {
         let one: i32 = database.client().query_one("SELECT 1", &[]).unwrap().get(0);
         assert_eq!(one, 1);
         let private = private().unwrap();
-        assert_eq!(
-            crate::store::postgres::testing::server_url(),
-            private.cluster.url()
-        );
+        assert_eq!(crate::server_url(), private.cluster.url());
         println!(
             "CLUSTER {} {}",
             private.server_pid().unwrap(),
@@ -466,10 +463,9 @@ mod tests {
 
     /// This test binary running `private_cluster_child` alone.
     fn child(stay: bool) -> Command {
-        let name = format!(
-            "{}::private_cluster_child",
-            module_path!().strip_prefix("inflight::").unwrap()
-        );
+        // The test's path inside its crate: the module path less the crate.
+        let module = module_path!().split_once("::").unwrap().1;
+        let name = format!("{module}::private_cluster_child");
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
             .args([
