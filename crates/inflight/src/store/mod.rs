@@ -387,58 +387,6 @@ pub(crate) fn assert_sql_only_in_sql_rs(
     );
 }
 
-/// The aggregate of a call: its labels, priority and admission.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) type AggregateSlot = (
-    crate::domain::labels::ActivityLabels,
-    crate::domain::Priority,
-    crate::domain::Admission,
-);
-
-/// What a SQL store remembers of the aggregates it has seen stored, by
-/// aggregate: `()` when only that it holds them (PostgreSQL), their row ids
-/// (SQLite). A begin on a label set it knows asks the database nothing
-/// (`Txn::aggregate_known`, on every begin). Totals are never deleted, so
-/// what was seen committed stays true. Bounded: past [`SeenAggregates::MAX`]
-/// entries it forgets them all and asks again.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) struct SeenAggregates<V>(std::collections::HashMap<AggregateSlot, V>);
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<V> Default for SeenAggregates<V> {
-    fn default() -> Self {
-        Self(std::collections::HashMap::new())
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<V: Copy> SeenAggregates<V> {
-    /// Past the default limit on label sets, and a few MB at most.
-    const MAX: usize = 16_384;
-
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn get(&self, slot: &AggregateSlot) -> Option<V> {
-        self.0.get(slot).copied()
-    }
-
-    pub(crate) fn contains(&self, slot: &AggregateSlot) -> bool {
-        self.0.contains_key(slot)
-    }
-
-    /// Remembers `slot`, which the database said it holds.
-    pub(crate) fn insert(&mut self, slot: AggregateSlot, value: V) {
-        if self.0.len() >= Self::MAX {
-            self.0.clear();
-        }
-        self.0.insert(slot, value);
-    }
-
-    /// Forgets them all: what a transaction rolled back stored is gone.
-    pub(crate) fn clear(&mut self) {
-        self.0.clear();
-    }
-}
-
 /// The aggregate and the totals that `count` records of a benchmark's bulk
 /// loader (`seed_history` of the SQLite and PostgreSQL stores) count in:
 /// settled with success after a 10 ms wait and 10 ms of execution, the last

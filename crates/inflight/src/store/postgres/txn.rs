@@ -106,7 +106,7 @@ pub(super) struct Conn {
     pub(super) channel: String,
     prepared: HashMap<(usize, usize), Statement>,
     /// Aggregates this connection saw stored.
-    known_aggregates: crate::store::SeenAggregates<()>,
+    known_aggregates: crate::store::sql::counts::SeenAggregates<()>,
     /// Which of the counter rows this connection adds to (`shard` in
     /// `aggregates` and `completion_minutes`): its writer's index.
     pub(super) shard: i16,
@@ -122,7 +122,7 @@ impl Conn {
             client,
             channel,
             prepared: HashMap::with_capacity(48),
-            known_aggregates: crate::store::SeenAggregates::default(),
+            known_aggregates: crate::store::sql::counts::SeenAggregates::default(),
             shard: 0,
             ended: false,
         }

@@ -1,14 +1,59 @@
-//! Counter changes not yet written, added up over a group of commands: the
-//! totals of each aggregate and the completions of each minute. A group
-//! whose commands count into the same rows (most groups: concurrent calls
-//! on one lane) writes each row once instead of once per command.
+//! What a SQL store counts and knows of its counters: the changes not yet
+//! written, added up over a group of commands (the totals of each aggregate
+//! and the completions of each minute), so that a group whose commands count
+//! into the same rows (most groups: concurrent calls on one lane) writes
+//! each row once; and the aggregates it has seen stored.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::counters::Totals;
-use crate::domain::record::ActivityRecord;
+use crate::domain::labels::ActivityLabels;
+use crate::domain::record::{ActivityRecord, Admission, Priority};
 use crate::domain::transition::Effect;
-use crate::store::AggregateSlot;
+
+/// The aggregate of a call: its labels, priority and admission.
+pub(crate) type AggregateSlot = (ActivityLabels, Priority, Admission);
+
+/// What a SQL store remembers of the aggregates it has seen stored, by
+/// aggregate: `()` when only that it holds them (PostgreSQL), their row ids
+/// (SQLite). A begin on a label set it knows asks the database nothing
+/// (`Txn::aggregate_known`, on every begin). Totals are never deleted, so
+/// what was seen committed stays true. Bounded: past [`SeenAggregates::MAX`]
+/// entries it forgets them all and asks again.
+pub(crate) struct SeenAggregates<V>(HashMap<AggregateSlot, V>);
+
+impl<V> Default for SeenAggregates<V> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<V: Copy> SeenAggregates<V> {
+    /// Past the default limit on label sets, and a few MB at most.
+    const MAX: usize = 16_384;
+
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn get(&self, slot: &AggregateSlot) -> Option<V> {
+        self.0.get(slot).copied()
+    }
+
+    pub(crate) fn contains(&self, slot: &AggregateSlot) -> bool {
+        self.0.contains_key(slot)
+    }
+
+    /// Remembers `slot`, which the database said it holds.
+    pub(crate) fn insert(&mut self, slot: AggregateSlot, value: V) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(slot, value);
+    }
+
+    /// Forgets them all: what a transaction rolled back stored is gone.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct PendingCounts {

@@ -23,7 +23,7 @@ pub(super) struct Statements<'c> {
     /// The id of each aggregate this connection saw stored (ids are never
     /// reused while the row lives, and aggregates are never deleted): it
     /// lives as long as the statements, and says which aggregates are known.
-    pub(super) aggregate_ids: crate::store::SeenAggregates<i64>,
+    pub(super) aggregate_ids: crate::store::sql::counts::SeenAggregates<i64>,
     /// What this connection wrote ahead and has not applied.
     pub(super) journal: Journal,
 }
@@ -34,7 +34,7 @@ impl<'c> Statements<'c> {
             conn,
             prepared: Vec::with_capacity(48),
             records: RecordCache::default(),
-            aggregate_ids: crate::store::SeenAggregates::default(),
+            aggregate_ids: crate::store::sql::counts::SeenAggregates::default(),
             journal: Journal::default(),
         }
     }

@@ -10,8 +10,8 @@ use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::record::ActivityRecord;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::sql::codec::{self, Value};
+use crate::store::sql::counts::AggregateSlot;
 use crate::store::sql::counts::PendingCounts;
-use crate::store::AggregateSlot;
 
 use super::journal::Ahead;
 use super::rows::{query_rows, Statements};
