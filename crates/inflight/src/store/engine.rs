@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::config::LedgerConfig;
 use crate::domain::admission::{self, Decision, LanePosition};
 use crate::domain::bounds::ReapPolicy;
-use crate::domain::capacity;
+use crate::domain::capacity::{self, Capacity};
 use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
 use crate::domain::labels::{ActivityLabels, LabelSet};
@@ -20,7 +20,6 @@ use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::Landed;
 
 use super::{Command, Reply, StoreStats};
 
@@ -68,12 +67,13 @@ pub(crate) trait Txn: Questions {
     /// Adds one to the completion counter of `minute`
     /// ([`query::completion_minute`]), for `record`'s completion.
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
-    /// `landed` (after [`Txn::add_totals`]): the store publishes it to
-    /// this process's statistics, reap log and capacity watchers
+    /// `effect` landed for `record` (after [`Txn::add_totals`]), changing
+    /// its lane's capacity by `capacity`: the store shows it to this
+    /// process's statistics, reap log and capacity watchers
     /// ([`CallStats::land`](crate::stats::CallStats::land),
-    /// [`Watchers::landed`](super::Watchers::landed)) once the command is
+    /// [`Watchers::changed`](super::Watchers::changed)) once the command is
     /// committed, and never if the command is undone.
-    fn landed(&mut self, landed: Landed);
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>);
     /// Whether the aggregate of calls with `labels`, `priority` and
     /// `admission` has totals stored, or counted by an earlier command of
     /// this transaction.
@@ -524,10 +524,7 @@ fn add_totals(
             txn.count_completion(record, query::completion_minute(*at))?;
         }
         let capped = || *capped.get_or_insert_with(|| config.cap_of(&record.labels).is_some());
-        let change = capacity::change(record, effect, capped);
-        if let Some(landed) = Landed::of(record, effect, change) {
-            txn.landed(landed);
-        }
+        txn.landed(record, effect, capacity::change(record, effect, capped));
     }
     if effects.is_empty() {
         return Ok(());

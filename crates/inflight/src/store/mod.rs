@@ -22,7 +22,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::transition::{NewActivity, Transition};
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{CallSnapshot, Landed};
+use crate::stats::CallSnapshot;
 use crate::store_url::{read_url, StoreUrl};
 
 pub(crate) mod engine;
@@ -68,12 +68,10 @@ impl Watchers {
         }
     }
 
-    /// `landed` was committed: wakes the lanes it freed.
-    pub(crate) fn landed<'a>(&self, landed: impl IntoIterator<Item = &'a Landed>) {
-        for (lane, change) in landed.into_iter().filter_map(Landed::capacity) {
-            if change == Capacity::Freed {
-                self.wake(Some(&lane));
-            }
+    /// A committed command changed `lane`'s capacity by `change`.
+    pub(crate) fn changed(&self, lane: &LaneKey, change: Capacity) {
+        if change == Capacity::Freed {
+            self.wake(Some(lane));
         }
     }
 }

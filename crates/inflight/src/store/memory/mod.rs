@@ -10,16 +10,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
+use crate::domain::capacity::Capacity;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::{CallSnapshot, CallStats, Landed};
+use crate::stats::{CallSnapshot, CallStats};
 
 use super::engine::{self, Questions, Txn};
 use super::{Command, Store, StoreFuture, Wake, Watchers};
@@ -67,10 +68,15 @@ impl Store for MemoryStore {
         // (`Txn::landed`), refusals included (they keep the reaps time
         // forced); the command's reap summary, if any, follows.
         state.calls.finish();
+        if state.changed.is_empty() {
+            return StoreFuture::ready(result);
+        }
         let changed = std::mem::take(&mut state.changed);
         drop(state);
         // Woken outside the store's lock: a waiter asks again at once.
-        self.watchers.landed(&changed);
+        for (lane, change) in &changed {
+            self.watchers.changed(lane, *change);
+        }
         StoreFuture::ready(result)
     }
 
@@ -105,7 +111,7 @@ struct MemoryState {
     /// the store's own lock, so a start or settle pays no other.
     calls: CallStats,
     /// What the running command did to capacity, for the watchers.
-    changed: Vec<Landed>,
+    changed: Vec<(LaneKey, Capacity)>,
 }
 
 /// The records. Those in flight live in a small hash map that stays in
@@ -506,10 +512,10 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn landed(&mut self, landed: Landed) {
-        landed.publish(&mut self.calls);
-        if landed.capacity().is_some() {
-            self.changed.push(landed);
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
+        self.calls.land(record.activity_id, &record.labels, effect);
+        if let Some(change) = capacity {
+            self.changed.push((record.lane(), change));
         }
     }
 }

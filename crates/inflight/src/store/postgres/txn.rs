@@ -16,6 +16,7 @@ use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use smallvec::SmallVec;
 
+use crate::domain::capacity::Capacity;
 use crate::domain::counters::AggregateKey;
 use crate::domain::labels::ActivityLabels;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
@@ -577,8 +578,8 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
-    fn landed(&mut self, landed: Landed) {
-        self.landed.push(landed);
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
+        self.landed.extend(Landed::of(record, effect, capacity));
     }
 
     fn aggregate_known(

@@ -102,7 +102,9 @@ impl Published {
             calls.finish();
         }
         drop(calls);
-        self.watchers.landed(landed.iter().flatten());
+        for (lane, change) in landed.iter().flatten().filter_map(Landed::capacity) {
+            self.watchers.changed(&lane, change);
+        }
     }
 
     /// The call histograms.

@@ -647,50 +647,6 @@ mod tests {
     }
 
     #[test]
-    fn lifecycles_on_a_writer_with_every_statement_prepared_never_miss_the_lookaside() {
-        let (_dir, conn) = database();
-        let writer = Writer::new();
-        let mut ours = rows::Statements::new(&conn);
-        for (_, statement, _) in sql::STATEMENTS {
-            ours.prepare(statement).unwrap();
-        }
-        let settle = |id| {
-            transition(
-                id,
-                Transition::Settle {
-                    success: true,
-                    failure_stage: None,
-                    at: None,
-                },
-            )
-        };
-        let misses = || {
-            let (mut current, mut highest) = (0, 0);
-            // SAFETY: the handle is this open connection's, on this thread.
-            let status = unsafe {
-                rusqlite::ffi::sqlite3_db_status(
-                    conn.handle(),
-                    rusqlite::ffi::SQLITE_DBSTATUS_LOOKASIDE_MISS_FULL,
-                    &mut current,
-                    &mut highest,
-                    0,
-                )
-            };
-            assert_eq!(status, rusqlite::ffi::SQLITE_OK);
-            highest
-        };
-        let before = misses();
-        for _ in 0..20 {
-            let id = ActivityId::new();
-            for command in [begin(id), start(id), settle(id), snapshot()] {
-                let results = writer.run(&mut ours, vec![command]);
-                assert!(results[0].is_ok(), "{results:?}");
-            }
-        }
-        assert_eq!(misses(), before, "allocations that missed the lookaside");
-    }
-
-    #[test]
     fn a_refused_begin_in_a_group_counts_nothing() {
         let (_dir, conn) = database();
         let writer = Writer::new();

@@ -20,35 +20,8 @@ use super::{pragmas, sql_error, Synchronous, BUSY_TIMEOUT};
 use crate::store::sql::codec;
 use crate::store::sql::counts::PendingCounts;
 
-/// Lookaside of each connection (slot size, count): SQLite serves its
-/// small allocations from it without `malloc` or its global memory mutex.
-/// Its default (1200 x 40) is taken up by the writer's prepared
-/// statements, which live as long as the connection, so that most of what
-/// a statement allocates as it runs missed it (30 to 45 mallocs a
-/// lifecycle). With every statement of `sql.rs` prepared, about 1,450 of
-/// the slots this makes (775 of 1200 bytes, 2,343 of 128) are taken; 1.2 MB
-/// a connection.
-const LOOKASIDE: (std::ffi::c_int, std::ffi::c_int) = (1200, 1024);
-
 pub(super) fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection, LedgerError> {
     let conn = Connection::open(path).map_err(sql_error("cannot open the SQLite store"))?;
-    // SAFETY: the handle is this open connection's, with nothing prepared
-    // on it yet; a null buffer has SQLite allocate the slots itself.
-    let set = unsafe {
-        rusqlite::ffi::sqlite3_db_config(
-            conn.handle(),
-            rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
-            std::ptr::null_mut::<std::ffi::c_void>(),
-            LOOKASIDE.0,
-            LOOKASIDE.1,
-        )
-    };
-    if set != rusqlite::ffi::SQLITE_OK {
-        return Err(LedgerError::new(
-            ErrorKind::Storage,
-            format!("cannot size the SQLite lookaside (code {set})"),
-        ));
-    }
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(sql_error("cannot set busy_timeout"))?;
     for (name, value) in pragmas(synchronous) {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::domain::capacity::Capacity;
 use crate::domain::counters::Totals;
 use crate::domain::labels::ActivityLabels;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority};
@@ -271,8 +272,8 @@ impl Txn for SqliteTxn<'_, '_> {
         Ok(())
     }
 
-    fn landed(&mut self, landed: Landed) {
-        self.landed.push(landed);
+    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
+        self.landed.extend(Landed::of(record, effect, capacity));
     }
 
     fn aggregate_known(
