@@ -11,7 +11,7 @@ use crate::error::LedgerError;
 use crate::stats::LedgerStats;
 use crate::store;
 
-use super::admit::Line;
+use super::line::Line;
 use super::{AutoOwner, Inner, Ledger};
 
 /// Builds a [`Ledger`]: its configuration, store and clock.

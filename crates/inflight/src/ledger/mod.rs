@@ -5,6 +5,7 @@ mod admit;
 mod builder;
 mod handle;
 mod lease;
+mod line;
 mod reaper;
 mod spec;
 
@@ -26,7 +27,7 @@ use std::sync::{Mutex, PoisonError, RwLock};
 
 use tokio::task::JoinHandle;
 
-use self::admit::Line;
+use self::line::Line;
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
