@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -36,9 +36,12 @@ pub(super) fn recheck_after(within: Duration) -> Duration {
 /// a wake-up, so several slots are tried for at once. A waiter also asks
 /// again on its own now and then ([`recheck_after`]), so a wake-up that
 /// went astray costs time, never a place in line.
+///
+/// Every decision is [`LineState`]'s; this type only puts it under a
+/// mutex and wakes waiters through tokio's `Notify`.
 #[derive(Debug, Default)]
 pub(crate) struct Line {
-    state: Mutex<LineState>,
+    state: Mutex<LineState<Arc<Notify>>>,
     /// How many starts are waiting in line now. A settle with no one
     /// waiting skips the wake-up, which takes the line's lock.
     waiting: AtomicUsize,
@@ -47,54 +50,167 @@ pub(crate) struct Line {
     pub(super) attempts: AtomicUsize,
 }
 
-#[derive(Debug, Default)]
-struct LineState {
-    /// The number the next waiter joins with.
-    next: u64,
-    /// The waiters of each lane, in line order.
-    lanes: HashMap<LaneKey, BTreeMap<Place, Arc<Waiter>>>,
-}
-
 /// A waiter's place: its record's in the lane's line, then the order it
 /// joined in (two starts of one record may wait at once).
 type Place = (LinePlace, u64);
 
-impl LineState {
-    /// Gives a wake-up to the first waiter of `lane` after `after` (from
-    /// the start when `None`) that holds none.
-    fn wake_first(&self, lane: &LaneKey, after: Option<&Place>) {
-        let Some(waiters) = self.lanes.get(lane) else {
-            return;
-        };
-        let from = after.map_or(Bound::Unbounded, |after| Bound::Excluded(*after));
-        for waiter in waiters.range((from, Bound::Unbounded)).map(|(_, waiter)| waiter) {
-            if waiter.wake() {
-                return;
-            }
+/// How the line wakes one waiter.
+///
+/// A wait registers before it reads its waiter's state under the line's
+/// lock, and `signal` is called under that lock once the state says
+/// "woken": so a signal either finds the wait registered and ends it, or
+/// came before the read, which then sees the wake-up. Production uses
+/// tokio's `Notify::notify_waiters`; the loom model (`loom_tests`) its own
+/// stand-in over loom's primitives, since loom cannot run tokio's.
+trait Signal {
+    fn signal(&self);
+}
+
+impl Signal for Notify {
+    fn signal(&self) {
+        self.notify_waiters();
+    }
+}
+
+impl<S: Signal> Signal for Arc<S> {
+    fn signal(&self) {
+        S::signal(self);
+    }
+}
+
+/// The waiting line's protocol: every decision of who is woken, and what
+/// each waiter holds, with no lock and no wake-up primitive of its own.
+///
+/// [`Line`] keeps one under a std mutex and signals tokio's `Notify`; the
+/// loom model keeps one under loom's mutex and signals loom's primitives.
+/// So the model checks the very code production runs, under every
+/// interleaving of a settle, a drop and a new waiter.
+#[derive(Debug)]
+struct LineState<S> {
+    /// The number the next waiter joins with.
+    next: u64,
+    /// The waiters of each lane, in line order.
+    lanes: HashMap<LaneKey, BTreeMap<Place, Waiter<S>>>,
+}
+
+impl<S> Default for LineState<S> {
+    fn default() -> Self {
+        Self {
+            next: 0,
+            lanes: HashMap::new(),
         }
     }
 }
 
 /// One start waiting in line, as the line sees it.
-#[derive(Debug, Default)]
-struct Waiter {
+#[derive(Debug)]
+struct Waiter<S> {
     /// Holds a wake-up not yet answered by an attempt.
-    woken: AtomicBool,
-    changed: Notify,
+    woken: bool,
+    /// The attempt running now answers a wake-up.
+    answering: bool,
+    signal: S,
 }
 
-impl Waiter {
-    /// Gives it a wake-up; false when it holds one already.
-    fn wake(&self) -> bool {
-        if self.woken.swap(true, Ordering::SeqCst) {
+impl<S: Signal> LineState<S> {
+    /// Puts a waiter in line on `lane` at its record's `place`; returns
+    /// its place in this line.
+    fn join(&mut self, lane: &LaneKey, place: LinePlace, signal: S) -> Place {
+        let place = (place, self.next);
+        self.next += 1;
+        let waiter = Waiter {
+            woken: false,
+            answering: false,
+            signal,
+        };
+        self.lanes.entry(lane.clone()).or_default().insert(place, waiter);
+        place
+    }
+
+    /// Capacity may have come back on `lane` (on every lane when `None`):
+    /// gives one more waiter of it a wake-up, the first that holds none.
+    fn capacity_freed(&mut self, lane: Option<&LaneKey>) {
+        match lane {
+            Some(lane) => {
+                if let Some(waiters) = self.lanes.get_mut(lane) {
+                    wake_first(waiters, None);
+                }
+            }
+            None => {
+                for waiters in self.lanes.values_mut() {
+                    wake_first(waiters, None);
+                }
+            }
+        }
+    }
+
+    /// The waiter at `place` starts an attempt: if it holds a wake-up, the
+    /// attempt answers it. Returns whether it held one.
+    fn take(&mut self, lane: &LaneKey, place: &Place) -> bool {
+        let Some(waiter) = self
+            .lanes
+            .get_mut(lane)
+            .and_then(|waiters| waiters.get_mut(place))
+        else {
+            return false;
+        };
+        if !waiter.woken {
             return false;
         }
-        self.changed.notify_waiters();
+        waiter.woken = false;
+        waiter.answering = true;
         true
+    }
+
+    /// The waiter's attempt was refused: the wake-up it answered ends
+    /// here, since every waiter behind would be refused too.
+    fn refused(&mut self, lane: &LaneKey, place: &Place) {
+        if let Some(waiter) = self
+            .lanes
+            .get_mut(lane)
+            .and_then(|waiters| waiters.get_mut(place))
+        {
+            waiter.answering = false;
+        }
+    }
+
+    /// The waiter leaves the line. Admitted, or gone (a timeout, a dropped
+    /// future, an error) with a wake-up in hand or being answered, it
+    /// passes that on: the next waiter may have its turn.
+    fn leave(&mut self, lane: &LaneKey, place: &Place) {
+        let Some(waiters) = self.lanes.get_mut(lane) else {
+            return;
+        };
+        if let Some(gone) = waiters.remove(place) {
+            if gone.answering || gone.woken {
+                wake_first(waiters, Some(place));
+            }
+        }
+        if waiters.is_empty() {
+            self.lanes.remove(lane);
+        }
+    }
+}
+
+/// Gives a wake-up to the first of `waiters` after `after` (from the start
+/// when `None`) that holds none.
+fn wake_first<S: Signal>(waiters: &mut BTreeMap<Place, Waiter<S>>, after: Option<&Place>) {
+    let from = after.map_or(Bound::Unbounded, |after| Bound::Excluded(*after));
+    if let Some(waiter) = waiters
+        .range_mut((from, Bound::Unbounded))
+        .map(|(_, waiter)| waiter)
+        .find(|waiter| !waiter.woken)
+    {
+        waiter.woken = true;
+        waiter.signal.signal();
     }
 }
 
 impl Line {
+    fn state(&self) -> MutexGuard<'_, LineState<Arc<Notify>>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Capacity may have come back on `lane` (on any lane when `None`, as
     /// after a reap or another process's change): gives one more waiter of
     /// it a wake-up, the first that holds none.
@@ -107,15 +223,7 @@ impl Line {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match lane {
-            Some(lane) => state.wake_first(lane, None),
-            None => {
-                for lane in state.lanes.keys() {
-                    state.wake_first(lane, None);
-                }
-            }
-        }
+        self.state().capacity_freed(lane);
     }
 
     /// Whether any start waits in line in this process.
@@ -127,22 +235,15 @@ impl Line {
     /// Counts the caller in line on `lane`, at its record's `place`, until
     /// the guard is dropped.
     pub(crate) fn join(&self, lane: LaneKey, place: LinePlace) -> InLine<'_> {
-        let waiter = Arc::new(Waiter::default());
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let place = (place, state.next);
-        state.next += 1;
-        state
-            .lanes
-            .entry(lane.clone())
-            .or_default()
-            .insert(place, Arc::clone(&waiter));
+        let changed = Arc::new(Notify::new());
+        let mut state = self.state();
+        let place = state.join(&lane, place, Arc::clone(&changed));
         self.waiting.fetch_add(1, Ordering::SeqCst);
         InLine {
             line: self,
             lane,
             place,
-            waiter,
-            answering: false,
+            changed,
         }
     }
 }
@@ -152,9 +253,8 @@ pub(crate) struct InLine<'a> {
     line: &'a Line,
     lane: LaneKey,
     place: Place,
-    waiter: Arc<Waiter>,
-    /// Whether the attempt running now answers a wake-up.
-    answering: bool,
+    /// Signalled when the line gives this waiter a wake-up.
+    changed: Arc<Notify>,
 }
 
 impl InLine<'_> {
@@ -165,49 +265,38 @@ impl InLine<'_> {
         let sleep = tokio::time::sleep(poll);
         tokio::pin!(sleep);
         loop {
-            // Registered before the flag is read, so that a wake-up given
+            // Registered before the state is read, so that a wake-up given
             // in between still ends the wait.
-            let changed = self.waiter.changed.notified();
+            let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if self.waiter.woken.swap(false, Ordering::SeqCst) {
-                self.answering = true;
+            if self.take() {
                 return true;
             }
             tokio::select! {
                 () = &mut changed => {}
-                () = &mut sleep => {
-                    self.answering = self.waiter.woken.swap(false, Ordering::SeqCst);
-                    return self.answering;
-                }
+                () = &mut sleep => return self.take(),
             }
         }
+    }
+
+    /// Takes a wake-up it holds, if any, for the next attempt to answer.
+    fn take(&self) -> bool {
+        self.line.state().take(&self.lane, &self.place)
     }
 
     /// The attempt was refused: the wake-up it answered ends here, since
     /// every waiter behind would be refused too.
     pub(crate) fn refused(&mut self) {
-        self.answering = false;
+        self.line.state().refused(&self.lane, &self.place);
     }
 }
 
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
-        let mut state = self.line.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(waiters) = state.lanes.get_mut(&self.lane) {
-            waiters.remove(&self.place);
-            if waiters.is_empty() {
-                state.lanes.remove(&self.lane);
-            }
-        }
+        let mut state = self.line.state();
+        state.leave(&self.lane, &self.place);
         self.line.waiting.fetch_sub(1, Ordering::SeqCst);
-        // Admitted, or gone (a timeout, a dropped future, an error) with a
-        // wake-up in hand or being answered: the next waiter may have its
-        // turn.
-        let held = self.waiter.woken.load(Ordering::SeqCst);
-        if self.answering || held {
-            state.wake_first(&self.lane, Some(&self.place));
-        }
     }
 }
 
@@ -254,8 +343,7 @@ mod tests {
     /// Whether `in_line` holds a wake-up, taken as `InLine::wait` takes it
     /// (the next attempt answers it).
     fn woken(in_line: &mut InLine<'_>) -> bool {
-        in_line.answering = in_line.waiter.woken.swap(false, Ordering::SeqCst);
-        in_line.answering
+        in_line.take()
     }
 
     #[test]
