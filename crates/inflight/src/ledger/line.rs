@@ -489,3 +489,341 @@ mod tests {
         assert!(!line.anyone_waiting());
     }
 }
+
+/// The loom model of the waiting line's wake-up protocol.
+///
+/// The protocol's decisions are [`LineState`]'s, and the model runs that
+/// very structure, under loom's mutex and with a stand-in for tokio's
+/// `Notify` (which loom cannot run); the rest mirrors [`Line`], [`InLine`]
+/// and `Ledger::start_waiting`, with one capped lane's store beside it.
+/// Loom runs each scenario under every interleaving of its threads up to
+/// [`PREEMPTIONS`] preemptions. A waiter has no timer here, so a lost
+/// wake-up leaves it blocked for good, and loom fails a model whose
+/// threads are all blocked; the scenarios assert the order of wake-ups
+/// themselves. Run it with (from the repository's root; its own target
+/// directory, since the flag rebuilds every crate):
+///
+/// ```text
+/// RUSTFLAGS="--cfg inflight_loom" CARGO_TARGET_DIR=target/loom \
+///     cargo test -p inflight --release --no-default-features --lib loom
+/// ```
+///
+/// The cfg is not `loom`, which tokio reads for its own model tests and
+/// does not build under.
+#[cfg(all(test, inflight_loom))]
+mod loom_tests {
+    use std::collections::BTreeSet;
+
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::sync::{Arc, Condvar, Mutex};
+    use loom::thread;
+
+    use super::{LineState, Place, Signal};
+    use crate::domain::query::LinePlace;
+    use crate::domain::record::{ActivityId, LaneKey};
+    use crate::domain::timestamp::Timestamp;
+
+    /// Each scenario's threads may be cut this often anywhere. 3 checks
+    /// the three in about 20 s on two cores (2 in under a second).
+    const PREEMPTIONS: usize = 3;
+
+    /// tokio's `Notify` as the line uses it (`notified`, `enable`,
+    /// `notify_waiters`): a signal ends the waits registered before it and
+    /// is kept for none registered after.
+    struct Notify {
+        /// Signals given so far: a wait ends when the count moves past
+        /// the one it registered at.
+        given: Mutex<u64>,
+        changed: Condvar,
+    }
+
+    impl Notify {
+        fn new() -> Self {
+            Self {
+                given: Mutex::new(0),
+                changed: Condvar::new(),
+            }
+        }
+
+        fn register(&self) -> u64 {
+            *self.given.lock().unwrap()
+        }
+
+        fn wait(&self, registered: u64) {
+            let mut given = self.given.lock().unwrap();
+            while *given == registered {
+                given = self.changed.wait(given).unwrap();
+            }
+        }
+    }
+
+    impl Signal for Notify {
+        fn signal(&self) {
+            *self.given.lock().unwrap() += 1;
+            self.changed.notify_all();
+        }
+    }
+
+    impl Signal for Arc<Notify> {
+        fn signal(&self) {
+            Notify::signal(self);
+        }
+    }
+
+    /// The store's side of one capped lane: its free slots, and its
+    /// waiting records, which it admits first come, first served only.
+    struct Store {
+        free: usize,
+        waiting: BTreeSet<LinePlace>,
+        admitted: Vec<LinePlace>,
+    }
+
+    impl Store {
+        fn start(&mut self, record: LinePlace) -> bool {
+            if self.free == 0 || self.waiting.first() != Some(&record) {
+                return false;
+            }
+            self.free -= 1;
+            self.waiting.remove(&record);
+            self.admitted.push(record);
+            true
+        }
+    }
+
+    /// A ledger of one process: its line, as [`super::Line`] keeps it, and
+    /// the store.
+    struct Model {
+        lane: LaneKey,
+        line: Mutex<LineState<Arc<Notify>>>,
+        waiting: AtomicUsize,
+        store: Mutex<Store>,
+    }
+
+    /// One start in line, as [`super::InLine`].
+    struct InLine {
+        record: LinePlace,
+        place: Place,
+        changed: Arc<Notify>,
+    }
+
+    impl Model {
+        /// A lane whose `records` wait in the store, with no slot free.
+        fn new(records: &[LinePlace]) -> Arc<Self> {
+            Arc::new(Self {
+                lane: LaneKey::parse("kb::ollama").unwrap(),
+                line: Mutex::new(LineState::default()),
+                waiting: AtomicUsize::new(0),
+                store: Mutex::new(Store {
+                    free: 0,
+                    waiting: records.iter().copied().collect(),
+                    admitted: Vec::new(),
+                }),
+            })
+        }
+
+        /// `Line::capacity_freed` on the lane, with its check of no one
+        /// waiting.
+        fn capacity_freed(&self) {
+            if self.waiting.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            self.line.lock().unwrap().capacity_freed(Some(&self.lane));
+        }
+
+        /// A settle: it lands in the store, and its reply wakes the line.
+        fn settle(&self) {
+            self.store.lock().unwrap().free += 1;
+            self.capacity_freed();
+        }
+
+        fn attempt(&self, record: LinePlace) -> bool {
+            self.store.lock().unwrap().start(record)
+        }
+
+        /// `Line::join`.
+        fn join(&self, record: LinePlace) -> InLine {
+            let changed = Arc::new(Notify::new());
+            let mut line = self.line.lock().unwrap();
+            let place = line.join(&self.lane, record, Arc::clone(&changed));
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            InLine {
+                record,
+                place,
+                changed,
+            }
+        }
+
+        /// `InLine::wait` with no timer: registered before the state is
+        /// read, as there.
+        fn wait(&self, in_line: &InLine) {
+            loop {
+                let registered = in_line.changed.register();
+                if self.line.lock().unwrap().take(&self.lane, &in_line.place) {
+                    return;
+                }
+                in_line.changed.wait(registered);
+            }
+        }
+
+        fn refused(&self, in_line: &InLine) {
+            self.line.lock().unwrap().refused(&self.lane, &in_line.place);
+        }
+
+        /// `InLine`'s drop.
+        fn leave(&self, in_line: &InLine) {
+            let mut line = self.line.lock().unwrap();
+            line.leave(&self.lane, &in_line.place);
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+
+        /// A start in line until admitted: its attempts after it joined, as
+        /// `Ledger::start_waiting` makes them.
+        fn until_admitted(&self, in_line: &InLine) {
+            loop {
+                if self.attempt(in_line.record) {
+                    self.leave(in_line);
+                    return;
+                }
+                self.refused(in_line);
+                self.wait(in_line);
+            }
+        }
+
+        /// `Ledger::start_waiting` with no time limit: it joins after its
+        /// first refusal and asks once more at once.
+        fn start_waiting(&self, record: LinePlace) {
+            if !self.attempt(record) {
+                let in_line = self.join(record);
+                self.until_admitted(&in_line);
+            }
+        }
+
+        /// Every start in line has left it.
+        fn assert_line_empty(&self) {
+            assert!(self.line.lock().unwrap().lanes.is_empty());
+            assert_eq!(self.waiting.load(Ordering::SeqCst), 0);
+        }
+
+        fn admitted(&self) -> Vec<LinePlace> {
+            let store = self.store.lock().unwrap();
+            assert_eq!(store.free, 0, "a slot left free");
+            let mut admitted = store.admitted.clone();
+            admitted.sort_unstable();
+            admitted
+        }
+    }
+
+    /// The `n`th record in the lane's line.
+    fn record(n: i64) -> LinePlace {
+        (Timestamp::from_millis(n), ActivityId::nil_min())
+    }
+
+    fn check(model: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(PREEMPTIONS);
+        builder.check(model);
+    }
+
+    /// (a) A settle racing a start that is refused, joins, asks once more
+    /// and waits: whichever comes first, the start is admitted, never left
+    /// to its timer (with no timer here, a lost wake-up blocks it for good).
+    #[test]
+    fn a_settle_racing_a_start_in_line_is_never_lost() {
+        check(|| {
+            let model = Model::new(&[record(1)]);
+            let waiter = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || model.start_waiting(record(1)))
+            };
+            model.settle();
+            waiter.join().unwrap();
+            assert_eq!(model.admitted(), [record(1)]);
+            model.assert_line_empty();
+        });
+    }
+
+    /// (b) Two in line and one slot freed: the first in line is woken and
+    /// admitted, and the second is woken only after that (by the wake-up
+    /// passed on), never before the first.
+    #[test]
+    fn one_freed_slot_wakes_the_first_in_line_never_the_second_before_it() {
+        check(|| {
+            let model = Model::new(&[record(1), record(2)]);
+            // Both refused and in line, the second joined first: line
+            // order, not the order of joining.
+            let second = model.join(record(2));
+            let first = model.join(record(1));
+            let first = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || {
+                    model.wait(&first);
+                    assert!(model.attempt(record(1)), "the first in line was refused");
+                    model.leave(&first);
+                })
+            };
+            let second = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || {
+                    model.wait(&second);
+                    assert!(
+                        model.store.lock().unwrap().admitted.contains(&record(1)),
+                        "the second in line was woken before the first was admitted"
+                    );
+                    if !model.attempt(record(2)) {
+                        model.refused(&second);
+                    }
+                    model.leave(&second);
+                })
+            };
+            model.settle();
+            first.join().unwrap();
+            second.join().unwrap();
+            assert_eq!(model.admitted(), [record(1)]);
+            model.assert_line_empty();
+        });
+    }
+
+    /// (c) The first in line holds the wake-up of a freed slot when its
+    /// future is dropped, while a new start joins behind and another slot
+    /// is freed: the wake-up passes on to the next in line, none is lost,
+    /// and both behind are admitted.
+    #[test]
+    fn a_wake_up_in_the_hand_of_a_start_gone_passes_on() {
+        check(|| {
+            let model = Model::new(&[record(1), record(2), record(3)]);
+            let gone = model.join(record(1));
+            let second = model.join(record(2));
+            model.settle();
+            let dropped = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || {
+                    // Its handle cancels its record. The wake-up that cancel
+                    // gives once it lands is left out, so that only the
+                    // pass-on can carry the slot on.
+                    model.store.lock().unwrap().waiting.remove(&gone.record);
+                    let mut line = model.line.lock().unwrap();
+                    line.leave(&model.lane, &gone.place);
+                    model.waiting.fetch_sub(1, Ordering::SeqCst);
+                    let passed_on = line.lanes.get(&model.lane).is_none_or(|waiters| {
+                        waiters.values().any(|waiter| waiter.woken || waiter.answering)
+                    });
+                    assert!(passed_on, "the wake-up of a start gone was not passed on");
+                })
+            };
+            let second = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || model.until_admitted(&second))
+            };
+            let newcomer = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || model.start_waiting(record(3)))
+            };
+            model.settle();
+            dropped.join().unwrap();
+            second.join().unwrap();
+            newcomer.join().unwrap();
+            assert_eq!(model.admitted(), [record(2), record(3)]);
+            model.assert_line_empty();
+        });
+    }
+}
