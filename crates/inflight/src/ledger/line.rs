@@ -510,7 +510,8 @@ mod tests {
 ///
 /// The cfg is not `loom`, which tokio reads for its own model tests and
 /// does not build under.
-#[cfg(all(test, inflight_loom))]
+#[cfg(inflight_loom)]
+#[cfg(test)]
 mod loom_tests {
     use std::collections::BTreeSet;
 
