@@ -226,12 +226,6 @@ impl Line {
         self.state().capacity_freed(lane);
     }
 
-    /// Whether any start waits in line in this process.
-    #[inline]
-    pub(crate) fn anyone_waiting(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst) > 0
-    }
-
     /// Counts the caller in line on `lane`, at its record's `place`, until
     /// the guard is dropped.
     pub(crate) fn join(&self, lane: LaneKey, place: LinePlace) -> InLine<'_> {
@@ -447,7 +441,7 @@ mod tests {
         // comes due), so every attempt after the settle is one a wake-up
         // caused: the first in line, admitted, and the next, refused on a
         // full lane. Woken all at once, all eight would have asked.
-        let config = crate::LedgerConfig::default()
+        let config = crate::config::LedgerConfig::default()
             .with_lane_cap("kb::ollama", 1)
             .unwrap();
         let ledger = Ledger::builder(config).store_url("memory:").build().unwrap();
@@ -486,7 +480,6 @@ mod tests {
         drop(second);
         assert_eq!(line.waiting.load(Ordering::SeqCst), 0);
         assert!(line.state.lock().unwrap().lanes.is_empty());
-        assert!(!line.anyone_waiting());
     }
 }
 
