@@ -3,9 +3,10 @@
 //! private cluster started for the run when nothing answers there):
 //!
 //! - `postgres_lifecycle`: lifecycles per second through the PostgreSQL
-//!   ledger (one writer, group commit) against plain `tokio-postgres`, one
-//!   connection per caller, one autocommit statement per transition on a
-//!   comparable table; 8 and 64 callers.
+//!   ledger (`INFLIGHT_BENCH_PG_POOL` writers, two by default, with group
+//!   commit) against plain `tokio-postgres`, one connection per caller,
+//!   one autocommit statement per transition on a comparable table; 8 and
+//!   64 callers.
 //! - `postgres_snapshot_scale`: a snapshot's latency with a large settled
 //!   history against a small one.
 //! - `postgres_two_instances`: two ledgers on one database sharing a cap-4
