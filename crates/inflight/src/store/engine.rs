@@ -12,10 +12,10 @@ use crate::domain::bounds::ReapPolicy;
 use crate::domain::capacity::{self, Capacity};
 use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
-use crate::domain::labels::{ActivityLabels, LabelSet};
+use crate::domain::labels::LabelSet;
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
@@ -74,15 +74,10 @@ pub(crate) trait Txn: Questions {
     /// [`Watchers::changed`](super::Watchers::changed)) once the command is
     /// committed, and never if the command is undone.
     fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>);
-    /// Whether the aggregate of calls with `labels`, `priority` and
-    /// `admission` has totals stored, or counted by an earlier command of
-    /// this transaction.
-    fn aggregate_known(
-        &mut self,
-        labels: &ActivityLabels,
-        priority: Priority,
-        admission: Admission,
-    ) -> Result<bool, LedgerError>;
+    /// Whether the aggregate `new` would count in (its labels, priority
+    /// and admission) has totals stored, or counted by an earlier command
+    /// of this transaction.
+    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError>;
 
     /// Takes the lane's admission lock until the transaction ends, before
     /// an admission decision reads the lane: a store shared by several
@@ -296,7 +291,7 @@ fn bound_labels(txn: &mut dyn Txn, config: &LedgerConfig, new: &mut NewActivity)
     if let Some(restricted) = bounds.restrict(&new.labels) {
         new.labels = restricted;
     }
-    if txn.aggregate_known(&new.labels, new.priority, new.admission)? {
+    if txn.aggregate_known(new)? {
         return Ok(());
     }
     let lane_known = config.declares(&new.labels) || txn.lane_known(&new.labels)?;

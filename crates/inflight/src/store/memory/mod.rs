@@ -18,7 +18,7 @@ use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
-use crate::domain::transition::Effect;
+use crate::domain::transition::{Effect, NewActivity};
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
@@ -482,13 +482,8 @@ impl Txn for MemoryState {
         Ok(deleted)
     }
 
-    fn aggregate_known(
-        &mut self,
-        labels: &ActivityLabels,
-        priority: Priority,
-        admission: Admission,
-    ) -> Result<bool, LedgerError> {
-        Ok(self.totals.contains((labels, priority, admission)))
+    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError> {
+        Ok(self.totals.contains((&new.labels, new.priority, new.admission)))
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::Totals;
-use crate::domain::labels::ActivityLabels;
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority};
-use crate::domain::transition::Effect;
+use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::transition::{Effect, NewActivity};
 use crate::error::LedgerError;
 use crate::stats::Landed;
 use crate::store::engine::Txn;
@@ -276,13 +275,8 @@ impl Txn for SqliteTxn<'_, '_> {
         self.landed.extend(Landed::of(record, effect, capacity));
     }
 
-    fn aggregate_known(
-        &mut self,
-        labels: &ActivityLabels,
-        priority: Priority,
-        admission: Admission,
-    ) -> Result<bool, LedgerError> {
-        let slot = (labels.clone(), priority, admission);
+    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError> {
+        let slot = (new.labels.clone(), new.priority, new.admission);
         if self.st.aggregate_ids.contains(&slot) || self.counts.counts_into(&slot) {
             return Ok(true);
         }
