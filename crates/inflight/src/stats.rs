@@ -21,9 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::domain::capacity::Capacity;
 use crate::domain::labels::{ActivityLabels, Label};
-use crate::domain::record::{ActivityId, ActivityRecord, Disposition, LaneKey, ReapReason};
+use crate::domain::record::{ActivityId, Disposition, LaneKey, ReapReason};
 use crate::domain::transition::Effect;
 
 /// The upper bounds of the queue-wait and execution histograms, in
@@ -424,53 +423,6 @@ impl CallStats {
             queue_wait: self.queue_wait.by_lane_class(),
             execution: self.execution.by_lane_class(),
         }
-    }
-}
-
-/// What a command did that a store publishes once it committed: the effect,
-/// what it is about and the capacity it changed, kept until then.
-#[derive(Debug, Clone)]
-pub(crate) struct Landed {
-    id: ActivityId,
-    labels: ActivityLabels,
-    effect: Effect,
-    /// What it did to its lane's capacity ([`change`](crate::domain::capacity::change)).
-    capacity: Option<Capacity>,
-}
-
-impl Landed {
-    /// `effect`, counted for `record`, if [`CallStats::land`] or the
-    /// watchers of capacity have anything to do with it.
-    pub(crate) fn of(record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) -> Option<Self> {
-        let observed = matches!(
-            effect,
-            Effect::Reaped { .. }
-                | Effect::Started { .. }
-                | Effect::Settled {
-                    execution_ms: Some(_),
-                    ..
-                }
-        );
-        (observed || capacity.is_some()).then(|| Self {
-            id: record.activity_id,
-            labels: record.labels.clone(),
-            effect: *effect,
-            capacity,
-        })
-    }
-
-    /// Hands it to `calls`.
-    pub(crate) fn publish(&self, calls: &mut CallStats) {
-        calls.land(self.id, &self.labels, &self.effect);
-    }
-
-    /// The lane whose capacity it changed, and how, if it did.
-    pub(crate) fn capacity(&self) -> Option<(LaneKey, Capacity)> {
-        let lane = || LaneKey {
-            service: self.labels.service.clone(),
-            provider: self.labels.provider.clone(),
-        };
-        self.capacity.map(|change| (lane(), change))
     }
 }
 

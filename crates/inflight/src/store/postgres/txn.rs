@@ -21,11 +21,11 @@ use crate::domain::counters::AggregateKey;
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::transition::{Effect, NewActivity};
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::Landed;
 use crate::store::engine::Txn;
 use crate::store::sql::codec::{self, Columns, Value};
 use crate::store::sql::columns::{LABEL_COLUMNS, RECORD_COLUMNS, TOTALS_COLUMNS};
 use crate::store::sql::counts::PendingCounts;
+use crate::store::sql::group::Landed;
 use crate::store::sql::questions::{Driver, Reads};
 
 use super::order::{Done, EARLIER_WAIT};

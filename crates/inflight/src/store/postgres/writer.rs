@@ -28,9 +28,9 @@ use crate::config::LedgerConfig;
 use crate::domain::record::LaneKey;
 use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
-use crate::stats::Landed;
 use crate::store::engine;
 use crate::store::sql::counts::PendingCounts;
+use crate::store::sql::group::Landed;
 use crate::store::sql::group::{
     self, Batch, Committed, Failed, GroupTxn, Isolation, Published, Ran, Savepoint, MAX_GROUP,
 };

@@ -9,10 +9,10 @@ use crate::domain::counters::Totals;
 use crate::domain::record::{ActivityId, ActivityRecord};
 use crate::domain::transition::{Effect, NewActivity};
 use crate::error::LedgerError;
-use crate::stats::Landed;
 use crate::store::engine::Txn;
 use crate::store::sql::codec::{self, Columns, Value};
 use crate::store::sql::counts::PendingCounts;
+use crate::store::sql::group::Landed;
 use crate::store::sql::questions::{Driver, Reads};
 
 use super::journal::Ahead;
