@@ -1,6 +1,6 @@
 //! A private PostgreSQL cluster for the tests that must stop, crash or
 //! reconfigure the database, which the machine's shared server must never
-//! be: the library's test cluster ([`testing::cluster::Cluster`]) in a
+//! be: `inflight-pg-testing`'s cluster ([`testing::cluster::Cluster`]) in a
 //! temporary directory, with durable settings, its programs run without
 //! blocking the runtime; stopped and removed when dropped (also when the
 //! test fails).
