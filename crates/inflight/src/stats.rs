@@ -150,10 +150,7 @@ pub struct LaneClass {
 impl LaneClass {
     fn of(labels: &ActivityLabels) -> Self {
         Self {
-            lane: LaneKey {
-                service: labels.service.clone(),
-                provider: labels.provider.clone(),
-            },
+            lane: LaneKey::of(labels),
             class: labels.class.clone(),
         }
     }

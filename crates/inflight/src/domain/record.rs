@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::labels::{ActivityLabels, Label};
+use super::labels::{ActivityLabels, Label, LabelSet};
 use super::timestamp::Timestamp;
 use super::ParseError;
 
@@ -136,10 +136,7 @@ impl ActivityRecord {
 
     /// The `service::provider` lane it belongs to.
     pub fn lane(&self) -> LaneKey {
-        LaneKey {
-            service: self.labels.service.clone(),
-            provider: self.labels.provider.clone(),
-        }
+        LaneKey::of(&self.labels)
     }
 }
 
@@ -153,6 +150,14 @@ pub struct LaneKey {
 }
 
 impl LaneKey {
+    /// The lane of a call with `labels`.
+    pub fn of(labels: &LabelSet) -> Self {
+        Self {
+            service: labels.service.clone(),
+            provider: labels.provider.clone(),
+        }
+    }
+
     /// Parses `"service::provider"`.
     ///
     /// # Errors

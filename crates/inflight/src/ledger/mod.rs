@@ -290,10 +290,7 @@ impl Ledger {
         if self.inner.config.caps().is_empty() {
             return;
         }
-        let lane = crate::domain::record::LaneKey {
-            service: labels.service.clone(),
-            provider: labels.provider.clone(),
-        };
+        let lane = crate::domain::record::LaneKey::of(labels);
         if self.inner.config.caps().contains_key(&lane) {
             return;
         }

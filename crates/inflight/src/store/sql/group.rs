@@ -41,7 +41,7 @@ const GROUP_WAIT: Duration = Duration::from_micros(300);
 /// The commands of one transaction and their callers.
 #[derive(Default)]
 pub(crate) struct Batch {
-    pub(crate) commands: Vec<Command>,
+    commands: Vec<Command>,
     replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
 }
 
@@ -125,11 +125,7 @@ impl Landed {
 
     /// The lane whose capacity it changed, and how, if it did.
     pub(crate) fn capacity(&self) -> Option<(LaneKey, Capacity)> {
-        let lane = || LaneKey {
-            service: self.labels.service.clone(),
-            provider: self.labels.provider.clone(),
-        };
-        self.capacity.map(|change| (lane(), change))
+        self.capacity.map(|change| (LaneKey::of(&self.labels), change))
     }
 }
 
