@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::sync::{Mutex, PoisonError, RwLock};
 
@@ -279,6 +279,16 @@ impl Ledger {
         let mut stats = self.inner.stats.snapshot(self.inner.store.call_stats());
         stats.labels_folded = self.labels_folded();
         stats
+    }
+
+    /// The store's work that took at least [`SLOW_WORK`](store::SLOW_WORK)
+    /// (a group of commands, a checkpoint) and ran at some time between
+    /// `from` and `to`, among the latest it kept: what a request slow over
+    /// that time may have waited on. Empty when nothing the store did was
+    /// slow then, so that the time went elsewhere (the machine, the
+    /// runtime, the network).
+    pub fn slow_work(&self, from: Instant, to: Instant) -> Vec<store::SlowWork> {
+        self.inner.store.slow_work(from, to)
     }
 
     /// Says once per lane, as a warning, that a call runs on a lane the

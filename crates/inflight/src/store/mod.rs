@@ -10,7 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
@@ -29,6 +29,7 @@ pub(crate) mod engine;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod slow;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
@@ -41,6 +42,7 @@ pub use crate::store_url::{check_url, redacted_url, Synchronous, DEFAULT_URL};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+pub use slow::{SlowWork, SLOW_WORK};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
@@ -291,6 +293,14 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     /// only for a notification lost while its listener reconnects.
     fn recheck_within(&self) -> Duration {
         RECHECK_UNHEARD
+    }
+
+    /// The store's work past [`SLOW_WORK`] (a group of commands, a
+    /// checkpoint) that ran at some time between `from` and `to`, among the
+    /// latest it kept: what a slow request may have waited on. None for a
+    /// store whose commands run on the caller's task (the memory store).
+    fn slow_work(&self, _from: Instant, _to: Instant) -> Vec<SlowWork> {
+        Vec::new()
     }
 }
 

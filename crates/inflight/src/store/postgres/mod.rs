@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -77,7 +77,7 @@ use crate::store::sql::group::Published;
 use crate::store_url::{PostgresUrl, Tls};
 
 use super::sql::counts::PendingCounts;
-use super::{Command, Reply, Store, StoreFuture, Wake};
+use super::{Command, Reply, SlowWork, Store, StoreFuture, Wake};
 use session::Session;
 
 mod listen;
@@ -240,6 +240,10 @@ impl Drop for PostgresStore {
 impl Store for PostgresStore {
     fn call_stats(&self) -> CallSnapshot {
         self.published.call_stats()
+    }
+
+    fn slow_work(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
+        self.published.slow.between(from, to)
     }
 
     fn execute(&self, command: Command) -> StoreFuture {

@@ -23,6 +23,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
+use crate::store::slow::{Kinds, SlowLog};
 use crate::store::Watchers;
 use crate::store::{Command, Reply};
 
@@ -131,11 +132,12 @@ impl Landed {
 
 /// Where a SQL store publishes what its committed commands did: to this
 /// process's call histograms and reap log, and to the watchers of its
-/// capacity.
+/// capacity; and its slow work (a group, a checkpoint).
 #[derive(Default)]
 pub(crate) struct Published {
     calls: Mutex<CallStats>,
     pub(crate) watchers: Watchers,
+    pub(crate) slow: SlowLog,
 }
 
 impl Published {
@@ -217,6 +219,20 @@ pub(crate) type Committed = (Vec<Result<Reply, LedgerError>>, Vec<Vec<Landed>>);
 /// [`Failed::Yield`]), so that the commands are copied for another attempt
 /// only when one may follow.
 pub(crate) fn run_group(
+    store: &str,
+    commands: Vec<Command>,
+    reruns: bool,
+    published: &Published,
+    attempt: impl FnMut(Vec<Command>, Attempt) -> Result<Committed, Failed>,
+) -> Vec<Result<Reply, LedgerError>> {
+    let (began, kinds) = (Instant::now(), Kinds::of(&commands));
+    let results = attempts(store, commands, reruns, published, attempt);
+    published.slow.ended(began, || kinds.describe());
+    results
+}
+
+/// [`run_group`]'s attempts, until one commits or the group fails.
+fn attempts(
     store: &str,
     commands: Vec<Command>,
     reruns: bool,

@@ -19,12 +19,14 @@
 
 use std::path::Path;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
 use crate::error::LedgerError;
+use crate::store::sql::group::Published;
 
 use super::schema::connect;
 use super::sql;
@@ -52,13 +54,17 @@ impl Checkpointer {
     /// # Errors
     /// [`ErrorKind::Storage`](crate::ErrorKind::Storage) when the
     /// connection cannot be opened or the thread started.
-    pub(super) fn start(path: &Path, synchronous: Synchronous) -> Result<Self, LedgerError> {
+    pub(super) fn start(
+        path: &Path,
+        synchronous: Synchronous,
+        published: Arc<Published>,
+    ) -> Result<Self, LedgerError> {
         let conn = connect(path, synchronous)?;
         // One nudge pending is enough: it stands for every commit since.
         let (nudge, nudged) = mpsc::sync_channel(1);
         let thread = thread::Builder::new()
             .name("inflight-checkpoint".into())
-            .spawn(move || checkpoint_loop(&conn, &nudged))
+            .spawn(move || checkpoint_loop(&conn, &nudged, &published))
             .map_err(|err| LedgerError::storage("cannot start the SQLite checkpointer thread", err))?;
         Ok(Self { nudge, thread })
     }
@@ -81,7 +87,7 @@ impl Checkpointer {
     }
 }
 
-fn checkpoint_loop(conn: &Connection, nudged: &mpsc::Receiver<()>) {
+fn checkpoint_loop(conn: &Connection, nudged: &mpsc::Receiver<()>, published: &Published) {
     // Whether the last checkpoint failed, so that a failing disk logs once
     // per spell of failures rather than every few milliseconds.
     let mut failing = false;
@@ -91,7 +97,13 @@ fn checkpoint_loop(conn: &Connection, nudged: &mpsc::Receiver<()>) {
         while nudged.try_recv().is_ok() {}
         // A checkpoint that finds another one running (the writer's) counts
         // as done: its row says busy, and the next nudge tries again.
-        match conn.query_row(sql::CHECKPOINT, [], |_| Ok(())) {
+        let began = Instant::now();
+        let checkpointed = conn.query_row(sql::CHECKPOINT, [], |_| Ok(()));
+        // It takes no lock the writer waits on, but it shares the disk.
+        published
+            .slow
+            .ended(began, || "a checkpoint of the log".to_owned());
+        match checkpointed {
             Ok(()) if failing => {
                 failing = false;
                 tracing::info!("SQLite checkpoints succeed again");

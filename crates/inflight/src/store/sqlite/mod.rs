@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::params;
 use tokio::sync::oneshot;
@@ -28,7 +28,7 @@ use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
 use crate::stats::CallSnapshot;
 use crate::store::sql::group::Published;
-use crate::store::Wake;
+use crate::store::{SlowWork, Wake};
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -115,8 +115,8 @@ impl SqliteStore {
         // checkpoints only once the log is long (see `checkpoint`).
         conn.pragma_update(None, "wal_autocheckpoint", checkpoint::WRITER_PAGES)
             .map_err(sql_error("cannot set PRAGMA wal_autocheckpoint"))?;
-        let checkpointer = Checkpointer::start(&path, synchronous)?;
         let published = Arc::new(Published::default());
+        let checkpointer = Checkpointer::start(&path, synchronous, Arc::clone(&published))?;
         let inline = synchronous == Synchronous::Normal;
         let core = Core::new(conn, checkpointer);
         let handoff = Arc::new(Handoff::new(core, inline, config, clock, Arc::clone(&published)));
@@ -145,6 +145,10 @@ impl Store for SqliteStore {
 
     fn call_stats(&self) -> CallSnapshot {
         self.published.call_stats()
+    }
+
+    fn slow_work(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
+        self.published.slow.between(from, to)
     }
 
     fn watch_capacity(&self, wake: Wake) {
@@ -789,6 +793,32 @@ mod tests {
             Reply::Record(record) => assert_eq!(record.activity_id, id),
             other => panic!("{other:?}"),
         }
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_group_held_up_by_the_write_lock_is_kept_as_slow_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slow.db");
+        let store = store_at(&path);
+        store.execute(begin(ActivityId::new())).await.unwrap();
+        let from = std::time::Instant::now();
+        assert!(store.slow_work(from, std::time::Instant::now()).is_empty());
+        let other = connect(&path, Synchronous::Normal).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let begun = store.execute(begin(ActivityId::new()));
+        tokio::time::sleep(crate::store::SLOW_WORK + Duration::from_millis(50)).await;
+        other.execute_batch("COMMIT").unwrap();
+        begun.await.unwrap();
+        let to = std::time::Instant::now();
+        let slow = store.slow_work(from, to);
+        assert_eq!(slow.len(), 1, "{slow:?}");
+        assert_eq!(slow[0].what, "a group of 1 command (1 begin)");
+        assert!(slow[0].took >= crate::store::SLOW_WORK, "{slow:?}");
+        // Found by when it ran, not by when it is asked about.
+        assert!(store
+            .slow_work(from - Duration::from_secs(5), from - Duration::from_secs(4))
+            .is_empty());
         store.close().await.unwrap();
     }
 

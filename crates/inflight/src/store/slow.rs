@@ -1,0 +1,180 @@
+//! The store's slow work, kept for a while so that a slow request can say
+//! what it waited on: a group of commands (a retention prune, a reap pass,
+//! a commit that checkpointed the log) or a checkpoint of its own thread.
+//! Only work past [`SLOW_WORK`] is kept, in a short ring, so keeping it
+//! costs a group one clock read and nothing more.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::Command;
+
+/// Work of the store that took at least this long is kept.
+pub const SLOW_WORK: Duration = Duration::from_millis(100);
+
+/// How many pieces of slow work are kept: the latest.
+const KEPT: usize = 64;
+
+/// A piece of the store's work that took at least [`SLOW_WORK`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlowWork {
+    /// When it began.
+    pub began: Instant,
+    /// How long it took.
+    pub took: Duration,
+    /// What it was, in words: `a group of 3 commands (2 begin, 1 prune)`,
+    /// `a checkpoint`.
+    pub what: String,
+}
+
+impl SlowWork {
+    /// Whether it ran at some time between `from` and `to`.
+    #[must_use]
+    pub fn overlaps(&self, from: Instant, to: Instant) -> bool {
+        self.began <= to && self.began + self.took >= from
+    }
+}
+
+impl fmt::Display for SlowWork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} took {} ms", self.what, self.took.as_millis())
+    }
+}
+
+/// The latest slow work of one store.
+#[derive(Debug, Default)]
+pub(crate) struct SlowLog {
+    kept: Mutex<VecDeque<SlowWork>>,
+}
+
+impl SlowLog {
+    /// Keeps the work begun at `began` if it was slow; `what` is asked only
+    /// then.
+    pub(crate) fn ended(&self, began: Instant, what: impl FnOnce() -> String) {
+        let took = began.elapsed();
+        if took < SLOW_WORK {
+            return;
+        }
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() == KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(SlowWork {
+            began,
+            took,
+            what: what(),
+        });
+    }
+
+    /// The slow work that ran at some time between `from` and `to`, oldest
+    /// first.
+    pub(crate) fn between(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.iter()
+            .filter(|work| work.overlaps(from, to))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The commands of a group, counted by kind, as a slow group names them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Kinds([u16; Kinds::NAMES.len()]);
+
+impl Kinds {
+    const NAMES: [&'static str; 10] = [
+        "begin",
+        "transition",
+        "get",
+        "reap",
+        "snapshot",
+        "prune",
+        "stats",
+        "register",
+        "renew",
+        "release",
+    ];
+
+    pub(crate) fn of(commands: &[Command]) -> Self {
+        let mut kinds = Self::default();
+        for command in commands {
+            let index = match command {
+                Command::Begin { .. } => 0,
+                Command::Transition { .. } => 1,
+                Command::Get { .. } => 2,
+                Command::Reap => 3,
+                Command::Snapshot { .. } => 4,
+                Command::Prune { .. } => 5,
+                Command::Stats => 6,
+                Command::RegisterOwner { .. } => 7,
+                Command::RenewOwner { .. } => 8,
+                Command::ReleaseOwner { .. } => 9,
+            };
+            kinds.0[index] = kinds.0[index].saturating_add(1);
+        }
+        kinds
+    }
+
+    /// `a group of N commands (2 begin, 1 prune)`.
+    pub(crate) fn describe(self) -> String {
+        let total: u32 = self.0.iter().map(|count| u32::from(*count)).sum();
+        let parts: Vec<String> = Self::NAMES
+            .iter()
+            .zip(self.0)
+            .filter(|(_, count)| *count > 0)
+            .map(|(name, count)| format!("{count} {name}"))
+            .collect();
+        let noun = if total == 1 { "command" } else { "commands" };
+        format!("a group of {total} {noun} ({})", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_slow_work_is_kept_and_found_by_the_time_it_ran() {
+        let log = SlowLog::default();
+        log.ended(Instant::now(), || unreachable!("fast work is not described"));
+        let began = Instant::now() - Duration::from_millis(250);
+        log.ended(began, || "a checkpoint".to_owned());
+        let kept = log.between(began, began);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].what, "a checkpoint");
+        assert!(kept[0].took >= Duration::from_millis(250));
+        assert!(log
+            .between(began - Duration::from_secs(2), began - Duration::from_secs(1))
+            .is_empty());
+        assert!(log
+            .between(
+                Instant::now() + Duration::from_secs(1),
+                Instant::now() + Duration::from_secs(2)
+            )
+            .is_empty());
+    }
+
+    #[test]
+    fn the_ring_keeps_the_latest() {
+        let log = SlowLog::default();
+        let began = Instant::now() - Duration::from_secs(1);
+        for n in 0..KEPT + 3 {
+            log.ended(began, || n.to_string());
+        }
+        let kept = log.between(began, Instant::now());
+        assert_eq!(kept.len(), KEPT);
+        assert_eq!(kept[0].what, "3");
+    }
+
+    #[test]
+    fn a_group_names_its_commands_by_kind() {
+        let kinds = Kinds::of(&[Command::Reap, Command::Prune { limit: 1 }, Command::Reap]);
+        assert_eq!(kinds.describe(), "a group of 3 commands (2 reap, 1 prune)");
+        assert_eq!(
+            Kinds::of(&[Command::Stats]).describe(),
+            "a group of 1 command (1 stats)"
+        );
+    }
+}
