@@ -518,3 +518,51 @@ async fn series_come_in_the_order_of_their_labels_and_histograms_stay_whole() {
     }
     assert_eq!(seen, sorted_services, "{histogram:#?}");
 }
+
+#[tokio::test]
+async fn each_request_is_timed_by_its_route_and_method() {
+    let (api, _ledger) = Api::new(MetricsOptions::default());
+    let id = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{id}/start?wait=1s"), json!({}))
+        .await;
+    api.post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+        .await;
+    let second = api.begin(kb()).await;
+    api.post(&format!("/v1/activities/{second}/cancel"), json!({}))
+        .await;
+    let (status, _) = api.send(Method::GET, "/v1/no-such-route", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let (text, samples) = api.metrics().await;
+    let count = |method: &str, route: &str, waits: bool| {
+        format!(
+            r#"inflight_http_request_duration_seconds_count{{method="{method}",route="{route}",waits="{waits}"}}"#
+        )
+    };
+    expect(&samples, &text, &count("POST", "/v1/activities", false), "2");
+    // By the route's template, never by the id: the series stay few.
+    expect(
+        &samples,
+        &text,
+        &count("POST", "/v1/activities/{id}/start", true),
+        "1",
+    );
+    expect(
+        &samples,
+        &text,
+        &count("POST", "/v1/activities/{id}/settle", false),
+        "1",
+    );
+    expect(
+        &samples,
+        &text,
+        &count("POST", "/v1/activities/{id}/cancel", false),
+        "1",
+    );
+    expect(&samples, &text, &count("GET", "unmatched", false), "1");
+    assert!(!text.contains(&id), "an id in a label:\n{text}");
+    // The scrape is answered before it is timed: it counts in the next.
+    assert!(!samples.contains_key(&count("GET", "/metrics", false)), "{text}");
+    let (text, samples) = api.metrics().await;
+    expect(&samples, &text, &count("GET", "/metrics", false), "1");
+}

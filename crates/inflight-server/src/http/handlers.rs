@@ -425,7 +425,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoRe
     let stats = state.ledger().stats();
     Ok((
         [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
-        super::metrics::render(&snapshot, &stats, state.metrics),
+        super::metrics::render(&snapshot, &stats, state.times.snapshot(), state.metrics),
     ))
 }
 

@@ -31,6 +31,8 @@ use inflight::domain::snapshot::Snapshot;
 use inflight::domain::warnings::MAX_NAMED_CLASSES;
 use inflight::stats::{Histogram, LaneClass, Rejection, StatsSnapshot};
 
+use super::timing::RouteKey;
+
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -150,8 +152,14 @@ fn outcomes(totals: &Totals) -> [(&'static str, i64); 3] {
 
 /// Renders `snapshot` (taken with the whole history window, so that every
 /// aggregate is listed) and this process's `stats` as OpenMetrics text.
-pub fn render(snapshot: &Snapshot, stats: &StatsSnapshot, options: MetricsOptions) -> String {
+pub(crate) fn render(
+    snapshot: &Snapshot,
+    stats: &StatsSnapshot,
+    requests: Vec<(RouteKey, Histogram)>,
+    options: MetricsOptions,
+) -> String {
     let mut registry = Registry::with_prefix("inflight");
+    register_requests(&mut registry, requests);
     register_lanes(&mut registry, snapshot);
     register_counters(&mut registry, snapshot, stats);
     register_owners(&mut registry, snapshot);
@@ -458,6 +466,34 @@ fn register_stats(registry: &mut Registry, stats: &StatsSnapshot) {
         name: "reap_duration_seconds",
         help: "How long each background reaper pass of this instance took",
         series: vec![(None, stats.reap_duration.clone())],
+    }));
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: &'static str,
+    route: String,
+    /// `true` for a request that asked to wait in line (`wait=`).
+    waits: &'static str,
+}
+
+/// The server's own time per request, by route and method.
+fn register_requests(registry: &mut Registry, requests: Vec<(RouteKey, Histogram)>) {
+    let series = requests
+        .into_iter()
+        .map(|(key, histogram)| {
+            let labels = RouteLabels {
+                method: key.method,
+                route: key.route,
+                waits: if key.waits { "true" } else { "false" },
+            };
+            (Some(labels), histogram)
+        })
+        .collect();
+    registry.register_collector(Box::new(Histograms {
+        name: "http_request_duration_seconds",
+        help: "How long this instance took to answer each request, from its headers read to its answer, by route and method; `waits` marks requests that asked to wait in line",
+        series,
     }));
 }
 

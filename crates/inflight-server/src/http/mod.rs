@@ -6,8 +6,9 @@
 //! framework's plain-text rejection, and no input answers a 5xx.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -29,6 +30,7 @@ pub mod error;
 mod handlers;
 pub mod metrics;
 pub mod openapi;
+mod timing;
 
 pub use auth::Tokens;
 pub use body::MAX_BODY_BYTES;
@@ -46,6 +48,8 @@ pub struct AppState {
     /// One permit per request being handled ([`Limits::max_requests`]).
     requests: Arc<Semaphore>,
     metrics: MetricsOptions,
+    /// The server's own time per request, for `/metrics`.
+    times: Arc<timing::RequestTimes>,
 }
 
 impl AppState {
@@ -58,6 +62,7 @@ impl AppState {
             limits,
             requests: Arc::new(Semaphore::new(limits.max_requests())),
             metrics: MetricsOptions::default(),
+            times: Arc::default(),
         }
     }
 
@@ -197,7 +202,39 @@ fn needs_token(path: &str) -> bool {
 /// known token, and 403 to one whose token's scope does not cover its
 /// method; a granted request carries its [`Grant`] to the handlers (after
 /// the limit, as when they were two layers).
-async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+///
+/// Around all of that, it times the request ([`timing`]).
+async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let began = Instant::now();
+    let method = timing::method_label(request.method());
+    let wait = timing::asked_to_wait(request.uri().query());
+    // The route as the router matched it (`{id}`, not the id); a request
+    // no route matched shares one series.
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let response = guarded(&state, request, next).await;
+    let took = began.elapsed();
+    let key = timing::RouteKey {
+        method,
+        route,
+        waits: wait.is_some(),
+    };
+    let status = response.status().as_u16();
+    timing::log_if_slow(
+        state.ledger(),
+        &key,
+        status,
+        began,
+        took,
+        wait.unwrap_or_default(),
+    );
+    state.times.observe(key, took);
+    response
+}
+
+async fn guarded(state: &AppState, mut request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if !is_limited(path) {
         return next.run(request).await;

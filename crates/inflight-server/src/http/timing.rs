@@ -1,0 +1,204 @@
+//! The server's own time per request: a histogram per route and method for
+//! `/metrics`, and a warning for a request slower than [`SLOW_REQUEST`]
+//! naming what the store did meanwhile, so that an operator can tell a
+//! stall of the store (a group held up, a prune, a checkpoint) from one
+//! outside it (the machine, the runtime, the network).
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::http::Method;
+use inflight::stats::Histogram;
+use inflight::Ledger;
+
+/// A request that took longer than this past what it asked to wait is
+/// logged.
+pub(crate) const SLOW_REQUEST: Duration = Duration::from_secs(1);
+
+/// The upper bounds of the request histogram, in microseconds: 100 µs to
+/// 30 s (a begin may wait in line up to 30 s).
+const REQUEST_BUCKETS_US: &[u64] = &[
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 5_000_000, 10_000_000, 30_000_000,
+];
+
+/// Which requests a series counts: a route as the router knows it (its
+/// path with `{id}`), and a method. Both come from a short fixed list, so
+/// that no request grows the series.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct RouteKey {
+    pub(crate) method: &'static str,
+    pub(crate) route: String,
+    /// Whether the request asked to wait in line (`wait=`): its time is
+    /// mostly the wait it asked for, kept apart from the rest.
+    pub(crate) waits: bool,
+}
+
+/// The histograms of the requests this server answered.
+#[derive(Debug, Default)]
+pub(crate) struct RequestTimes {
+    by_route: Mutex<BTreeMap<RouteKey, Histogram>>,
+}
+
+impl RequestTimes {
+    pub(crate) fn observe(&self, key: RouteKey, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let mut by_route = self.by_route.lock().unwrap_or_else(PoisonError::into_inner);
+        by_route
+            .entry(key)
+            .or_insert_with(|| Histogram::new(REQUEST_BUCKETS_US))
+            .observe_us(us);
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<(RouteKey, Histogram)> {
+        let by_route = self.by_route.lock().unwrap_or_else(PoisonError::into_inner);
+        by_route
+            .iter()
+            .map(|(key, histogram)| (key.clone(), histogram.clone()))
+            .collect()
+    }
+}
+
+/// `method` as a label: one of the methods the API routes, or `other`.
+pub(crate) fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        _ => "other",
+    }
+}
+
+/// How long a request asked to wait in line: its `wait` parameter, or
+/// zero. One the handler refuses as malformed holds nothing.
+pub(crate) fn asked_to_wait(query: Option<&str>) -> Option<Duration> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("wait="))
+        .and_then(|text| humantime::parse_duration(text.trim()).ok())
+}
+
+/// Logs a request that took `took` as slow when that is past
+/// [`SLOW_REQUEST`] beyond the wait it asked for, with the store's slow
+/// work over the same time.
+pub(crate) fn log_if_slow(
+    ledger: &Ledger,
+    key: &RouteKey,
+    status: u16,
+    began: Instant,
+    took: Duration,
+    wait: Duration,
+) {
+    let Some(store) = what_the_store_did(ledger, began, took, wait) else {
+        return;
+    };
+    tracing::warn!(
+        method = key.method,
+        route = %key.route,
+        status,
+        took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        asked_to_wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        store = %store,
+        "slow request"
+    );
+}
+
+/// For a request slow past [`SLOW_REQUEST`] beyond its `wait`, what the
+/// store did meanwhile that took long, in words; `None` for one not slow.
+fn what_the_store_did(ledger: &Ledger, began: Instant, took: Duration, wait: Duration) -> Option<String> {
+    if took < SLOW_REQUEST + wait {
+        return None;
+    }
+    let work = ledger.slow_work(began, began + took);
+    Some(if work.is_empty() {
+        format!(
+            "nothing the store did over that time took {} ms or more: the time went outside the store",
+            inflight::store::SLOW_WORK.as_millis()
+        )
+    } else {
+        work.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_is_read_from_the_query_and_a_bad_one_holds_nothing() {
+        assert_eq!(
+            asked_to_wait(Some("start=now&wait=5s")),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            asked_to_wait(Some("wait=250ms")),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(asked_to_wait(Some("wait=soon")), None);
+        assert_eq!(asked_to_wait(Some("start=now")), None);
+        assert_eq!(asked_to_wait(None), None);
+    }
+
+    #[test]
+    fn requests_are_counted_by_route_and_method() {
+        let times = RequestTimes::default();
+        let key = |route: &str| RouteKey {
+            method: "POST",
+            route: route.to_owned(),
+            waits: false,
+        };
+        times.observe(key("/v1/activities"), Duration::from_micros(300));
+        times.observe(key("/v1/activities"), Duration::from_millis(2));
+        times.observe(key("/v1/activities/{id}/settle"), Duration::from_micros(50));
+        let snapshot = times.snapshot();
+        assert_eq!(snapshot.len(), 2);
+        assert_eq!(snapshot[0].0.route, "/v1/activities");
+        assert_eq!(snapshot[0].1.count(), 2);
+        assert_eq!(snapshot[1].1.count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_slow_request_names_the_store_work_it_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slow.db");
+        let ledger = Ledger::builder(inflight::LedgerConfig::default())
+            .store_url(format!("sqlite://{}", path.display()))
+            .build()
+            .unwrap();
+        let spec = || inflight::ActivitySpec::new("kb", "ollama");
+        ledger.begin_record(spec()).await.unwrap();
+        // Another process holds the write lock past a second: the begin's
+        // group waits for it.
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let began = Instant::now();
+        let begun = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.begin_record(spec()).await }
+        });
+        tokio::time::sleep(SLOW_REQUEST + Duration::from_millis(100)).await;
+        other.execute_batch("COMMIT").unwrap();
+        begun.await.unwrap().unwrap();
+        let took = began.elapsed();
+        let said = what_the_store_did(&ledger, began, took, Duration::ZERO).unwrap();
+        assert!(said.starts_with("a group of 1 command (1 begin) took "), "{said}");
+        // Not slow once its asked wait is taken off.
+        assert_eq!(what_the_store_did(&ledger, began, took, took), None);
+        // Slow, with nothing of the store's over that time.
+        let later = Instant::now();
+        let said = what_the_store_did(&ledger, later, SLOW_REQUEST, Duration::ZERO).unwrap();
+        assert!(said.contains("the time went outside the store"), "{said}");
+    }
+
+    #[test]
+    fn methods_outside_the_api_share_one_label() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        assert_eq!(method_label(&Method::from_bytes(b"BREW").unwrap()), "other");
+    }
+}
