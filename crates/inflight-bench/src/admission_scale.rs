@@ -210,7 +210,10 @@ pub(crate) fn admission_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         ours: large_med,
         baseline: Some(small_med),
         unit: "us/decision",
-        target: Target::AtMost(1.5),
+        target: Target::Flat {
+            ratio: 1.5,
+            ceiling: 400.0,
+        },
         paired_ratio: Some(ratio),
         note: format!(
             "a start refused lane_full on a lane capped at {} with {} executing and {} waiting ahead; \

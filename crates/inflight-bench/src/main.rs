@@ -19,6 +19,7 @@
 //! hidden modes.
 
 mod admission_scale;
+mod group_baseline;
 mod http_lifecycle;
 mod memory_lifecycle;
 mod postgres;

@@ -89,7 +89,10 @@ pub(crate) fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         ours: large_ms,
         baseline: Some(small_ms),
         unit: "ms/pass",
-        target: Target::AtMost(2.0),
+        target: Target::Flat {
+            ratio: 2.0,
+            ceiling: 2.0,
+        },
         paired_ratio: Some(ratio),
         note: format!(
             "a pass reaping 10 expired among {} in flight (ours) vs among {} (baseline); SQLite, fake clock; \

@@ -5,21 +5,23 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-/// What a case must show.
+/// What a case must show: every case has one (issue 28), so that no figure
+/// is only reported.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Target {
     /// `ratio <= x` (ours is a cost).
     AtMost(f64),
     /// `ratio >= x` (ours is a throughput).
     AtLeast(f64),
+    /// A scale case: `ratio <= ratio` (flat as history grows) and ours at
+    /// most `ceiling`, in the case's unit (fast in absolute terms too).
+    Flat { ratio: f64, ceiling: f64 },
     /// An absolute aim with no baseline, judged by the case itself (its
     /// note says what the aim is).
     Aim {
         /// Whether this run met it.
         met: bool,
     },
-    /// Reported only.
-    Report,
 }
 
 impl Target {
@@ -27,14 +29,14 @@ impl Target {
         match self {
             Self::AtMost(x) => format!("<= {x}x"),
             Self::AtLeast(x) => format!(">= {x}x"),
+            Self::Flat { ratio, ceiling } => format!("<= {ratio}x, <= {ceiling}"),
             Self::Aim { .. } => "aim".to_owned(),
-            Self::Report => "report".to_owned(),
         }
     }
 
-    fn ok(self, ratio: Option<f64>) -> bool {
+    fn ok(self, ratio: Option<f64>, ours: f64) -> bool {
         match (self, ratio) {
-            (Self::Report, _) => true,
+            (Self::Flat { ratio: x, ceiling }, Some(r)) => r <= x && ours <= ceiling,
             (Self::Aim { met }, _) => met,
             (Self::AtMost(x), Some(r)) => r <= x,
             (Self::AtLeast(x), Some(r)) => r >= x,
@@ -64,7 +66,7 @@ pub(crate) struct Case {
 impl Case {
     fn ratio(&self) -> Option<f64> {
         match (self.target, self.baseline) {
-            (Target::Report | Target::Aim { .. }, _) | (_, None) => None,
+            (Target::Aim { .. }, _) | (_, None) => None,
             _ if self.paired_ratio.is_some() => self.paired_ratio,
             (_, Some(base)) if base > 0.0 => Some(self.ours / base),
             _ => None,
@@ -72,7 +74,7 @@ impl Case {
     }
 
     fn ok(&self) -> bool {
-        self.target.ok(self.ratio())
+        self.target.ok(self.ratio(), self.ours)
     }
 
     pub(crate) fn human(&self) -> String {
@@ -83,7 +85,7 @@ impl Case {
             .ratio()
             .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}x"));
         format!(
-            "{:<26} ours {:>12} {:<14} baseline {:>20}  ratio {:>7}  target {:<8} {}  ({})",
+            "{:<26} ours {:>12} {:<14} baseline {:>20}  ratio {:>7}  target {:<14} {}  ({})",
             self.name,
             fig(self.ours),
             self.unit,
@@ -178,13 +180,20 @@ mod tests {
 
     #[test]
     fn targets_read_both_ways() {
-        assert!(Target::AtMost(3.0).ok(Some(2.9)));
-        assert!(!Target::AtMost(3.0).ok(Some(3.1)));
-        assert!(Target::AtLeast(3.0).ok(Some(3.1)));
-        assert!(!Target::AtLeast(3.0).ok(None));
-        assert!(Target::Report.ok(None));
-        assert!(Target::Aim { met: true }.ok(None));
-        assert!(!Target::Aim { met: false }.ok(Some(9.0)));
+        assert!(Target::AtMost(3.0).ok(Some(2.9), 0.0));
+        assert!(!Target::AtMost(3.0).ok(Some(3.1), 0.0));
+        assert!(Target::AtLeast(3.0).ok(Some(3.1), 0.0));
+        assert!(!Target::AtLeast(3.0).ok(None, 0.0));
+        assert!(Target::Aim { met: true }.ok(None, 0.0));
+        assert!(!Target::Aim { met: false }.ok(Some(9.0), 0.0));
+        let flat = Target::Flat {
+            ratio: 1.5,
+            ceiling: 2.0,
+        };
+        assert!(flat.ok(Some(1.4), 1.9));
+        assert!(!flat.ok(Some(1.6), 1.9), "too steep");
+        assert!(!flat.ok(Some(1.4), 2.1), "flat but slow");
+        assert!(!flat.ok(None, 1.0));
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
     }

@@ -169,20 +169,21 @@ pub(crate) const BASELINE_TABLE: &str = "CREATE TABLE IF NOT EXISTS calls (
     success      INTEGER
 ) WITHOUT ROWID";
 
+/// The baseline's transitions, each one statement binding the id and the time.
+pub(crate) const BASELINE_BEGIN: &str =
+    "INSERT INTO calls (id, service, provider, class, model, state, enqueued_at) \
+     VALUES (?1, 'knowledge-base', 'ollama', 'embedding', 'nomic-embed-text', 'waiting', ?2)";
+pub(crate) const BASELINE_START: &str = "UPDATE calls SET state = 'executing', started_at = ?2 WHERE id = ?1";
+pub(crate) const BASELINE_SETTLE: &str =
+    "UPDATE calls SET state = 'succeeded', completed_at = ?2, success = 1 WHERE id = ?1";
+
 /// One lifecycle the plain way: one autocommit statement per transition.
 pub(crate) fn baseline_lifecycle(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     let id = uuid::Uuid::new_v4().to_string();
-    conn.prepare_cached(
-        "INSERT INTO calls (id, service, provider, class, model, state, enqueued_at) \
-         VALUES (?1, 'knowledge-base', 'ollama', 'embedding', 'nomic-embed-text', 'waiting', ?2)",
-    )?
-    .execute(rusqlite::params![id, now_ms()])?;
-    conn.prepare_cached("UPDATE calls SET state = 'executing', started_at = ?2 WHERE id = ?1")?
-        .execute(rusqlite::params![id, now_ms()])?;
-    conn.prepare_cached(
-        "UPDATE calls SET state = 'succeeded', completed_at = ?2, success = 1 WHERE id = ?1",
-    )?
-    .execute(rusqlite::params![id, now_ms()])?;
+    for sql in [BASELINE_BEGIN, BASELINE_START, BASELINE_SETTLE] {
+        conn.prepare_cached(sql)?
+            .execute(rusqlite::params![id, now_ms()])?;
+    }
     Ok(())
 }
 
