@@ -134,9 +134,14 @@ def plain_server() -> Iterator[Server]:
 
 
 def lane_counts(snapshot: dict, lane: str) -> Dict[str, int]:
-    l = snapshot["nativeAdmission"].get(lane) or {}
+    """The lane's counts in the snapshot. A lane the snapshot does not show
+    fails the test: every lane a test uses has had a call, so its absence is
+    a defect, never a lane with nothing in flight."""
+    lanes = snapshot["nativeAdmission"]
+    assert lane in lanes, f"the snapshot shows no lane {lane}: it has {sorted(lanes)}"
+    l = lanes[lane]
     in_flight = [r for r in snapshot["inFlight"] if f"{r['service']}::{r['provider']}" == lane]
-    return {"executing": l.get("executing", 0), "waiting": l.get("waiting", 0), "inFlight": len(in_flight)}
+    return {"executing": l["executing"], "waiting": l["waiting"], "inFlight": len(in_flight)}
 
 
 EMPTY = {"executing": 0, "waiting": 0, "inFlight": 0}

@@ -79,12 +79,19 @@ export async function startServer({ lanes = {}, token, config: extra = "", tls }
   };
 }
 
-/** The lane's counts in the server's snapshot (zeros when it does not show). */
+/**
+ * The lane's counts in the server's snapshot. A lane the snapshot does not
+ * show throws: every lane a test uses has had a call, so its absence is a
+ * defect, never a lane with nothing in flight.
+ */
 export async function laneCounts(client, lane) {
   const snap = await client.snapshot({ limit: 1000 });
   const l = snap.nativeAdmission[lane];
+  if (l === undefined) {
+    throw new Error(`the snapshot shows no lane ${lane}: it has ${Object.keys(snap.nativeAdmission).join(", ")}`);
+  }
   const inFlight = snap.inFlight.filter((r) => `${r.service}::${r.provider}` === lane).length;
-  return { executing: l?.executing ?? 0, waiting: l?.waiting ?? 0, inFlight };
+  return { executing: l.executing, waiting: l.waiting, inFlight };
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
