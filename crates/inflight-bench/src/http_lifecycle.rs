@@ -2,7 +2,8 @@
 //! through the real HTTP server over loopback, under `synchronous=normal`,
 //! reported only. A lifecycle is three requests (begin, start, settle) or
 //! two (a begin with `?start=now&wait=5s`, then the settle); windows of the
-//! two alternate on the same server.
+//! two alternate on the same server. Its server ([`Server`]) and clients
+//! serve `snapshot_under_load` too.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use inflight::store::Synchronous;
+use inflight::Ledger;
 use serde_json::json;
 
 use crate::report::{ms, percentile, round, Case, Target};
@@ -100,16 +102,7 @@ impl Client {
             .header(HOST, self.host.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from_static(body.as_bytes())))?;
-        let exchange = async {
-            self.send.ready().await?;
-            let response = self.send.send_request(request).await?;
-            let status = response.status();
-            let bytes = response.into_body().collect().await?.to_bytes();
-            Ok::<_, anyhow::Error>((status, bytes))
-        };
-        let (status, bytes) = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-            .await
-            .map_err(|_| anyhow!("POST {path}: no answer within {REQUEST_TIMEOUT:?}"))??;
+        let (status, bytes) = self.exchange(request, "POST", path).await?;
         if !status.is_success() {
             bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
         }
@@ -118,6 +111,75 @@ impl Client {
             bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
         }
         Ok((answer, ms(started.elapsed())))
+    }
+
+    /// GETs `path`: the whole body, unparsed, and how long it took, in ms.
+    pub(crate) async fn get(&mut self, path: &str) -> Result<(Bytes, f64)> {
+        let started = Instant::now();
+        let request = Request::get(path)
+            .header(HOST, self.host.clone())
+            .body(Full::new(Bytes::new()))?;
+        let (status, bytes) = self.exchange(request, "GET", path).await?;
+        if !status.is_success() {
+            bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
+        }
+        Ok((bytes, ms(started.elapsed())))
+    }
+
+    /// Sends `request` and reads the whole answer, within
+    /// [`REQUEST_TIMEOUT`]; `method` and `path` name it in the error.
+    async fn exchange(
+        &mut self,
+        request: Request<Full<Bytes>>,
+        method: &str,
+        path: &str,
+    ) -> Result<(hyper::StatusCode, Bytes)> {
+        let exchange = async {
+            self.send.ready().await?;
+            let response = self.send.send_request(request).await?;
+            let status = response.status();
+            let bytes = response.into_body().collect().await?.to_bytes();
+            Ok::<_, anyhow::Error>((status, bytes))
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| anyhow!("{method} {path}: no answer within {REQUEST_TIMEOUT:?}"))?
+    }
+}
+
+/// The real server path on loopback, over a ledger: the router, the accept
+/// loop and the reaper (`serve_on`), until [`Server::stop`].
+pub(crate) struct Server {
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), inflight_server::ServeError>>,
+}
+
+impl Server {
+    /// Serves `ledger` on a free loopback port, with no token and the
+    /// default limits.
+    pub(crate) async fn start(ledger: Ledger) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(inflight_server::serve_on(
+            listener,
+            ledger,
+            None,
+            inflight_server::Limits::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self { base, stop, task })
+    }
+
+    /// Shuts the server down and waits for it.
+    pub(crate) async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.task.await??;
+        Ok(())
     }
 }
 
@@ -216,20 +278,9 @@ pub(crate) fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     let tmp = TempDir::new(dir, "http")?;
     let ledger = sqlite_ledger_at(&tmp.file("ours.db"), Synchronous::Normal)?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         // The real server path: the router, the accept loop, the reaper.
-        let server = tokio::spawn(inflight_server::serve_on(
-            listener,
-            ledger,
-            None,
-            inflight_server::Limits::default(),
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        let mut clients = clients(&base, HTTP_CLIENTS).await?;
+        let server = Server::start(ledger).await?;
+        let mut clients = clients(&server.base, HTTP_CLIENTS).await?;
         // Warm-up: caches, both spellings.
         for requests in [Requests::Three, Requests::Two] {
             drive(&mut clients, requests, plan.http_window / 10, None).await?;
@@ -247,8 +298,7 @@ pub(crate) fn http_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
                 tally.rates.push(lifecycles as f64 / elapsed.as_secs_f64());
             }
         }
-        let _ = stop.send(());
-        server.await??;
+        server.stop().await?;
         Ok(vec![
             case("http_lifecycle", "begin, start, settle", plan, three),
             case(TWO_REQUESTS, "begin with ?start=now&wait=5s, settle", plan, two),

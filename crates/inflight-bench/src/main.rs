@@ -27,6 +27,7 @@ mod profile;
 mod reap_scale;
 mod report;
 mod snapshot_scale;
+mod snapshot_under_load;
 mod sqlite_env;
 mod sqlite_lifecycle;
 
@@ -46,6 +47,7 @@ use crate::profile::{count_lifecycles, drive_http, profile_lifecycles};
 use crate::reap_scale::reap_scale;
 use crate::report::Case;
 use crate::snapshot_scale::snapshot_scale;
+use crate::snapshot_under_load::snapshot_under_load;
 use crate::sqlite_env::Pragmas;
 use crate::sqlite_lifecycle::sqlite_lifecycle;
 
@@ -57,6 +59,7 @@ const CASES: &[&str] = &[
     "reap_scale",
     "admission_scale",
     "http_lifecycle",
+    "snapshot_under_load",
     "postgres_lifecycle",
     "postgres_snapshot_scale",
     "postgres_two_instances",
@@ -72,7 +75,8 @@ struct Args {
     quick: bool,
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
     /// snapshot_scale, reap_scale, admission_scale, http_lifecycle (with
-    /// http_lifecycle_two_requests),
+    /// http_lifecycle_two_requests), snapshot_under_load (with
+    /// snapshot_under_load_p99),
     /// postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances
     /// (these three on the PostgreSQL server INFLIGHT_TEST_POSTGRES_URL names,
     /// by default postgres@127.0.0.1:5432).
@@ -139,6 +143,10 @@ struct Plan {
     http_window: Duration,
     /// Settled history in `postgres_snapshot_scale`: small, large.
     postgres_snapshot_scales: (usize, usize),
+    /// Pairs of windows (idle, loaded) in `snapshot_under_load`, and how
+    /// long each samples (at least 100 snapshots).
+    snapshot_load_pairs: usize,
+    snapshot_load_window: Duration,
 }
 
 impl Plan {
@@ -159,6 +167,8 @@ impl Plan {
                 admission_budget: Duration::from_secs(10),
                 http_window: Duration::from_secs(3),
                 postgres_snapshot_scales: (10_000, 100_000),
+                snapshot_load_pairs: 3,
+                snapshot_load_window: Duration::from_secs(1),
             }
         } else {
             Self {
@@ -176,6 +186,8 @@ impl Plan {
                 admission_budget: Duration::from_secs(30),
                 http_window: Duration::from_secs(10),
                 postgres_snapshot_scales: (10_000, 1_000_000),
+                snapshot_load_pairs: 9,
+                snapshot_load_window: Duration::from_secs(2),
             }
         }
     }
@@ -244,6 +256,10 @@ fn main() -> Result<()> {
         ("reap_scale", Box::new(|| reap_scale(&plan, &dir))),
         ("admission_scale", Box::new(|| admission_scale(&plan, &dir))),
         ("http_lifecycle", Box::new(|| http_lifecycle(&plan, &dir))),
+        (
+            "snapshot_under_load",
+            Box::new(|| snapshot_under_load(&plan, &dir)),
+        ),
         ("postgres_lifecycle", Box::new(|| postgres_lifecycle(&plan))),
         (
             "postgres_snapshot_scale",
