@@ -3,7 +3,7 @@
 //! reported only. A lifecycle is three requests (begin, start, settle) or
 //! two (a begin with `?start=now&wait=5s`, then the settle); windows of the
 //! two alternate on the same server. Its server ([`Server`]) and clients
-//! serve `snapshot_under_load` too.
+//! serve `snapshot_under_load` and `redis_slots` too.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

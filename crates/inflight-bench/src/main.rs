@@ -25,6 +25,7 @@ mod memory_lifecycle;
 mod postgres;
 mod profile;
 mod reap_scale;
+mod redis_slots;
 mod report;
 mod snapshot_scale;
 mod snapshot_under_load;
@@ -45,6 +46,7 @@ use crate::memory_lifecycle::memory_lifecycle;
 use crate::postgres::{postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances};
 use crate::profile::{count_lifecycles, drive_http, profile_lifecycles};
 use crate::reap_scale::reap_scale;
+use crate::redis_slots::redis_slots;
 use crate::report::Case;
 use crate::snapshot_scale::snapshot_scale;
 use crate::snapshot_under_load::snapshot_under_load;
@@ -60,6 +62,7 @@ const CASES: &[&str] = &[
     "admission_scale",
     "http_lifecycle",
     "snapshot_under_load",
+    "redis_slots",
     "postgres_lifecycle",
     "postgres_snapshot_scale",
     "postgres_two_instances",
@@ -76,7 +79,8 @@ struct Args {
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
     /// snapshot_scale, reap_scale, admission_scale, http_lifecycle (with
     /// http_lifecycle_two_requests), snapshot_under_load (with
-    /// snapshot_under_load_p99),
+    /// snapshot_under_load_p99), redis_slots (on the Redis server
+    /// INFLIGHT_BENCH_REDIS_URL names, by default redis://127.0.0.1:6379/),
     /// postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances
     /// (these three on the PostgreSQL server INFLIGHT_TEST_POSTGRES_URL names,
     /// by default postgres@127.0.0.1:5432).
@@ -147,6 +151,10 @@ struct Plan {
     /// long each samples (at least 100 snapshots).
     snapshot_load_pairs: usize,
     snapshot_load_window: Duration,
+    /// Interleaved pairs of windows (baseline, ours) in `redis_slots`, and
+    /// how long each runs.
+    redis_pairs: usize,
+    redis_window: Duration,
 }
 
 impl Plan {
@@ -169,6 +177,8 @@ impl Plan {
                 postgres_snapshot_scales: (10_000, 100_000),
                 snapshot_load_pairs: 3,
                 snapshot_load_window: Duration::from_secs(1),
+                redis_pairs: 5,
+                redis_window: Duration::from_millis(500),
             }
         } else {
             Self {
@@ -188,6 +198,8 @@ impl Plan {
                 postgres_snapshot_scales: (10_000, 1_000_000),
                 snapshot_load_pairs: 9,
                 snapshot_load_window: Duration::from_secs(2),
+                redis_pairs: 9,
+                redis_window: Duration::from_secs(1),
             }
         }
     }
@@ -260,6 +272,7 @@ fn main() -> Result<()> {
             "snapshot_under_load",
             Box::new(|| snapshot_under_load(&plan, &dir)),
         ),
+        ("redis_slots", Box::new(|| redis_slots(&plan, &dir))),
         ("postgres_lifecycle", Box::new(|| postgres_lifecycle(&plan))),
         (
             "postgres_snapshot_scale",
