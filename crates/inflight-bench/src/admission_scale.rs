@@ -210,7 +210,7 @@ pub(crate) fn admission_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         ours: large_med,
         baseline: Some(small_med),
         unit: "us/decision",
-        target: Target::Flat {
+        target: Target::Bounded {
             ratio: 1.5,
             ceiling: 400.0,
         },

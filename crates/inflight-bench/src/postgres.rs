@@ -258,7 +258,7 @@ pub(crate) fn postgres_snapshot_scale(plan: &Plan) -> Result<Vec<Case>> {
         ours: large_ms,
         baseline: Some(small_ms),
         unit: "ms",
-        target: Target::Flat {
+        target: Target::Bounded {
             ratio: 1.5,
             ceiling: 10.0,
         },

@@ -89,7 +89,7 @@ pub(crate) fn reap_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         ours: large_ms,
         baseline: Some(small_ms),
         unit: "ms/pass",
-        target: Target::Flat {
+        target: Target::Bounded {
             ratio: 2.0,
             ceiling: 2.0,
         },

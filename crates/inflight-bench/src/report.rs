@@ -13,9 +13,10 @@ pub(crate) enum Target {
     AtMost(f64),
     /// `ratio >= x` (ours is a throughput).
     AtLeast(f64),
-    /// A scale case: `ratio <= ratio` (flat as history grows) and ours at
-    /// most `ceiling`, in the case's unit (fast in absolute terms too).
-    Flat { ratio: f64, ceiling: f64 },
+    /// `ratio <= ratio` and ours at most `ceiling`, in the case's unit: a
+    /// cost that must stay flat (as history grows, under load) and small in
+    /// absolute terms too.
+    Bounded { ratio: f64, ceiling: f64 },
     /// An absolute aim with no baseline, judged by the case itself (its
     /// note says what the aim is).
     Aim {
@@ -29,14 +30,14 @@ impl Target {
         match self {
             Self::AtMost(x) => format!("<= {x}x"),
             Self::AtLeast(x) => format!(">= {x}x"),
-            Self::Flat { ratio, ceiling } => format!("<= {ratio}x, <= {ceiling}"),
+            Self::Bounded { ratio, ceiling } => format!("<= {ratio}x, <= {ceiling}"),
             Self::Aim { .. } => "aim".to_owned(),
         }
     }
 
     fn ok(self, ratio: Option<f64>, ours: f64) -> bool {
         match (self, ratio) {
-            (Self::Flat { ratio: x, ceiling }, Some(r)) => r <= x && ours <= ceiling,
+            (Self::Bounded { ratio: x, ceiling }, Some(r)) => r <= x && ours <= ceiling,
             (Self::Aim { met }, _) => met,
             (Self::AtMost(x), Some(r)) => r <= x,
             (Self::AtLeast(x), Some(r)) => r >= x,
@@ -186,7 +187,7 @@ mod tests {
         assert!(!Target::AtLeast(3.0).ok(None, 0.0));
         assert!(Target::Aim { met: true }.ok(None, 0.0));
         assert!(!Target::Aim { met: false }.ok(Some(9.0), 0.0));
-        let flat = Target::Flat {
+        let flat = Target::Bounded {
             ratio: 1.5,
             ceiling: 2.0,
         };

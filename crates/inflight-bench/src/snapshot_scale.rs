@@ -109,7 +109,7 @@ pub(crate) fn snapshot_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         baseline: Some(small),
         unit: "ms/snapshot",
         // Issue 28: flat, and at most 2 ms at the largest history.
-        target: Target::Flat {
+        target: Target::Bounded {
             ratio: 1.5,
             ceiling: 2.0,
         },
