@@ -210,27 +210,20 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let wait = timing::asked_to_wait(request.uri().query());
     // The route as the router matched it (`{id}`, not the id); a request
     // no route matched shares one series.
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let matched = request.extensions().get::<MatchedPath>().cloned();
     let response = guarded(&state, request, next).await;
     let took = began.elapsed();
-    let key = timing::RouteKey {
-        method,
-        route,
-        waits: wait.is_some(),
-    };
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let status = response.status().as_u16();
     timing::log_if_slow(
         state.ledger(),
-        &key,
+        (method, route),
         status,
         began,
         took,
         wait.unwrap_or_default(),
     );
-    state.times.observe(key, took);
+    state.times.observe(method, route, wait.is_some(), took);
     response
 }
 
