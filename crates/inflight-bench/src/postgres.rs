@@ -26,7 +26,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::group_baseline::{self, answer, baseline_rate, next_batch, Queue};
-use crate::report::{human_count, ms, percentile, round, spread, Case, Target};
+use crate::report::{human_count, ms, percentile, round, spread, Case, Paired, Pairs, Target};
 use crate::sqlite_env::{ledger_lifecycle, long_lived, multi_thread, now_ms, populate_in_flight};
 use crate::Plan;
 
@@ -131,7 +131,7 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
         let pool = std::env::var("INFLIGHT_BENCH_PG_POOL")
             .unwrap_or_else(|_| inflight::store::postgres::DEFAULT_POOL.to_string());
         let ledger = ledger_on(&database, LedgerConfig::default(), &format!("pool={pool}"))?;
-        let (ours, base, ratios) = runtime.block_on(async {
+        let pairs = runtime.block_on(async {
             baseline_client(&database)
                 .await?
                 .batch_execute(BASELINE_TABLE)
@@ -148,27 +148,23 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             let warm = plan.sqlite_window / 2;
             baseline_rate(&queue, callers, warm).await?;
             ours_rate(warm).await?;
-            // Interleaved pairs, baseline then ours: a slow spell of the
-            // shared machine hits both sides of a pair alike.
-            let (mut ours, mut base, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut pairs = Pairs::default();
             for _ in 0..plan.postgres_pairs {
                 let b = baseline_rate(&queue, callers, plan.sqlite_window).await?;
                 let o = ours_rate(plan.sqlite_window).await?;
-                base.push(b);
-                ours.push(o);
-                ratios.push(o / b);
+                pairs.push(b, o);
             }
-            Ok::<_, anyhow::Error>((ours, base, ratios))
+            Ok::<_, anyhow::Error>(pairs)
         })?;
         drop(ledger);
         let name = format!("postgres_lifecycle_{callers}");
-        let (o_min, ours, o_max) = spread(&ours);
-        let (b_min, base, b_max) = spread(&base);
-        let (r_min, ratio, r_max) = spread(&ratios);
-        eprintln!(
-            "  {name}: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median {base:.0}/s \
-             (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x (min {r_min:.2}, max {r_max:.2})"
-        );
+        let Paired {
+            ours,
+            base,
+            ratio,
+            ratio_min: r_min,
+            ratio_max: r_max,
+        } = pairs.sum_up(&name);
         cases.push(Case {
             name,
             ours,

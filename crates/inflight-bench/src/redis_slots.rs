@@ -19,7 +19,7 @@ use redis::{AsyncCommands, AsyncConnectionConfig, Script};
 use serde_json::json;
 
 use crate::http_lifecycle::{clients, drive, Requests, Server, HTTP_CLIENTS};
-use crate::report::{round, spread, Case, Target};
+use crate::report::{round, Case, Paired, Pairs, Target};
 use crate::sqlite_env::{multi_thread, now_ms, sqlite_ledger_at, TempDir};
 use crate::Plan;
 
@@ -135,7 +135,7 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     )
     .into();
     let script = Arc::new(Script::new(ACQUIRE));
-    let (ours, base, ratios) = runtime.block_on(async {
+    let pairs = runtime.block_on(async {
         let mut connections = connections(&url, HTTP_CLIENTS + 1).await?;
         // One more, for the clean-up: the clients' may be lost with a
         // failed task.
@@ -147,20 +147,16 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
             let warm = plan.redis_window / 2;
             baseline_rate(&mut connections, &script, &key, warm).await?;
             drive(&mut clients, Requests::Two, warm, None).await?;
-            // Interleaved pairs, baseline then ours: a slow spell of the
-            // shared machine hits both sides of a pair alike.
-            let (mut ours, mut base, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut pairs = Pairs::default();
             for _ in 0..plan.redis_pairs {
                 let b = baseline_rate(&mut connections, &script, &key, plan.redis_window).await?;
                 let (_, lifecycles, elapsed) =
                     drive(&mut clients, Requests::Two, plan.redis_window, None).await?;
                 let o = lifecycles as f64 / elapsed.as_secs_f64();
-                base.push(b);
-                ours.push(o);
-                ratios.push(o / b);
+                pairs.push(b, o);
             }
             server.stop().await?;
-            Ok::<_, anyhow::Error>((ours, base, ratios))
+            Ok::<_, anyhow::Error>(pairs)
         }
         .await;
         // The key goes whether or not the measurement went through.
@@ -169,13 +165,13 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         deleted.with_context(|| format!("delete {key} on {url}"))?;
         Ok::<_, anyhow::Error>(measured)
     })?;
-    let (o_min, ours, o_max) = spread(&ours);
-    let (b_min, base, b_max) = spread(&base);
-    let (r_min, ratio, r_max) = spread(&ratios);
-    eprintln!(
-        "  redis_slots: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median {base:.0}/s \
-         (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x (min {r_min:.2}, max {r_max:.2})"
-    );
+    let Paired {
+        ours,
+        base,
+        ratio,
+        ratio_min: r_min,
+        ratio_max: r_max,
+    } = pairs.sum_up("redis_slots");
     Ok(vec![Case {
         name: "redis_slots".to_owned(),
         ours,

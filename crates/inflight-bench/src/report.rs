@@ -115,6 +115,52 @@ impl Case {
     }
 }
 
+/// Interleaved pairs of rates, baseline then ours, so that a slow spell of
+/// the shared machine hits both sides of a pair alike.
+#[derive(Debug, Default)]
+pub(crate) struct Pairs {
+    ours: Vec<f64>,
+    base: Vec<f64>,
+}
+
+/// What [`Pairs`] sum up to: the medians of each side, and the median of
+/// the pairs' ratios with their spread.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Paired {
+    pub(crate) ours: f64,
+    pub(crate) base: f64,
+    pub(crate) ratio: f64,
+    pub(crate) ratio_min: f64,
+    pub(crate) ratio_max: f64,
+}
+
+impl Pairs {
+    pub(crate) fn push(&mut self, base: f64, ours: f64) {
+        self.base.push(base);
+        self.ours.push(ours);
+    }
+
+    /// The summary, its spread printed to standard error under `name`.
+    pub(crate) fn sum_up(&self, name: &str) -> Paired {
+        let ratios: Vec<f64> = self.ours.iter().zip(&self.base).map(|(o, b)| o / b).collect();
+        let (o_min, ours, o_max) = spread(&self.ours);
+        let (b_min, base, b_max) = spread(&self.base);
+        let (ratio_min, ratio, ratio_max) = spread(&ratios);
+        eprintln!(
+            "  {name}: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median {base:.0}/s \
+             (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x (min {ratio_min:.2}, max \
+             {ratio_max:.2})"
+        );
+        Paired {
+            ours,
+            base,
+            ratio,
+            ratio_min,
+            ratio_max,
+        }
+    }
+}
+
 /// A figure with sensible precision.
 fn fig(x: f64) -> String {
     if x >= 1000.0 {

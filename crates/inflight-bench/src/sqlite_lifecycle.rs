@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::group_baseline::{self, answer, next_batch_blocking, Job, Queue, Step};
-use crate::report::{round, spread, Case, Target};
+use crate::report::{round, Case, Paired, Pairs, Target};
 use crate::sqlite_env::{
     baseline_lifecycle, ledger_lifecycle, multi_thread, sqlite_ledger_at, Pragmas, TempDir, BASELINE_BEGIN,
     BASELINE_SETTLE, BASELINE_START, BASELINE_TABLE,
@@ -166,16 +166,11 @@ pub(crate) fn sqlite_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
             let warm = plan.sqlite_window / 2;
             baseline.rate(&runtime, &base_path, &pragmas, callers, warm)?;
             ours_sqlite_rate(&runtime, &ledger, callers, warm)?;
-            // Pairs of windows, baseline then ours, so that a slow spell of
-            // the shared machine hits both sides of a pair alike; the ratio
-            // is the median of the pairs' ratios.
-            let (mut ours, mut base, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut pairs = Pairs::default();
             for _ in 0..plan.sqlite_pairs {
                 let b = baseline.rate(&runtime, &base_path, &pragmas, callers, plan.sqlite_window)?;
                 let o = ours_sqlite_rate(&runtime, &ledger, callers, plan.sqlite_window)?;
-                base.push(b);
-                ours.push(o);
-                ratios.push(o / b);
+                pairs.push(b, o);
             }
             drop(ledger);
             let described = baseline.describe();
@@ -183,14 +178,13 @@ pub(crate) fn sqlite_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
                 writer.stop()?;
             }
             let name = format!("sqlite_lifecycle_{synchronous}_{callers}");
-            let (o_min, ours, o_max) = spread(&ours);
-            let (b_min, base, b_max) = spread(&base);
-            let (r_min, ratio, r_max) = spread(&ratios);
-            eprintln!(
-                "  {name}: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median \
-                 {base:.0}/s (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x \
-                 (min {r_min:.2}, max {r_max:.2})"
-            );
+            let Paired {
+                ours,
+                base,
+                ratio,
+                ratio_min: r_min,
+                ratio_max: r_max,
+            } = pairs.sum_up(&name);
             let noun = if callers == 1 { "caller" } else { "callers" };
             cases.push(Case {
                 name,
