@@ -25,7 +25,7 @@ use serde_json::json;
 
 use tokio::sync::mpsc;
 
-use crate::group_baseline::{self, answer, baseline_rate, next_batch, Queue};
+use crate::group_baseline::{self, answer, baseline_rate, next_batch, Queue, Step};
 use crate::report::{human_count, ms, percentile, round, spread, Case, Paired, Pairs, Target};
 use crate::sqlite_env::{ledger_lifecycle, long_lived, multi_thread, now_ms, populate_in_flight};
 use crate::Plan;
@@ -43,18 +43,22 @@ const BASELINE_TABLE: &str = "CREATE TABLE calls (
     completed_at BIGINT,
     success      BOOLEAN
 )";
-/// A batch of transitions in one statement: its begins, starts and settles,
-/// each an array of ids and an array of times. It returns how many rows it
+/// A batch of transitions in one statement: an upsert by id, as ours writes
+/// its records, so that every row is found through the primary key (an
+/// `UPDATE ... FROM unnest` planned on the empty table scans it for the rest
+/// of the run, "Experiments that lost" in docs/performance.md). Each row is
+/// an id, the state it moves to and its time; it returns how many rows it
 /// wrote, which must be the batch's length.
-const BASELINE_BATCH: &str = "WITH \
-     b AS (INSERT INTO calls (id, service, provider, class, model, state, enqueued_at) \
-        SELECT id, 'knowledge-base', 'ollama', 'embedding', 'nomic-embed-text', 'waiting', at \
-        FROM unnest($1::text[], $2::bigint[]) AS u(id, at) RETURNING 1), \
-     s AS (UPDATE calls SET state = 'executing', started_at = u.at \
-        FROM unnest($3::text[], $4::bigint[]) AS u(id, at) WHERE calls.id = u.id RETURNING 1), \
-     t AS (UPDATE calls SET state = 'succeeded', completed_at = u.at, success = true \
-        FROM unnest($5::text[], $6::bigint[]) AS u(id, at) WHERE calls.id = u.id RETURNING 1) \
-     SELECT (SELECT count(*) FROM b) + (SELECT count(*) FROM s) + (SELECT count(*) FROM t)";
+const BASELINE_BATCH: &str = "WITH w AS (\
+     INSERT INTO calls AS c (id, service, provider, class, model, state, enqueued_at) \
+     SELECT id, 'knowledge-base', 'ollama', 'embedding', 'nomic-embed-text', state, at \
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(id, state, at) \
+     ON CONFLICT (id) DO UPDATE SET state = excluded.state, \
+        started_at = CASE WHEN excluded.state = 'executing' THEN excluded.enqueued_at ELSE c.started_at END, \
+        completed_at = CASE WHEN excluded.state = 'succeeded' THEN excluded.enqueued_at ELSE c.completed_at END, \
+        success = CASE WHEN excluded.state = 'succeeded' THEN true ELSE c.success END \
+     RETURNING 1) \
+     SELECT count(*) FROM w";
 
 /// A ledger on `database`'s schema, on the system clock (the database's).
 fn ledger_on(database: &TestDatabase, config: LedgerConfig, extra: &str) -> Result<Ledger> {
@@ -97,22 +101,26 @@ async fn group_writers(database: &TestDatabase, pool: usize) -> Result<Queue> {
                 let Some(batch) = next_batch(&mut *jobs.lock().await).await else {
                     return;
                 };
-                let mut columns: [(Vec<&str>, Vec<i64>); 3] = Default::default();
-                for job in &batch {
-                    let (ids, times) = &mut columns[job.step as usize];
-                    ids.push(&job.id);
-                    times.push(job.at);
-                }
-                let [(b_ids, b_at), (s_ids, s_at), (t_ids, t_at)] = &columns;
+                let ids: Vec<&str> = batch.iter().map(|job| job.id.as_str()).collect();
+                let states: Vec<&str> = batch
+                    .iter()
+                    .map(|job| match job.step {
+                        Step::Begin => "waiting",
+                        Step::Start => "executing",
+                        Step::Settle => "succeeded",
+                    })
+                    .collect();
+                let times: Vec<i64> = batch.iter().map(|job| job.at).collect();
                 let written = client
-                    .query_one(&statement, &[b_ids, b_at, s_ids, s_at, t_ids, t_at])
+                    .query_one(&statement, &[&ids, &states, &times])
                     .await
                     .map_err(|err| err.to_string())
                     .and_then(|row| match row.get::<_, i64>(0) {
                         count if count == batch.len() as i64 => Ok(()),
                         count => Err(format!("wrote {count} rows of {}", batch.len())),
                     });
-                drop(columns);
+                drop(ids);
+                drop(states);
                 answer(batch, &written);
             }
         });
@@ -176,7 +184,7 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
             note: format!(
                 "{callers} callers (ours: tokio tasks, writer connections: {pool}, group commit; baseline: \
                  callers queue each transition and wait for its commit, {pool} tokio-postgres writers each \
-                 commit whatever is queued (up to 256) as one statement over arrays); synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
+                 commit whatever is queued (up to 256) as one upsert over arrays); synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
                  (min {r_min:.2}x, max {r_max:.2}x)",
                 plan.postgres_pairs,
                 plan.sqlite_window.as_secs_f64(),
