@@ -121,6 +121,7 @@ const SERIES: &[&str] = &[
     "inflight_queue_wait_seconds_bucket",
     "inflight_execution_seconds_bucket",
     "inflight_reap_duration_seconds_bucket",
+    "inflight_http_request_duration_seconds_bucket",
 ];
 
 #[tokio::test]
