@@ -6,7 +6,6 @@
 //! framework's plain-text rejection, and no input answers a 5xx.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, Uri};
@@ -205,7 +204,7 @@ fn needs_token(path: &str) -> bool {
 ///
 /// Around all of that, it times the request ([`timing`]).
 async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let began = Instant::now();
+    let began = timing::Began::now(state.ledger());
     let method = timing::method_label(request.method());
     let wait = timing::asked_to_wait(request.uri().query());
     // The route as the router matched it (`{id}`, not the id); a request

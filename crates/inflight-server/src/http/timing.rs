@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::Method;
 use inflight::stats::Histogram;
+use inflight::store::GroupsRun;
 use inflight::Ledger;
 
 /// A request that took longer than this past what it asked to wait is
@@ -97,14 +98,34 @@ pub(crate) fn asked_to_wait(query: Option<&str>) -> Option<Duration> {
         .and_then(|text| humantime::parse_duration(text.trim()).ok())
 }
 
+/// When a request began, and how much the store had run by then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Began {
+    at: Instant,
+    groups: GroupsRun,
+}
+
+impl Began {
+    pub(crate) fn now(ledger: &Ledger) -> Self {
+        Self {
+            at: Instant::now(),
+            groups: ledger.groups_run(),
+        }
+    }
+
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.at.elapsed()
+    }
+}
+
 /// Logs a request that took `took` as slow when that is past
-/// [`SLOW_REQUEST`] beyond the wait it asked for, with the store's slow
-/// work over the same time.
+/// [`SLOW_REQUEST`] beyond the wait it asked for, with what the store did
+/// over the same time.
 pub(crate) fn log_if_slow(
     ledger: &Ledger,
     (method, route): (&'static str, &str),
     status: u16,
-    began: Instant,
+    began: Began,
     took: Duration,
     wait: Duration,
 ) {
@@ -123,23 +144,34 @@ pub(crate) fn log_if_slow(
 }
 
 /// For a request slow past [`SLOW_REQUEST`] beyond its `wait`, what the
-/// store did meanwhile that took long, in words; `None` for one not slow.
-fn what_the_store_did(ledger: &Ledger, began: Instant, took: Duration, wait: Duration) -> Option<String> {
+/// store did meanwhile, in words: how many groups it ran and their time,
+/// and each piece of its work that took long; `None` for one not slow.
+fn what_the_store_did(ledger: &Ledger, began: Began, took: Duration, wait: Duration) -> Option<String> {
     if took < SLOW_REQUEST + wait {
         return None;
     }
-    let work = ledger.slow_work(began, began + took);
-    Some(if work.is_empty() {
-        format!(
-            "nothing the store did over that time took {} ms or more: the time went outside the store",
+    let ran = ledger.groups_run().since(began.groups);
+    let work = ledger.slow_work(began.at, began.at + took);
+    let groups = if ran.groups == 1 { "group" } else { "groups" };
+    let mut said = format!(
+        "the store ran {} {groups} of commands, {} ms in all",
+        ran.groups,
+        ran.time.as_millis()
+    );
+    if work.is_empty() {
+        said.push_str(&format!(
+            ", none of its work {} ms or more",
             inflight::store::SLOW_WORK.as_millis()
-        )
+        ));
+        // Neither one slow piece nor many fast ones filled the time.
+        if ran.time < took / 2 {
+            said.push_str(": the time went outside the store");
+        }
     } else {
-        work.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
+        let slow: Vec<String> = work.iter().map(ToString::to_string).collect();
+        said.push_str(&format!("; {}", slow.join("; ")));
+    }
+    Some(said)
 }
 
 #[cfg(test)]
@@ -201,7 +233,7 @@ mod tests {
         // group waits for it.
         let other = rusqlite::Connection::open(&path).unwrap();
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
-        let began = Instant::now();
+        let began = Began::now(&ledger);
         let begun = tokio::spawn({
             let ledger = ledger.clone();
             async move { ledger.begin_record(spec()).await }
@@ -211,13 +243,27 @@ mod tests {
         begun.await.unwrap().unwrap();
         let took = began.elapsed();
         let said = what_the_store_did(&ledger, began, took, Duration::ZERO).unwrap();
-        assert!(said.starts_with("a group of 1 command (1 begin) took "), "{said}");
+        assert!(said.starts_with("the store ran 1 group of commands, "), "{said}");
+        assert!(said.contains("; a group of 1 command (1 begin) took "), "{said}");
+        assert!(!said.contains("outside"), "{said}");
         // Not slow once its asked wait is taken off.
         assert_eq!(what_the_store_did(&ledger, began, took, took), None);
-        // Slow, with nothing of the store's over that time.
-        let later = Instant::now();
-        let said = what_the_store_did(&ledger, later, SLOW_REQUEST, Duration::ZERO).unwrap();
-        assert!(said.contains("the time went outside the store"), "{said}");
+
+        // Many quick groups, none slow, in a second said to have passed:
+        // counted, and the rest of the time placed outside the store.
+        let began = Began::now(&ledger);
+        for _ in 0..20 {
+            ledger.begin_record(spec()).await.unwrap();
+        }
+        let said = what_the_store_did(&ledger, began, SLOW_REQUEST, Duration::ZERO).unwrap();
+        assert!(
+            said.starts_with("the store ran 20 groups of commands, "),
+            "{said}"
+        );
+        assert!(
+            said.ends_with("none of its work 100 ms or more: the time went outside the store"),
+            "{said}"
+        );
     }
 
     #[test]

@@ -291,6 +291,14 @@ impl Ledger {
         self.inner.store.slow_work(from, to)
     }
 
+    /// The groups of commands the store ran since it opened, with their
+    /// time in all: read before and after a request, the difference
+    /// ([`GroupsRun::since`](store::GroupsRun::since)) says how busy the
+    /// store was meanwhile, slow groups or not.
+    pub fn groups_run(&self) -> store::GroupsRun {
+        self.inner.store.groups_run()
+    }
+
     /// Says once per lane, as a warning, that a call runs on a lane the
     /// configuration does not declare while it caps others: most often a
     /// lane spelled one way in the cap and another in the calls, which

@@ -42,7 +42,7 @@ pub use crate::store_url::{check_url, redacted_url, Synchronous, DEFAULT_URL};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
-pub use slow::{SlowWork, SLOW_WORK};
+pub use slow::{GroupsRun, SlowWork, SLOW_WORK};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
@@ -301,6 +301,12 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     /// store whose commands run on the caller's task (the memory store).
     fn slow_work(&self, _from: Instant, _to: Instant) -> Vec<SlowWork> {
         Vec::new()
+    }
+
+    /// The groups of commands this store ran since it opened, with their
+    /// time in all; zero for a store without groups (the memory store).
+    fn groups_run(&self) -> GroupsRun {
+        GroupsRun::default()
     }
 }
 

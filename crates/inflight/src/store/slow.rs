@@ -1,11 +1,14 @@
 //! The store's slow work, kept for a while so that a slow request can say
 //! what it waited on: a group of commands (a retention prune, a reap pass,
 //! a commit that checkpointed the log) or a checkpoint of its own thread.
-//! Only work past [`SLOW_WORK`] is kept, in a short ring, so keeping it
-//! costs a group one clock read and nothing more.
+//! Only work past [`SLOW_WORK`] is kept, in a short ring; beside it, every
+//! group is counted with its time ([`GroupsRun`]), so that a request held
+//! up by many groups, none of them slow, can say so too. A group pays two
+//! clock reads and two atomic additions.
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -43,17 +46,62 @@ impl fmt::Display for SlowWork {
     }
 }
 
-/// The latest slow work of one store.
+/// The groups a store ran since it opened, and their time in all: read
+/// before and after a request, the difference says how busy the store was
+/// meanwhile. On PostgreSQL, several writers' groups overlap, so their time
+/// may add up to more than the time that passed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupsRun {
+    /// How many groups of commands committed or failed.
+    pub groups: u64,
+    /// Their time, added up.
+    pub time: Duration,
+}
+
+impl GroupsRun {
+    /// What ran between `earlier` and this.
+    #[must_use]
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            groups: self.groups.saturating_sub(earlier.groups),
+            time: self.time.saturating_sub(earlier.time),
+        }
+    }
+}
+
+/// The latest slow work of one store, and its groups counted.
 #[derive(Debug, Default)]
 pub(crate) struct SlowLog {
     kept: Mutex<VecDeque<SlowWork>>,
+    groups: AtomicU64,
+    group_us: AtomicU64,
 }
 
 impl SlowLog {
+    /// Counts a group begun at `began` and keeps it if it was slow.
+    pub(crate) fn group_ended(&self, began: Instant, kinds: Kinds) {
+        let took = began.elapsed();
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.group_us.fetch_add(us, Ordering::Relaxed);
+        self.keep(began, took, || kinds.describe());
+    }
+
+    /// The groups counted so far.
+    pub(crate) fn groups_run(&self) -> GroupsRun {
+        GroupsRun {
+            groups: self.groups.load(Ordering::Relaxed),
+            time: Duration::from_micros(self.group_us.load(Ordering::Relaxed)),
+        }
+    }
+
     /// Keeps the work begun at `began` if it was slow; `what` is asked only
     /// then.
     pub(crate) fn ended(&self, began: Instant, what: impl FnOnce() -> String) {
-        let took = began.elapsed();
+        self.keep(began, began.elapsed(), what);
+    }
+
+    fn keep(&self, began: Instant, took: Duration, what: impl FnOnce() -> String) {
         if took < SLOW_WORK {
             return;
         }
@@ -166,6 +214,35 @@ mod tests {
         let kept = log.between(began, Instant::now());
         assert_eq!(kept.len(), KEPT);
         assert_eq!(kept[0].what, "3");
+    }
+
+    #[test]
+    fn every_group_is_counted_with_its_time_and_a_checkpoint_is_not() {
+        let log = SlowLog::default();
+        let start = log.groups_run();
+        log.group_ended(
+            Instant::now() - Duration::from_millis(30),
+            Kinds::of(&[Command::Reap]),
+        );
+        log.group_ended(
+            Instant::now() - Duration::from_millis(20),
+            Kinds::of(&[Command::Stats]),
+        );
+        log.ended(Instant::now() - Duration::from_millis(500), || {
+            "a checkpoint".to_owned()
+        });
+        let ran = log.groups_run().since(start);
+        assert_eq!(ran.groups, 2);
+        assert!(
+            ran.time >= Duration::from_millis(50) && ran.time < Duration::from_millis(500),
+            "{ran:?}"
+        );
+        // Neither group was slow: only the checkpoint is kept.
+        assert_eq!(
+            log.between(Instant::now() - Duration::from_secs(1), Instant::now())
+                .len(),
+            1
+        );
     }
 
     #[test]

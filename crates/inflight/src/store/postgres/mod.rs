@@ -77,7 +77,7 @@ use crate::store::sql::group::Published;
 use crate::store_url::{PostgresUrl, Tls};
 
 use super::sql::counts::PendingCounts;
-use super::{Command, Reply, SlowWork, Store, StoreFuture, Wake};
+use super::{Command, GroupsRun, Reply, SlowWork, Store, StoreFuture, Wake};
 use session::Session;
 
 mod listen;
@@ -244,6 +244,10 @@ impl Store for PostgresStore {
 
     fn slow_work(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
         self.published.slow.between(from, to)
+    }
+
+    fn groups_run(&self) -> GroupsRun {
+        self.published.slow.groups_run()
     }
 
     fn execute(&self, command: Command) -> StoreFuture {

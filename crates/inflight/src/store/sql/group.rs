@@ -227,7 +227,7 @@ pub(crate) fn run_group(
 ) -> Vec<Result<Reply, LedgerError>> {
     let (began, kinds) = (Instant::now(), Kinds::of(&commands));
     let results = attempts(store, commands, reruns, published, attempt);
-    published.slow.ended(began, || kinds.describe());
+    published.slow.group_ended(began, kinds);
     results
 }
 

@@ -28,7 +28,7 @@ use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
 use crate::stats::CallSnapshot;
 use crate::store::sql::group::Published;
-use crate::store::{SlowWork, Wake};
+use crate::store::{GroupsRun, SlowWork, Wake};
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -149,6 +149,10 @@ impl Store for SqliteStore {
 
     fn slow_work(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
         self.published.slow.between(from, to)
+    }
+
+    fn groups_run(&self) -> GroupsRun {
+        self.published.slow.groups_run()
     }
 
     fn watch_capacity(&self, wake: Wake) {
