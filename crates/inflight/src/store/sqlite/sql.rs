@@ -24,233 +24,31 @@ pub(super) enum Backfill {
 /// Versioned migrations; `PRAGMA user_version` records how many have run.
 pub(super) const MIGRATIONS: &[Migration] = &[
     Migration {
-        sql: r#"
-CREATE TABLE activities (
-    activity_id          TEXT PRIMARY KEY NOT NULL,
-    service              TEXT NOT NULL,
-    provider             TEXT NOT NULL,
-    class                TEXT NOT NULL,
-    operation_stage      TEXT NOT NULL,
-    model                TEXT NOT NULL,
-    priority             TEXT NOT NULL,
-    admission            TEXT NOT NULL,
-    state                TEXT NOT NULL,
-    disposition          TEXT,
-    reap_reason          TEXT,
-    owner_id             TEXT,
-    enqueued_at          INTEGER NOT NULL,
-    started_at           INTEGER,
-    completed_at         INTEGER,
-    reaped_at            INTEGER,
-    declared_deadline_ms INTEGER,
-    deadline_ms          INTEGER NOT NULL,
-    reapable_at          INTEGER,
-    success              INTEGER,
-    failure_stage        TEXT,
-    late_settle          INTEGER NOT NULL DEFAULT 0,
-    cancel_reason        TEXT
-) WITHOUT ROWID;
--- The expiry index: a reap pass reads only what is due.
-CREATE INDEX activities_due ON activities (reapable_at) WHERE reapable_at IS NOT NULL;
-CREATE INDEX activities_in_flight ON activities (enqueued_at) WHERE state IN ('waiting', 'executing');
-CREATE INDEX activities_completed ON activities (completed_at) WHERE completed_at IS NOT NULL;
-CREATE INDEX activities_reaped ON activities (reaped_at) WHERE reaped_at IS NOT NULL;
-
--- Counters maintained as records change; pruning records never lowers them.
-CREATE TABLE aggregates (
-    service            TEXT NOT NULL,
-    operation_stage    TEXT NOT NULL,
-    class              TEXT NOT NULL,
-    provider           TEXT NOT NULL,
-    model              TEXT NOT NULL,
-    priority           TEXT NOT NULL,
-    admission          TEXT NOT NULL,
-    calls              INTEGER NOT NULL DEFAULT 0,
-    succeeded          INTEGER NOT NULL DEFAULT 0,
-    failed             INTEGER NOT NULL DEFAULT 0,
-    cancelled          INTEGER NOT NULL DEFAULT 0,
-    reaped_abandoned   INTEGER NOT NULL DEFAULT 0,
-    reaped_unsettled   INTEGER NOT NULL DEFAULT 0,
-    reaped_owner_lost  INTEGER NOT NULL DEFAULT 0,
-    late_settles       INTEGER NOT NULL DEFAULT 0,
-    resurrections      INTEGER NOT NULL DEFAULT 0,
-    in_flight          INTEGER NOT NULL DEFAULT 0,
-    queue_wait_count   INTEGER NOT NULL DEFAULT 0,
-    queue_wait_sum_ms  INTEGER NOT NULL DEFAULT 0,
-    queue_wait_max_ms  INTEGER NOT NULL DEFAULT 0,
-    execution_count    INTEGER NOT NULL DEFAULT 0,
-    execution_sum_ms   INTEGER NOT NULL DEFAULT 0,
-    execution_max_ms   INTEGER NOT NULL DEFAULT 0,
-    last_seen_at       INTEGER,
-    PRIMARY KEY (service, operation_stage, class, provider, model, priority, admission)
-) WITHOUT ROWID;
-"#,
+        sql: include_str!("migrations/0001_activities_and_aggregates.sql"),
         backfill: None,
     },
     Migration {
-        sql: r#"
--- Owner leases, and what admission decisions read.
-CREATE TABLE owners (
-    owner_id          TEXT PRIMARY KEY NOT NULL,
-    name              TEXT NOT NULL,
-    ttl_ms            INTEGER NOT NULL,
-    registered_at     INTEGER NOT NULL,
-    renewed_at        INTEGER NOT NULL,
-    expires_at        INTEGER NOT NULL,
-    state             TEXT NOT NULL,
-    ended_at          INTEGER,
-    reaped_records    INTEGER NOT NULL DEFAULT 0,
-    cancelled_records INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-CREATE INDEX owners_live ON owners (expires_at) WHERE state = 'live';
-CREATE INDEX owners_ended ON owners (ended_at) WHERE ended_at IS NOT NULL;
-CREATE INDEX activities_owner ON activities (owner_id)
-    WHERE owner_id IS NOT NULL AND state IN ('waiting', 'executing');
-CREATE INDEX activities_lane ON activities (service, provider, admission, state, enqueued_at, activity_id)
-    WHERE state IN ('waiting', 'executing');
-"#,
+        sql: include_str!("migrations/0002_owners_and_lane_index.sql"),
         backfill: None,
     },
     Migration {
-        sql: r#"
--- Completions per minute: a snapshot counts its window from these, never
--- by scanning history.
-CREATE TABLE completion_minutes (
-    minute      INTEGER PRIMARY KEY NOT NULL,
-    completions INTEGER NOT NULL
-);
-"#,
+        sql: include_str!("migrations/0003_completion_minutes.sql"),
         backfill: Some(Backfill::CompletionMinutes),
     },
     Migration {
-        sql: r#"
--- Owner-lost reaps split by disposition, so that reaps are counted by
--- disposition and reason (`Totals::reaps_ever`). Counted from the records
--- still stored: older ones, already pruned, count as `unsettled`.
-ALTER TABLE aggregates ADD COLUMN reaped_owner_lost_abandoned INTEGER NOT NULL DEFAULT 0;
-UPDATE aggregates SET reaped_owner_lost_abandoned = MIN(reaped_owner_lost, (
-    SELECT COUNT(*) FROM activities AS a
-    WHERE a.service = aggregates.service AND a.operation_stage = aggregates.operation_stage
-      AND a.class = aggregates.class AND a.provider = aggregates.provider
-      AND a.model = aggregates.model AND a.priority = aggregates.priority
-      AND a.admission = aggregates.admission
-      AND a.state = 'reaped' AND a.disposition = 'abandoned' AND a.reap_reason = 'owner-lost'))
-WHERE reaped_owner_lost > 0;
-"#,
+        sql: include_str!("migrations/0004_owner_lost_abandoned.sql"),
         backfill: None,
     },
     Migration {
-        sql: r#"
--- Records in flight in line order are read through `activities_lane`,
--- which has the same condition: one index fewer for every begin, start
--- and settle to write. (`IF EXISTS`: a store rewound to an older version
--- by hand runs this again.)
-DROP INDEX IF EXISTS activities_in_flight;
-"#,
+        sql: include_str!("migrations/0005_drop_in_flight_index.sql"),
         backfill: None,
     },
     Migration {
-        sql: r#"
--- Aggregates by an integer id, their labels in a unique index: the writer
--- knows each aggregate's id and adds to its totals by it, instead of
--- binding and comparing seven texts at every command.
-CREATE TABLE aggregates_by_id (
-    id                 INTEGER PRIMARY KEY,
-    service            TEXT NOT NULL,
-    operation_stage    TEXT NOT NULL,
-    class              TEXT NOT NULL,
-    provider           TEXT NOT NULL,
-    model              TEXT NOT NULL,
-    priority           TEXT NOT NULL,
-    admission          TEXT NOT NULL,
-    calls              INTEGER NOT NULL DEFAULT 0,
-    succeeded          INTEGER NOT NULL DEFAULT 0,
-    failed             INTEGER NOT NULL DEFAULT 0,
-    cancelled          INTEGER NOT NULL DEFAULT 0,
-    reaped_abandoned   INTEGER NOT NULL DEFAULT 0,
-    reaped_unsettled   INTEGER NOT NULL DEFAULT 0,
-    reaped_owner_lost  INTEGER NOT NULL DEFAULT 0,
-    late_settles       INTEGER NOT NULL DEFAULT 0,
-    resurrections      INTEGER NOT NULL DEFAULT 0,
-    in_flight          INTEGER NOT NULL DEFAULT 0,
-    queue_wait_count   INTEGER NOT NULL DEFAULT 0,
-    queue_wait_sum_ms  INTEGER NOT NULL DEFAULT 0,
-    queue_wait_max_ms  INTEGER NOT NULL DEFAULT 0,
-    execution_count    INTEGER NOT NULL DEFAULT 0,
-    execution_sum_ms   INTEGER NOT NULL DEFAULT 0,
-    execution_max_ms   INTEGER NOT NULL DEFAULT 0,
-    last_seen_at       INTEGER,
-    reaped_owner_lost_abandoned INTEGER NOT NULL DEFAULT 0
-);
-INSERT INTO aggregates_by_id (service, operation_stage, class, provider, model, priority, admission,
-    calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost,
-    late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms,
-    execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned)
-SELECT service, operation_stage, class, provider, model, priority, admission,
-    calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost,
-    late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms,
-    execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned
-FROM aggregates;
-DROP TABLE aggregates;
-ALTER TABLE aggregates_by_id RENAME TO aggregates;
-CREATE UNIQUE INDEX aggregates_labels
-    ON aggregates (service, operation_stage, class, provider, model, priority, admission);
-"#,
+        sql: include_str!("migrations/0006_aggregates_by_id.sql"),
         backfill: None,
     },
     Migration {
-        sql: r#"
--- Transitions written ahead of the tables (`journal.rs`): a row per record
--- a command changed, as the command left it, with what the command added
--- to its aggregate's counters and the minute of its completion. Applied
--- to `activities`, `aggregates` and `completion_minutes` in batches, and
--- before anything reads them.
-CREATE TABLE journal (
-    seq                  INTEGER PRIMARY KEY,
-    activity_id          TEXT NOT NULL,
-    service              TEXT NOT NULL,
-    provider             TEXT NOT NULL,
-    class                TEXT NOT NULL,
-    operation_stage      TEXT NOT NULL,
-    model                TEXT NOT NULL,
-    priority             TEXT NOT NULL,
-    admission            TEXT NOT NULL,
-    state                TEXT NOT NULL,
-    disposition          TEXT,
-    reap_reason          TEXT,
-    owner_id             TEXT,
-    enqueued_at          INTEGER NOT NULL,
-    started_at           INTEGER,
-    completed_at         INTEGER,
-    reaped_at            INTEGER,
-    declared_deadline_ms INTEGER,
-    deadline_ms          INTEGER NOT NULL,
-    reapable_at          INTEGER,
-    success              INTEGER,
-    failure_stage        TEXT,
-    late_settle          INTEGER NOT NULL,
-    cancel_reason        TEXT,
-    calls                INTEGER NOT NULL,
-    succeeded            INTEGER NOT NULL,
-    failed               INTEGER NOT NULL,
-    cancelled            INTEGER NOT NULL,
-    reaped_abandoned     INTEGER NOT NULL,
-    reaped_unsettled     INTEGER NOT NULL,
-    reaped_owner_lost    INTEGER NOT NULL,
-    late_settles         INTEGER NOT NULL,
-    resurrections        INTEGER NOT NULL,
-    in_flight            INTEGER NOT NULL,
-    queue_wait_count     INTEGER NOT NULL,
-    queue_wait_sum_ms    INTEGER NOT NULL,
-    queue_wait_max_ms    INTEGER NOT NULL,
-    execution_count      INTEGER NOT NULL,
-    execution_sum_ms     INTEGER NOT NULL,
-    execution_max_ms     INTEGER NOT NULL,
-    last_seen_at         INTEGER,
-    reaped_owner_lost_abandoned INTEGER NOT NULL,
-    completion_minute    INTEGER
-);
-"#,
+        sql: include_str!("migrations/0007_journal.sql"),
         backfill: None,
     },
 ];
