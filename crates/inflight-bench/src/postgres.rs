@@ -26,7 +26,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::group_baseline::{self, answer, baseline_rate, next_batch, Queue, Step};
-use crate::report::{human_count, ms, percentile, round, spread, Case, Paired, Pairs, Target};
+use crate::report::{human_count, ms, percentile, round, spread, Case, Pairs, Target};
 use crate::sqlite_env::{ledger_lifecycle, long_lived, multi_thread, now_ms, populate_in_flight};
 use crate::Plan;
 
@@ -166,37 +166,22 @@ pub(crate) fn postgres_lifecycle(plan: &Plan) -> Result<Vec<Case>> {
         })?;
         drop(ledger);
         let name = format!("postgres_lifecycle_{callers}");
-        let Paired {
-            ours,
-            base,
-            ratio,
-            ratio_min: r_min,
-            ratio_max: r_max,
-        } = pairs.sum_up(&name);
-        cases.push(Case {
+        cases.push(pairs.case(
             name,
-            ours,
-            baseline: Some(base),
-            unit: "lifecycles/s",
+            "lifecycles/s",
             // Issue 28: at least half of a hand-written batcher.
-            target: Target::AtLeast(0.5),
-            paired_ratio: Some(ratio),
-            note: format!(
+            Target::AtLeast(0.5),
+            plan.sqlite_window,
+            &format!(
                 "{callers} callers (ours: tokio tasks, writer connections: {pool}, group commit; baseline: \
                  callers queue each transition and wait for its commit, {pool} tokio-postgres writers each \
-                 commit whatever is queued (up to 256) as one upsert over arrays); synchronous_commit on; ratio = median of {} interleaved pairs of {:.1}s windows \
-                 (min {r_min:.2}x, max {r_max:.2}x)",
-                plan.postgres_pairs,
-                plan.sqlite_window.as_secs_f64(),
+                 commit whatever is queued (up to 256) as one upsert over arrays); synchronous_commit on"
             ),
-            extra: serde_json::Map::from_iter([
+            serde_json::Map::from_iter([
                 ("callers".to_owned(), json!(callers)),
                 ("pool".to_owned(), json!(pool)),
-                ("pairs".to_owned(), json!(plan.postgres_pairs)),
-                ("ratio_min".to_owned(), json!(round(r_min))),
-                ("ratio_max".to_owned(), json!(round(r_max))),
             ]),
-        });
+        ));
     }
     Ok(cases)
 }

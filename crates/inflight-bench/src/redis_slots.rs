@@ -19,7 +19,7 @@ use redis::{AsyncCommands, AsyncConnectionConfig, Script};
 use serde_json::json;
 
 use crate::http_lifecycle::{clients, drive, Requests, Server, HTTP_CLIENTS};
-use crate::report::{round, Case, Paired, Pairs, Target};
+use crate::report::{Case, Pairs, Target};
 use crate::sqlite_env::{multi_thread, now_ms, sqlite_ledger_at, TempDir};
 use crate::Plan;
 
@@ -165,39 +165,21 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         deleted.with_context(|| format!("delete {key} on {url}"))?;
         Ok::<_, anyhow::Error>(measured)
     })?;
-    let Paired {
-        ours,
-        base,
-        ratio,
-        ratio_min: r_min,
-        ratio_max: r_max,
-    } = pairs.sum_up("redis_slots");
-    Ok(vec![Case {
-        name: "redis_slots".to_owned(),
-        ours,
-        baseline: Some(base),
-        unit: "lifecycles/s",
-        target: Target::AtLeast(0.5),
-        paired_ratio: Some(ratio),
-        note: format!(
-            "{HTTP_CLIENTS} clients, each one lifecycle at a time on a connection of its own, over loopback; \
-             ours: the HTTP server, SQLite synchronous=normal, begin with ?start=now&wait=5s then settle; \
-             baseline: Redis at {url}, EVALSHA of a script pruning expired members (ZREMRANGEBYSCORE), \
-             then ZCARD < cap and ZADD with the deadline as score, then ZREM (cap {CAP}, never reached; \
-             the slot lives in memory, nothing is recorded); ratio = median of {} interleaved pairs of \
-             {:.1}s windows (min {r_min:.2}x, max {r_max:.2}x; ratio of medians {:.2}x); clients, server \
-             and Redis share the machine",
-            plan.redis_pairs,
-            plan.redis_window.as_secs_f64(),
-            ours / base,
+    Ok(vec![pairs.case(
+        "redis_slots".to_owned(),
+        "lifecycles/s",
+        Target::AtLeast(0.5),
+        plan.redis_window,
+        &format!(
+            "{HTTP_CLIENTS} clients, each one lifecycle at a time on a connection of its own, over loopback, \
+             sharing the machine with the server and Redis; ours: the HTTP server, SQLite synchronous=normal, \
+             begin with ?start=now&wait=5s then settle; baseline: Redis at {url}, EVALSHA of a script pruning \
+             expired members (ZREMRANGEBYSCORE), then ZCARD < cap and ZADD with the deadline as score, then \
+             ZREM (cap {CAP}, never reached; the slot lives in memory, nothing is recorded)"
         ),
-        extra: serde_json::Map::from_iter([
+        serde_json::Map::from_iter([
             ("clients".to_owned(), json!(HTTP_CLIENTS)),
-            ("pairs".to_owned(), json!(plan.redis_pairs)),
             ("synchronous".to_owned(), json!("normal")),
-            ("ratio_of_medians".to_owned(), json!(round(ours / base))),
-            ("ratio_min".to_owned(), json!(round(r_min))),
-            ("ratio_max".to_owned(), json!(round(r_max))),
         ]),
-    }])
+    )])
 }

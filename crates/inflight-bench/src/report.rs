@@ -123,40 +123,53 @@ pub(crate) struct Pairs {
     base: Vec<f64>,
 }
 
-/// What [`Pairs`] sum up to: the medians of each side, and the median of
-/// the pairs' ratios with their spread.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Paired {
-    pub(crate) ours: f64,
-    pub(crate) base: f64,
-    pub(crate) ratio: f64,
-    pub(crate) ratio_min: f64,
-    pub(crate) ratio_max: f64,
-}
-
 impl Pairs {
     pub(crate) fn push(&mut self, base: f64, ours: f64) {
         self.base.push(base);
         self.ours.push(ours);
     }
 
-    /// The summary, its spread printed to standard error under `name`.
-    pub(crate) fn sum_up(&self, name: &str) -> Paired {
+    /// The case these pairs of `window`s make: ours and the baseline as
+    /// medians, the ratio the median of the pairs' ratios, its spread in
+    /// the note (after `note`), in `extra` and on standard error.
+    pub(crate) fn case(
+        &self,
+        name: String,
+        unit: &'static str,
+        target: Target,
+        window: Duration,
+        note: &str,
+        mut extra: serde_json::Map<String, Value>,
+    ) -> Case {
         let ratios: Vec<f64> = self.ours.iter().zip(&self.base).map(|(o, b)| o / b).collect();
         let (o_min, ours, o_max) = spread(&self.ours);
         let (b_min, base, b_max) = spread(&self.base);
-        let (ratio_min, ratio, ratio_max) = spread(&ratios);
+        let (r_min, ratio, r_max) = spread(&ratios);
         eprintln!(
             "  {name}: ours median {ours:.0}/s (min {o_min:.0}, max {o_max:.0}); baseline median {base:.0}/s \
-             (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x (min {ratio_min:.2}, max \
-             {ratio_max:.2})"
+             (min {b_min:.0}, max {b_max:.0}); per-pair ratio median {ratio:.2}x (min {r_min:.2}, max {r_max:.2})"
         );
-        Paired {
+        extra.extend([
+            ("pairs".to_owned(), json!(ratios.len())),
+            ("ratio_min".to_owned(), json!(round(r_min))),
+            ("ratio_max".to_owned(), json!(round(r_max))),
+            ("ratio_of_medians".to_owned(), json!(round(ours / base))),
+        ]);
+        Case {
+            note: format!(
+                "{note}; ratio = median of {} interleaved pairs of {:.1}s windows (min {r_min:.2}x, max \
+                 {r_max:.2}x; ratio of medians {:.2}x)",
+                ratios.len(),
+                window.as_secs_f64(),
+                ours / base
+            ),
+            name,
             ours,
-            base,
-            ratio,
-            ratio_min,
-            ratio_max,
+            baseline: Some(base),
+            unit,
+            target,
+            paired_ratio: Some(ratio),
+            extra,
         }
     }
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::group_baseline::{self, answer, next_batch_blocking, Job, Queue, Step};
-use crate::report::{round, Case, Paired, Pairs, Target};
+use crate::report::{Case, Pairs, Target};
 use crate::sqlite_env::{
     baseline_lifecycle, ledger_lifecycle, multi_thread, sqlite_ledger_at, Pragmas, TempDir, BASELINE_BEGIN,
     BASELINE_SETTLE, BASELINE_START, BASELINE_TABLE,
@@ -178,35 +178,20 @@ pub(crate) fn sqlite_lifecycle(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
                 writer.stop()?;
             }
             let name = format!("sqlite_lifecycle_{synchronous}_{callers}");
-            let Paired {
-                ours,
-                base,
-                ratio,
-                ratio_min: r_min,
-                ratio_max: r_max,
-            } = pairs.sum_up(&name);
             let noun = if callers == 1 { "caller" } else { "callers" };
-            cases.push(Case {
+            cases.push(pairs.case(
                 name,
-                ours,
-                baseline: Some(base),
-                unit: "lifecycles/s",
-                target: sqlite_target(callers),
-                paired_ratio: Some(ratio),
-                note: format!(
-                    "synchronous={synchronous}, {callers} {noun} (ours: tokio tasks; baseline: {described}); \
-                     ratio = median of {} interleaved pairs of {:.1}s windows (min {r_min:.2}x, max {r_max:.2}x)",
-                    plan.sqlite_pairs,
-                    plan.sqlite_window.as_secs_f64(),
+                "lifecycles/s",
+                sqlite_target(callers),
+                plan.sqlite_window,
+                &format!(
+                    "synchronous={synchronous}, {callers} {noun} (ours: tokio tasks; baseline: {described})"
                 ),
-                extra: serde_json::Map::from_iter([
+                serde_json::Map::from_iter([
                     ("callers".to_owned(), json!(callers)),
                     ("synchronous".to_owned(), json!(synchronous.as_str())),
-                    ("pairs".to_owned(), json!(plan.sqlite_pairs)),
-                    ("ratio_min".to_owned(), json!(round(r_min))),
-                    ("ratio_max".to_owned(), json!(round(r_max))),
                 ]),
-            });
+            ));
         }
     }
     Ok(cases)
