@@ -78,6 +78,22 @@ fn rows<D: Driver + ?Sized, T>(
     Ok(out)
 }
 
+/// The records `sql` answers, those in a row with the same labels sharing
+/// them ([`codec::LastLabels`]).
+fn records<D: Driver + ?Sized>(
+    driver: &mut D,
+    sql: &'static str,
+    params: &[Value<'_>],
+) -> Result<Vec<ActivityRecord>, LedgerError> {
+    let mut out = Vec::new();
+    let mut last = codec::LastLabels::default();
+    driver.query(Reads::Records, sql, params, &mut |row| {
+        out.push(codec::record_with(row, &mut last)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 /// The one row of `sql`, read by `from`.
 fn one<D: Driver + ?Sized, T>(
     driver: &mut D,
@@ -166,7 +182,7 @@ impl<D: Driver> Questions for D {
     fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         let sql = locking::<D>(sql::DUE, sql::DUE_LOCKED);
         let params = [now.into(), limit_of(limit)];
-        rows(self, Reads::Records, sql, &params, codec::record_from).map(shared)
+        records(self, sql, &params).map(shared)
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
@@ -192,7 +208,7 @@ impl<D: Driver> Questions for D {
         } else {
             sql::IN_FLIGHT
         };
-        rows(self, Reads::Records, sql, &[limit_of(limit)], codec::record_from).map(shared)
+        records(self, sql, &[limit_of(limit)]).map(shared)
     }
 
     fn in_flight_count(&mut self) -> Result<i64, LedgerError> {
@@ -205,7 +221,7 @@ impl<D: Driver> Questions for D {
 
     fn completed(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         let params = [window.since.into(), limit_of(limit)];
-        rows(self, Reads::Records, sql::COMPLETED, &params, codec::record_from)
+        records(self, sql::COMPLETED, &params)
     }
 
     fn completed_between(&mut self, from: Timestamp, to: Timestamp) -> Result<i64, LedgerError> {
@@ -220,7 +236,7 @@ impl<D: Driver> Questions for D {
 
     fn reaped(&mut self, window: Window, limit: usize) -> Result<Vec<ActivityRecord>, LedgerError> {
         let params = [window.since.into(), limit_of(limit)];
-        rows(self, Reads::Records, sql::REAPED, &params, codec::record_from)
+        records(self, sql::REAPED, &params)
     }
 
     fn listed_owners(&mut self, window: Window) -> Result<Vec<Owner>, LedgerError> {
@@ -240,14 +256,7 @@ impl<D: Driver> Questions for D {
 
     fn owner_in_flight(&mut self, id: &OwnerId) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         let sql = locking::<D>(sql::OWNER_IN_FLIGHT, sql::OWNER_IN_FLIGHT_LOCKED);
-        rows(
-            self,
-            Reads::Records,
-            sql,
-            &[id.as_str().into()],
-            codec::record_from,
-        )
-        .map(shared)
+        records(self, sql, &[id.as_str().into()]).map(shared)
     }
 
     fn prunable(&mut self, retention: Retention, limit: usize) -> Result<Vec<ActivityId>, LedgerError> {
