@@ -1,7 +1,10 @@
+import { AsyncLocalStorage } from "node:async_hooks";
 import { readFileSync } from "node:fs";
 
 import { Agent, fetch as undiciFetch } from "undici";
 
+import type { ActivityContext } from "./context.js";
+import { checkContext, mergeContexts, withContextFields } from "./context.js";
 import { errorFor, InflightError, isInflightError, TLSError, UnavailableError, WaitTimeoutError } from "./errors.js";
 import type {
   ActivityRecord,
@@ -20,8 +23,13 @@ import type {
 } from "./wire.js";
 import { ROUTES, SERVER_ERROR_CODES } from "./wire.js";
 
-/** What a call is: the fields of a begin. `service` and `provider` name its lane. */
-export type ActivitySpec = BeginRequest;
+/**
+ * What a call is: the fields of a begin. `service` and `provider` name its
+ * lane. `service` may be left out inside `withContext` (whose context gives
+ * it); a begin with no service from either is refused by the server
+ * (`InvalidRequestError`, naming `service`).
+ */
+export type ActivitySpec = Omit<BeginRequest, "service"> & { service?: string };
 
 /** Called as a record moves through its life; errors thrown here are ignored. */
 export interface Lifecycle {
@@ -299,6 +307,8 @@ export class InflightClient {
   private readonly onWarning: (message: string, warning: InflightWarning) => void;
   /** The sets of ignored fields already warned about (sorted, joined), so each is told once. */
   private readonly warnedIgnored = new Set<string>();
+  /** This client's attribution context (`withContext`); another client's is its own. */
+  private readonly attribution = new AsyncLocalStorage<Readonly<ActivityContext>>();
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? process.env.INFLIGHT_URL ?? "http://127.0.0.1:7878").replace(/\/+$/, "");
@@ -323,6 +333,30 @@ export class InflightClient {
           "InflightWarning",
         ));
     this.onWarning = options.onWarning ?? ((message) => console.warn(message));
+  }
+
+  // ---- attribution -------------------------------------------------------
+
+  /**
+   * Runs `fn` (sync or async; its result or promise is returned) with an
+   * attribution context: every record this client begins inside it, however
+   * deep in `fn`'s calls and across `await`s and timers (`begin`, `admit`,
+   * `run`, `observeUnqueued`), takes the context's `service`,
+   * `operationStage` and `priority` for the fields its spec leaves
+   * `undefined`; a field the spec sets wins. A nested `withContext` merges
+   * over its parent: its fields override, the ones it leaves out are
+   * inherited. The context is this client's (one `AsyncLocalStorage` per
+   * client): another client's begins do not see it.
+   *
+   * The context is checked at once, as the server checks a begin's fields:
+   * a label of 1 to 64 characters of `A-Z a-z 0-9 . _ -`, a priority of
+   * `PRIORITIES`; anything else (or an unknown field) throws a `TypeError`
+   * naming the field, before `fn` runs.
+   */
+  withContext<T>(context: ActivityContext, fn: () => T): T {
+    const checked = checkContext(context);
+    if (typeof fn !== "function") throw new TypeError(`withContext: fn must be a function, not ${typeof fn}`);
+    return this.attribution.run(mergeContexts(this.attribution.getStore(), checked), fn);
   }
 
   // ---- one request -------------------------------------------------------
@@ -399,6 +433,8 @@ export class InflightClient {
 
   /**
    * Begins a record (`waiting`, or `executing` when `startedAt` is given). Never retried.
+   * Inside `withContext`, the context fills the spec's missing `service`,
+   * `operationStage` and `priority`.
    *
    * With `startNow`, the server begins it started on its own clock
    * (`?start=now`): a lifecycle in two requests, this and the settle. On a
@@ -414,8 +450,10 @@ export class InflightClient {
     if (options.waitMs !== undefined && !options.startNow) {
       throw new TypeError("begin: waitMs needs startNow (a begin without it does not start the record)");
     }
-    const body: BeginRequest = {
-      ...spec,
+    const filled = withContextFields(spec, this.attribution.getStore());
+    // `service` may still be missing: the server refuses that, naming the field.
+    const body: ActivitySpec = {
+      ...filled,
       enqueuedAt: toWireTime(spec.enqueuedAt),
       startedAt: toWireTime(spec.startedAt),
       ownerId: spec.ownerId ?? this.ownerId,

@@ -8,7 +8,9 @@
 /** A timestamp in a request: epoch milliseconds, an RFC 3339 string, or a Date. */
 export type TimestampInput = number | string | Date;
 
-export type Priority = "interactive" | "batch" | "unknown";
+/** The priorities a begin accepts (`unknown` is the default); the test suite compares them with the server's document. */
+export const PRIORITIES = ["interactive", "batch", "unknown"] as const;
+export type Priority = (typeof PRIORITIES)[number];
 export type Admission = "queued" | "direct";
 export type State = "waiting" | "executing" | "succeeded" | "failed" | "cancelled" | "reaped";
 export type Disposition = "abandoned" | "unsettled";

@@ -1,6 +1,6 @@
 // Compares what the client sends and reads (FIELDS, ROUTES in src/wire.ts)
 // with the server's OpenAPI document. Returns every disagreement.
-import { FIELDS, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES } from "../dist/index.js";
+import { FIELDS, PRIORITIES, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES } from "../dist/index.js";
 
 const METHODS = ["get", "put", "post", "delete", "patch", "options", "head"];
 
@@ -139,6 +139,14 @@ export function compareWithDocument(doc) {
     compareSets(problems, "error codes", SERVER_ERROR_CODES, [...enumValues(doc, codeSchema)]);
   } else {
     problems.push("the document has no schema for the error code");
+  }
+
+  // The priorities (withContext checks a context's against the client's list).
+  const prioritySchema = child(doc, requestBody("begin") ?? {}, "priority");
+  if (prioritySchema) {
+    compareSets(problems, "priorities", PRIORITIES, [...enumValues(doc, prioritySchema)]);
+  } else {
+    problems.push("the document has no schema for a begin's priority");
   }
   return problems;
 }

@@ -1,6 +1,6 @@
 // The client's wire against the server's own OpenAPI document
 // (`GET /openapi.json`): routes, query parameters, body and answer fields,
-// error codes. Any disagreement fails.
+// error codes, priorities. Any disagreement fails.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
@@ -40,13 +40,14 @@ test("the client's routes, fields and error codes agree with GET /openapi.json",
   assert.deepEqual(problems, [], `the client and the OpenAPI document disagree:\n  ${problems.join("\n  ")}`);
 });
 
-test("the check notices a field, a route and an error code the client does not know", (t) => {
+test("the check notices a field, a route, an error code and a priority the client does not know", (t) => {
   if (missing) return skipLoudly(t);
   const changed = structuredClone(doc);
-  // A new field in every object schema, a new route, a new error code.
+  // A new field in every object schema, a new route, a new error code, a new priority.
   for (const schema of Object.values(changed.components?.schemas ?? {})) {
     if (schema.properties) schema.properties.brandNewField = { type: "string" };
     if (Array.isArray(schema.enum) && schema.enum.includes("lane_full")) schema.enum.push("brand_new_code");
+    if (Array.isArray(schema.enum) && schema.enum.includes("interactive")) schema.enum.push("brand_new_priority");
   }
   changed.paths["/v1/brand-new"] = { get: { responses: {} } };
   const problems = compareWithDocument(changed).join("\n");
@@ -54,4 +55,5 @@ test("the check notices a field, a route and an error code the client does not k
   assert.match(problems, /BeginRequest fields: the document has brandNewField/);
   assert.match(problems, /GET \/v1\/brand-new/);
   assert.match(problems, /brand_new_code/);
+  assert.match(problems, /priorities: the document has brand_new_priority/);
 });

@@ -84,9 +84,12 @@ test("the declarations fit each: a .cts gets the CommonJS types, a .mts the ESM 
   const use = `
     const client = new InflightClient({ baseUrl: "http://127.0.0.1:7878", onWarning: (m: string) => void m });
     export const n: Promise<number> = client.run({ service: "a", provider: "b" }, async () => 1);
-    export const full: boolean = isInflightError(new Error("x"), "lane_full");`;
-  writeFileSync(join(project, "use.cts"), `import { InflightClient, isInflightError } from "inflight-ledger";\n${use}`);
-  writeFileSync(join(project, "use.mts"), `import { InflightClient, isInflightError } from "inflight-ledger";\n${use}`);
+    export const full: boolean = isInflightError(new Error("x"), "lane_full");
+    const context: ActivityContext = { service: "a", operationStage: "s", priority: "batch" };
+    export const inContext: Promise<number> = client.withContext(context, () => client.run({ provider: "b" }, async () => 1));`;
+  const imports = 'import { InflightClient, isInflightError, type ActivityContext } from "inflight-ledger";';
+  writeFileSync(join(project, "use.cts"), `${imports}\n${use}`);
+  writeFileSync(join(project, "use.mts"), `${imports}\n${use}`);
   const tsc = require.resolve("typescript/bin/tsc");
   // Under node16 (unlike nodenext, which knows require(esm) of Node 22), tsc
   // refuses a .cts that gets ESM declarations (TS1479): the check fails then.
