@@ -1,12 +1,12 @@
-"""Compares what the client sends and reads (the TypedDicts and ROUTES in
-inflight_ledger.wire) with the server's OpenAPI document; returns every
-disagreement."""
+"""Compares what the client sends and reads (the TypedDicts, ROUTES and
+PRIORITIES in inflight_ledger.wire) with the server's OpenAPI document;
+returns every disagreement."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from inflight_ledger import ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES, TYPES, field_names
+from inflight_ledger import PRIORITIES, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES, TYPES, field_names
 
 METHODS = ("get", "put", "post", "delete", "patch", "options", "head")
 
@@ -156,4 +156,11 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         problems.append("the document has no schema for the error code")
     else:
         compare(problems, "error codes", SERVER_ERROR_CODES, enum_values(doc, code))
+
+    # The priorities (client.context() checks a context's against the client's list).
+    priority = child(doc, request_body("begin") or {}, "priority")
+    if priority is None:
+        problems.append("the document has no schema for a begin's priority")
+    else:
+        compare(problems, "priorities", PRIORITIES, enum_values(doc, priority))
     return problems

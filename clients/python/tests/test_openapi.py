@@ -1,6 +1,6 @@
 """The client's wire against the server's own OpenAPI document
 (``GET /openapi.json``): routes, query parameters, body and answer fields,
-error codes. Any disagreement fails."""
+error codes, priorities. Any disagreement fails."""
 
 from __future__ import annotations
 
@@ -45,9 +45,12 @@ def test_the_check_notices_what_the_client_does_not_know(document):
             schema["properties"]["brandNewField"] = {"type": "string"}
         if "lane_full" in (schema.get("enum") or []):
             schema["enum"].append("brand_new_code")
+        if "interactive" in (schema.get("enum") or []):
+            schema["enum"].append("brand_new_priority")
     changed["paths"]["/v1/brand-new"] = {"get": {"responses": {}}}
     problems = "\n".join(compare_with_document(changed))
     assert "ActivityRecord fields: the document has brandNewField" in problems
     assert "BeginRequest fields: the document has brandNewField" in problems
     assert "GET /v1/brand-new" in problems
     assert "brand_new_code" in problems
+    assert "priorities: the document has brand_new_priority" in problems

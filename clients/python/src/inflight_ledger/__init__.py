@@ -7,7 +7,7 @@
         ...  # the provider call: success, failure or cancelled by how the block exits
 """
 
-from ._common import Lifecycle
+from ._common import ActivityContext, ContextBlock, Lifecycle
 from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
 from .errors import (
     ConflictError,
@@ -26,6 +26,7 @@ from .errors import (
 )
 from .sync import Activity, ActivityBlock, Ledger, OwnerLease
 from .wire import (
+    PRIORITIES,
     ROUTES,
     ROUTES_NOT_CALLED,
     SERVER_ERROR_CODES,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Activity",
     "ActivityBlock",
+    "ActivityContext",
     "ActivityRecord",
     "AsyncActivity",
     "AsyncActivityBlock",
@@ -50,6 +52,7 @@ __all__ = [
     "AsyncOwnerLease",
     "BeginRequest",
     "ConflictError",
+    "ContextBlock",
     "ForbiddenError",
     "InflightError",
     "InvalidRequestError",
@@ -59,6 +62,7 @@ __all__ = [
     "NotFoundError",
     "Owner",
     "OwnerLease",
+    "PRIORITIES",
     "ROUTES",
     "RequestTimeoutError",
     "ROUTES_NOT_CALLED",

@@ -1,8 +1,9 @@
 """What the sync and the asyncio clients share: building requests, reading
-answers, backoff, lifecycle hooks. No I/O here."""
+answers, backoff, lifecycle hooks, the attribution context. No I/O here."""
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import json
 import logging
@@ -14,13 +15,14 @@ import threading
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Set, Tuple, Union
+from types import TracebackType
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple, Type, Union
 from urllib.parse import quote, urlencode
 
 import httpx
 
 from .errors import InflightError, TLSError, UnavailableError, WaitCancelledError, WaitTimeoutError, error_for
-from .wire import ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest
+from .wire import PRIORITIES, ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest, Priority
 
 #: Where the client logs what the server let pass (a begin's ignored fields).
 log = logging.getLogger("inflight_ledger")
@@ -107,11 +109,149 @@ def now_ms() -> int:
     return int(datetime.now(timezone.utc).timestamp() * 1000)
 
 
-def build_spec(spec: Optional[Mapping[str, Any]], fields: Mapping[str, Any], owner_id: Optional[str]) -> BeginRequest:
-    """A begin's body from a mapping (wire names) and keyword arguments (snake case)."""
+#: The server's label rule (docs/api.md): 1 to 64 characters of ``A-Z a-z 0-9 . _ -``.
+_MAX_LABEL_LEN = 64
+_LABEL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+@dataclass(frozen=True)
+class ActivityContext:
+    """The attribution of a ``context()`` block: what every record the client
+    begins inside it takes for the fields the begin leaves out (absent or
+    ``None``). ``None`` here is "not set": a nested block inherits it."""
+
+    service: Optional[str] = None
+    operation_stage: Optional[str] = None
+    priority: Optional[Priority] = None
+
+    @classmethod
+    def checked(
+        cls, service: Optional[str], operation_stage: Optional[str], priority: Optional[Priority]
+    ) -> "ActivityContext":
+        """The context, checked as the server checks a begin's fields: each
+        label 1 to 64 characters of ``A-Z a-z 0-9 . _ -``, the priority one of
+        ``PRIORITIES``. Raises ``TypeError`` (not a string) or ``ValueError``
+        naming the field otherwise."""
+        for name, value in (("service", service), ("operation_stage", operation_stage)):
+            if value is not None:
+                _check_label(name, value)
+        if priority is not None and priority not in PRIORITIES:
+            raise ValueError(
+                f"context: invalid priority: {priority!r} is not one of {', '.join(repr(p) for p in PRIORITIES)}"
+            )
+        return cls(service, operation_stage, priority)
+
+    def over(self, outer: Optional["ActivityContext"]) -> "ActivityContext":
+        """This context nested in ``outer``: its own fields win, the ones it leaves ``None`` are the outer's."""
+        if outer is None:
+            return self
+        return ActivityContext(
+            self.service if self.service is not None else outer.service,
+            self.operation_stage if self.operation_stage is not None else outer.operation_stage,
+            self.priority if self.priority is not None else outer.priority,
+        )
+
+    def fill(self, body: Dict[str, Any]) -> None:
+        """Sets the context's values in a begin's body (wire names) where the body has none."""
+        for key, value in (("service", self.service), ("operationStage", self.operation_stage),
+                           ("priority", self.priority)):
+            if value is not None and body.get(key) is None:
+                body[key] = value
+
+
+def _check_label(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"context: invalid {name}: must be a string, not {type(value).__name__}")
+    if not value:
+        problem = "must not be empty"
+    elif len(value) > _MAX_LABEL_LEN:
+        problem = f"must be at most {_MAX_LABEL_LEN} characters"
+    else:
+        bad = next((c for c in value if c not in _LABEL_CHARS), None)
+        if bad is None:
+            return
+        problem = f"character {bad!r} is not allowed (use A-Z, a-z, 0-9, '.', '_', '-')"
+    raise ValueError(f"context: invalid {name}: {problem}")
+
+
+class ContextBlock:
+    """``with client.context(...):`` (see ``Attributed.context``). Entering
+    sets the client's context (this one over the enclosing one), leaving
+    restores the enclosing one. The block's value is the context in force."""
+
+    def __init__(self, var: "contextvars.ContextVar[Optional[ActivityContext]]", context: ActivityContext) -> None:
+        self._var = var
+        self._context = context
+        # A stack, so the same block object may be entered again inside itself.
+        self._tokens: List["contextvars.Token[Optional[ActivityContext]]"] = []
+
+    def __enter__(self) -> ActivityContext:
+        merged = self._context.over(self._var.get())
+        self._tokens.append(self._var.set(merged))
+        return merged
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self._var.reset(self._tokens.pop())
+
+
+class Attributed:
+    """The attribution context of a client (``Ledger``, ``AsyncLedger``): a
+    ``contextvars.ContextVar`` of the client's own, so another client's
+    begins never see it."""
+
+    _attribution: "contextvars.ContextVar[Optional[ActivityContext]]"
+
+    def _init_attribution(self) -> None:
+        # One variable per client (not per call): what a Context holds of it
+        # is reset when each block ends.
+        self._attribution = contextvars.ContextVar(f"inflight_ledger.context.{id(self):x}", default=None)
+
+    def context(
+        self,
+        *,
+        service: Optional[str] = None,
+        operation_stage: Optional[str] = None,
+        priority: Optional[Priority] = None,
+    ) -> ContextBlock:
+        """``with client.context(service=..., operation_stage=..., priority=...):``
+        every record this client begins inside the block (``begin``,
+        ``activity``, ``observe_unqueued``), however deep in the calls it
+        makes, takes these values for the fields the begin leaves out (absent
+        or ``None``); a field the begin sets wins. On ``contextvars``: the
+        context holds across ``await``s and in asyncio tasks created inside
+        the block (each task copies it when created); a thread started
+        inside does not inherit it (run it with
+        ``contextvars.copy_context().run``). A nested block overrides the
+        fields it sets and inherits the ones it leaves ``None``. The context
+        is this client's: another client's begins do not see it.
+
+        The values are checked here, as the server checks a begin's fields:
+        a bad one raises ``ValueError`` (``TypeError`` for a non-string
+        label) naming the field, before the block runs."""
+        return ContextBlock(self._attribution, ActivityContext.checked(service, operation_stage, priority))
+
+    def _current_context(self) -> Optional[ActivityContext]:
+        return self._attribution.get()
+
+
+def build_spec(
+    spec: Optional[Mapping[str, Any]],
+    fields: Mapping[str, Any],
+    owner_id: Optional[str],
+    context: Optional[ActivityContext] = None,
+) -> BeginRequest:
+    """A begin's body from a mapping (wire names) and keyword arguments (snake
+    case), with ``context``'s values for the attribution fields it leaves out."""
     body: Dict[str, Any] = dict(spec or {})
     for key, value in fields.items():
         body[_SNAKE_TO_WIRE.get(key, key)] = value
+    if context is not None:
+        context.fill(body)
     for key in ("enqueuedAt", "startedAt"):
         if key in body:
             body[key] = wire_time(body[key])
@@ -348,7 +488,10 @@ def is_abort(exc: Optional[BaseException]) -> bool:
 
 
 __all__ = [
+    "ActivityContext",
+    "Attributed",
     "Config",
+    "ContextBlock",
     "IgnoredFieldsLog",
     "InflightError",
     "Lifecycle",

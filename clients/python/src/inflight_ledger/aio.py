@@ -12,6 +12,7 @@ from typing import Any, Dict, Awaitable, Callable, Iterable, List, Mapping, Opti
 import httpx
 
 from ._common import (
+    Attributed,
     Config,
     IgnoredFieldsLog,
     Lifecycle,
@@ -34,7 +35,7 @@ from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snaps
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
 
 
-class AsyncLedger:
+class AsyncLedger(Attributed):
     """The asyncio client of one inflight server.
 
     ``async with ledger.activity(service="kb", provider="ollama") as call:``
@@ -68,6 +69,7 @@ class AsyncLedger:
         #: The owner whose id tags the records this client begins, if any.
         self.owner_id: Optional[str] = None
         self._ignored_fields = IgnoredFieldsLog()
+        self._init_attribution()
         self._http = httpx.AsyncClient(transport=transport, verify=self.config.verify)
 
     async def aclose(self) -> None:
@@ -120,7 +122,9 @@ class AsyncLedger:
         wait: Optional[float] = None,
         **fields: Any,
     ) -> "AsyncActivity":
-        """Begins a record. Never retried.
+        """Begins a record. Never retried. Inside ``with ledger.context(...)``,
+        the context's values fill the ``service``, ``operation_stage`` and
+        ``priority`` it leaves out.
 
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
@@ -131,9 +135,8 @@ class AsyncLedger:
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
         query = {"start": "now", "wait": wait_param(wait)} if start_now else None
-        record = await self.request(
-            "begin", query=query, body=build_spec(spec, fields, self.owner_id), extra_timeout=wait or 0.0
-        )
+        body = build_spec(spec, fields, self.owner_id, self._current_context())
+        record = await self.request("begin", query=query, body=body, extra_timeout=wait or 0.0)
         self._ignored_fields.note(record)
         return AsyncActivity(self, record)
 

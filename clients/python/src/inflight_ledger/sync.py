@@ -12,6 +12,7 @@ from typing import Any, Dict, Callable, Iterable, List, Mapping, Optional, Tuple
 import httpx
 
 from ._common import (
+    Attributed,
     Config,
     IgnoredFieldsLog,
     Lifecycle,
@@ -35,7 +36,7 @@ from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snaps
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
 
 
-class Ledger:
+class Ledger(Attributed):
     """A client of one inflight server.
 
     ``with ledger.activity(service="kb", provider="ollama") as call:`` begins
@@ -71,6 +72,7 @@ class Ledger:
         #: The owner whose id tags the records this client begins, if any.
         self.owner_id: Optional[str] = None
         self._ignored_fields = IgnoredFieldsLog()
+        self._init_attribution()
         self._http = httpx.Client(transport=transport, verify=self.config.verify)
 
     def close(self) -> None:
@@ -128,6 +130,8 @@ class Ledger:
         **fields: Any,
     ) -> "Activity":
         """Begins a record (``waiting``, or ``executing`` with ``started_at``). Never retried.
+        Inside ``with ledger.context(...)``, the context's values fill the
+        ``service``, ``operation_stage`` and ``priority`` it leaves out.
 
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
@@ -138,9 +142,8 @@ class Ledger:
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
         query = {"start": "now", "wait": wait_param(wait)} if start_now else None
-        record = self.request(
-            "begin", query=query, body=build_spec(spec, fields, self.owner_id), extra_timeout=wait or 0.0
-        )
+        body = build_spec(spec, fields, self.owner_id, self._current_context())
+        record = self.request("begin", query=query, body=body, extra_timeout=wait or 0.0)
         self._ignored_fields.note(record)
         return Activity(self, record)
 

@@ -7,12 +7,15 @@ compares what the client sends and reads with the server's OpenAPI document.
 
 from __future__ import annotations
 
-from typing import Dict, List, Literal, Optional, Set, Tuple, TypedDict, Union
+from typing import Dict, List, Literal, Optional, Set, Tuple, TypedDict, Union, get_args
 
 #: A timestamp in a request: epoch milliseconds or an RFC 3339 string.
 TimestampInput = Union[int, str]
 
 Priority = Literal["interactive", "batch", "unknown"]
+#: The priorities a begin accepts (``unknown`` is the default), as a tuple;
+#: the test suite compares them with the server's document.
+PRIORITIES: Tuple[Priority, ...] = get_args(Priority)
 Admission = Literal["queued", "direct"]
 State = Literal["waiting", "executing", "succeeded", "failed", "cancelled", "reaped"]
 Disposition = Literal["abandoned", "unsettled"]
