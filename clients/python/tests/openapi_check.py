@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from inflight_ledger import PRIORITIES, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES, TYPES, field_names
+from inflight_ledger import LABEL_PATTERN, PRIORITIES, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES, TYPES, field_names
 
 METHODS = ("get", "put", "post", "delete", "patch", "options", "head")
 
@@ -163,4 +163,11 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         problems.append("the document has no schema for a begin's priority")
     else:
         compare(problems, "priorities", PRIORITIES, enum_values(doc, priority))
+
+    # The label rule (client.context() checks a context's labels with it).
+    for field in ("service", "operationStage"):
+        schema = child(doc, request_body("begin") or {}, field)
+        patterns = [s.get("pattern") for s in variants(doc, schema)] if schema is not None else []
+        if LABEL_PATTERN not in patterns:
+            problems.append(f"a begin's {field}: the document's pattern {patterns}, the client's {LABEL_PATTERN}")
     return problems

@@ -2,7 +2,7 @@
 // how a context is checked (as the server checks a begin's fields), how a
 // nested one merges over its parent, and how a begin takes it.
 import type { BeginRequest, Priority } from "./wire.js";
-import { PRIORITIES } from "./wire.js";
+import { LABEL_PATTERN, PRIORITIES } from "./wire.js";
 
 /**
  * Attribution that every record begun inside `withContext` takes for the
@@ -17,7 +17,8 @@ export interface ActivityContext {
 
 const CONTEXT_FIELDS = ["service", "operationStage", "priority"] as const satisfies readonly (keyof ActivityContext)[];
 const LABEL_FIELDS = ["service", "operationStage"] as const satisfies readonly (keyof ActivityContext)[];
-/** The server's label rule (docs/api.md): 1 to 64 characters of `A-Z a-z 0-9 . _ -`. */
+/** The server's label rule: `LABEL_PATTERN` decides; the two below only word the refusal. */
+const LABEL = new RegExp(LABEL_PATTERN);
 const MAX_LABEL_LEN = 64;
 const LABEL_CHAR = /[A-Za-z0-9._-]/;
 
@@ -60,12 +61,13 @@ export function checkContext(context: unknown, where = "withContext"): Readonly<
 /** What is wrong with `value` as a label, in the server's words; `undefined` when nothing. */
 function labelProblem(value: unknown): string | undefined {
   if (typeof value !== "string") return `must be a string, not ${describe(value)}`;
+  if (LABEL.test(value)) return undefined;
   if (value.length === 0) return "must not be empty";
   if (value.length > MAX_LABEL_LEN) return `must be at most ${MAX_LABEL_LEN} characters`;
   for (const c of value) {
     if (!LABEL_CHAR.test(c)) return `character ${JSON.stringify(c)} is not allowed (use A-Z, a-z, 0-9, '.', '_', '-')`;
   }
-  return undefined;
+  return `must match ${LABEL_PATTERN}`;
 }
 
 function describe(value: unknown): string {

@@ -10,6 +10,8 @@ export type TimestampInput = number | string | Date;
 
 /** The priorities a begin accepts (`unknown` is the default); the test suite compares them with the server's document. */
 export const PRIORITIES = ["interactive", "batch", "unknown"] as const;
+/** What a label must match, as the server's OpenAPI document says it (checked against it by the tests). */
+export const LABEL_PATTERN = "^[A-Za-z0-9._-]{1,64}$";
 export type Priority = (typeof PRIORITIES)[number];
 export type Admission = "queued" | "direct";
 export type State = "waiting" | "executing" | "succeeded" | "failed" | "cancelled" | "reaped";

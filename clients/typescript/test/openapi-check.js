@@ -1,6 +1,6 @@
 // Compares what the client sends and reads (FIELDS, ROUTES in src/wire.ts)
 // with the server's OpenAPI document. Returns every disagreement.
-import { FIELDS, PRIORITIES, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES } from "../dist/index.js";
+import { FIELDS, LABEL_PATTERN, PRIORITIES, ROUTES, ROUTES_NOT_CALLED, SERVER_ERROR_CODES } from "../dist/index.js";
 
 const METHODS = ["get", "put", "post", "delete", "patch", "options", "head"];
 
@@ -147,6 +147,14 @@ export function compareWithDocument(doc) {
     compareSets(problems, "priorities", PRIORITIES, [...enumValues(doc, prioritySchema)]);
   } else {
     problems.push("the document has no schema for a begin's priority");
+  }
+
+  // The label rule (withContext checks a context's labels with it).
+  for (const field of ["service", "operationStage"]) {
+    const patterns = variants(doc, child(doc, requestBody("begin") ?? {}, field)).map((s) => s.pattern);
+    if (!patterns.includes(LABEL_PATTERN)) {
+      problems.push(`a begin's ${field}: the document's pattern ${JSON.stringify(patterns)}, the client's ${LABEL_PATTERN}`);
+    }
   }
   return problems;
 }

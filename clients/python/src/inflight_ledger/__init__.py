@@ -26,6 +26,7 @@ from .errors import (
 )
 from .sync import Activity, ActivityBlock, Ledger, OwnerLease
 from .wire import (
+    LABEL_PATTERN,
     PRIORITIES,
     ROUTES,
     ROUTES_NOT_CALLED,
@@ -62,6 +63,7 @@ __all__ = [
     "NotFoundError",
     "Owner",
     "OwnerLease",
+    "LABEL_PATTERN",
     "PRIORITIES",
     "ROUTES",
     "RequestTimeoutError",

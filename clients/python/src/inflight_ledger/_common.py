@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import ssl
 import threading
@@ -22,7 +23,7 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from .errors import InflightError, TLSError, UnavailableError, WaitCancelledError, WaitTimeoutError, error_for
-from .wire import PRIORITIES, ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest, Priority
+from .wire import LABEL_PATTERN, PRIORITIES, ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest, Priority
 
 #: Where the client logs what the server let pass (a begin's ignored fields).
 log = logging.getLogger("inflight_ledger")
@@ -109,7 +110,8 @@ def now_ms() -> int:
     return int(datetime.now(timezone.utc).timestamp() * 1000)
 
 
-#: The server's label rule (docs/api.md): 1 to 64 characters of ``A-Z a-z 0-9 . _ -``.
+#: The server's label rule: ``LABEL_PATTERN`` decides; the two below only word the refusal.
+_LABEL = re.compile(LABEL_PATTERN)
 _MAX_LABEL_LEN = 64
 _LABEL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -162,15 +164,19 @@ class ActivityContext:
 def _check_label(name: str, value: object) -> None:
     if not isinstance(value, str):
         raise TypeError(f"context: invalid {name}: must be a string, not {type(value).__name__}")
+    if _LABEL.fullmatch(value):
+        return
     if not value:
         problem = "must not be empty"
     elif len(value) > _MAX_LABEL_LEN:
         problem = f"must be at most {_MAX_LABEL_LEN} characters"
     else:
         bad = next((c for c in value if c not in _LABEL_CHARS), None)
-        if bad is None:
-            return
-        problem = f"character {bad!r} is not allowed (use A-Z, a-z, 0-9, '.', '_', '-')"
+        problem = (
+            f"must match {LABEL_PATTERN}"
+            if bad is None
+            else f"character {bad!r} is not allowed (use A-Z, a-z, 0-9, '.', '_', '-')"
+        )
     raise ValueError(f"context: invalid {name}: {problem}")
 
 

@@ -16,6 +16,9 @@ Priority = Literal["interactive", "batch", "unknown"]
 #: The priorities a begin accepts (``unknown`` is the default), as a tuple;
 #: the test suite compares them with the server's document.
 PRIORITIES: Tuple[Priority, ...] = get_args(Priority)
+#: What a label must match, as the server's OpenAPI document says it (checked
+#: against it by the tests).
+LABEL_PATTERN = "^[A-Za-z0-9._-]{1,64}$"
 Admission = Literal["queued", "direct"]
 State = Literal["waiting", "executing", "succeeded", "failed", "cancelled", "reaped"]
 Disposition = Literal["abandoned", "unsettled"]
