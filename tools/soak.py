@@ -16,7 +16,11 @@ reaped within seconds; a short retention, so pruning runs), then for
 Every `--sample` seconds it writes one CSV row: the server's resident
 memory, the database and WAL file sizes, the rows of each table, the
 snapshot's counts, the calls done and failed, and the latency of the calls
-in that interval. At the end it plots the CSV to a PNG (needs matplotlib).
+in that interval as the client saw it; beside it, the server's own view of
+the same interval from its request histogram (requests, the bucket holding
+the 99th percentile, requests over a second) and how many `slow request`
+warnings it logged, each naming what the store did meanwhile. A call slow
+for the client and not for the server lost its time outside the server. At the end it plots the CSV to a PNG (needs matplotlib).
 
 Not run in CI: see docs/reliability.md for the figures of one run.
 
@@ -52,7 +56,37 @@ FIELDS = [
     "elapsed_s", "rss_kib", "db_kib", "wal_kib", "rows_activities", "rows_aggregates", "rows_owners",
     "in_flight", "total_activities", "total_succeeded", "total_reaped", "total_reaped_owner_lost",
     "calls_done", "calls_failed", "p50_ms", "p99_ms",
+    "server_requests", "server_p99_ms", "server_over_1s", "slow_logged",
 ]
+
+REQUEST_SERIES = "inflight_http_request_duration_seconds"
+
+
+def request_buckets(text):
+    """The server's request histogram, summed over its series: upper bound
+    (seconds) to cumulative count."""
+    buckets = {}
+    for line in text.splitlines():
+        if not line.startswith(REQUEST_SERIES + "_bucket{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        le = labels.split('le="', 1)[1].split('"', 1)[0]
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0) + int(float(value))
+    return buckets
+
+
+def server_interval(before, after):
+    """What the server's own histogram says of the requests between two
+    scrapes: how many, the 99th percentile's bucket bound (ms), and how many
+    took over a second."""
+    delta = {bound: after.get(bound, 0) - before.get(bound, 0) for bound in after}
+    total = delta.get(float("inf"), 0)
+    if total == 0:
+        return 0, 0.0, 0
+    p99 = next(bound for bound in sorted(delta) if delta[bound] >= 0.99 * total)
+    over = total - delta.get(1.0, 0)
+    return total, (p99 * 1000 if p99 != float("inf") else float("inf")), over
 
 
 def parse_duration(text):
@@ -74,6 +108,11 @@ class Client:
     def __init__(self, port):
         self.port = port
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def call_text(self, method, path):
+        self.conn.request(method, path)
+        response = self.conn.getresponse()
+        return response.status, response.read().decode()
 
     def call(self, method, path, body=None):
         data = None if body is None else json.dumps(body)
@@ -199,15 +238,19 @@ def plot(csv_path, png_path):
         data = list(csv.DictReader(f))
     t = [float(r["elapsed_s"]) / 60 for r in data]
     col = lambda name: [float(r[name]) for r in data]  # noqa: E731
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8), sharex=True)
     panels = [
         (axes[0][0], "memory (MiB)", [("server RSS", [v / 1024 for v in col("rss_kib")])]),
         (axes[0][1], "files (MiB)", [("database", [v / 1024 for v in col("db_kib")]),
                                      ("WAL", [v / 1024 for v in col("wal_kib")])]),
         (axes[1][0], "rows", [("activities", col("rows_activities")), ("aggregates", col("rows_aggregates")),
                               ("owners", col("rows_owners"))]),
-        (axes[1][1], "records", [("in flight", col("in_flight")), ("reaped (total)", col("total_reaped")),
-                                 ("p99 call ms", col("p99_ms"))]),
+        (axes[0][2], "records", [("in flight", col("in_flight")), ("reaped (total)", col("total_reaped"))]),
+        (axes[1][1], "latency (ms) per interval", [("p50 call (client)", col("p50_ms")),
+                                                   ("p99 call (client)", col("p99_ms")),
+                                                   ("p99 request (server, bucket bound)", col("server_p99_ms"))]),
+        (axes[1][2], "requests over a second per interval", [("server's histogram", col("server_over_1s")),
+                                                            ("slow-request warnings", col("slow_logged"))]),
     ]
     for ax, title, series in panels:
         for label, values in series:
@@ -233,7 +276,12 @@ def main():
     parser.add_argument("--retention", default="5m", help="how long settled records are kept")
     parser.add_argument("--sample", type=float, default=10, help="seconds between samples")
     parser.add_argument("--out", default="soak-out")
+    parser.add_argument("--plot", metavar="CSV", help="only plot this CSV (to --out/soak.png), running nothing")
     args = parser.parse_args()
+    if args.plot:
+        os.makedirs(args.out, exist_ok=True)
+        plot(args.plot, os.path.join(args.out, "soak.png"))
+        return
 
     os.makedirs(args.out, exist_ok=True)
     db = os.path.join(os.path.abspath(args.out), "soak.db")
@@ -271,6 +319,9 @@ def main():
 
         csv_path = os.path.join(args.out, "soak.csv")
         reader = Client(port)
+        log_path = os.path.join(args.out, "server.log")
+        _, scraped = reader.call_text("GET", "/metrics")
+        before, slow_lines = request_buckets(scraped), 0
         began = time.monotonic()
         duration = parse_duration(args.duration)
         with open(csv_path, "w", newline="") as f:
@@ -281,6 +332,13 @@ def main():
                 elapsed = time.monotonic() - began
                 _, snap = reader.call("GET", "/v1/snapshot?limit=1&since=1m")
                 latencies = stats.take_latencies()
+                _, scraped = reader.call_text("GET", "/metrics")
+                after = request_buckets(scraped)
+                requests, server_p99, over = server_interval(before, after)
+                before = after
+                with open(log_path) as server_log:
+                    logged = sum(1 for line in server_log if "slow request" in line)
+                slow_logged, slow_lines = logged - slow_lines, logged
                 activities, aggregates, owner_rows = rows(db)
                 row = {
                     "elapsed_s": round(elapsed), "rss_kib": rss_kib(server.pid),
@@ -291,6 +349,8 @@ def main():
                     "total_reaped_owner_lost": snap["totalReapedOwnerLost"],
                     "calls_done": stats.done, "calls_failed": stats.failed,
                     "p50_ms": round(percentile(latencies, 0.5), 2), "p99_ms": round(percentile(latencies, 0.99), 2),
+                    "server_requests": requests, "server_p99_ms": server_p99, "server_over_1s": over,
+                    "slow_logged": slow_logged,
                 }
                 out.writerow(row)
                 f.flush()
