@@ -497,7 +497,9 @@ mod tests {
     fn record(class: &str) -> ActivityRecord {
         let config = crate::config::LedgerConfig::default();
         let new = NewActivity::fixture(class);
-        begin(new, Timestamp::from_millis(1_000), config.policy()).unwrap().record
+        begin(new, Timestamp::from_millis(1_000), config.policy())
+            .unwrap()
+            .record
     }
 
     #[test]
@@ -512,7 +514,11 @@ mod tests {
             .collect();
         assert_eq!(read[0], a);
         assert_eq!(read[2], c);
-        assert_eq!(read[0].labels.identity(), read[1].labels.identity(), "the same set, read once");
+        assert_eq!(
+            read[0].labels.identity(),
+            read[1].labels.identity(),
+            "the same set, read once"
+        );
         assert_ne!(read[1].labels.identity(), read[2].labels.identity());
         assert_ne!(read[2].labels.identity(), read[3].labels.identity());
         assert_eq!(*read[3].labels, *a.labels);
