@@ -23,7 +23,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
-use crate::store::slow::{Kinds, SlowLog};
+use crate::store::sql::slow_log::{Kinds, SlowLog};
 use crate::store::Watchers;
 use crate::store::{Command, Reply};
 

@@ -2,7 +2,7 @@
 //! question is written once: the column lists ([`columns`]), the statements
 //! both dialects run ([`statements`]), the row codec ([`codec`]), the
 //! counter changes a group adds up ([`counts`]), the group-commit run
-//! ([`group`]), and the questions of
+//! ([`group`]) and its slow work ([`slow_log`]), and the questions of
 //! [`crate::domain::query`] answered over a [`questions::Driver`]
 //! ([`questions`]).
 //!
@@ -15,6 +15,7 @@ pub(crate) mod columns;
 pub(crate) mod counts;
 pub(crate) mod group;
 pub(crate) mod questions;
+pub(crate) mod slow_log;
 pub(crate) mod statements;
 
 /// How a statement may read the tables, for the plan checks of both

@@ -102,7 +102,7 @@ fn checkpoint_loop(conn: &Connection, nudged: &mpsc::Receiver<()>, published: &P
         // It takes no lock the writer waits on, but it shares the disk.
         published
             .slow
-            .ended(began, || "a checkpoint of the log".to_owned());
+            .keep(began, began.elapsed(), || "a checkpoint of the log".to_owned());
         match checkpointed {
             Ok(()) if failing => {
                 failing = false;
