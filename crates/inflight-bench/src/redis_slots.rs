@@ -35,7 +35,7 @@ const CAP: u64 = 1_000_000;
 /// our side (5 minutes), so nothing expires during a run.
 const DEADLINE_MS: i64 = 5 * 60 * 1000;
 
-/// The acquire. KEYS[1]: the lane's sorted set; ARGV: now (ms), the
+/// The acquire. `KEYS[1]`: the lane's sorted set; `ARGV`: now (ms), the
 /// deadline (ms), the cap, the call's id. 1 when the slot is taken, 0 when
 /// the lane is full.
 const ACQUIRE: &str = r"
