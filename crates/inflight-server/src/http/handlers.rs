@@ -249,7 +249,7 @@ pub(super) async fn start(
 }
 
 /// `wait`: a duration of at most 30 s.
-fn parse_wait(text: &str) -> Answer<Duration> {
+pub(super) fn parse_wait(text: &str) -> Answer<Duration> {
     let wait = humantime::parse_duration(text.trim()).map_err(|_| {
         ApiError::invalid(format!(
             "`wait` must be a duration such as \"5s\" or \"500ms\", got {text:?}"

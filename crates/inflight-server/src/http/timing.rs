@@ -89,13 +89,13 @@ pub(crate) fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// How long a request asked to wait in line: its `wait` parameter, or
-/// zero. One the handler refuses as malformed holds nothing.
+/// How long a request asked to wait in line: its `wait` parameter, read by
+/// the handlers' own rule (`parse_wait`); one they refuse holds nothing.
 pub(crate) fn asked_to_wait(query: Option<&str>) -> Option<Duration> {
     query?
         .split('&')
         .find_map(|pair| pair.strip_prefix("wait="))
-        .and_then(|text| humantime::parse_duration(text.trim()).ok())
+        .and_then(|text| super::handlers::parse_wait(text).ok())
 }
 
 /// When a request began, and how much the store had run by then.
@@ -189,6 +189,8 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         assert_eq!(asked_to_wait(Some("wait=soon")), None);
+        // Past the handlers' 30 s limit: refused, so it holds nothing.
+        assert_eq!(asked_to_wait(Some("wait=31s")), None);
         assert_eq!(asked_to_wait(Some("start=now")), None);
         assert_eq!(asked_to_wait(None), None);
     }
