@@ -138,8 +138,8 @@ pub mod values;
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use parse::ParseError;
 pub use request::{
-    BeginQuery, BeginRequest, CancelRequest, RegisterOwnerRequest, SettleRequest, SnapshotQuery, StartQuery,
-    StartRequest,
+    BeginQuery, BeginRequest, CancelRequest, RefineRequest, RegisterOwnerRequest, SettleRequest,
+    SnapshotQuery, StartQuery, StartRequest,
 };
 pub use response::{
     ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,

@@ -109,6 +109,16 @@ pub struct CancelRequest {
     pub reason: Option<String>,
 }
 
+/// `POST /v1/activities/{id}/refine`: the model the call was dispatched to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct RefineRequest {
+    /// The model, required and not empty; redacted and kept within the
+    /// label limits as a begin's is.
+    pub model: String,
+}
+
 /// `POST /v1/owners`: registers an owner with a lease.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -78,6 +78,12 @@ pub struct ActivityRecord {
     pub failure_stage: Option<FailureStage>,
     /// A settle or cancel arrived after it was reaped.
     pub late_settle: bool,
+    /// A refinement set its model: `model` is then the one its call was
+    /// dispatched to, or `unknown` when dispatches named different ones.
+    /// (Absent, as `false`, from servers older than refinement.)
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub refined: bool,
     /// Why the caller cancelled, when it said so (redacted like models);
     /// left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -401,6 +401,7 @@ mod tests {
             success: None,
             failure_stage: None,
             late_settle: false,
+            refined: false,
             cancel_reason: None,
             ignored_fields: Vec::new(),
         }

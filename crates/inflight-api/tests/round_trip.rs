@@ -57,6 +57,7 @@ fn record(state: State) -> ActivityRecord {
         success: None,
         failure_stage: None,
         late_settle: false,
+        refined: true,
         cancel_reason: None,
         ignored_fields: Vec::new(),
     }
@@ -312,14 +313,14 @@ fn the_record_writes_every_documented_field_in_order() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:20:02.000Z","queueWaitMs":2000,"executionMs":null,"#,
-            r#""success":null,"failureStage":null,"lateSettle":false}"#
+            r#""success":null,"failureStage":null,"lateSettle":false,"refined":true}"#
         )
     );
     let mut cancelled = record(State::Cancelled);
     cancelled.cancel_reason = Some("bye".to_owned());
     assert!(serde_json::to_string(&cancelled)
         .unwrap()
-        .ends_with(r#""lateSettle":false,"cancelReason":"bye"}"#));
+        .ends_with(r#""lateSettle":false,"refined":true,"cancelReason":"bye"}"#));
 }
 
 #[test]

@@ -608,7 +608,7 @@ async fn get_answers_the_record_404_for_an_unknown_id_and_400_for_a_malformed_on
     for bad in ["not-a-uuid", "123", "%FF%FE"] {
         let reply = api.get(&format!("/v1/activities/{bad}")).await;
         reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", bad);
-        for action in ["start", "settle", "cancel"] {
+        for action in ["start", "settle", "cancel", "refine"] {
             let reply = api.post(&format!("/v1/activities/{bad}/{action}"), "{}").await;
             reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", action);
         }
@@ -794,6 +794,66 @@ async fn cancel_is_200_and_a_cancel_of_a_success_is_409() {
         .await;
     let conflict = api.post(&format!("/v1/activities/{done}/cancel"), "{}").await;
     conflict.assert_error(StatusCode::CONFLICT, "conflict", "cancel after success");
+}
+
+#[tokio::test]
+async fn refine_sets_the_model_once_folds_a_second_to_unknown_and_409s_when_ended() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let path = format!("/v1/activities/{id}/refine");
+    let first = api.post(&path, r#"{"model": "llama3.1:8b"}"#).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(
+        (first.body["model"].clone(), first.body["refined"].clone()),
+        (json!("llama3.1:8b"), json!(true))
+    );
+    let again = api.post(&path, r#"{"model": "llama3.1:8b"}"#).await;
+    assert_eq!(again.body, first.body, "the same model again changes nothing");
+    let folded = api.post(&path, r#"{"model": "qwen2.5:7b"}"#).await;
+    assert_eq!(folded.status, StatusCode::OK);
+    assert_eq!(folded.body["model"], "unknown");
+
+    // The snapshot attributes the call to its final model, totals unchanged.
+    let snap = api.snapshot().await;
+    assert_eq!(snap["totalActivities"], 1);
+    let models: Vec<_> = snap["aggregates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["model"].as_str().unwrap().to_owned(),
+                a["calls"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(models.contains(&("unknown".to_owned(), 1)), "{models:?}");
+    assert!(!models.iter().any(|(_, calls)| *calls > 1), "{models:?}");
+
+    let before = api.get(&format!("/v1/activities/{id}")).await.body;
+    for (what, body) in [
+        ("empty body", ""),
+        ("malformed JSON", "{\"model\": "),
+        ("missing model", "{}"),
+        ("model not a string", r#"{"model": 7}"#),
+        ("empty model", r#"{"model": "  "}"#),
+    ] {
+        let reply = api.post(&path, body).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+    }
+    assert_eq!(api.get(&format!("/v1/activities/{id}")).await.body, before);
+
+    api.post(&format!("/v1/activities/{id}/settle"), r#"{"success": true}"#)
+        .await;
+    let ended = api.post(&path, r#"{"model": "llama3.1:8b"}"#).await;
+    ended.assert_error(StatusCode::CONFLICT, "conflict", "refine after settle");
+    let missing = api
+        .post(
+            "/v1/activities/6f1c1a3e-7d35-4e1b-9a3c-2f1f0f6a9b10/refine",
+            r#"{"model": "m"}"#,
+        )
+        .await;
+    missing.assert_error(StatusCode::NOT_FOUND, "not_found", "unknown id");
 }
 
 #[tokio::test]
@@ -1060,6 +1120,7 @@ async fn a_token_bound_to_services_acts_only_for_them() {
         ("start", "{}"),
         ("settle", r#"{"success": true}"#),
         ("cancel", "{}"),
+        ("refine", r#"{"model": "bge-m3"}"#),
     ] {
         let uri = format!("/v1/activities/{theirs}/{action}");
         let reply = api.send_with(Method::POST, &uri, Some(body), bound).await;
@@ -1079,6 +1140,7 @@ async fn a_token_bound_to_services_acts_only_for_them() {
     let ours = reply.body["activityId"].as_str().unwrap().to_owned();
     for (action, body, state) in [
         ("start", "{}", "executing"),
+        ("refine", r#"{"model": "bge-m3"}"#, "executing"),
         ("settle", r#"{"success": true}"#, "succeeded"),
     ] {
         let uri = format!("/v1/activities/{ours}/{action}");

@@ -376,11 +376,12 @@ async fn the_series_per_aggregate_are_there_when_asked_for() {
     api.post(&format!("/v1/activities/{id}/start"), json!({})).await;
     let (text, samples) = api.metrics().await;
     let labels = r#"service="kb",operation_stage="ingest",class="embedding",provider="ollama",model="nomic-embed-text",priority="unknown",admission="queued""#;
+    // A call counts when it ends, under its final model.
     expect(
         &samples,
         &text,
         &format!("inflight_aggregate_calls_total{{{labels}}}"),
-        "1",
+        "0",
     );
     expect(
         &samples,
@@ -399,6 +400,15 @@ async fn the_series_per_aggregate_are_there_when_asked_for() {
         &text,
         &format!(r#"inflight_aggregate_reaped_total{{{labels},disposition="abandoned",reason="deadline"}}"#),
         "0",
+    );
+    api.post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+        .await;
+    let (text, samples) = api.metrics().await;
+    expect(
+        &samples,
+        &text,
+        &format!("inflight_aggregate_calls_total{{{labels}}}"),
+        "1",
     );
 }
 

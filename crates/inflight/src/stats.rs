@@ -365,6 +365,7 @@ impl CallStats {
                 reason,
                 age_ms,
                 bound_ms,
+                ..
             } => {
                 self.reaped += 1;
                 self.abandoned += u64::from(disposition == Disposition::Abandoned);

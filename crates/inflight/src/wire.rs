@@ -60,6 +60,7 @@ impl ToApi for inflight::ActivityRecord {
             success: self.success,
             failure_stage: self.failure_stage,
             late_settle: self.late_settle,
+            refined: self.refined,
             cancel_reason: self.cancel_reason.clone(),
             ignored_fields: Vec::new(),
         }

@@ -161,6 +161,14 @@ const REASONS: [(&str, &str); 2] = [
     ("sk-live-abc", "redacted"),
 ];
 const RELEASE_REASON: &str = "owner released";
+/// Models a refinement names, as sent and as recorded: the begin's, another,
+/// one redacted (a credential), and an empty one (refused).
+const REFINED_MODELS: [(&str, Option<&str>); 4] = [
+    (MODEL, Some(MODEL)),
+    ("bge-m3", Some("bge-m3")),
+    ("sk-live-abc", Some("redacted")),
+    ("", None),
+];
 
 fn millis(ms: i64) -> Duration {
     Duration::from_millis(ms as u64)
@@ -294,6 +302,7 @@ enum Op {
     Start(Pick, Ts),
     Settle(Pick, bool, Option<FailureStage>, Ts),
     Cancel(Pick, Option<usize>, Ts),
+    Refine(Pick, usize),
     Get(Pick),
     Register(usize, usize),
     Renew(OwnerPick),
@@ -389,6 +398,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (pick(), ts()).prop_map(|(p, t)| Op::Settle(p, true, None, t)),
         1 => (pick(), stage, ts()).prop_map(|(p, s, t)| Op::Settle(p, false, s, t)),
         1 => (pick(), prop::option::of(0..REASONS.len()), ts()).prop_map(|(p, r, t)| Op::Cancel(p, r, t)),
+        2 => (pick(), 0..REFINED_MODELS.len()).prop_map(|(p, m)| Op::Refine(p, m)),
         1 => pick().prop_map(Op::Get),
         2 => (0..OWNER_NAMES.len(), prop_oneof![1 => Just(0usize), 8 => 1..TTLS.len()])
             .prop_map(|(n, t)| Op::Register(n, t)),
@@ -455,6 +465,7 @@ enum Step {
     Start(usize, Option<i64>),
     Settle(usize, bool, Option<FailureStage>, Option<i64>),
     Cancel(usize, Option<&'static str>, Option<i64>),
+    Refine(usize, usize),
     Get(usize),
     Register(&'static str, i64),
     Renew(OwnerRef),
@@ -471,6 +482,8 @@ enum Step {
 // ids are shown as the index `r` of the id in the run, owners as the index
 // `o` of their registration, times relative to T0.
 
+// One observation per step, compared and dropped: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 enum Obs {
     Refused(ErrorKind),
@@ -510,6 +523,7 @@ struct Rec {
     failure_stage: Option<FailureStage>,
     late_settle: bool,
     cancel_reason: Option<String>,
+    refined: bool,
 }
 
 impl Rec {
@@ -639,6 +653,15 @@ struct Tot {
 }
 
 impl Tot {
+    /// A call counts its queue wait when it ends, under its final model.
+    fn queue_wait(&mut self, wait: Option<i64>) {
+        if let Some(wait) = wait {
+            self.qw_count += 1;
+            self.qw_sum += wait;
+            self.qw_max = self.qw_max.max(wait);
+        }
+    }
+
     fn seen(&mut self, at: i64) {
         self.last_seen = Some(self.last_seen.map_or(at, |seen| seen.max(at)));
     }
@@ -739,8 +762,10 @@ impl Model {
         // Like every instant the ledger stamps: never before the record's latest.
         rec.reaped_at = Some(now.max(rec.latest()));
         rec.reapable_at = None;
+        let wait = rec.queue_wait_ms;
         let tot = self.tot(r);
         tot.in_flight -= 1;
+        tot.queue_wait(wait);
         match disposition {
             Disposition::Abandoned => tot.abandoned += 1,
             Disposition::Unsettled => tot.unsettled += 1,
@@ -850,6 +875,7 @@ impl Model {
             Step::Cancel(r, reason, at) => self.transition(*r, false, |m, r| {
                 m.settle(r, State::Cancelled, None, sanitized(*reason), *at)
             }),
+            Step::Refine(r, m) => self.refine(*r, *m),
             Step::Get(r) => self.get(*r),
             Step::Register(name, ttl) => self.register(name, *ttl),
             Step::Renew(owner) => self.renew(*owner),
@@ -935,6 +961,7 @@ impl Model {
             failure_stage: None,
             late_settle: false,
             cancel_reason: None,
+            refined: false,
         };
         rec.reapable_at = bound_of(&rec);
         if rec.state == State::Executing {
@@ -949,9 +976,6 @@ impl Model {
         tot.in_flight += 1;
         tot.seen(enqueued);
         if let Some(started) = spec.started {
-            tot.qw_count += 1;
-            tot.qw_sum += started - enqueued;
-            tot.qw_max = tot.qw_max.max(started - enqueued);
             tot.seen(started);
         }
         // Begun with old timestamps: past its bound at once.
@@ -1019,11 +1043,7 @@ impl Model {
         let wait = at - rec.enqueued_at;
         rec.queue_wait_ms = Some(wait);
         rec.reapable_at = bound_of(rec);
-        let tot = self.tot(r);
-        tot.qw_count += 1;
-        tot.qw_sum += wait;
-        tot.qw_max = tot.qw_max.max(wait);
-        tot.seen(at);
+        self.tot(r).seen(at);
         Ok(())
     }
 
@@ -1075,8 +1095,10 @@ impl Model {
         rec.failure_stage = stage;
         rec.cancel_reason = reason;
         let execution = rec.execution_ms;
+        let wait = rec.queue_wait_ms;
         let tot = self.tot(r);
         tot.in_flight -= 1;
+        tot.queue_wait(wait);
         match outcome {
             State::Succeeded => tot.succeeded += 1,
             State::Failed => tot.failed += 1,
@@ -1090,6 +1112,44 @@ impl Model {
         tot.seen(at);
         *self.minutes.entry(minute_of(at)).or_default() += 1;
         Ok(())
+    }
+
+    /// Refinement (semantics, section 2): the first one sets the model, the same one again
+    /// keeps it, a different one folds it to `unknown`; only in flight.
+    /// The call's count in flight moves with it.
+    fn refine(&mut self, r: usize, m: usize) -> Result<Obs, Refusal> {
+        let Some(asked) = REFINED_MODELS[m].1 else {
+            return Err(ErrorKind::InvalidInput);
+        };
+        let Some(rec) = self.rec(r) else {
+            return Err(ErrorKind::NotFound);
+        };
+        if let Some(o) = rec.owner {
+            self.lose_if_expired(o);
+        }
+        self.reap_if_due(r);
+        let now = self.now;
+        let rec = self.rec(r).unwrap();
+        if !rec.in_flight() {
+            return Err(ErrorKind::Conflict);
+        }
+        let model = if !rec.refined || rec.model == asked {
+            asked
+        } else {
+            "unknown"
+        };
+        if rec.model != model {
+            let at = now.max(rec.latest());
+            self.tot(r).in_flight -= 1;
+            self.tot(r).calls -= 1;
+            self.rec_mut(r).model = model.to_owned();
+            let tot = self.tot(r);
+            tot.in_flight += 1;
+            tot.calls += 1;
+            tot.seen(at);
+        }
+        self.rec_mut(r).refined = true;
+        Ok(Obs::Record(self.rec(r).unwrap().clone()))
     }
 
     fn get(&mut self, r: usize) -> Result<Obs, Refusal> {
@@ -1509,6 +1569,7 @@ impl Model {
                 let r = self.pick(*p);
                 Step::Cancel(r, reason.map(|i| REASONS[i].0), self.ts(r, *ts, restrict))
             }
+            Op::Refine(p, m) => Step::Refine(self.pick(*p), *m),
             Op::Get(p) => Step::Get(self.pick(*p)),
             Op::Register(name, ttl) => Step::Register(OWNER_NAMES[*name], TTLS[*ttl]),
             Op::Renew(owner) => Step::Renew(self.owner_ref(*owner)),
@@ -1634,6 +1695,10 @@ impl Subject {
                     at: abs(*at),
                 },
             ),
+            Step::Refine(r, m) => Command::Refine {
+                id: model.ids[*r],
+                model: REFINED_MODELS[*m].0.to_owned(),
+            },
             Step::Get(r) => Command::Get { id: model.ids[*r] },
             Step::Register(name, ttl_ms) => Command::RegisterOwner {
                 name: Label::new("owner name", name).unwrap(),
@@ -1721,6 +1786,7 @@ impl Subject {
             failure_stage: record.failure_stage,
             late_settle: record.late_settle,
             cancel_reason: record.cancel_reason.clone(),
+            refined: record.refined,
         }
     }
 

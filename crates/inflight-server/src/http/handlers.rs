@@ -362,6 +362,34 @@ pub(super) async fn settle(
     Ok(RecordJson(state.ledger().settle(id, settlement).await?.to_api()))
 }
 
+/// `POST /v1/activities/{id}/refine`.
+#[utoipa::path(post, path = "/v1/activities/{id}/refine", operation_id = "refineActivity", tag = "activities",
+    summary = "Refine a record's model to the one its call was dispatched to",
+    description = "Only a record in flight (waiting or executing) can be refined. The first refinement \
+        replaces the begin's model; the same model again changes nothing, so a retry is harmless; a \
+        different model folds it to `unknown`, for good. The model is redacted and kept within the label \
+        limits as a begin's is, and the call counts in the aggregate of its final model.",
+    params(ActivityIdParam),
+    request_body = api::RefineRequest,
+    responses(
+        (status = 200, description = "The record, with `refined: true`", body = api::ActivityRecord),
+        (status = 400, description = "A bad id or `model`", body = api::ErrorBody),
+        (status = 404, description = "No such activity", body = api::ErrorBody),
+        (status = 409, description = "The record is no longer in flight", body = api::ErrorBody),
+    ))]
+pub(super) async fn refine(
+    State(state): State<AppState>,
+    grant: Grant,
+    path: Result<Path<String>, PathRejection>,
+    RequiredBody(request): RequiredBody<api::RefineRequest>,
+) -> Answer<RecordJson> {
+    let id = activity_id(path)?;
+    check_record(&state, &grant, id, "POST /v1/activities/{id}/refine").await?;
+    Ok(RecordJson(
+        state.ledger().refine(id, request.model).await?.to_api(),
+    ))
+}
+
 /// `POST /v1/activities/{id}/cancel`.
 #[utoipa::path(post, path = "/v1/activities/{id}/cancel", operation_id = "cancelActivity", tag = "activities",
     summary = "Cancel a record: an abort the ledger observed",

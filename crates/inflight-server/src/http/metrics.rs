@@ -515,7 +515,7 @@ fn register_aggregates(registry: &mut Registry, snapshot: &Snapshot) {
             priority: key.priority.as_str(),
             admission: key.admission.as_str(),
         };
-        calls.get_or_create(&labels).inc_by(count(totals.calls));
+        calls.get_or_create(&labels).inc_by(count(totals.ends_ever()));
         in_flight.get_or_create(&labels).set(totals.in_flight);
         for (outcome, value) in outcomes(totals) {
             let outcome = AggregateOutcome {
@@ -537,7 +537,11 @@ fn register_aggregates(registry: &mut Registry, snapshot: &Snapshot) {
             }
         }
     }
-    registry.register("aggregate_calls", "Records begun, per aggregate", calls);
+    registry.register(
+        "aggregate_calls",
+        "Calls that ended (settled, cancelled or reaped), per aggregate, counted under the model they ended with; a call reaped abandoned and then started counts its reap and its end",
+        calls,
+    );
     registry.register(
         "aggregate_in_flight",
         "Records in flight now, per aggregate",

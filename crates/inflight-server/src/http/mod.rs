@@ -149,6 +149,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::start))
         .routes(routes!(handlers::settle))
         .routes(routes!(handlers::cancel))
+        .routes(routes!(handlers::refine))
         .routes(routes!(handlers::snapshot))
         .routes(routes!(handlers::reap))
         .routes(routes!(handlers::metrics))

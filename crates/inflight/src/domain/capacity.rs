@@ -32,7 +32,11 @@ pub fn change(record: &ActivityRecord, effect: &Effect, capped: impl FnOnce() ->
     let change = match effect {
         Effect::Started { .. } => Capacity::Granted,
         Effect::Settled { .. } | Effect::Reaped { .. } => Capacity::Freed,
-        Effect::Begun { .. } | Effect::Resurrected | Effect::LateSettle { .. } => return None,
+        Effect::Begun { .. }
+        | Effect::Resurrected
+        | Effect::LateSettle { .. }
+        | Effect::LeftAggregate
+        | Effect::JoinedAggregate { .. } => return None,
     };
     capped().then_some(change)
 }
@@ -64,12 +68,14 @@ mod tests {
                 at,
                 state: State::Succeeded,
                 execution_ms: Some(1),
+                queue_wait_ms: Some(0),
             },
             Effect::Reaped {
                 disposition: Disposition::Abandoned,
                 reason: ReapReason::Deadline,
                 age_ms: 1,
                 bound_ms: 1,
+                queue_wait_ms: None,
             },
             Effect::Resurrected,
             Effect::LateSettle { at },

@@ -55,10 +55,15 @@ impl AggregateKey {
 }
 
 /// Running totals of one aggregate. Also used as a change to add.
+///
+/// A call counts into its aggregate when it ends (its outcome, its queue
+/// wait and execution time), under the model it ended with; while in
+/// flight it counts only in `in_flight`, which a refinement moves to the
+/// aggregate of the new model. So a refinement moves no counted call, and
+/// no counter a monitor reads ever goes down ([`Totals::calls`],
+/// [`Totals::ends_ever`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Totals {
-    /// Records begun.
-    pub calls: i64,
     /// Settled with success.
     pub succeeded: i64,
     /// Settled with failure.
@@ -113,23 +118,20 @@ impl Totals {
     /// or to a delta that a database adds.
     pub fn count(&mut self, effect: &Effect) {
         match *effect {
-            Effect::Begun { at } => {
-                self.calls += 1;
+            Effect::Begun { at } | Effect::JoinedAggregate { at } => {
                 self.in_flight += 1;
                 self.seen(at);
             }
-            Effect::Started { at, queue_wait_ms } => {
-                self.queue_wait_count += 1;
-                self.queue_wait_sum_ms += queue_wait_ms;
-                self.queue_wait_max_ms = self.queue_wait_max_ms.max(queue_wait_ms);
-                self.seen(at);
-            }
+            Effect::LeftAggregate => self.in_flight -= 1,
+            Effect::Started { at, .. } => self.seen(at),
             Effect::Settled {
                 at,
                 state,
                 execution_ms,
+                queue_wait_ms,
             } => {
                 self.in_flight -= 1;
+                self.queue_wait(queue_wait_ms);
                 match state {
                     State::Succeeded => self.succeeded += 1,
                     State::Failed => self.failed += 1,
@@ -143,9 +145,13 @@ impl Totals {
                 self.seen(at);
             }
             Effect::Reaped {
-                disposition, reason, ..
+                disposition,
+                reason,
+                queue_wait_ms,
+                ..
             } => {
                 self.in_flight -= 1;
+                self.queue_wait(queue_wait_ms);
                 match disposition {
                     Disposition::Abandoned => self.reaped_abandoned += 1,
                     Disposition::Unsettled => self.reaped_unsettled += 1,
@@ -169,13 +175,41 @@ impl Totals {
         }
     }
 
+    fn queue_wait(&mut self, sample: Option<i64>) {
+        if let Some(ms) = sample {
+            self.queue_wait_count += 1;
+            self.queue_wait_sum_ms += ms;
+            self.queue_wait_max_ms = self.queue_wait_max_ms.max(ms);
+        }
+    }
+
+    /// Calls begun in this aggregate, each counted once, where it is now:
+    /// the ones in flight and the ones that ended. A refinement moves a
+    /// call in flight from one aggregate's count to another's; the sum over
+    /// aggregates never changes.
+    pub fn calls(&self) -> i64 {
+        self.in_flight + self.ended()
+    }
+
+    /// Calls that ended here (settled, cancelled, or reaped and not
+    /// resurrected since).
+    pub fn ended(&self) -> i64 {
+        self.succeeded + self.failed + self.cancelled + self.reaped()
+    }
+
+    /// Ends ever counted here, for a monitoring counter that never goes
+    /// down: a call reaped `abandoned` and then resurrected counts its reap
+    /// and its later end.
+    pub fn ends_ever(&self) -> i64 {
+        self.ended() + self.resurrections
+    }
+
     fn seen(&mut self, at: Timestamp) {
         self.last_seen_at = Some(self.last_seen_at.map_or(at, |seen| seen.max(at)));
     }
 
     /// Adds `delta` to these totals (maxima take the larger value).
     pub fn add(&mut self, delta: &Self) {
-        self.calls += delta.calls;
         self.succeeded += delta.succeeded;
         self.failed += delta.failed;
         self.cancelled += delta.cancelled;
@@ -268,7 +302,7 @@ impl AggregateView {
         let max = |max: i64, count: i64| (count > 0).then_some(max);
         Self {
             key,
-            calls: totals.calls,
+            calls: totals.calls(),
             successes: totals.succeeded,
             failures: totals.failed,
             cancelled: totals.cancelled,
@@ -328,6 +362,7 @@ mod tests {
             reason,
             age_ms: 0,
             bound_ms: 0,
+            queue_wait_ms: None,
         }
     }
 

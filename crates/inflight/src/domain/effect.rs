@@ -30,6 +30,9 @@ pub enum Effect {
         state: State,
         /// `completedAt - startedAt`, if it had started.
         execution_ms: Option<i64>,
+        /// `startedAt - enqueuedAt`, if it had started: the queue wait is
+        /// counted when the call ends, under its final model.
+        queue_wait_ms: Option<i64>,
     },
     /// A record was reaped.
     Reaped {
@@ -42,9 +45,19 @@ pub enum Effect {
         age_ms: i64,
         /// Its bound, from the same instant: past this age it is due.
         bound_ms: i64,
+        /// `startedAt - enqueuedAt` when it had started (`unsettled`).
+        queue_wait_ms: Option<i64>,
     },
     /// An abandoned record was started after all: it is live again.
     Resurrected,
+    /// A refinement moved a record in flight out of this aggregate (to the
+    /// one its new model counts in).
+    LeftAggregate,
+    /// A refinement moved a record in flight into this aggregate at `at`.
+    JoinedAggregate {
+        /// When the refinement landed.
+        at: Timestamp,
+    },
     /// The first settle or cancel to arrive for a reaped record.
     LateSettle {
         /// When the late settle counts as seen (clamped into the record's life).

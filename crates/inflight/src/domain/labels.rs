@@ -202,6 +202,17 @@ impl ActivityLabels {
         self.same_set(other)
     }
 
+    /// These labels with `model` instead of theirs.
+    pub(crate) fn with_model(&self, model: Arc<str>) -> Self {
+        Self::new(LabelSet {
+            service: self.service.clone(),
+            provider: self.provider.clone(),
+            class: self.class.clone(),
+            operation_stage: self.operation_stage.clone(),
+            model,
+        })
+    }
+
     /// Whether both are the same shared set: one pointer compared.
     pub(crate) fn same_set(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -383,6 +394,22 @@ pub fn sanitize_model(raw: Option<&str>) -> String {
     } else {
         REDACTED.to_owned()
     }
+}
+
+/// The model a refinement names, sanitized as a begin's is
+/// ([`sanitize_model`]).
+///
+/// # Errors
+/// A [`LabelError`] naming `model` when it is empty: a refinement says
+/// which model served the call, so it must name one.
+pub fn refinement_model(raw: &str) -> Result<Arc<str>, LabelError> {
+    if raw.trim().is_empty() {
+        return Err(LabelError {
+            field: "model",
+            problem: "must not be empty".into(),
+        });
+    }
+    Ok(sanitize_model(Some(raw)).into())
 }
 
 /// Keeps a free-text diagnostic (such as a cancel reason) only when it carries

@@ -109,6 +109,9 @@ pub struct ActivityRecord {
     /// Why the caller cancelled, when it said so (redacted like model names).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    /// A refinement set its model (`model` is then the one it was
+    /// dispatched to, or `unknown` when dispatches named different ones).
+    pub refined: bool,
 }
 
 impl ActivityRecord {

@@ -331,7 +331,7 @@ impl Snapshot {
                 .into_iter()
                 .map(|(key, view)| (key.to_string(), view))
                 .collect(),
-            total_activities: everything.calls,
+            total_activities: everything.calls(),
             total_succeeded: everything.succeeded,
             total_failed: everything.failed,
             total_cancelled: everything.cancelled,

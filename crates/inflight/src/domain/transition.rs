@@ -5,10 +5,12 @@
 //! together with the counter changes their [`Effect`]s imply. No rule of the
 //! state machine lives anywhere else.
 
+use std::sync::Arc;
+
 use smallvec::smallvec;
 
 use super::bounds::ReapPolicy;
-use super::labels::{sanitize_note, ActivityLabels};
+use super::labels::{sanitize_note, ActivityLabels, UNKNOWN};
 use super::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
@@ -200,6 +202,7 @@ pub fn begin(new: NewActivity, now: Timestamp, policy: &ReapPolicy) -> Result<Ap
         failure_stage: None,
         late_settle: false,
         cancel_reason: None,
+        refined: false,
     };
     record.derive_durations();
     record.reapable_at = policy.reapable_at(&record);
@@ -267,6 +270,7 @@ fn mark_reaped(record: &mut ActivityRecord, now: Timestamp, reason: ReapReason) 
         reason,
         age_ms,
         bound_ms,
+        queue_wait_ms: record.queue_wait_ms,
     }
 }
 
@@ -418,8 +422,56 @@ fn settle(
         at,
         state: outcome,
         execution_ms: record.execution_ms,
+        queue_wait_ms: record.queue_wait_ms,
     });
     Ok(())
+}
+
+/// The model a refinement to `model` (already sanitized and restricted to
+/// its vocabulary) gives `record`: the first refinement replaces the
+/// begin's model, the same model again keeps it, and a different one folds
+/// it to `unknown`, for good (as the seed's dispatch hook does, so that a
+/// call is never attributed to a model that may not have served it).
+pub fn refined_model(record: &ActivityRecord, model: &Arc<str>) -> Arc<str> {
+    if !record.refined || *record.labels.model == **model {
+        Arc::clone(model)
+    } else {
+        UNKNOWN.into()
+    }
+}
+
+/// Refines `record` at `now` to `labels` (its labels with the model
+/// [`refined_model`] chose, kept within the label limits), in place,
+/// reaping it first if it is past its bound. Returns whether the record
+/// changed.
+///
+/// # Errors
+/// [`Refusal::Conflict`] when it is no longer in flight; a reap that was
+/// due is then still in `effects`, to be persisted.
+pub fn refine(
+    record: &mut ActivityRecord,
+    labels: ActivityLabels,
+    now: Timestamp,
+    effects: &mut Effects,
+) -> Result<bool, Refusal> {
+    if let Some(reaped) = reap_if_due(record, now) {
+        effects.push(reaped);
+    }
+    if !record.state.is_in_flight() {
+        return Err(Refusal::Conflict(format!(
+            "activity {} is already {}: only a record in flight can be refined",
+            record.activity_id, record.state
+        )));
+    }
+    let changed = !record.refined || record.labels != labels;
+    if record.labels != labels {
+        record.labels = labels;
+        effects.push(Effect::JoinedAggregate {
+            at: default_at(record, now),
+        });
+    }
+    record.refined = true;
+    Ok(changed)
 }
 
 #[cfg(test)]
@@ -501,6 +553,7 @@ mod tests {
                 reason: ReapReason::Deadline,
                 age_ms: now.millis_since(record.enqueued_at),
                 bound_ms: (now - 1).millis_since(record.enqueued_at),
+                queue_wait_ms: None,
             }]
         );
     }

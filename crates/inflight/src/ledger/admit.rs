@@ -51,6 +51,18 @@ impl Permit {
         self.handle.record()
     }
 
+    /// Refines the call's model to the one it was dispatched to.
+    ///
+    /// # Errors
+    /// As [`Ledger::refine`].
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::refine`]; the permit still cancels the call when
+    /// dropped.
+    pub async fn refine(&mut self, model: impl Into<String>) -> Result<&ActivityRecord, LedgerError> {
+        self.handle.refine(model).await
+    }
+
     /// Settles the call, consuming the permit and freeing its slot.
     ///
     /// # Errors

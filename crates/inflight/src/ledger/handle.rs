@@ -59,6 +59,20 @@ impl ActivityHandle {
         Ok(self.record.insert(record))
     }
 
+    /// Refines its model to the one the call was dispatched to.
+    ///
+    /// # Errors
+    /// As [`Ledger::refine`].
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::refine`]; the handle still cancels the record when
+    /// dropped.
+    pub async fn refine(&mut self, model: impl Into<String>) -> Result<&ActivityRecord, LedgerError> {
+        self.record = None;
+        let record = self.ledger.refine(self.id, model).await?;
+        Ok(self.record.insert(record))
+    }
+
     /// Settles it with `outcome`, consuming the handle.
     ///
     /// # Errors

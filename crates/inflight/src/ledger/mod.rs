@@ -445,6 +445,29 @@ impl Ledger {
         self.transition(id, Transition::Cancel { reason, at: None }).await
     }
 
+    /// Refines the model of the record `id`, in flight, to `model`: the one
+    /// its call was dispatched to. The first refinement replaces the
+    /// begin's model; the same model again changes nothing; a different one
+    /// folds it to `unknown`, for good. The model is redacted and kept
+    /// within the label limits as a begin's is, and the call counts in the
+    /// aggregate of its final model.
+    ///
+    /// # Errors
+    /// `Invalid` for an empty model; `NotFound`; `Conflict` when the record
+    /// is no longer in flight.
+    ///
+    /// # Cancel safety
+    /// The refinement is submitted when the future is first polled;
+    /// dropping the future after that does not withdraw it.
+    pub async fn refine(
+        &self,
+        id: ActivityId,
+        model: impl Into<String>,
+    ) -> Result<Arc<ActivityRecord>, LedgerError> {
+        let model = model.into();
+        self.run(Command::Refine { id, model }).await?.into_record()
+    }
+
     /// Submits `transition` of the record `id` now; the future resolves with
     /// the record as it landed. A plain future rather than an `async fn`, so
     /// that the futures of starts and settles built on it stay small.

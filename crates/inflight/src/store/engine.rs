@@ -12,13 +12,13 @@ use crate::domain::bounds::ReapPolicy;
 use crate::domain::capacity::{self, Capacity};
 use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
-use crate::domain::labels::LabelSet;
+use crate::domain::labels::{self, ActivityLabels, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
-use crate::domain::transition::{self, Effect, Effects, NewActivity, Transition};
+use crate::domain::transition::{self, Effect, Effects, Transition};
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply, StoreStats};
@@ -74,10 +74,15 @@ pub(crate) trait Txn: Questions {
     /// [`Watchers::changed`](super::Watchers::changed)) once the command is
     /// committed, and never if the command is undone.
     fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>);
-    /// Whether the aggregate `new` would count in (its labels, priority
-    /// and admission) has totals stored, or counted by an earlier command
+    /// Whether the aggregate of `labels`, `priority` and `admission` has
+    /// totals stored, or counted by an earlier command
     /// of this transaction.
-    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError>;
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError>;
 
     /// Takes the lane's admission lock until the transaction ends, before
     /// an admission decision reads the lane: a store shared by several
@@ -165,7 +170,7 @@ pub(crate) fn execute(
                 let owner = lose_if_expired(txn, config, owner, now)?;
                 owner.check_live()?;
             }
-            bound_labels(txn, config, &mut new)?;
+            bound_labels(txn, config, &mut new.labels, new.priority, new.admission)?;
             let mut applied = transition::begin(new, now, policy)?;
             if applied.record.state == State::Executing {
                 admit(txn, config, &applied.record, true, now)?;
@@ -211,6 +216,7 @@ pub(crate) fn execute(
             applied?;
             Ok(Reply::Record(record))
         }
+        Command::Refine { id, model } => refine(txn, config, id, &model, now).map(Reply::Record),
         Command::Get { id } => {
             let record = load_seen(txn, config, id, now)?;
             Ok(Reply::Record(reap_one(txn, config, record, now)?))
@@ -281,30 +287,79 @@ pub(crate) fn execute(
     }
 }
 
-/// Keeps the labels a begin creates within the configured
-/// [`Cardinality`](crate::domain::Cardinality): folds them (or refuses the
-/// begin) when they are outside a vocabulary, or would make a new lane or
-/// aggregate past its limit. The store is asked only about an aggregate it
-/// does not hold yet, which a steady service never sends.
-fn bound_labels(txn: &mut dyn Txn, config: &LedgerConfig, new: &mut NewActivity) -> Result<(), LedgerError> {
+/// Keeps the labels a begin or a refinement gives a record within the
+/// configured [`Cardinality`](crate::domain::Cardinality): folds them (or
+/// refuses the command) when they are outside a vocabulary, or would make
+/// a new lane or aggregate past its limit. The store is asked only about
+/// an aggregate it does not hold yet, which a steady service never sends.
+fn bound_labels(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    labels: &mut ActivityLabels,
+    priority: Priority,
+    admission: Admission,
+) -> Result<(), LedgerError> {
     let bounds = config.cardinality();
-    if let Some(restricted) = bounds.restrict(&new.labels) {
-        new.labels = restricted;
+    if let Some(restricted) = bounds.restrict(labels) {
+        *labels = restricted;
     }
-    if txn.aggregate_known(new)? {
+    if txn.aggregate_known(labels, priority, admission)? {
         return Ok(());
     }
-    let lane_known = config.declares(&new.labels) || txn.lane_known(&new.labels)?;
+    let lane_known = config.declares(labels) || txn.lane_known(labels)?;
     let (lanes, aggregates) = txn.label_census()?;
     let census = Census {
         lane_known,
         lanes,
         aggregates,
     };
-    if let Some(folded) = bounds.bound(&new.labels, census)? {
-        new.labels = folded;
+    if let Some(folded) = bounds.bound(labels, census)? {
+        *labels = folded;
     }
     Ok(())
+}
+
+/// Refines the model of the record `id` to `model`: the domain's rule
+/// ([`transition::refined_model`]) on the model as a begin would record it
+/// (sanitized, restricted to its vocabulary), then the label limits. The
+/// record's count in flight moves to its new aggregate.
+fn refine(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    id: ActivityId,
+    model: &str,
+    now: Timestamp,
+) -> Result<Arc<ActivityRecord>, LedgerError> {
+    let asked = labels::refinement_model(model)?;
+    let before = load_seen(txn, config, id, now)?;
+    let restrict = |labels: ActivityLabels| config.cardinality().restrict(&labels).unwrap_or(labels);
+    let asked = restrict(before.labels.with_model(asked));
+    let mut labels = before
+        .labels
+        .with_model(transition::refined_model(&before, &asked.model));
+    if labels != before.labels {
+        bound_labels(txn, config, &mut labels, before.priority, before.admission)?;
+    }
+    let mut effects = Effects::new();
+    let mut refined = Ok(false);
+    let mut labels = Some(labels);
+    let record = txn
+        .modify(id, &mut |record| {
+            if let Some(labels) = labels.take() {
+                refined = transition::refine(record, labels, now, &mut effects);
+            }
+            matches!(refined, Ok(true)) || !effects.is_empty()
+        })?
+        .ok_or_else(|| not_found(id))?;
+    if effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::JoinedAggregate { .. }))
+    {
+        add_totals(txn, config, &before, &[Effect::LeftAggregate])?;
+    }
+    add_totals(txn, config, &record, &effects)?;
+    refined?;
+    Ok(record)
 }
 
 /// Everything a snapshot reports, for `window`, each list at most

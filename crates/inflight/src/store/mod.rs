@@ -96,6 +96,14 @@ pub enum Command {
         /// What to do.
         transition: Transition,
     },
+    /// Refine the model of a record in flight
+    /// ([`refined_model`](crate::domain::transition::refined_model)).
+    Refine {
+        /// The record.
+        id: ActivityId,
+        /// The model it was dispatched to, as the caller spelled it.
+        model: String,
+    },
     /// Read one record (reaping it if it is past its bound).
     Get {
         /// The record.
@@ -429,7 +437,6 @@ pub(crate) fn seeded_history_totals(
         model: Some("nomic-embed-text"),
     })?;
     let totals = crate::domain::Totals {
-        calls: n,
         succeeded: n,
         queue_wait_count: n,
         queue_wait_sum_ms: 10 * n,

@@ -139,10 +139,16 @@ struct Packed {
     reap_reason: Option<ReapReason>,
     success: Option<bool>,
     failure_stage: Option<FailureStage>,
-    late_settle: bool,
+    /// `late_settle` and `refined` in one byte ([`Packed::LATE_SETTLE`],
+    /// [`Packed::REFINED`]): a second `bool` would take the packed record
+    /// from 64 bytes to 72.
+    marks: u8,
 }
 
 impl Packed {
+    const LATE_SETTLE: u8 = 1;
+    const REFINED: u8 = 2;
+
     /// `record`, packed; `None` when an instant is before its enqueue or 49
     /// days after it, when its deadline passes `u32`, or when it holds what
     /// [`Packed::unpack`] would not give back.
@@ -170,6 +176,7 @@ impl Packed {
             failure_stage,
             late_settle,
             cancel_reason,
+            refined,
         } = record;
         let (queue_wait, execution) = record.implied_durations()?;
         if (*reapable_at, *queue_wait_ms, *execution_ms) != (None, queue_wait, execution) {
@@ -196,7 +203,7 @@ impl Packed {
             reap_reason: *reap_reason,
             success: *success,
             failure_stage: *failure_stage,
-            late_settle: *late_settle,
+            marks: u8::from(*late_settle) * Self::LATE_SETTLE + u8::from(*refined) * Self::REFINED,
         })
     }
 
@@ -221,8 +228,9 @@ impl Packed {
             execution_ms: None,
             success: self.success,
             failure_stage: self.failure_stage,
-            late_settle: self.late_settle,
+            late_settle: self.marks & Self::LATE_SETTLE != 0,
             cancel_reason: self.rare.as_ref().and_then(|rare| rare.cancel_reason.clone()),
+            refined: self.marks & Self::REFINED != 0,
         };
         // Packing checked that these exist.
         record.derive_durations();
@@ -272,6 +280,7 @@ mod tests {
             failure_stage: Some(FailureStage::Queue),
             late_settle: true,
             cancel_reason: Some("client went away".to_owned()),
+            refined: true,
         }
     }
 
@@ -284,6 +293,7 @@ mod tests {
         let bare = ActivityRecord {
             owner_id: None,
             cancel_reason: None,
+            refined: false,
             started_at: None,
             queue_wait_ms: None,
             execution_ms: None,

@@ -18,7 +18,7 @@ use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
-use crate::domain::transition::{Effect, NewActivity};
+use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
@@ -482,8 +482,13 @@ impl Txn for MemoryState {
         Ok(deleted)
     }
 
-    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError> {
-        Ok(self.totals.contains((&new.labels, new.priority, new.admission)))
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        Ok(self.totals.contains((labels, priority, admission)))
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
@@ -726,12 +731,12 @@ mod tests {
             ..(*first).clone()
         };
         for record in [&*first, &other, &first, &batch, &respelled, &first] {
-            counters.of(record).calls += 1;
+            counters.of(record).in_flight += 1;
         }
         assert_eq!(counters.entries.len(), 3);
-        assert_eq!(counters.of(&first).calls, 4);
-        assert_eq!(counters.of(&other).calls, 1);
-        assert_eq!(counters.of(&batch).calls, 1);
+        assert_eq!(counters.of(&first).in_flight, 4);
+        assert_eq!(counters.of(&other).in_flight, 1);
+        assert_eq!(counters.of(&batch).in_flight, 1);
     }
 
     #[test]

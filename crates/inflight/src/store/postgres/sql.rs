@@ -28,6 +28,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0003_drop_in_flight_index.sql"),
     include_str!("migrations/0004_counter_shards.sql"),
     include_str!("migrations/0005_write_missed.sql"),
+    include_str!("migrations/0006_refined.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).
@@ -101,7 +102,8 @@ pub(super) const WRITE_GROUP: &str = concat!(
     "WITH w AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], \
      $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[], \
-     $19::bigint[], $20::boolean[], $21::text[], $22::boolean[], $23::text[], $24::boolean[]) \
+     $19::bigint[], $20::boolean[], $21::text[], $22::boolean[], $23::text[], $24::boolean[], \
+     $25::boolean[]) \
      AS w(",
     record_columns!(),
     ", fresh)), \
@@ -118,7 +120,8 @@ pub(super) const WRITE_GROUP: &str = concat!(
      reaped_at = excluded.reaped_at, declared_deadline_ms = excluded.declared_deadline_ms, \
      deadline_ms = excluded.deadline_ms, reapable_at = excluded.reapable_at, \
      success = excluded.success, failure_stage = excluded.failure_stage, \
-     late_settle = excluded.late_settle, cancel_reason = excluded.cancel_reason \
+     late_settle = excluded.late_settle, cancel_reason = excluded.cancel_reason, \
+     refined = excluded.refined \
      RETURNING (a.xmax = 0) AS new), \
      inserted AS (INSERT INTO activities (",
     record_columns!(),
@@ -126,17 +129,17 @@ pub(super) const WRITE_GROUP: &str = concat!(
     record_columns!(),
     " FROM w WHERE w.fresh ON CONFLICT (activity_id) DO NOTHING RETURNING 1), \
      g AS (INSERT INTO aggregates AS a (service, operation_stage, class, provider, model, \
-     priority, admission, calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, \
+     priority, admission, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, \
      reaped_owner_lost, late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
      queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
      reaped_owner_lost_abandoned, shard) \
-     SELECT *, $52::smallint FROM unnest($25::text[], $26::text[], $27::text[], $28::text[], $29::text[], $30::text[], \
-     $31::text[], $32::bigint[], $33::bigint[], $34::bigint[], $35::bigint[], $36::bigint[], \
+     SELECT *, $52::smallint FROM unnest($26::text[], $27::text[], $28::text[], $29::text[], $30::text[], $31::text[], \
+     $32::text[], $33::bigint[], $34::bigint[], $35::bigint[], $36::bigint[], \
      $37::bigint[], $38::bigint[], $39::bigint[], $40::bigint[], $41::bigint[], $42::bigint[], \
      $43::bigint[], $44::bigint[], $45::bigint[], $46::bigint[], $47::bigint[], $48::bigint[], \
      $49::bigint[]) \
      ON CONFLICT (service, operation_stage, class, provider, model, priority, admission, shard) \
-     DO UPDATE SET calls = a.calls + excluded.calls, succeeded = a.succeeded + excluded.succeeded, \
+     DO UPDATE SET succeeded = a.succeeded + excluded.succeeded, \
      failed = a.failed + excluded.failed, cancelled = a.cancelled + excluded.cancelled, \
      reaped_abandoned = a.reaped_abandoned + excluded.reaped_abandoned, \
      reaped_unsettled = a.reaped_unsettled + excluded.reaped_unsettled, \
@@ -188,7 +191,7 @@ pub(super) const SEED_RECORDS: &str = concat!(
     record_columns!(),
     ") SELECT id, 'bench-history', 'ollama', 'embedding', \
      'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, e, s, c, NULL, \
-     NULL, 300000, NULL, true, NULL, false, NULL \
+     NULL, 300000, NULL, true, NULL, false, NULL, false \
      FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(id, e, s, c)"
 );
 

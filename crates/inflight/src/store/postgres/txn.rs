@@ -18,8 +18,9 @@ use smallvec::SmallVec;
 
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::AggregateKey;
-use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
-use crate::domain::transition::{Effect, NewActivity};
+use crate::domain::labels::ActivityLabels;
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
+use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine::Txn;
 use crate::store::sql::codec::{self, Columns, Value};
@@ -581,14 +582,19 @@ impl Txn for PgTxn<'_> {
         self.landed.extend(Landed::of(record, effect, capacity));
     }
 
-    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError> {
-        let slot = (new.labels.clone(), new.priority, new.admission);
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        let slot = (labels.clone(), priority, admission);
         // As in the SQLite store: what earlier commands of the group counted
         // is not written yet, and they decide against what was committed.
         if self.conn.known_aggregates.contains(&slot) || self.counts.counts_into(&slot) {
             return Ok(true);
         }
-        let key = AggregateKey::new(&new.labels, new.priority, new.admission);
+        let key = AggregateKey::new(labels, priority, admission);
         let rows = self.query_other(sql::AGGREGATE_KNOWN, &refs(&codec::aggregate_key_values(&key)))?;
         let known = rows
             .first()

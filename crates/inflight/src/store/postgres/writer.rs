@@ -161,7 +161,7 @@ impl Writer {
         let override_now = (!self.clock.is_system()).then(|| self.clock.now());
         let config = Arc::clone(&self.config);
         let ids = Records::lock_ids(commands.iter().filter_map(|command| match command {
-            Command::Transition { id, .. } | Command::Get { id } => Some(*id),
+            Command::Transition { id, .. } | Command::Refine { id, .. } | Command::Get { id } => Some(*id),
             _ => None,
         }));
         // A connection lost while it idled (the server restarted, a proxy

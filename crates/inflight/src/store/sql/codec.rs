@@ -184,6 +184,7 @@ pub(crate) fn record_with(row: &dyn Columns, last: &mut LastLabels) -> Result<Ac
         failure_stage: parsed_opt(row, 20)?,
         late_settle: required(row.boolean(21)?, 21)?,
         cancel_reason: row.text(22)?.map(str::to_owned),
+        refined: required(row.boolean(23)?, 23)?,
     };
     // Not stored: implied by the instants.
     record.derive_durations();
@@ -217,16 +218,18 @@ pub(crate) fn record_values<'a>(record: &'a ActivityRecord, id: &'a str) -> [Val
         record.failure_stage.map(|s| s.as_str()).into(),
         record.late_settle.into(),
         record.cancel_reason.as_deref().into(),
+        record.refined.into(),
     ]
 }
 
 /// The columns of `record_columns!` that can change after a begin, in
-/// the order `statements::UPDATE_RECORD` binds them (the id last).
-const CHANGING: [usize; 13] = [8, 9, 10, 13, 14, 15, 17, 18, 19, 20, 21, 22, 0];
+/// the order `statements::UPDATE_RECORD` binds them (the id last). A
+/// refinement changes the model, and the stage when label limits fold it.
+const CHANGING: [usize; 16] = [8, 9, 10, 13, 14, 15, 17, 18, 19, 20, 21, 22, 4, 5, 23, 0];
 
 /// The parameters of `statements::UPDATE_RECORD`: what can change after a
 /// begin, then the id.
-pub(crate) fn record_changes<'a>(record: &'a ActivityRecord, id: &'a str) -> [Value<'a>; 13] {
+pub(crate) fn record_changes<'a>(record: &'a ActivityRecord, id: &'a str) -> [Value<'a>; 16] {
     let values = record_values(record, id);
     CHANGING.map(|column| values[column])
 }
@@ -267,31 +270,29 @@ pub(crate) fn owner_values(owner: &Owner) -> [Value<'_>; OWNER_COLUMNS] {
 pub(crate) fn totals_from(row: &dyn Columns, first: usize) -> Result<Totals, LedgerError> {
     let n = |offset: usize| int(row, first + offset);
     Ok(Totals {
-        calls: n(0)?,
-        succeeded: n(1)?,
-        failed: n(2)?,
-        cancelled: n(3)?,
-        reaped_abandoned: n(4)?,
-        reaped_unsettled: n(5)?,
-        reaped_owner_lost: n(6)?,
-        late_settles: n(7)?,
-        resurrections: n(8)?,
-        in_flight: n(9)?,
-        queue_wait_count: n(10)?,
-        queue_wait_sum_ms: n(11)?,
-        queue_wait_max_ms: n(12)?,
-        execution_count: n(13)?,
-        execution_sum_ms: n(14)?,
-        execution_max_ms: n(15)?,
-        last_seen_at: at_opt(row, first + 16)?,
-        reaped_owner_lost_abandoned: n(17)?,
+        succeeded: n(0)?,
+        failed: n(1)?,
+        cancelled: n(2)?,
+        reaped_abandoned: n(3)?,
+        reaped_unsettled: n(4)?,
+        reaped_owner_lost: n(5)?,
+        late_settles: n(6)?,
+        resurrections: n(7)?,
+        in_flight: n(8)?,
+        queue_wait_count: n(9)?,
+        queue_wait_sum_ms: n(10)?,
+        queue_wait_max_ms: n(11)?,
+        execution_count: n(12)?,
+        execution_sum_ms: n(13)?,
+        execution_max_ms: n(14)?,
+        last_seen_at: at_opt(row, first + 15)?,
+        reaped_owner_lost_abandoned: n(16)?,
     })
 }
 
 /// The columns of `totals_columns!` for `d`.
 pub(crate) fn totals_values(d: &Totals) -> [Value<'static>; TOTALS_COLUMNS] {
     [
-        d.calls.into(),
         d.succeeded.into(),
         d.failed.into(),
         d.cancelled.into(),

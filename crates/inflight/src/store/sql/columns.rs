@@ -8,7 +8,7 @@ macro_rules! record_columns {
         "activity_id, service, provider, class, operation_stage, model, priority, \
      admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
      reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason"
+     cancel_reason, refined"
     };
 }
 
@@ -32,7 +32,7 @@ macro_rules! aggregate_labels {
 #[cfg_attr(not(feature = "sqlite"), allow(unused_macros))]
 macro_rules! totals_columns {
     () => {
-        "calls, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
+        "succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
      execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned"
     };
@@ -52,11 +52,11 @@ pub(crate) use totals_columns;
 pub(crate) use {aggregate_labels, in_flight, owner_columns, record_columns};
 
 /// How many columns [`record_columns!`] lists.
-pub(crate) const RECORD_COLUMNS: usize = 23;
+pub(crate) const RECORD_COLUMNS: usize = 24;
 /// How many columns [`owner_columns!`] lists.
 pub(crate) const OWNER_COLUMNS: usize = 10;
 /// How many columns [`totals_columns!`] lists.
-pub(crate) const TOTALS_COLUMNS: usize = 18;
+pub(crate) const TOTALS_COLUMNS: usize = 17;
 /// How many columns [`aggregate_labels!`] lists.
 pub(crate) const LABEL_COLUMNS: usize = 7;
 

@@ -93,7 +93,7 @@ impl Kinds {
         for command in commands {
             let index = match command {
                 Command::Begin { .. } => 0,
-                Command::Transition { .. } => 1,
+                Command::Transition { .. } | Command::Refine { .. } => 1,
                 Command::Get { .. } => 2,
                 Command::Reap => 3,
                 Command::Snapshot { .. } => 4,

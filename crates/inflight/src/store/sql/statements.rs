@@ -75,7 +75,7 @@ statements! {
     /// as a conflict (an error would abort a transaction a group shares).
     INSERT_RECORD: Indexed =
         "INSERT INTO activities (", record_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) \
+         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
          ON CONFLICT (activity_id) DO NOTHING";
 
     /// Writes what a transition, a reap or a rebound can change
@@ -86,14 +86,15 @@ statements! {
     UPDATE_RECORD: Indexed =
         "UPDATE activities SET state = $1, disposition = $2, reap_reason = $3, started_at = $4, \
          completed_at = $5, reaped_at = $6, deadline_ms = $7, reapable_at = $8, success = $9, \
-         failure_stage = $10, late_settle = $11, cancel_reason = $12 WHERE activity_id = $13";
+         failure_stage = $10, late_settle = $11, cancel_reason = $12, operation_stage = $13, model = $14, \
+         refined = $15 WHERE activity_id = $16";
 
     /// Every aggregate's totals: the sum of its rows (PostgreSQL keeps one
     /// per writer that counted into it, SQLite one).
     AGGREGATES: Indexed =
         "SELECT ", aggregate_labels!(), ", \
-         CAST(SUM(calls) AS BIGINT), CAST(SUM(succeeded) AS BIGINT), CAST(SUM(failed) AS BIGINT), \
-         CAST(SUM(cancelled) AS BIGINT), CAST(SUM(reaped_abandoned) AS BIGINT), \
+         CAST(SUM(succeeded) AS BIGINT), CAST(SUM(failed) AS BIGINT), CAST(SUM(cancelled) AS BIGINT), \
+         CAST(SUM(reaped_abandoned) AS BIGINT), \
          CAST(SUM(reaped_unsettled) AS BIGINT), CAST(SUM(reaped_owner_lost) AS BIGINT), \
          CAST(SUM(late_settles) AS BIGINT), CAST(SUM(resurrections) AS BIGINT), \
          CAST(SUM(in_flight) AS BIGINT), CAST(SUM(queue_wait_count) AS BIGINT), \

@@ -364,6 +364,7 @@ fn is_small(command: &Command) -> bool {
     match command {
         Command::Begin { .. }
         | Command::Transition { .. }
+        | Command::Refine { .. }
         | Command::Get { .. }
         | Command::RegisterOwner { .. }
         | Command::RenewOwner { .. } => true,

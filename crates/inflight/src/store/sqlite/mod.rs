@@ -353,7 +353,8 @@ mod tests {
         // records it still holds.
         conn.execute_batch(
             "ALTER TABLE aggregates DROP COLUMN reaped_owner_lost_abandoned; DROP TABLE journal; \
-             PRAGMA user_version = 3;",
+             ALTER TABLE aggregates ADD COLUMN calls INTEGER NOT NULL DEFAULT 0; \
+             ALTER TABLE activities DROP COLUMN refined; PRAGMA user_version = 3;",
         )
         .unwrap();
         migrate(&mut conn).unwrap();
@@ -452,7 +453,7 @@ mod tests {
         let snapshot = snapshot_of(&results[0]);
         assert_eq!(rows_ahead_and_stored(&conn), (0, 2));
         assert_eq!(snapshot.recent_completions.len(), 1);
-        assert_eq!(snapshot.aggregates[0].totals.calls, 2);
+        assert_eq!(snapshot.aggregates[0].totals.calls(), 2);
         assert_eq!(snapshot.aggregates[0].totals.succeeded, 1);
         assert_eq!(snapshot.aggregates[0].totals.in_flight, 1);
         let minutes: i64 = conn
@@ -484,7 +485,7 @@ mod tests {
         assert_eq!(snapshot.in_flight[0].record.activity_id, a);
         assert_eq!(snapshot.in_flight[0].record.state, State::Executing);
         assert_eq!(snapshot.recent_completions.len(), 1);
-        assert_eq!(snapshot.aggregates[0].totals.calls, 2);
+        assert_eq!(snapshot.aggregates[0].totals.calls(), 2);
         assert_eq!(snapshot.aggregates[0].totals.in_flight, 1);
         runtime.block_on(store.close()).unwrap();
     }
@@ -545,7 +546,7 @@ mod tests {
         for store in [&a, &b] {
             let snapshot = snapshot_of(&store.execute(snapshot()).await).clone();
             let totals = snapshot.aggregates[0].totals;
-            assert_eq!((totals.calls, totals.succeeded, totals.in_flight), (5, 3, 2));
+            assert_eq!((totals.calls(), totals.succeeded, totals.in_flight), (5, 3, 2));
             assert_eq!(snapshot.recent_completions.len(), 3);
         }
         a.close().await.unwrap();
@@ -649,7 +650,7 @@ mod tests {
         let totals: Vec<i64> = snapshot_of(&results[0])
             .aggregates
             .iter()
-            .map(|aggregate| aggregate.totals.calls)
+            .map(|aggregate| aggregate.totals.calls())
             .collect();
         assert_eq!(totals, [1, 1]);
     }

@@ -51,6 +51,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0007_journal.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0008_refined.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -111,16 +115,16 @@ pub(super) const AGGREGATE_ID: &str = "SELECT id FROM aggregates WHERE service =
 
 /// Adds to the totals of the aggregate with id `?1` (migration 6).
 pub(super) const ADD_TO_AGGREGATE: &str =
-    "UPDATE aggregates SET calls = calls + ?2, succeeded = succeeded + ?3, failed = failed + ?4, \
-     cancelled = cancelled + ?5, reaped_abandoned = reaped_abandoned + ?6, \
-     reaped_unsettled = reaped_unsettled + ?7, reaped_owner_lost = reaped_owner_lost + ?8, \
-     late_settles = late_settles + ?9, resurrections = resurrections + ?10, \
-     in_flight = in_flight + ?11, queue_wait_count = queue_wait_count + ?12, \
-     queue_wait_sum_ms = queue_wait_sum_ms + ?13, queue_wait_max_ms = MAX(queue_wait_max_ms, ?14), \
-     execution_count = execution_count + ?15, execution_sum_ms = execution_sum_ms + ?16, \
-     execution_max_ms = MAX(execution_max_ms, ?17), \
-     last_seen_at = MAX(COALESCE(last_seen_at, ?18), COALESCE(?18, last_seen_at)), \
-     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?19 \
+    "UPDATE aggregates SET succeeded = succeeded + ?2, failed = failed + ?3, \
+     cancelled = cancelled + ?4, reaped_abandoned = reaped_abandoned + ?5, \
+     reaped_unsettled = reaped_unsettled + ?6, reaped_owner_lost = reaped_owner_lost + ?7, \
+     late_settles = late_settles + ?8, resurrections = resurrections + ?9, \
+     in_flight = in_flight + ?10, queue_wait_count = queue_wait_count + ?11, \
+     queue_wait_sum_ms = queue_wait_sum_ms + ?12, queue_wait_max_ms = MAX(queue_wait_max_ms, ?13), \
+     execution_count = execution_count + ?14, execution_sum_ms = execution_sum_ms + ?15, \
+     execution_max_ms = MAX(execution_max_ms, ?16), \
+     last_seen_at = MAX(COALESCE(last_seen_at, ?17), COALESCE(?17, last_seen_at)), \
+     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?18 \
      WHERE id = ?1";
 
 /// Stores a new aggregate with its first totals.
@@ -130,7 +134,7 @@ pub(super) const INSERT_AGGREGATE: &str = concat!(
     ", ",
     totals_columns!(),
     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24, ?25)"
+     ?20, ?21, ?22, ?23, ?24)"
 );
 
 pub(super) const COUNT_COMPLETIONS: &str =
@@ -147,7 +151,7 @@ pub(super) const SEED_RECORD: &str = concat!(
     record_columns!(),
     ") VALUES (?1, 'bench-history', 'ollama', 'embedding', \
      'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, ?2, ?3, ?4, NULL, \
-     NULL, 300000, NULL, 1, NULL, 0, NULL)"
+     NULL, 300000, NULL, 1, NULL, 0, NULL, 0)"
 );
 
 #[cfg(test)]

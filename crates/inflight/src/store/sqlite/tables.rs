@@ -10,6 +10,7 @@ use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::record::ActivityRecord;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::sql::codec::{self, Value};
+use crate::store::sql::columns::{RECORD_COLUMNS, TOTALS_COLUMNS};
 use crate::store::sql::counts::AggregateSlot;
 use crate::store::sql::counts::PendingCounts;
 
@@ -171,8 +172,8 @@ pub(super) fn apply(st: &mut Statements<'_>) -> Result<(), LedgerError> {
     let rows = query_rows(st, sql::JOURNAL_ROWS, &[], |row| {
         Ok(Ahead {
             record: Arc::new(codec::record_from(row)?),
-            totals: codec::totals_from(row, 23)?,
-            completion_minute: row.int(41)?,
+            totals: codec::totals_from(row, RECORD_COLUMNS)?,
+            completion_minute: row.int(RECORD_COLUMNS + TOTALS_COLUMNS)?,
         })
     })?;
     let mut counts = PendingCounts::default();

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::Totals;
-use crate::domain::record::{ActivityId, ActivityRecord};
-use crate::domain::transition::{Effect, NewActivity};
+use crate::domain::labels::ActivityLabels;
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority};
+use crate::domain::transition::Effect;
 use crate::error::LedgerError;
 use crate::store::engine::Txn;
 use crate::store::sql::codec::{self, Columns, Value};
@@ -250,6 +251,16 @@ impl Txn for SqliteTxn<'_, '_> {
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
+        // A row written ahead counts into its record's aggregate only; a
+        // refinement counts one record into two. Rare: it goes direct.
+        let moved = |entry: &Ahead| PendingCounts::slot(&entry.record) != PendingCounts::slot(record);
+        if !self.direct
+            && self
+                .position(record.activity_id)
+                .is_some_and(|at| moved(&self.ahead[at]))
+        {
+            self.go_direct()?;
+        }
         if self.direct {
             self.counts.count(record, effects);
         } else {
@@ -275,8 +286,13 @@ impl Txn for SqliteTxn<'_, '_> {
         self.landed.extend(Landed::of(record, effect, capacity));
     }
 
-    fn aggregate_known(&mut self, new: &NewActivity) -> Result<bool, LedgerError> {
-        let slot = (new.labels.clone(), new.priority, new.admission);
+    fn aggregate_known(
+        &mut self,
+        labels: &ActivityLabels,
+        priority: Priority,
+        admission: Admission,
+    ) -> Result<bool, LedgerError> {
+        let slot = (labels.clone(), priority, admission);
         if self.st.aggregate_ids.contains(&slot) || self.counts.counts_into(&slot) {
             return Ok(true);
         }
