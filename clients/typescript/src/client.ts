@@ -14,6 +14,7 @@ import type {
   FailureStage,
   Owner,
   ReapCounts,
+  RefineRequest,
   RegisterOwnerRequest,
   RouteName,
   SettleRequest,
@@ -135,7 +136,7 @@ interface RequestOptions {
 }
 
 const IDEMPOTENT: ReadonlySet<RouteName> = new Set<RouteName>([
-  "get", "start", "settle", "cancel", "snapshot", "reap", "renewOwner", "releaseOwner", "healthz",
+  "get", "start", "settle", "cancel", "refine", "snapshot", "reap", "renewOwner", "releaseOwner", "healthz",
 ]);
 const SERVER_CODES: ReadonlySet<string> = new Set(SERVER_ERROR_CODES);
 const MAX_WAIT_STEP_MS = 30_000;
@@ -544,8 +545,11 @@ export class InflightClient {
 
   /**
    * Runs `fn` as one provider call: begins a record, waits for admission,
-   * starts it, calls `fn`, then settles it by how `fn` ends (resolved:
-   * success; thrown: failure). When `options.signal` aborts or
+   * starts it, calls `fn(signal, activity)`, then settles it by how `fn`
+   * ends (resolved: success; thrown: failure). `activity` is the record's
+   * handle: `activity.id`, `activity.record`, and `activity.refine(model)`
+   * to name the model once `fn` has dispatched the call (a spec's `model`
+   * is often a guess, or left out). When `options.signal` aborts or
    * `options.timeoutMs` passes, the waiting or the call is aborted (the
    * signal given to `fn` aborts), the record is settled `cancelled`, and
    * `run` rejects with the abort's reason at once.
@@ -617,7 +621,8 @@ export class InflightClient {
 
   /**
    * Runs `fn` as a call with no queue (admission `direct`: observed, never
-   * counted in a lane nor refused), settled like `run`.
+   * counted in a lane nor refused), settled like `run`; `fn` gets the same
+   * `(signal, activity)`, and may `activity.refine(model)` too.
    */
   observeUnqueued<T>(
     spec: ActivitySpec,
@@ -664,7 +669,9 @@ function reasonOf(reason: unknown): string {
 
 /**
  * One record, for code that has its own queue: `start()`, then `settle()`,
- * or `cancel()`. Every transition is idempotent, so each is retried.
+ * or `cancel()`; `refine(model)` while it is in flight. Every transition is
+ * idempotent, so each is retried. `run` and `observeUnqueued` give their
+ * function this handle as its second argument.
  */
 export class Activity {
   readonly id: string;
@@ -747,6 +754,23 @@ export class Activity {
   cancel(reason?: string): Promise<ActivityRecord> {
     const body: CancelRequest = reason === undefined ? {} : { reason };
     return this.update(this.client.request<ActivityRecord>("cancel", { id: this.id, body }));
+  }
+
+  /**
+   * Names the model the call went to, once it is known (at dispatch, after
+   * the begin): allowed while the record is in flight (waiting or
+   * executing). The first refinement replaces the begin's model; the same
+   * model again changes nothing; a different one makes it `unknown`, for
+   * good. The call counts in its aggregate under its final model. Repeating
+   * the same refinement is harmless, so it is retried like `settle`.
+   *
+   * Rejects with `ConflictError` once the record has ended (settled,
+   * cancelled or reaped), `NotFoundError` for an unknown id, and
+   * `InvalidRequestError` for a model that is not a non-empty string.
+   */
+  refine(model: string, options: { signal?: AbortSignal } = {}): Promise<ActivityRecord> {
+    const body: RefineRequest = { model };
+    return this.update(this.client.request<ActivityRecord>("refine", { id: this.id, body, signal: options.signal }));
   }
 
   /** `cancel`, ignoring failures: for error paths that are already throwing. */

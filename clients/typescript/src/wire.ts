@@ -68,6 +68,14 @@ export interface CancelRequest {
   reason?: string;
 }
 
+/**
+ * `POST /v1/activities/{id}/refine`: the model the call was dispatched to,
+ * once it is known (a non-empty string, as a begin's `model`).
+ */
+export interface RefineRequest {
+  model: string;
+}
+
 /** `POST /v1/owners`. */
 export interface RegisterOwnerRequest {
   name: string;
@@ -99,6 +107,12 @@ export interface ActivityRecord {
   success: boolean | null;
   failureStage: FailureStage | null;
   lateSettle: boolean;
+  /**
+   * Whether a refinement (`Activity.refine`) landed on the record: its
+   * `model` is the refined one, or `unknown` after two different ones.
+   * Absent from older servers (read it as false).
+   */
+  refined?: boolean;
   /** Present only when a cancel gave a reason. */
   cancelReason?: string;
   /** On a begin's answer only: the request's top-level fields this server does not know, and ignored. */
@@ -224,7 +238,7 @@ const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
   "activityId", "service", "provider", "class", "operationStage", "model", "priority", "admission",
   "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
   "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
-  "lateSettle", "cancelReason", "ignoredFields",
+  "lateSettle", "refined", "cancelReason", "ignoredFields",
 ]);
 const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 
@@ -240,6 +254,7 @@ export const FIELDS = {
   StartRequest: fields<StartRequest>()(["startedAt"]),
   SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt"]),
   CancelRequest: fields<CancelRequest>()(["reason"]),
+  RefineRequest: fields<RefineRequest>()(["model"]),
   RegisterOwnerRequest: fields<RegisterOwnerRequest>()(["name", "ttlMs"]),
   ActivityRecord: ACTIVITY_RECORD_FIELDS,
   Owner: fields<Owner>()([
@@ -277,6 +292,7 @@ export const ROUTES = {
   start: { method: "POST", path: "/v1/activities/{id}/start", query: ["wait"] },
   settle: { method: "POST", path: "/v1/activities/{id}/settle", query: [] },
   cancel: { method: "POST", path: "/v1/activities/{id}/cancel", query: [] },
+  refine: { method: "POST", path: "/v1/activities/{id}/refine", query: [] },
   snapshot: { method: "GET", path: "/v1/snapshot", query: ["limit", "since"] },
   reap: { method: "POST", path: "/v1/reap", query: [] },
   registerOwner: { method: "POST", path: "/v1/owners", query: [] },
