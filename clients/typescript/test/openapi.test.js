@@ -57,3 +57,13 @@ test("the check notices a field, a route, an error code and a priority the clien
   assert.match(problems, /brand_new_code/);
   assert.match(problems, /priorities: the document has brand_new_priority/);
 });
+
+test("the check notices an older server's document: no refine route, no `refined` field", (t) => {
+  if (missing) return skipLoudly(t);
+  const older = structuredClone(doc);
+  delete older.paths["/v1/activities/{id}/refine"];
+  for (const schema of Object.values(older.components?.schemas ?? {})) delete schema.properties?.refined;
+  const problems = compareWithDocument(older).join("\n");
+  assert.match(problems, /the client calls POST \/v1\/activities\/\{id\}\/refine, which the document lacks/);
+  assert.match(problems, /ActivityRecord fields: the client has refined, the document does not/);
+});

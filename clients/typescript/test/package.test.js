@@ -86,8 +86,12 @@ test("the declarations fit each: a .cts gets the CommonJS types, a .mts the ESM 
     export const n: Promise<number> = client.run({ service: "a", provider: "b" }, async () => 1);
     export const full: boolean = isInflightError(new Error("x"), "lane_full");
     const context: ActivityContext = { service: "a", operationStage: "s", priority: "batch" };
-    export const inContext: Promise<number> = client.withContext(context, () => client.run({ provider: "b" }, async () => 1));`;
-  const imports = 'import { InflightClient, isInflightError, type ActivityContext } from "inflight-ledger";';
+    export const inContext: Promise<number> = client.withContext(context, () => client.run({ provider: "b" }, async () => 1));
+    export const model: Promise<string> = client.run({ service: "a", provider: "b" }, async (_signal, activity) =>
+      (await activity.refine("llama3.1:8b")).model);
+    export const refined = (record: ActivityRecord): boolean => record.refined ?? false;`;
+  const imports =
+    'import { InflightClient, isInflightError, type ActivityContext, type ActivityRecord } from "inflight-ledger";';
   writeFileSync(join(project, "use.cts"), `${imports}\n${use}`);
   writeFileSync(join(project, "use.mts"), `${imports}\n${use}`);
   const tsc = require.resolve("typescript/bin/tsc");
