@@ -30,7 +30,7 @@ from ._common import (
     wire_time,
 )
 from .errors import InflightError
-from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snapshot
+from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, RefineRequest, Snapshot
 
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
 
@@ -44,7 +44,8 @@ class AsyncLedger(Attributed):
     task cancellation (or ``KeyboardInterrupt``), ``cancelled``. With
     ``timeout=``, the block (waiting and executing) is cancelled after that
     many seconds, the record is settled ``cancelled`` and ``TimeoutError`` is
-    raised.
+    raised. The block's value is the record's ``AsyncActivity``: ``await
+    call.refine(model)`` names the model once the call is dispatched.
     """
 
     def __init__(
@@ -216,7 +217,10 @@ class AsyncLedger(Attributed):
 
 
 class AsyncActivity:
-    """One record: ``await start()``, then ``await settle()``, or ``await cancel()``."""
+    """One record: ``await start()``, then ``await settle()``, or ``await
+    cancel()``; ``await refine(model)`` while it is in flight (see
+    ``Activity.refine``). ``async with ledger.activity(...) as call:`` gives
+    the block this handle."""
 
     def __init__(self, ledger: AsyncLedger, record: ActivityRecord) -> None:
         self.ledger = ledger
@@ -272,6 +276,15 @@ class AsyncActivity:
         return self._update(
             await self.ledger.request("cancel", id=self.id, body={} if reason is None else {"reason": reason})
         )
+
+    async def refine(self, model: str) -> ActivityRecord:
+        """Names the model the call went to, once it is known; as
+        ``Activity.refine`` (the first refinement replaces the begin's model,
+        the same again changes nothing, a different one makes it ``unknown``
+        for good; ``ConflictError`` once the record has ended). Retried like
+        ``settle``."""
+        body: RefineRequest = {"model": model}
+        return self._update(await self.ledger.request("refine", id=self.id, body=body))
 
     async def refresh(self) -> ActivityRecord:
         return self._update(await self.ledger.get_activity(self.id))

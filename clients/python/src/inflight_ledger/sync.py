@@ -31,7 +31,7 @@ from ._common import (
     wire_time,
 )
 from .errors import InflightError, WaitCancelledError
-from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, Snapshot
+from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, RefineRequest, Snapshot
 
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
 
@@ -43,6 +43,8 @@ class Ledger(Attributed):
     a record, waits in line until admitted, starts it, and settles it by how
     the block exits: normally, success; by an exception, failure; by
     ``KeyboardInterrupt`` (or any other ``BaseException``), ``cancelled``.
+    The block's value is the record's ``Activity``: ``call.refine(model)``
+    names the model once the call is dispatched.
     """
 
     def __init__(
@@ -233,8 +235,9 @@ class Ledger(Attributed):
 
 class Activity:
     """One record, for code that has its own queue: ``start()``, then
-    ``settle()``, or ``cancel()``. Every transition is idempotent, so each is
-    retried."""
+    ``settle()``, or ``cancel()``; ``refine(model)`` while it is in flight.
+    Every transition is idempotent, so each is retried. ``with
+    ledger.activity(...) as call:`` gives the block this handle."""
 
     def __init__(self, ledger: Ledger, record: ActivityRecord) -> None:
         self.ledger = ledger
@@ -326,6 +329,21 @@ class Activity:
     def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
         """Records an abort the caller observed: ``cancelled``. Repeating it is harmless."""
         return self._update(self.ledger.request("cancel", id=self.id, body={} if reason is None else {"reason": reason}))
+
+    def refine(self, model: str) -> ActivityRecord:
+        """Names the model the call went to, once it is known (at dispatch,
+        after the begin): allowed while the record is in flight (waiting or
+        executing). The first refinement replaces the begin's model; the same
+        model again changes nothing; a different one makes it ``unknown``, for
+        good. The call counts in its aggregate under its final model.
+        Repeating the same refinement is harmless, so it is retried like
+        ``settle``.
+
+        Raises ``ConflictError`` once the record has ended (settled, cancelled
+        or reaped), ``NotFoundError`` for an unknown id, and
+        ``InvalidRequestError`` for a model that is not a non-empty string."""
+        body: RefineRequest = {"model": model}
+        return self._update(self.ledger.request("refine", id=self.id, body=body))
 
     def refresh(self) -> ActivityRecord:
         return self._update(self.ledger.get_activity(self.id))

@@ -80,6 +80,13 @@ class CancelRequest(TypedDict, total=False):
     reason: str
 
 
+class RefineRequest(TypedDict):
+    """``POST /v1/activities/{id}/refine``: the model the call was dispatched
+    to, once it is known (a non-empty string, as a begin's ``model``)."""
+
+    model: str
+
+
 class _RegisterOwnerRequired(TypedDict):
     name: str
 
@@ -121,6 +128,10 @@ _ActivityRecordBase = TypedDict(
 class ActivityRecord(_ActivityRecordBase, total=False):
     """Every activity route answers with the record."""
 
+    #: Whether a refinement (``Activity.refine``) landed on the record: its
+    #: ``model`` is the refined one, or ``unknown`` after two different ones.
+    #: Absent from older servers (read it as false: ``record.get("refined", False)``).
+    refined: bool
     cancelReason: str  # present only when a cancel gave a reason
     ignoredFields: List[str]  # on a begin's answer only: the request's fields the server ignored
 
@@ -246,6 +257,7 @@ TYPES = {
         StartRequest,
         SettleRequest,
         CancelRequest,
+        RefineRequest,
         RegisterOwnerRequest,
         ActivityRecord,
         InFlightRecord,
@@ -286,6 +298,7 @@ ROUTES: Dict[str, Route] = {
     "start": Route("POST", "/v1/activities/{id}/start", ("wait",)),
     "settle": Route("POST", "/v1/activities/{id}/settle"),
     "cancel": Route("POST", "/v1/activities/{id}/cancel"),
+    "refine": Route("POST", "/v1/activities/{id}/refine"),
     "snapshot": Route("GET", "/v1/snapshot", ("limit", "since")),
     "reap": Route("POST", "/v1/reap"),
     "register_owner": Route("POST", "/v1/owners", idempotent=False),
