@@ -54,3 +54,13 @@ def test_the_check_notices_what_the_client_does_not_know(document):
     assert "GET /v1/brand-new" in problems
     assert "brand_new_code" in problems
     assert "priorities: the document has brand_new_priority" in problems
+
+
+def test_the_check_notices_an_older_servers_document_without_refinement(document):
+    older = copy.deepcopy(document)
+    del older["paths"]["/v1/activities/{id}/refine"]
+    for schema in (older.get("components") or {}).get("schemas", {}).values():
+        (schema.get("properties") or {}).pop("refined", None)
+    problems = "\n".join(compare_with_document(older))
+    assert "the client calls POST /v1/activities/{id}/refine, which the document lacks" in problems
+    assert "ActivityRecord fields: the client has refined, the document does not" in problems
