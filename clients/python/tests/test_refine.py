@@ -235,7 +235,7 @@ def test_the_same_model_again_changes_nothing_and_a_different_one_folds_to_unkno
     assert calls_by_model(ledger.snapshot(limit=1000), "refine-fold") == {"unknown": 2}
 
 
-def test_refining_an_ended_record_is_a_conflict(ledger):
+def test_refining_an_ended_record_is_a_conflict_and_an_empty_model_is_refused(ledger):
     settled = ledger.begin(service="refine-ended", provider="p", model="m")
     settled.start()
     settled.succeed()
@@ -255,7 +255,9 @@ def test_refining_an_ended_record_is_a_conflict(ledger):
         Activity(ledger, dict(settled.record, activityId=GHOST)).refine("m")
     live = ledger.begin(service="refine-ended", provider="p")
     with pytest.raises(InvalidRequestError, match="model"):
-        live.refine(None)
+        live.refine("  ")  # a refinement must name a model
+    # Kept like a begin's model: an endpoint (or a key) where the model belongs is not.
+    assert live.refine("http://10.0.0.1:11434")["model"] == "redacted"
     live.cancel()
 
 

@@ -761,12 +761,14 @@ export class Activity {
    * the begin): allowed while the record is in flight (waiting or
    * executing). The first refinement replaces the begin's model; the same
    * model again changes nothing; a different one makes it `unknown`, for
-   * good. The call counts in its aggregate under its final model. Repeating
-   * the same refinement is harmless, so it is retried like `settle`.
+   * good. The model is kept as a begin's is (an endpoint or a key where
+   * the model belongs is `redacted`). The call counts in its aggregate
+   * under its final model. Repeating the same refinement is harmless, so it
+   * is retried like `settle`.
    *
    * Rejects with `ConflictError` once the record has ended (settled,
    * cancelled or reaped), `NotFoundError` for an unknown id, and
-   * `InvalidRequestError` for a model that is not a non-empty string.
+   * `InvalidRequestError` for an empty model.
    */
   refine(model: string, options: { signal?: AbortSignal } = {}): Promise<ActivityRecord> {
     const body: RefineRequest = { model };

@@ -222,6 +222,8 @@ describe("refine against the real server", () => {
     await assert.rejects(ghost.refine("m"), NotFoundError);
     const live = await client.begin({ service: "refine-ended", provider: "p" });
     await assert.rejects(live.refine(""), (err) => err instanceof InvalidRequestError && /model/.test(err.message));
+    // Kept like a begin's model: an endpoint (or a key) where the model belongs is not.
+    assert.equal((await live.refine("http://10.0.0.1:11434")).model, "redacted");
     await live.cancel();
   });
 

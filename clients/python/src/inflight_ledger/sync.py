@@ -335,13 +335,14 @@ class Activity:
         after the begin): allowed while the record is in flight (waiting or
         executing). The first refinement replaces the begin's model; the same
         model again changes nothing; a different one makes it ``unknown``, for
-        good. The call counts in its aggregate under its final model.
-        Repeating the same refinement is harmless, so it is retried like
-        ``settle``.
+        good. The model is kept as a begin's is (an endpoint or a key where
+        the model belongs is ``redacted``). The call counts in its aggregate
+        under its final model. Repeating the same refinement is harmless, so
+        it is retried like ``settle``.
 
         Raises ``ConflictError`` once the record has ended (settled, cancelled
         or reaped), ``NotFoundError`` for an unknown id, and
-        ``InvalidRequestError`` for a model that is not a non-empty string."""
+        ``InvalidRequestError`` for an empty model."""
         body: RefineRequest = {"model": model}
         return self._update(self.ledger.request("refine", id=self.id, body=body))
 
