@@ -1,7 +1,8 @@
 //! Several `inflight serve` processes on one PostgreSQL database behave as
 //! one ledger: caps hold across them (also against a transaction held
 //! open mid-decision), first come first served, each leaked record is
-//! reaped once however many reapers run, a waiter on one is admitted once
+//! reaped once however many reapers run, concurrent begins with one
+//! idempotency key make one record, a waiter on one is admitted once
 //! a settle on the other frees its slot, an owner's lease works across
 //! them, and a server whose database goes away answers 503 `unavailable`
 //! within seconds and recovers by itself.
@@ -120,6 +121,51 @@ async fn a_cap_holds_across_two_servers_under_concurrent_starts() {
             assert_eq!(status, 200, "{body}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_begins_with_one_idempotency_key_on_two_servers_make_one_record() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    for round in 0..3 {
+        let key = format!("retry-{round}");
+        let body = json!({"service": "keyed", "provider": "ollama", "class": "embedding"});
+        let mut begins = JoinSet::new();
+        for i in 0..8 {
+            let (servers, key, body) = (Arc::clone(&servers), key.clone(), body.clone());
+            begins.spawn(async move {
+                let answer = servers[i % 2]
+                    .request(reqwest::Method::POST, "/v1/activities")
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = answer.status().as_u16();
+                let replayed = answer.headers().contains_key("idempotent-replayed");
+                let record: serde_json::Value = answer.json().await.unwrap();
+                (
+                    status,
+                    replayed,
+                    record["activityId"].as_str().unwrap().to_owned(),
+                )
+            });
+        }
+        let mut answers = Vec::new();
+        while let Some(answer) = begins.join_next().await {
+            answers.push(answer.unwrap());
+        }
+        let created: Vec<_> = answers.iter().filter(|(status, ..)| *status == 201).collect();
+        assert_eq!(created.len(), 1, "round {round}: {answers:?}");
+        assert!(
+            answers.iter().all(|(status, replayed, id)| *id == created[0].2
+                && (*status == 201 || (*status == 200 && *replayed))),
+            "round {round}: {answers:?}"
+        );
+    }
+    let (_, snapshot) = servers[1].get("/v1/snapshot").await;
+    assert_eq!(snapshot["totalActivities"], 3, "one record a key: {snapshot}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -54,6 +54,8 @@ wire_enum! {
         RequestTimeout => "request_timeout",
         /// 409: the request contradicts the record or the owner.
         Conflict => "conflict",
+        /// 409: an `Idempotency-Key` first used with a different request.
+        IdempotencyConflict => "idempotency_conflict",
         /// 413: a body over 64 KiB.
         PayloadTooLarge => "payload_too_large",
         /// 429: the lane is at its cap for this record.
@@ -77,7 +79,7 @@ impl ErrorCode {
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
             Self::RequestTimeout => 408,
-            Self::Conflict => 409,
+            Self::Conflict | Self::IdempotencyConflict => 409,
             Self::PayloadTooLarge => 413,
             Self::LaneFull => 429,
             Self::Internal => 500,

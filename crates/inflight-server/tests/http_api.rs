@@ -146,6 +146,20 @@ impl Api {
         self.send(Method::POST, uri, Some(body)).await
     }
 
+    /// A begin with the `Idempotency-Key` header `key`.
+    async fn begin_keyed(&self, uri: &str, body: &Value, key: &[u8]) -> Reply {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(
+                "Idempotency-Key",
+                axum::http::HeaderValue::from_bytes(key).unwrap(),
+            );
+        self.raw(request.body(Body::from(body.to_string())).unwrap())
+            .await
+    }
+
     async fn get(&self, uri: &str) -> Reply {
         self.send(Method::GET, uri, None).await
     }
@@ -854,6 +868,65 @@ async fn refine_sets_the_model_once_folds_a_second_to_unknown_and_409s_when_ende
         )
         .await;
     missing.assert_error(StatusCode::NOT_FOUND, "not_found", "unknown id");
+}
+
+#[tokio::test]
+async fn a_repeated_begin_with_its_idempotency_key_is_200_with_the_same_record() {
+    let api = api();
+    let first = api.begin_keyed("/v1/activities", &kb(), b"retry-1").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert!(!first.headers.contains_key("idempotent-replayed"));
+    api.clock.advance(Duration::from_secs(1));
+    let again = api.begin_keyed("/v1/activities", &kb(), b"retry-1").await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(again.headers[header::LOCATION], first.headers[header::LOCATION]);
+    assert_eq!(again.body, first.body, "the record as it stands");
+    assert_eq!(api.snapshot().await["totalActivities"], 1);
+
+    // The same key with another request: 409, and nothing recorded.
+    let before = counts(&api.snapshot().await);
+    let other = json!({"service": "knowledge-base", "provider": "ollama", "class": "chat"});
+    let conflict = api.begin_keyed("/v1/activities", &other, b"retry-1").await;
+    conflict.assert_error(StatusCode::CONFLICT, "idempotency_conflict", "another body");
+    let started = api
+        .begin_keyed("/v1/activities?start=now", &kb(), b"retry-1")
+        .await;
+    started.assert_error(StatusCode::CONFLICT, "idempotency_conflict", "another query");
+    for (what, key) in [
+        ("empty", &b""[..]),
+        ("too long", &[b'k'; 256][..]),
+        ("not ASCII", "cl\u{e9}".as_bytes()),
+        ("a control character", b"tab\tkey"),
+    ] {
+        let reply = api.begin_keyed("/v1/activities", &kb(), key).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+        assert!(
+            reply.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Idempotency-Key"),
+            "{what}: names the header: {}",
+            reply.body
+        );
+    }
+    assert_eq!(counts(&api.snapshot().await), before);
+
+    // Started now: a repeat answers the executing record; once it ended,
+    // the ended one.
+    let executing = api
+        .begin_keyed("/v1/activities?start=now&wait=1s", &kb(), b"started")
+        .await;
+    assert_eq!(executing.status, StatusCode::CREATED, "{}", executing.body);
+    let id = executing.body["activityId"].as_str().unwrap().to_owned();
+    api.post(&format!("/v1/activities/{id}/settle"), r#"{"success": true}"#)
+        .await;
+    let ended = api
+        .begin_keyed("/v1/activities?start=now&wait=1s", &kb(), b"started")
+        .await;
+    assert_eq!(ended.status, StatusCode::OK, "{}", ended.body);
+    assert_eq!(ended.body["activityId"], id.as_str());
+    assert_eq!(ended.body["state"], "succeeded");
 }
 
 #[tokio::test]

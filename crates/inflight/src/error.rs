@@ -19,6 +19,9 @@ pub enum ErrorKind {
     NotFound,
     /// The request contradicts what the record already says. Nothing changed.
     Conflict,
+    /// A begin's idempotency key was first used with a different request.
+    /// Nothing changed.
+    IdempotencyConflict,
     /// The lane is at its cap; try again later.
     LaneFull,
     /// The ledger was shut down.
@@ -39,6 +42,7 @@ impl ErrorKind {
             Self::InvalidInput => "invalid_input",
             Self::NotFound => "not_found",
             Self::Conflict => "conflict",
+            Self::IdempotencyConflict => "idempotency_conflict",
             Self::LaneFull => "lane_full",
             Self::Closed => "closed",
             Self::Storage => "storage",

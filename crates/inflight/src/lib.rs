@@ -114,7 +114,7 @@ pub use domain::{
 pub use error::{ErrorKind, LedgerError};
 pub use ledger::OwnerLease;
 pub use ledger::{ActivityHandle, ActivitySpec, Ledger, LedgerBuilder, Outcome, ReaperGuard, Settlement};
-pub use ledger::{Permit, MAX_START_WAIT};
+pub use ledger::{Begun, Permit, MAX_START_WAIT};
 
 /// The README's Rust examples, compiled by `cargo test --doc`.
 #[doc = include_str!("../../../README.md")]

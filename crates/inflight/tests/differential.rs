@@ -73,6 +73,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use inflight::domain::idempotency::{Fingerprint, Idempotency};
 use inflight::domain::labels::{ActivityLabels, Label, RawLabels};
 use inflight::domain::transition::{NewActivity, Transition};
 use inflight::domain::{ClassBounds, ReapPolicy};
@@ -161,6 +162,9 @@ const REASONS: [(&str, &str); 2] = [
     ("sk-live-abc", "redacted"),
 ];
 const RELEASE_REASON: &str = "owner released";
+/// Idempotency keys begins carry: few, so that repeats and conflicts are
+/// common.
+const KEYS: [&str; 2] = ["key-a", "key-b"];
 /// Models a refinement names, as sent and as recorded: the begin's, another,
 /// one redacted (a credential), and an empty one (refused).
 const REFINED_MODELS: [(&str, Option<&str>); 4] = [
@@ -285,6 +289,8 @@ struct BeginOp {
     id_key: u8,
     /// Reuse the id of this record instead of a fresh one.
     duplicate: Option<usize>,
+    /// The idempotency key it carries, if any.
+    key: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -303,6 +309,9 @@ enum Op {
     Settle(Pick, bool, Option<FailureStage>, Ts),
     Cancel(Pick, Option<usize>, Ts),
     Refine(Pick, usize),
+    /// A retry of the `k`-th most recent begin with a key: the same
+    /// request, a new id.
+    Repeat(usize),
     Get(Pick),
     Register(usize, usize),
     Renew(OwnerPick),
@@ -362,6 +371,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
             0..CLASS_CHOICES.len(),
             prop::bool::weighted(0.2),
             prop::bool::weighted(0.2),
+            prop::option::weighted(0.25, 0..KEYS.len()),
         ),
         prop::option::weighted(0.4, enqueued_offset()),
         prop::option::weighted(0.35, prop_oneof![3 => 0..=20 * SEC, 1 => -10 * SEC..0i64]),
@@ -371,17 +381,20 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
         prop::option::weighted(0.03, recent()),
     )
         .prop_map(
-            |((lane, class, direct, batch), enqueued, started, deadline, owner, id_key, duplicate)| BeginOp {
-                lane,
-                class,
-                direct,
-                batch,
-                enqueued,
-                started,
-                deadline,
-                owner,
-                id_key,
-                duplicate,
+            |((lane, class, direct, batch, key), enqueued, started, deadline, owner, id_key, duplicate)| {
+                BeginOp {
+                    lane,
+                    key,
+                    class,
+                    direct,
+                    batch,
+                    enqueued,
+                    started,
+                    deadline,
+                    owner,
+                    id_key,
+                    duplicate,
+                }
             },
         )
 }
@@ -399,6 +412,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (pick(), stage, ts()).prop_map(|(p, s, t)| Op::Settle(p, false, s, t)),
         1 => (pick(), prop::option::of(0..REASONS.len()), ts()).prop_map(|(p, r, t)| Op::Cancel(p, r, t)),
         2 => (pick(), 0..REFINED_MODELS.len()).prop_map(|(p, m)| Op::Refine(p, m)),
+        2 => recent().prop_map(Op::Repeat),
         1 => pick().prop_map(Op::Get),
         2 => (0..OWNER_NAMES.len(), prop_oneof![1 => Just(0usize), 8 => 1..TTLS.len()])
             .prop_map(|(n, t)| Op::Register(n, t)),
@@ -447,7 +461,7 @@ enum OwnerRef {
     Malformed,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct BeginSpec {
     lane: usize,
     class: Option<&'static str>,
@@ -457,6 +471,7 @@ struct BeginSpec {
     started: Option<i64>,
     deadline: Option<i64>,
     owner: OwnerRef,
+    key: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -679,6 +694,11 @@ struct Model {
     /// Every owner registered, by `o`; `None` once pruned.
     owners: Vec<Option<Own>>,
     totals: BTreeMap<AggKey, Tot>,
+    /// Each idempotency key held: the record its first begin made, and
+    /// that begin's request.
+    keys: BTreeMap<&'static str, (usize, BeginSpec)>,
+    /// Every begin with a key, as sent, for repeats.
+    keyed_begins: Vec<BeginSpec>,
     /// Completions per minute of `completedAt` (absolute minutes).
     minutes: BTreeMap<i64, i64>,
 }
@@ -896,6 +916,20 @@ impl Model {
     }
 
     fn begin(&mut self, r: usize, spec: &BeginSpec) -> Result<Obs, Refusal> {
+        if let Some(key) = spec.key {
+            self.keyed_begins.push(spec.clone());
+            // A repeat: looked up before anything else is checked.
+            if let Some((first, sent)) = self.keys.get(key).cloned() {
+                if sent != *spec {
+                    return Err(ErrorKind::IdempotencyConflict);
+                }
+                if let Some(o) = self.rec(first).unwrap().owner {
+                    self.lose_if_expired(o);
+                }
+                self.reap_if_due(first);
+                return Ok(Obs::Record(self.rec(first).unwrap().clone()));
+            }
+        }
         let now = self.now;
         let owner = match spec.owner {
             OwnerRef::Nobody => None,
@@ -971,6 +1005,9 @@ impl Model {
             return Err(ErrorKind::Conflict);
         }
         self.recs[r] = Some(rec);
+        if let Some(key) = spec.key {
+            self.keys.insert(key, (r, spec.clone()));
+        }
         let tot = self.tot(r);
         tot.calls += 1;
         tot.in_flight += 1;
@@ -1255,6 +1292,9 @@ impl Model {
         for &(_, _, r) in &old[..pruned] {
             self.recs[r] = None;
         }
+        // A key is kept as long as its record.
+        let recs = &self.recs;
+        self.keys.retain(|_, (r, _)| recs[*r].is_some());
         for slot in &mut self.owners {
             if slot
                 .as_ref()
@@ -1554,9 +1594,17 @@ impl Model {
                         started,
                         deadline: b.deadline,
                         owner: self.owner_ref(b.owner),
+                        key: b.key.map(|k| KEYS[k]),
                     },
                 )
             }
+            Op::Repeat(k) => match recent_index(self.keyed_begins.len(), *k) {
+                Some(i) => {
+                    let spec = self.keyed_begins[i].clone();
+                    Step::Begin(self.new_id(0), spec)
+                }
+                None => Step::Stats,
+            },
             Op::Start(p, ts) => {
                 let r = self.pick(*p);
                 Step::Start(r, self.ts(r, *ts, restrict))
@@ -1676,6 +1724,15 @@ impl Subject {
                         started_at: abs(spec.started),
                         deadline_ms: spec.deadline,
                         owner_id: self.owner_string(spec.owner),
+                        // Any stable function of the request will do.
+                        idempotency: spec.key.map(|key| {
+                            Box::new(Idempotency {
+                                key: key.to_owned(),
+                                fingerprint: Fingerprint::default()
+                                    .field(Some(format!("{spec:?}").as_bytes()))
+                                    .finish(),
+                            })
+                        }),
                     },
                 }
             }

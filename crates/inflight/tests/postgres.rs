@@ -33,10 +33,11 @@ fn instances_starting_together_migrate_once() {
         .query_one("SELECT COUNT(*) FROM inflight_schema", &[])
         .unwrap()
         .get(0);
-    // Six migrations: the schema, owner-lost reaps split by disposition,
+    // Seven migrations: the schema, owner-lost reaps split by disposition,
     // one index fewer on records in flight, counter rows per writer, the
-    // check that fails a group's writes when one missed, and refinement.
-    assert_eq!(versions, 6, "each migration recorded once");
+    // check that fails a group's writes when one missed, refinement, and
+    // idempotency keys.
+    assert_eq!(versions, 7, "each migration recorded once");
 }
 
 #[test]

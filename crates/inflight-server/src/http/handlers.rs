@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
@@ -126,9 +126,17 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
         With `start=now`, the server stamps the start with its own clock; with `wait` too, the request \
         holds until the lane admits the record or the wait ends (then the record is cancelled and the \
         answer is 429): a lifecycle in two requests, this one and the settle.",
-    params(api::BeginQuery),
+    params(api::BeginQuery,
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 printable ASCII characters. A repeat \
+            with the same key and the same request (fields, `start` and `wait`) answers 200 with the record the \
+            first made, as it stands now, and records nothing; with `start=now&wait=` a repeat whose record still \
+            waits waits for it. The same key with a different request is 409 `idempotency_conflict`. Keys are \
+            kept as long as their records.")),
     request_body = api::BeginRequest,
     responses(
+        (status = 200, description = "A repeat of a begin with the same `Idempotency-Key`: the record the first \
+            made, as it stands now (it may have ended)", body = api::ActivityRecord,
+            headers(("Idempotent-Replayed" = String, description = "`true`"))),
         (status = 201, description = "The record begun (`executing` with `start=now`)", body = api::ActivityRecord,
             headers(("Location" = String, description = "`/v1/activities/{id}`")),
             links(
@@ -139,7 +147,8 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
             )),
         (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`; a bad `start` or \
             `wait`, `wait` without `start=now`, or `startedAt` with `start=now`", body = api::ErrorBody),
-        (status = 409, description = "The owner is lost or released", body = api::ErrorBody),
+        (status = 409, description = "The owner is lost or released (`conflict`), or the `Idempotency-Key` was \
+            first sent with a different request (`idempotency_conflict`)", body = api::ErrorBody),
         (status = 429, description = "Begun started on a lane at its cap (after the `wait`, if any). Nothing holds \
             a slot or a place in line: without `wait` nothing is recorded; after a `wait` the record is \
             recorded `cancelled`", body = api::ErrorBody,
@@ -149,23 +158,50 @@ pub(super) async fn begin(
     State(state): State<AppState>,
     grant: Grant,
     QueryString(query): QueryString<api::BeginQuery>,
+    headers: HeaderMap,
     NotingBody(request, ignored_fields): NotingBody<api::BeginRequest>,
 ) -> Answer<impl IntoResponse> {
     check_service(&grant, &request.service, "POST /v1/activities")?;
     let start_now = begin_starts_now(&query, &request)?;
-    let spec = convert::activity_spec(request);
-    let mut record = match start_now {
-        Some(wait) => state.ledger().begin_started(spec, wait).await?,
-        None => state.ledger().begin_record(spec).await?,
+    let key = idempotency_key(&headers)?;
+    let mut spec = convert::activity_spec(request);
+    if let Some(key) = key {
+        spec = spec.idempotency_key(key);
     }
-    .to_api();
+    let begun = state.ledger().begin_idempotent(spec, start_now).await?;
+    let mut record = begun.record.to_api();
     record.ignored_fields = ignored_fields;
-    let location = format!("/v1/activities/{}", record.activity_id);
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        RecordJson(record),
-    ))
+    let location = HeaderValue::try_from(format!("/v1/activities/{}", record.activity_id))
+        .map_err(|_| ApiError::internal())?;
+    let mut answer = (StatusCode::CREATED, RecordJson(record)).into_response();
+    answer.headers_mut().insert(header::LOCATION, location);
+    if begun.replayed {
+        *answer.status_mut() = StatusCode::OK;
+        answer
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(answer)
+}
+
+/// Says that a begin's answer is a repeat's: the record an earlier begin
+/// with the same `Idempotency-Key` made.
+const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The begin's `Idempotency-Key`, if sent (the ledger checks its length and
+/// characters, naming the header).
+fn idempotency_key(headers: &HeaderMap) -> Answer<Option<String>> {
+    let mut keys = headers.get_all("idempotency-key").iter();
+    let Some(key) = keys.next() else {
+        return Ok(None);
+    };
+    if keys.next().is_some() {
+        return Err(ApiError::invalid("Idempotency-Key: sent more than once"));
+    }
+    let key = key
+        .to_str()
+        .map_err(|_| ApiError::invalid("Idempotency-Key: must be printable ASCII"))?;
+    Ok(Some(key.to_owned()))
 }
 
 /// Whether a begin asks to be started now (`start=now`), and then how long

@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod cardinality;
 pub mod counters;
 pub mod effect;
+pub mod idempotency;
 pub mod labels;
 pub mod owner;
 pub mod query;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use smallvec::smallvec;
 
 use super::bounds::ReapPolicy;
+use super::idempotency::Idempotency;
 use super::labels::{sanitize_note, ActivityLabels, UNKNOWN};
 use super::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
@@ -52,6 +53,9 @@ pub struct NewActivity {
     pub deadline_ms: Option<i64>,
     /// The owner (process lease) it belongs to.
     pub owner_id: Option<String>,
+    /// Its idempotency key, if the caller sent one (boxed: most begins
+    /// have none, and every command carries the room).
+    pub idempotency: Option<Box<Idempotency>>,
 }
 
 #[cfg(test)]
@@ -76,6 +80,7 @@ impl NewActivity {
             started_at: None,
             deadline_ms: None,
             owner_id: None,
+            idempotency: None,
         }
     }
 }

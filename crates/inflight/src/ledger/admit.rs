@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::line::{recheck_after, InLine};
-use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::record::{ActivityId, ActivityRecord, State};
 use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
 use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
@@ -37,6 +37,27 @@ pub struct Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit").field("id", &self.handle.id()).finish()
+    }
+}
+
+/// What [`Ledger::begin_idempotent`] answers: the record, and whether an
+/// earlier begin with the same idempotency key made it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Begun {
+    /// The record, as it stands now.
+    pub record: Arc<ActivityRecord>,
+    /// An earlier begin with the same key made it; this one recorded
+    /// nothing.
+    pub replayed: bool,
+}
+
+impl Begun {
+    /// `record`, answered to a begin that submitted the id `submitted`: a
+    /// record of another id is a repeat's.
+    pub(super) fn of(record: Arc<ActivityRecord>, submitted: ActivityId) -> Self {
+        let replayed = record.activity_id != submitted;
+        Self { record, replayed }
     }
 }
 
@@ -117,7 +138,8 @@ impl Ledger {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    pub async fn admit(&self, spec: ActivitySpec) -> Result<Permit, LedgerError> {
+    pub async fn admit(&self, mut spec: ActivitySpec) -> Result<Permit, LedgerError> {
+        spec.seal("admit");
         let mut handle = self.begin(spec).await?;
         let record = self.start_waiting(handle.id(), None, None).await?;
         handle.record = Some(record);
@@ -133,7 +155,8 @@ impl Ledger {
     /// # Cancel safety
     /// As [`Ledger::begin`]: a future dropped after its first poll may still
     /// record the call, and the handle it was building then cancels it.
-    pub async fn try_admit(&self, spec: ActivitySpec) -> Result<Permit, LedgerError> {
+    pub async fn try_admit(&self, mut spec: ActivitySpec) -> Result<Permit, LedgerError> {
+        spec.seal("try_admit");
         let now = self.now();
         let handle = self.begin(spec.enqueued_at(now).started_at(now)).await?;
         Ok(Permit { handle })
@@ -165,9 +188,42 @@ impl Ledger {
     /// then recorded `cancelled` (as a dropped [`ActivityHandle`] is).
     pub async fn begin_started(
         &self,
-        mut spec: ActivitySpec,
+        spec: ActivitySpec,
         wait: Duration,
     ) -> Result<Arc<ActivityRecord>, LedgerError> {
+        Ok(self.begin_idempotent(spec, Some(wait)).await?.record)
+    }
+
+    /// Begins a call as the HTTP API's `POST /v1/activities` does: as
+    /// [`Ledger::begin_record`] when `start_now` is `None`, else as
+    /// [`Ledger::begin_started`] with that wait; and says whether an
+    /// earlier begin with the same idempotency key
+    /// ([`ActivitySpec::idempotency_key`]) made the record. Such a repeat
+    /// answers that record as it stands now. When it still waits and this
+    /// begin starts now with a wait, the repeat waits in line for it (and
+    /// cancels it if its turn does not come within the wait, as the first
+    /// begin would have): a retry never queues a second record.
+    ///
+    /// # Errors
+    /// `IdempotencyConflict` when the key was first sent with a different
+    /// request (other fields, or another way to start); otherwise as
+    /// [`Ledger::begin_record`] and [`Ledger::begin_started`].
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::begin_started`] when it starts now, else as
+    /// [`Ledger::begin_record`].
+    pub async fn begin_idempotent(
+        &self,
+        mut spec: ActivitySpec,
+        start_now: Option<Duration>,
+    ) -> Result<Begun, LedgerError> {
+        let Some(wait) = start_now else {
+            spec.seal(super::spec::BEGIN);
+            let id = ActivityId::new();
+            let record = self.begin_with_id(&spec, id).await?;
+            return Ok(Begun::of(record, id));
+        };
+        spec.seal(&format!("start=now wait={}", wait.as_millis()));
         let now = self.now();
         // A client's `enqueuedAt` a little ahead of this clock must not put
         // the start before it.
@@ -182,16 +238,56 @@ impl Ledger {
         guard.armed = false;
         match at_once {
             Err(err) if err.kind() == ErrorKind::LaneFull && !wait.is_zero() => {}
-            other => return self.count_refusal(other, Rejection::LaneFull),
+            other => {
+                let begun = Begun::of(self.count_refusal(other, Rejection::LaneFull)?, guard.id);
+                if begun.replayed && begun.record.state == State::Waiting && !wait.is_zero() {
+                    // A repeat of a begin still waiting in line: it waits
+                    // for that record, never queueing a second.
+                    return self.wait_started(begun, wait).await;
+                }
+                return Ok(begun);
+            }
         }
         // Refused at once: nothing was recorded. Begin it waiting, and wait
         // in line with a handle that cancels it if this future is dropped.
         spec.set_started_at(None);
-        let mut handle = self.begin(spec).await?;
+        let mut guard = super::BeginGuard {
+            ledger: self,
+            id: ActivityId::new(),
+            armed: true,
+        };
+        let record = self.begin_with_id(&spec, guard.id).await;
+        guard.armed = false;
+        let begun = Begun::of(record?, guard.id);
+        if begun.record.state != State::Waiting {
+            // A repeat whose record already left the line.
+            return Ok(begun);
+        }
+        self.wait_started(begun, wait).await
+    }
+
+    /// Waits up to `wait` for the lane to start `begun`'s record, which
+    /// waits; cancels it if its turn does not come, so that it holds no
+    /// place in line ahead of the caller's retry.
+    async fn wait_started(&self, begun: Begun, wait: Duration) -> Result<Begun, LedgerError> {
+        let Begun { record, replayed } = begun;
+        let mut handle = ActivityHandle {
+            ledger: self.clone(),
+            id: record.activity_id,
+            record: Some(record),
+            armed: true,
+        };
         match self.start_waiting(handle.id(), None, Some(wait)).await {
             Ok(record) => {
                 handle.armed = false;
-                Ok(record)
+                Ok(Begun { record, replayed })
+            }
+            // A repeat's record ended while it waited (the first begin gave
+            // up, say): answered as it stands.
+            Err(err) if replayed && err.kind() == ErrorKind::Conflict => {
+                handle.armed = false;
+                let record = self.get(handle.id()).await?;
+                Ok(Begun { record, replayed })
             }
             Err(err) if err.kind() == ErrorKind::LaneFull => {
                 let id = handle.id();

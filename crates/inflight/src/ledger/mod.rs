@@ -9,7 +9,7 @@ mod line;
 mod reaper;
 mod spec;
 
-pub use admit::{Permit, MAX_START_WAIT};
+pub use admit::{Begun, Permit, MAX_START_WAIT};
 pub use builder::LedgerBuilder;
 pub use handle::ActivityHandle;
 pub use lease::OwnerLease;
@@ -182,7 +182,8 @@ impl Ledger {
     /// Cancel safe: if the future is dropped before it resolves, a record
     /// that was submitted still lands and is then recorded `cancelled`, as if
     /// the handle had been dropped.
-    pub async fn begin(&self, spec: ActivitySpec) -> Result<ActivityHandle, LedgerError> {
+    pub async fn begin(&self, mut spec: ActivitySpec) -> Result<ActivityHandle, LedgerError> {
+        spec.seal(spec::BEGIN);
         // The guard exists before the record is submitted, so a future
         // dropped mid-flight still cancels what it began.
         let mut guard = BeginGuard {
@@ -192,10 +193,12 @@ impl Ledger {
         };
         let begun = self.begin_with_id(&spec, guard.id).await;
         guard.armed = false;
+        let record = begun?;
+        // A repeat of an idempotent begin answers the first one's record.
         Ok(ActivityHandle {
             ledger: self.clone(),
-            id: guard.id,
-            record: Some(begun?),
+            id: record.activity_id,
+            record: Some(record),
             armed: true,
         })
     }
@@ -211,7 +214,7 @@ impl Ledger {
     /// future is dropped; with no handle, nothing cancels it, and its bound
     /// reaps it as `abandoned` or `unsettled`.
     pub async fn begin_record(&self, spec: ActivitySpec) -> Result<Arc<ActivityRecord>, LedgerError> {
-        self.begin_with_id(&spec, ActivityId::new()).await
+        Ok(self.begin_idempotent(spec, None).await?.record)
     }
 
     async fn begin_with_id(

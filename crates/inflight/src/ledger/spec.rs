@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::domain::idempotency::{Fingerprint, Idempotency};
 use crate::domain::labels::{ActivityLabels, Label, LabelInterner, RawLabels, Spelling};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, Admission, FailureStage, LaneKey, Priority};
@@ -33,6 +34,10 @@ pub struct ActivitySpec {
     started_at: Option<Timestamp>,
     deadline_ms: Option<i64>,
     owner_id: Option<String>,
+    idempotency_key: Option<String>,
+    /// The fingerprint of the request as its caller made it (`seal`), kept
+    /// while a begin adjusts the spec (`begin_started` sets the start).
+    fingerprint: Option<i64>,
 }
 
 impl ActivitySpec {
@@ -92,6 +97,53 @@ impl ActivitySpec {
     pub fn started_at(mut self, at: Timestamp) -> Self {
         self.started_at = Some(at);
         self
+    }
+
+    /// Makes the begin idempotent: a repeat with the same key and the same
+    /// request (within the record's retention) answers the record the first
+    /// made instead of making another; the same key with a different
+    /// request is refused (`IdempotencyConflict`). A new attempt after a
+    /// refusal or an ended wait takes a new key. 1 to 255 printable ASCII
+    /// characters, checked when it begins.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Fixes the fingerprint of the request, with `how` it begins (a plain
+    /// begin, or started now with some wait), before a begin adjusts the
+    /// spec; a second seal keeps the first.
+    pub(super) fn seal(&mut self, how: &str) {
+        if self.idempotency_key.is_some() && self.fingerprint.is_none() {
+            self.fingerprint = Some(self.fingerprint_of(how));
+        }
+    }
+
+    /// Every field a caller gives, as given, and `how` it begins.
+    fn fingerprint_of(&self, how: &str) -> i64 {
+        fn text(value: Option<&str>) -> Option<&[u8]> {
+            value.map(str::as_bytes)
+        }
+        let number = |value: Option<i64>| value.map(i64::to_le_bytes);
+        let (enqueued, started, deadline) = (
+            number(self.enqueued_at.map(Timestamp::as_millis)),
+            number(self.started_at.map(Timestamp::as_millis)),
+            number(self.deadline_ms),
+        );
+        Fingerprint::default()
+            .field(Some(how.as_bytes()))
+            .field(Some(self.service.as_bytes()))
+            .field(Some(self.provider.as_bytes()))
+            .field(text(self.class.as_deref()))
+            .field(text(self.operation_stage.as_deref()))
+            .field(text(self.model.as_deref()))
+            .field(text(self.priority.map(Priority::as_str)))
+            .field(text(self.admission.map(Admission::as_str)))
+            .field(enqueued.as_ref().map(|b| &b[..]))
+            .field(started.as_ref().map(|b| &b[..]))
+            .field(deadline.as_ref().map(|b| &b[..]))
+            .field(text(self.owner_id.as_deref()))
+            .finish()
     }
 
     /// Sets or clears the start: `Ledger::begin_started` begins with it
@@ -201,9 +253,19 @@ impl ActivitySpec {
             started_at: self.started_at,
             deadline_ms: self.deadline_ms,
             owner_id: self.owner_id.clone(),
+            idempotency: match &self.idempotency_key {
+                None => None,
+                Some(key) => Some(Box::new(Idempotency::new(
+                    key.clone(),
+                    self.fingerprint.unwrap_or_else(|| self.fingerprint_of(BEGIN)),
+                )?)),
+            },
         })
     }
 }
+
+/// How a plain begin (a handle, or a record by id) is fingerprinted.
+pub(super) const BEGIN: &str = "begin";
 
 /// How a call ended, as its caller reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use crate::domain::bounds::ReapPolicy;
 use crate::domain::capacity::{self, Capacity};
 use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
+use crate::domain::idempotency::Idempotency;
 use crate::domain::labels::{self, ActivityLabels, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
@@ -84,6 +85,13 @@ pub(crate) trait Txn: Questions {
         admission: Admission,
     ) -> Result<bool, LedgerError>;
 
+    /// Claims the idempotency key of `record`, just inserted, which
+    /// [`Questions::find_key`] did not find in this transaction. A store
+    /// shared by several writers (PostgreSQL) may find it claimed by
+    /// another meanwhile: it then fails the transaction so that it runs
+    /// again, and the repeat finds the key.
+    fn claim_key(&mut self, key: &Idempotency, record: &ActivityRecord) -> Result<(), LedgerError>;
+
     /// Takes the lane's admission lock until the transaction ends, before
     /// an admission decision reads the lane: a store shared by several
     /// writers at once (PostgreSQL) serializes every decision on one lane
@@ -108,6 +116,9 @@ pub(crate) trait Questions {
     fn stored_records(&mut self) -> Result<i64, LedgerError>;
     /// The owner with `id`.
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError>;
+    /// The record the idempotency key `key` was first used for, and that
+    /// begin's fingerprint.
+    fn find_key(&mut self, key: &str) -> Result<Option<(ActivityId, i64)>, LedgerError>;
     /// Stores a new owner, or overwrites one.
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError>;
     /// Whether any aggregate of the lane of `labels` has totals stored.
@@ -160,6 +171,14 @@ pub(crate) fn execute(
     let policy = config.policy();
     match command {
         Command::Begin { mut new } => {
+            // A repeat answers what the first begin made, whatever has
+            // happened to its owner or its lane since.
+            let idempotency = new.idempotency.take();
+            if let Some(key) = &idempotency {
+                if let Some(first) = txn.find_key(&key.key)? {
+                    return replay(txn, config, key, first, now).map(Reply::Record);
+                }
+            }
             if let Some(owner_id) = &new.owner_id {
                 let id: OwnerId = owner_id.parse()?;
                 // Stored in one spelling, so loss and release find it.
@@ -181,6 +200,9 @@ pub(crate) fn execute(
             }
             let record = Arc::new(applied.record);
             txn.insert(&record)?;
+            if let Some(key) = &idempotency {
+                txn.claim_key(key, &record)?;
+            }
             add_totals(txn, config, &record, &applied.effects)?;
             Ok(Reply::Record(record))
         }
@@ -360,6 +382,30 @@ fn refine(
     add_totals(txn, config, &record, &effects)?;
     refined?;
     Ok(record)
+}
+
+/// The answer to a repeated begin with the key `key`, whose first begin
+/// made the record `id` with the request fingerprinted `fingerprint`: that
+/// record as it stands now.
+fn replay(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    key: &Idempotency,
+    (id, fingerprint): (ActivityId, i64),
+    now: Timestamp,
+) -> Result<Arc<ActivityRecord>, LedgerError> {
+    if fingerprint != key.fingerprint {
+        return Err(LedgerError::new(
+            ErrorKind::IdempotencyConflict,
+            format!(
+                "Idempotency-Key {:?} was first sent with a different request (activity {id}); \
+                 a new request takes a new key",
+                key.key
+            ),
+        ));
+    }
+    let record = load_seen(txn, config, id, now)?;
+    reap_one(txn, config, record, now)
 }
 
 /// Everything a snapshot reports, for `window`, each list at most

@@ -12,6 +12,7 @@ use crate::config::LedgerConfig;
 use crate::domain::admission::LanePosition;
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::{AggregateKey, Totals};
+use crate::domain::idempotency::Idempotency;
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
@@ -105,6 +106,11 @@ struct MemoryState {
     /// the shared labels carry their hash, so no label is hashed here.
     totals: Counters,
     owners: BTreeMap<OwnerId, Owner>,
+    /// Idempotency keys: the record each was first used for and the
+    /// fingerprint of that begin; and each keyed record's key, so that a
+    /// prune forgets it.
+    keys: HashMap<Box<str>, (ActivityId, i64)>,
+    key_of: HashMap<ActivityId, Box<str>>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
     /// The call histograms and the running command's reaps: kept under
@@ -474,12 +480,23 @@ impl Txn for MemoryState {
     fn delete(&mut self, ids: &[ActivityId]) -> Result<usize, LedgerError> {
         let mut deleted = 0;
         for id in ids {
+            if let Some(key) = self.key_of.remove(id) {
+                self.keys.remove(&key);
+            }
             if let Some(record) = self.records.remove(id) {
                 self.indexes.reindex(*id, Some(&record), None);
                 deleted += 1;
             }
         }
         Ok(deleted)
+    }
+
+    fn claim_key(&mut self, key: &Idempotency, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let id = record.activity_id;
+        let key_text: Box<str> = key.key.as_str().into();
+        self.keys.insert(key_text.clone(), (id, key.fingerprint));
+        self.key_of.insert(id, key_text);
+        Ok(())
     }
 
     fn aggregate_known(
@@ -555,6 +572,10 @@ impl Questions for MemoryState {
 
     fn stored_records(&mut self) -> Result<i64, LedgerError> {
         Ok(self.records.len() as i64)
+    }
+
+    fn find_key(&mut self, key: &str) -> Result<Option<(ActivityId, i64)>, LedgerError> {
+        Ok(self.keys.get(key).copied())
     }
 
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {

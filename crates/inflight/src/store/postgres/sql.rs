@@ -29,6 +29,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0004_counter_shards.sql"),
     include_str!("migrations/0005_write_missed.sql"),
     include_str!("migrations/0006_refined.sql"),
+    include_str!("migrations/0007_idempotency_keys.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).
@@ -165,6 +166,8 @@ pub(super) const WRITE_GROUP: &str = concat!(
 );
 
 pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
+/// The idempotency keys of records pruned (`idempotency_keys_activity`).
+pub(super) const DELETE_KEYS: &str = "DELETE FROM idempotency_keys WHERE activity_id = ANY($1)";
 
 /// The admission lock of the lane `$1::$2`: every decision on a lane holds
 /// it until its transaction ends. No `SKIP LOCKED` (it would break first
@@ -215,6 +218,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("BEGIN", BEGIN, Reach::Control),
     ("SESSION", SESSION, Reach::Control),
     ("DELETE_RECORDS", DELETE_RECORDS, Reach::Indexed),
+    ("DELETE_KEYS", DELETE_KEYS, Reach::Indexed),
     ("LOCK_RECORDS", LOCK_RECORDS, Reach::Indexed),
     ("WRITE_GROUP", WRITE_GROUP, Reach::Indexed),
     ("LOCK_LANE", LOCK_LANE, Reach::Indexed),

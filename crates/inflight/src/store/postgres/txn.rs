@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::AggregateKey;
+use crate::domain::idempotency::Idempotency;
 use crate::domain::labels::ActivityLabels;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
 use crate::domain::transition::Effect;
@@ -562,10 +563,27 @@ impl Txn for PgTxn<'_> {
         let texts: Vec<String> = ids.iter().map(ToString::to_string).collect();
         self.flush()?;
         let deleted = self.execute_other(sql::DELETE_RECORDS, &[&texts])?;
+        self.execute_other(sql::DELETE_KEYS, &[&texts])?;
         for id in ids {
             self.records.cached.remove(id);
         }
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    fn claim_key(&mut self, key: &Idempotency, record: &ActivityRecord) -> Result<(), LedgerError> {
+        let id = record.activity_id.to_string();
+        let claimed = self.execute_other(sql::CLAIM_KEY, &[&key.key, &id, &key.fingerprint])?;
+        if claimed == 0 {
+            // Another instance's begin with this key committed after this
+            // transaction looked (the insert waited for it): run again, and
+            // the repeat finds it and answers its record.
+            self.fault = Some(Fault::Yield);
+            return Err(LedgerError::new(
+                ErrorKind::Storage,
+                "another begin with this idempotency key committed meanwhile: this one runs again",
+            ));
+        }
+        Ok(())
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {

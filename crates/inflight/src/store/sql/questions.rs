@@ -30,7 +30,7 @@ pub(crate) enum Reads {
     Counters,
     /// Which aggregates exist: what earlier commands stored.
     Aggregates,
-    /// Owners, which are written at once.
+    /// Owners and idempotency keys, which are written at once.
     Owners,
 }
 
@@ -161,6 +161,13 @@ impl<D: Driver> Questions for D {
     fn get_owner(&mut self, id: &OwnerId) -> Result<Option<Owner>, LedgerError> {
         let sql = locking::<D>(sql::GET_OWNER, sql::GET_OWNER_LOCKED);
         Ok(rows(self, Reads::Owners, sql, &[id.as_str().into()], codec::owner_from)?.pop())
+    }
+
+    fn find_key(&mut self, key: &str) -> Result<Option<(ActivityId, i64)>, LedgerError> {
+        let found = rows(self, Reads::Owners, sql::FIND_KEY, &[key.into()], |row| {
+            Ok((codec::id_from(row, 0)?, codec::int(row, 1)?))
+        })?;
+        Ok(found.into_iter().next())
     }
 
     fn put_owner(&mut self, owner: &Owner) -> Result<(), LedgerError> {

@@ -219,6 +219,16 @@ statements! {
 
     /// `Retention::prunes_owner`.
     PRUNE_OWNERS: Indexed = "DELETE FROM owners WHERE ended_at < $1";
+
+    /// The record the idempotency key `$1` was first used for, and the
+    /// fingerprint of that begin.
+    FIND_KEY: Indexed = "SELECT activity_id, fingerprint FROM idempotency_keys WHERE idempotency_key = $1";
+
+    /// Claims the key `$1` for the new record `$2`: no row when another
+    /// transaction holds it (PostgreSQL waits for it to end first).
+    CLAIM_KEY: Indexed =
+        "INSERT INTO idempotency_keys (idempotency_key, activity_id, fingerprint) VALUES ($1, $2, $3) \
+         ON CONFLICT (idempotency_key) DO NOTHING";
 }
 
 #[cfg(all(test, feature = "sqlite"))]

@@ -354,7 +354,8 @@ mod tests {
         conn.execute_batch(
             "ALTER TABLE aggregates DROP COLUMN reaped_owner_lost_abandoned; DROP TABLE journal; \
              ALTER TABLE aggregates ADD COLUMN calls INTEGER NOT NULL DEFAULT 0; \
-             ALTER TABLE activities DROP COLUMN refined; PRAGMA user_version = 3;",
+             ALTER TABLE activities DROP COLUMN refined; DROP TABLE idempotency_keys; \
+             PRAGMA user_version = 3;",
         )
         .unwrap();
         migrate(&mut conn).unwrap();

@@ -55,6 +55,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0008_refined.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0009_idempotency_keys.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -107,6 +111,8 @@ pub(super) const ROWS_AHEAD_AND_STORED: &str =
 pub(super) const JOURNAL_CLEAR: &str = "DELETE FROM journal";
 
 pub(super) const DELETE_RECORD: &str = "DELETE FROM activities WHERE activity_id = ?1";
+/// The idempotency key of a record pruned (`idempotency_keys_activity`).
+pub(super) const DELETE_KEY: &str = "DELETE FROM idempotency_keys WHERE activity_id = ?1";
 
 /// The id of an aggregate, by its labels (`aggregates_labels`).
 pub(super) const AGGREGATE_ID: &str = "SELECT id FROM aggregates WHERE service = ?1 \
@@ -165,6 +171,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("DATA_VERSION", DATA_VERSION, Reach::Control),
     ("CHECKPOINT", CHECKPOINT, Reach::Control),
     ("DELETE_RECORD", DELETE_RECORD, Reach::Indexed),
+    ("DELETE_KEY", DELETE_KEY, Reach::Indexed),
     ("RECORD_EXISTS", RECORD_EXISTS, Reach::Indexed),
     ("JOURNAL_APPEND", JOURNAL_APPEND, Reach::Indexed),
     ("JOURNAL_ROWS", JOURNAL_ROWS, Reach::Indexed),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::Totals;
+use crate::domain::idempotency::Idempotency;
 use crate::domain::labels::ActivityLabels;
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority};
 use crate::domain::transition::Effect;
@@ -246,8 +247,20 @@ impl Txn for SqliteTxn<'_, '_> {
             self.st.records.deleted(*id);
             let text = id.to_string();
             deleted += tables::run(self.st, sql::DELETE_RECORD, &[text.as_str().into()])?;
+            tables::run(self.st, sql::DELETE_KEY, &[text.as_str().into()])?;
         }
         Ok(deleted)
+    }
+
+    fn claim_key(&mut self, key: &Idempotency, record: &ActivityRecord) -> Result<(), LedgerError> {
+        // One writer: a key `find_key` did not find is free.
+        let id = record.activity_id.to_string();
+        let params = [
+            key.key.as_str().into(),
+            id.as_str().into(),
+            key.fingerprint.into(),
+        ];
+        tables::run(self.st, sql::CLAIM_KEY, &params).map(drop)
     }
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
