@@ -134,6 +134,7 @@ impl From<LedgerError> for ApiError {
             ErrorKind::InvalidInput => Self::invalid(err.message()),
             ErrorKind::NotFound => Self::not_found(err.message()),
             ErrorKind::Conflict => Self::conflict(err.message()),
+            // 409 `idempotency_conflict`: a key first sent with another request.
             ErrorKind::IdempotencyConflict => Self::new(ErrorCode::IdempotencyConflict, err.message()),
             ErrorKind::LaneFull => Self::lane_full(err.message()),
             ErrorKind::Unavailable => {
