@@ -1,11 +1,20 @@
 import { AsyncLocalStorage } from "node:async_hooks";
+import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 
 import { Agent, fetch as undiciFetch } from "undici";
 
 import type { ActivityContext } from "./context.js";
 import { checkContext, mergeContexts, withContextFields } from "./context.js";
-import { errorFor, InflightError, isInflightError, TLSError, UnavailableError, WaitTimeoutError } from "./errors.js";
+import {
+  errorFor,
+  InflightError,
+  isInflightError,
+  LaneFullError,
+  TLSError,
+  UnavailableError,
+  WaitTimeoutError,
+} from "./errors.js";
 import type {
   ActivityRecord,
   BeginRequest,
@@ -22,7 +31,7 @@ import type {
   StartRequest,
   TimestampInput,
 } from "./wire.js";
-import { ROUTES, SERVER_ERROR_CODES } from "./wire.js";
+import { IDEMPOTENCY_KEY_HEADER, ROUTES, SERVER_ERROR_CODES } from "./wire.js";
 
 /**
  * What a call is: the fields of a begin. `service` and `provider` name its
@@ -40,7 +49,10 @@ export interface Lifecycle {
 }
 
 export interface RetryOptions {
-  /** Extra attempts after the first, for idempotent requests only. Default 3. */
+  /**
+   * Extra attempts after the first, for idempotent requests only (a begin is
+   * one: it carries an `Idempotency-Key`). Default 3.
+   */
   retries?: number;
   /** The first backoff; doubled each attempt, with jitter. Default 100 ms. */
   baseDelayMs?: number;
@@ -126,13 +138,20 @@ export interface LeaseOptions {
   onLost?(err: InflightError): void;
 }
 
-interface RequestOptions {
+export interface RequestOptions {
   id?: string;
   query?: Record<string, string | number | undefined>;
   body?: object;
   signal?: AbortSignal | undefined;
   /** Extra time allowed for this request (a `?wait=`). */
   extraTimeoutMs?: number;
+  /**
+   * A begin's `Idempotency-Key` (1 to 255 printable ASCII characters).
+   * Default: a fresh random UUID (v4) for each call of `request("begin")`,
+   * sent again unchanged with each of its retries. Only the begin route
+   * takes one.
+   */
+  idempotencyKey?: string;
 }
 
 const IDEMPOTENT: ReadonlySet<RouteName> = new Set<RouteName>([
@@ -142,10 +161,11 @@ const SERVER_CODES: ReadonlySet<string> = new Set(SERVER_ERROR_CODES);
 const MAX_WAIT_STEP_MS = 30_000;
 
 /**
- * Whether a failed request may be sent again. An idempotent one: when no
- * answer came, or a 5xx. Any other (a begin): only when the server itself
- * answered that it did not handle the request (503 `unavailable` at a limit,
- * 408 `request_timeout`), since a lost answer may have recorded it.
+ * Whether a failed request may be sent again. An idempotent one (a begin is,
+ * with its `Idempotency-Key`): when no answer came, or a 5xx. Any other (an
+ * owner registration): only when the server itself answered that it did not
+ * handle the request (503 `unavailable` at a limit, 408 `request_timeout`),
+ * since a lost answer may have registered it.
  */
 function retryable(error: InflightError, idempotent: boolean): boolean {
   if (error instanceof TLSError) return false;
@@ -364,10 +384,13 @@ export class InflightClient {
 
   /**
    * Sends one request on `route`. Idempotent routes are retried with
-   * backoff when the server is unreachable or answers a 5xx; a begin only
-   * when the server answered that it did not handle it (503, 408), never
-   * after no answer (a lost answer may have recorded it, and a second begin
-   * would be a second record).
+   * backoff when the server is unreachable or answers a 5xx. A begin is one:
+   * it carries an `Idempotency-Key` (`options.idempotencyKey`, else a fresh
+   * random UUID made here), and each retry sends the same key, body and
+   * query, so a begin whose answer was lost is answered with the record it
+   * made (200) rather than making a second one. An owner registration is
+   * retried only when the server answered that it did not handle it (503,
+   * 408), never after no answer (a lost answer may have registered it).
    */
   async request<T>(route: RouteName, options: RequestOptions = {}): Promise<T> {
     const { method, path } = ROUTES[route];
@@ -379,8 +402,14 @@ export class InflightClient {
     const headers: Record<string, string> = { accept: "application/json" };
     if (options.body !== undefined) headers["content-type"] = "application/json";
     if (this.token) headers.authorization = `Bearer ${this.token}`;
+    const keyed = (ROUTES[route].headers as readonly string[]).includes(IDEMPOTENCY_KEY_HEADER);
+    if (options.idempotencyKey !== undefined && !keyed) {
+      throw new TypeError(`request: ${method} ${path} takes no ${IDEMPOTENCY_KEY_HEADER}`);
+    }
+    // One key for every attempt of this request: a retry is the same begin.
+    if (keyed) headers[IDEMPOTENCY_KEY_HEADER.toLowerCase()] = options.idempotencyKey ?? randomUUID();
     const body = options.body === undefined ? undefined : JSON.stringify(options.body);
-    const idempotent = IDEMPOTENT.has(route);
+    const idempotent = keyed || IDEMPOTENT.has(route);
     const attempts = this.retries + 1;
 
     for (let attempt = 0; ; attempt++) {
@@ -433,16 +462,26 @@ export class InflightClient {
   // ---- the routes --------------------------------------------------------
 
   /**
-   * Begins a record (`waiting`, or `executing` when `startedAt` is given). Never retried.
+   * Begins a record (`waiting`, or `executing` when `startedAt` is given).
    * Inside `withContext`, the context fills the spec's missing `service`,
    * `operationStage` and `priority`.
+   *
+   * The begin carries a fresh `Idempotency-Key` (a random UUID), and is
+   * retried like `settle` (after no answer, a reset, a timeout, or a 5xx)
+   * with the same key, body and query: the server answers a repeat with the
+   * record the first one made (200, not 201), so a lost answer never makes
+   * a second record. If that record ended before its answer came (cancelled
+   * or reaped), the begin is made anew with a new key (at most `retries`
+   * times; then `UnavailableError`).
    *
    * With `startNow`, the server begins it started on its own clock
    * (`?start=now`): a lifecycle in two requests, this and the settle. On a
    * full lane that is `LaneFullError`, with nothing holding a slot or a place
    * in line. With `waitMs` too (at most 30 s), the server holds the request
    * until the lane admits the record or the wait ends; then the record is
-   * cancelled and the answer is `LaneFullError`.
+   * cancelled and the answer is `LaneFullError`. A repeat that finds its
+   * record cancelled is the same `LaneFullError` once `waitMs` has passed;
+   * before, the begin is made anew (a new key) for the wait that is left.
    */
   async begin(
     spec: ActivitySpec,
@@ -451,6 +490,33 @@ export class InflightClient {
     if (options.waitMs !== undefined && !options.startNow) {
       throw new TypeError("begin: waitMs needs startNow (a begin without it does not start the record)");
     }
+    const waitMs = options.waitMs === undefined ? undefined : Math.max(0, Math.min(MAX_WAIT_STEP_MS, Math.ceil(options.waitMs)));
+    return this.beginActivity(spec, { ...options, waitMs }, (record, elapsedMs) =>
+      waitMs !== undefined && elapsedMs >= waitMs
+        ? new LaneFullError(
+            "lane_full",
+            `POST /v1/activities: lane ${record.service}::${record.provider} did not admit activity ` +
+              `${record.activityId} within ${waitMs} ms; it is recorded ${record.state} and holds no place in line ` +
+              "(the begin was sent again after its answer was lost, and found it so)",
+          )
+        : undefined,
+    );
+  }
+
+  /**
+   * The begins of `begin`, `admit`, `run` and `observeUnqueued`. `request`
+   * gives each a fresh `Idempotency-Key` and retries it with that key. A
+   * begin's answer whose record has ended can only be a repeat's (a first
+   * begin answers a record in flight, or 429): the record it made ended
+   * before its answer came, so no one holds it. Then `instead(record,
+   * elapsedMs)` names what to throw, or nothing to begin anew, with a new
+   * key (at most `retries` times).
+   */
+  private async beginActivity(
+    spec: ActivitySpec,
+    options: { signal?: AbortSignal | undefined; startNow?: boolean | undefined; waitMs?: number | undefined },
+    instead: (record: ActivityRecord, elapsedMs: number) => unknown,
+  ): Promise<Activity> {
     const filled = withContextFields(spec, this.attribution.getStore());
     // `service` may still be missing: the server refuses that, naming the field.
     const body: ActivitySpec = {
@@ -459,16 +525,49 @@ export class InflightClient {
       startedAt: toWireTime(spec.startedAt),
       ownerId: spec.ownerId ?? this.ownerId,
     };
-    const waitMs = options.waitMs === undefined ? undefined : Math.max(0, Math.min(MAX_WAIT_STEP_MS, Math.ceil(options.waitMs)));
-    const query = options.startNow ? { start: "now", wait: waitMs === undefined ? undefined : `${waitMs}ms` } : {};
-    const record = await this.request<ActivityRecord>("begin", {
-      body,
-      query,
-      signal: options.signal,
-      extraTimeoutMs: waitMs ?? 0,
-    });
-    this.warnIgnoredFields(record);
-    return new Activity(this, record);
+    const began = Date.now();
+    for (let anew = 0; ; anew++) {
+      const left = options.waitMs === undefined ? undefined : Math.max(0, options.waitMs - (Date.now() - began));
+      const query = options.startNow ? { start: "now", wait: left === undefined ? undefined : `${left}ms` } : {};
+      const record = await this.request<ActivityRecord>("begin", {
+        body,
+        query,
+        signal: options.signal,
+        extraTimeoutMs: left ?? 0,
+      });
+      this.warnIgnoredFields(record);
+      if (!hasEnded(record)) return new Activity(this, record);
+      const error = instead(record, Date.now() - began);
+      if (error !== undefined) throw error;
+      if (anew >= this.retries) {
+        throw new UnavailableError(
+          "unavailable",
+          `POST /v1/activities: the record of each of ${anew + 1} begins ended before its answer arrived ` +
+            `(the last: activity ${record.activityId}, ${record.state}); no record was begun`,
+        );
+      }
+    }
+  }
+
+  /**
+   * What `admit`, `run` and `observeUnqueued` do when their begin's record
+   * ended before its answer came: begin anew while they would still wait in
+   * line, but not once aborted, nor past `maxWaitMs` (`WaitTimeoutError`,
+   * as for a wait in line that ran out; the record needs no cancel).
+   */
+  private static lineInstead(options: { signal?: AbortSignal | undefined; maxWaitMs?: number | undefined }) {
+    return (record: ActivityRecord, elapsedMs: number): unknown => {
+      if (options.signal?.aborted) return options.signal.reason;
+      if (options.maxWaitMs !== undefined && elapsedMs >= options.maxWaitMs) {
+        return new WaitTimeoutError(
+          "wait_timeout",
+          `activity ${record.activityId} was not admitted on ${record.service}::${record.provider} within ` +
+            `${options.maxWaitMs} ms (it is recorded ${record.state}: its begin was sent again after its answer ` +
+            "was lost, and found it so)",
+        );
+      }
+      return undefined;
+    };
   }
 
   /** Tells `onWarning` once per distinct set of fields a begin's answer says the server ignored. */
@@ -531,7 +630,7 @@ export class InflightClient {
 
   /** Begins a record and waits in line until it is admitted (`executing`). */
   async admit(spec: ActivitySpec, options: AdmitOptions & Lifecycle = {}): Promise<Activity> {
-    const activity = await this.begin(spec);
+    const activity = await this.beginActivity(spec, {}, InflightClient.lineInstead(options));
     callHook([this.lifecycle, options], "onEnqueued", activity.record);
     try {
       await activity.admit(options);
@@ -571,9 +670,15 @@ export class InflightClient {
     try {
       if (signal.aborted) throw signal.reason;
       // The begin is not aborted: its answer carries the id needed to cancel.
+      // A record that ended before that answer came is never given to `fn`:
+      // the begin is made anew (a new key) unless aborted or past `maxWaitMs`.
       const direct = spec.admission === "direct";
       const now = new Date();
-      const activity = await this.begin(direct ? { ...spec, enqueuedAt: spec.enqueuedAt ?? now, startedAt: spec.startedAt ?? now } : spec);
+      const activity = await this.beginActivity(
+        direct ? { ...spec, enqueuedAt: spec.enqueuedAt ?? now, startedAt: spec.startedAt ?? now } : spec,
+        {},
+        InflightClient.lineInstead({ signal, maxWaitMs: direct ? undefined : options.maxWaitMs }),
+      );
       callHook(hooks, "onEnqueued", activity.record);
       if (!direct) {
         try {
@@ -657,6 +762,11 @@ export class InflightClient {
   }
 }
 
+/** Whether the record has ended (settled, cancelled or reaped). */
+function hasEnded(record: ActivityRecord): boolean {
+  return record.state !== "waiting" && record.state !== "executing";
+}
+
 function reasonOf(reason: unknown): string {
   if (reason instanceof WaitTimeoutError) return "wait timeout";
   if (reason instanceof Error || reason instanceof DOMException) {
@@ -692,7 +802,7 @@ export class Activity {
 
   /** Whether the record has ended (settled, cancelled or reaped). */
   get ended(): boolean {
-    return !["waiting", "executing"].includes(this.record.state);
+    return hasEnded(this.record);
   }
 
   /**

@@ -81,6 +81,15 @@ export class RequestTimeoutError extends InflightError {
 export class ConflictError extends InflightError {
   override name = "ConflictError";
 }
+/**
+ * 409 `idempotency_conflict`: a begin's `Idempotency-Key` was already used
+ * for a different request (another body, or another `start`/`wait`). The
+ * client makes a fresh key for every begin, so this means a key was reused
+ * by hand (`request("begin", { idempotencyKey })`). Never retried.
+ */
+export class IdempotencyConflictError extends InflightError {
+  override name = "IdempotencyConflictError";
+}
 /** 503 from the server (at a limit), or no answer (down, unreachable) or a proxy's 5xx. */
 export class UnavailableError extends InflightError {
   override name = "UnavailableError";
@@ -103,6 +112,7 @@ const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
   unauthorized: UnauthorizedError,
   forbidden: ForbiddenError,
   conflict: ConflictError,
+  idempotency_conflict: IdempotencyConflictError,
   request_timeout: RequestTimeoutError,
   unavailable: UnavailableError,
 };

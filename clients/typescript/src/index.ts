@@ -1,11 +1,22 @@
 // inflight-ledger: a client of the inflight server for Node.js 20+.
 export { Activity, InflightClient, OwnerLease } from "./client.js";
 export type { ActivityContext } from "./context.js";
-export type { ActivitySpec, AdmitOptions, ClientOptions, InflightWarning, LeaseOptions, Lifecycle, RetryOptions, RunOptions } from "./client.js";
+export type {
+  ActivitySpec,
+  AdmitOptions,
+  ClientOptions,
+  InflightWarning,
+  LeaseOptions,
+  Lifecycle,
+  RequestOptions,
+  RetryOptions,
+  RunOptions,
+} from "./client.js";
 export {
   ConflictError,
   errorFor,
   ForbiddenError,
+  IdempotencyConflictError,
   InflightError,
   InvalidRequestError,
   isInflightError,

@@ -31,6 +31,7 @@ export const SERVER_ERROR_CODES = [
   "conflict",
   "payload_too_large",
   "lane_full",
+  "idempotency_conflict",
   "internal",
   "unavailable",
 ] as const;
@@ -285,21 +286,28 @@ export const FIELDS = {
   ErrorDetail: fields<ErrorBody["error"]>()(["code", "message"]),
 } as const;
 
-/** Every route the client calls: method, path template, query parameters. */
+/**
+ * The header that makes a begin idempotent: the client sends a fresh random
+ * UUID (v4) with each begin, and the same one when it sends that begin again
+ * after a lost answer or a 5xx.
+ */
+export const IDEMPOTENCY_KEY_HEADER = "Idempotency-Key";
+
+/** Every route the client calls: method, path template, query parameters, header parameters. */
 export const ROUTES = {
-  begin: { method: "POST", path: "/v1/activities", query: ["start", "wait"] },
-  get: { method: "GET", path: "/v1/activities/{id}", query: [] },
-  start: { method: "POST", path: "/v1/activities/{id}/start", query: ["wait"] },
-  settle: { method: "POST", path: "/v1/activities/{id}/settle", query: [] },
-  cancel: { method: "POST", path: "/v1/activities/{id}/cancel", query: [] },
-  refine: { method: "POST", path: "/v1/activities/{id}/refine", query: [] },
-  snapshot: { method: "GET", path: "/v1/snapshot", query: ["limit", "since"] },
-  reap: { method: "POST", path: "/v1/reap", query: [] },
-  registerOwner: { method: "POST", path: "/v1/owners", query: [] },
-  renewOwner: { method: "POST", path: "/v1/owners/{id}/renew", query: [] },
-  releaseOwner: { method: "DELETE", path: "/v1/owners/{id}", query: [] },
-  healthz: { method: "GET", path: "/healthz", query: [] },
-} as const satisfies Record<string, { method: string; path: string; query: readonly string[] }>;
+  begin: { method: "POST", path: "/v1/activities", query: ["start", "wait"], headers: [IDEMPOTENCY_KEY_HEADER] },
+  get: { method: "GET", path: "/v1/activities/{id}", query: [], headers: [] },
+  start: { method: "POST", path: "/v1/activities/{id}/start", query: ["wait"], headers: [] },
+  settle: { method: "POST", path: "/v1/activities/{id}/settle", query: [], headers: [] },
+  cancel: { method: "POST", path: "/v1/activities/{id}/cancel", query: [], headers: [] },
+  refine: { method: "POST", path: "/v1/activities/{id}/refine", query: [], headers: [] },
+  snapshot: { method: "GET", path: "/v1/snapshot", query: ["limit", "since"], headers: [] },
+  reap: { method: "POST", path: "/v1/reap", query: [], headers: [] },
+  registerOwner: { method: "POST", path: "/v1/owners", query: [], headers: [] },
+  renewOwner: { method: "POST", path: "/v1/owners/{id}/renew", query: [], headers: [] },
+  releaseOwner: { method: "DELETE", path: "/v1/owners/{id}", query: [], headers: [] },
+  healthz: { method: "GET", path: "/healthz", query: [], headers: [] },
+} as const satisfies Record<string, { method: string; path: string; query: readonly string[]; headers: readonly string[] }>;
 export type RouteName = keyof typeof ROUTES;
 
 /**

@@ -283,11 +283,13 @@ describe("the handle and errors", () => {
     await assert.rejects(anonymous.snapshot(), (err) => err instanceof UnauthorizedError && err.status === 401);
   });
 
-  test("the server unreachable: unavailable; idempotent requests retried, a begin never", async () => {
+  test("the server unreachable: unavailable; requests retried, a begin too (with its key)", async () => {
     const port = await freePort();
     let calls = [];
+    const keys = new Set();
     const counting = (url, init) => {
       calls.push(`${init.method} ${new URL(url).pathname}`);
+      if (init.headers["idempotency-key"]) keys.add(init.headers["idempotency-key"]);
       return fetch(url, init);
     };
     const down = new InflightClient({
@@ -312,7 +314,8 @@ describe("the handle and errors", () => {
       },
     );
     assert.equal(fnCalled, false);
-    assert.deepEqual(calls, ["POST /v1/activities"], "a begin is sent once");
+    assert.deepEqual(calls, Array(3).fill("POST /v1/activities"), "a begin is tried 1 + 2 times, with one key");
+    assert.equal(keys.size, 1);
     calls = [];
     await assert.rejects(down.snapshot(), {
       name: "UnavailableError",
@@ -328,11 +331,11 @@ describe("the handle and errors", () => {
     assert.equal(await down.healthy(), false);
   });
 
-  test("a begin is retried only when the server answered that it handled nothing (503, 408)", async () => {
+  test("a begin is retried with its key after a 503, a 408 and a proxy's 502; a registration only after the server's", async () => {
     const seen = [];
     const answers = [];
     const scripted = async (url, init) => {
-      seen.push(init.method);
+      seen.push(`${init.method} ${new URL(url).pathname} ${init.headers["idempotency-key"] ?? "-"}`);
       const next = answers.shift();
       if (next) return next();
       return fetch(url, init);
@@ -342,19 +345,21 @@ describe("the handle and errors", () => {
     answers.push(
       () => new Response(serverBody("unavailable"), { status: 503 }),
       () => new Response(serverBody("request_timeout"), { status: 408 }),
+      () => new Response("bad gateway", { status: 502 }),
     );
     const a = await c.begin({ service: "retry", provider: "p" });
     assert.equal(a.record.state, "waiting");
-    assert.equal(seen.length, 3, "two refusals that recorded nothing, then the begin");
-    // A proxy's 502 proves nothing: the begin may have been recorded.
+    assert.equal(seen.length, 4, "three refusals, then the begin");
+    assert.equal(new Set(seen).size, 1, "the same begin each time, with the same key");
+    // A registration carries no key: a proxy's 502 proves nothing, it may have been registered.
     seen.length = 0;
     answers.push(() => new Response("bad gateway", { status: 502 }));
-    await assert.rejects(c.begin({ service: "retry", provider: "p" }), (err) => {
+    await assert.rejects(c.registerOwner({ name: "retry-owner", ttlMs: 5000 }), (err) => {
       assert.equal(err.code, "unavailable");
       assert.equal(err.fromServer, false);
       return true;
     });
-    assert.equal(seen.length, 1);
+    assert.deepEqual(seen, ["POST /v1/owners -"]);
     await a.cancel();
   });
 
