@@ -81,12 +81,19 @@ export function compareWithDocument(doc) {
     }
   }
 
-  // Query parameters.
+  // Query and header parameters (a header's name in lower case: HTTP does not tell case apart).
   for (const [name, route] of Object.entries(ROUTES)) {
     const op = operation(name);
     if (!op) continue;
-    const params = (op.parameters ?? []).map((p) => deref(doc, p)).filter((p) => p.in === "query").map((p) => p.name);
-    compareSets(problems, `${route.method} ${route.path} query parameters`, route.query, params);
+    const params = (op.parameters ?? []).map((p) => deref(doc, p));
+    const named = (where) => params.filter((p) => p.in === where).map((p) => p.name);
+    compareSets(problems, `${route.method} ${route.path} query parameters`, route.query, named("query"));
+    compareSets(
+      problems,
+      `${route.method} ${route.path} header parameters`,
+      route.headers.map((h) => h.toLowerCase()),
+      named("header").map((h) => h.toLowerCase()),
+    );
   }
 
   // Bodies and answers.
@@ -99,6 +106,7 @@ export function compareWithDocument(doc) {
     ["RefineRequest", requestBody("refine")],
     ["RegisterOwnerRequest", requestBody("registerOwner")],
     ["ActivityRecord", response("begin", "201")],
+    ["ActivityRecord", response("begin", "200")],
     ["ActivityRecord", ok("get")],
     ["ActivityRecord", ok("start")],
     ["ActivityRecord", ok("settle")],

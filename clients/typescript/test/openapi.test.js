@@ -1,5 +1,5 @@
 // The client's wire against the server's own OpenAPI document
-// (`GET /openapi.json`): routes, query parameters, body and answer fields,
+// (`GET /openapi.json`): routes, query and header parameters, body and answer fields,
 // error codes, priorities. Any disagreement fails.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
@@ -66,4 +66,26 @@ test("the check notices an older server's document: no refine route, no `refined
   const problems = compareWithDocument(older).join("\n");
   assert.match(problems, /the client calls POST \/v1\/activities\/\{id\}\/refine, which the document lacks/);
   assert.match(problems, /ActivityRecord fields: the client has refined, the document does not/);
+});
+
+test("the check notices an older server's document: no Idempotency-Key, no 200 repeat, no idempotency_conflict", (t) => {
+  if (missing) return skipLoudly(t);
+  const older = structuredClone(doc);
+  const begin = older.paths["/v1/activities"].post;
+  begin.parameters = begin.parameters.filter((p) => p.in !== "header");
+  delete begin.responses["200"];
+  for (const schema of Object.values(older.components?.schemas ?? {})) {
+    if (Array.isArray(schema.enum)) schema.enum = schema.enum.filter((code) => code !== "idempotency_conflict");
+  }
+  const problems = compareWithDocument(older).join("\n");
+  assert.match(problems, /POST \/v1\/activities header parameters: the client has idempotency-key, the document does not/);
+  assert.match(problems, /the document has no schema where the client expects ActivityRecord/);
+  assert.match(problems, /error codes: the client has idempotency_conflict, the document does not/);
+  // And a header parameter the client does not send is noticed too.
+  const newer = structuredClone(doc);
+  newer.paths["/v1/activities/{id}/settle"].post.parameters.push({ in: "header", name: "X-Brand-New", schema: { type: "string" } });
+  assert.match(
+    compareWithDocument(newer).join("\n"),
+    /POST \/v1\/activities\/\{id\}\/settle header parameters: the document has x-brand-new, the client does not/,
+  );
 });
