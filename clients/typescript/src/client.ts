@@ -527,7 +527,9 @@ export class InflightClient {
     };
     const began = Date.now();
     for (let anew = 0; ; anew++) {
-      const left = options.waitMs === undefined ? undefined : Math.max(0, options.waitMs - (Date.now() - began));
+      // A begin made anew waits only for what is left of `waitMs`.
+      const left =
+        options.waitMs === undefined || anew === 0 ? options.waitMs : Math.max(0, options.waitMs - (Date.now() - began));
       const query = options.startNow ? { start: "now", wait: left === undefined ? undefined : `${left}ms` } : {};
       const record = await this.request<ActivityRecord>("begin", {
         body,
