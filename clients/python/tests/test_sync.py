@@ -208,18 +208,22 @@ def test_errors_are_typed_by_code(ledger, server):
 
 
 class Counting(httpx.HTTPTransport):
-    def __init__(self, seen):
+    def __init__(self, seen, keys=None):
         super().__init__()
         self.seen = seen
+        self.keys = keys if keys is not None else set()
 
     def handle_request(self, request):
         self.seen.append(f"{request.method} {request.url.path}")
+        if "idempotency-key" in request.headers:
+            self.keys.add(request.headers["idempotency-key"])
         return super().handle_request(request)
 
 
-def test_server_unreachable_is_unavailable_and_only_idempotent_requests_retry():
+def test_server_unreachable_is_unavailable_and_requests_retry_a_begin_too_with_its_key():
     seen = []
-    with Ledger(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.005, transport=Counting(seen)) as down:
+    keys = set()
+    with Ledger(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.005, transport=Counting(seen, keys)) as down:
         entered = False
         with pytest.raises(UnavailableError) as info:
             with down.activity(service="down", provider="p"):
@@ -230,7 +234,8 @@ def test_server_unreachable_is_unavailable_and_only_idempotent_requests_retry():
         # The message names the server and why it could not be reached.
         base = down.config.base_url
         assert str(info.value) == f"POST /v1/activities: cannot reach {base}: connection refused (ECONNREFUSED)"
-        assert seen == ["POST /v1/activities"], "a begin is sent once"
+        assert seen == ["POST /v1/activities"] * 3, "a begin is tried 1 + 2 times"
+        assert len(keys) == 1, "with one key"
         seen.clear()
         with pytest.raises(UnavailableError, match=f"^GET /v1/snapshot: cannot reach {base}: connection refused"):
             down.snapshot()
@@ -353,27 +358,30 @@ class Scripted(httpx.HTTPTransport):
         super().__init__()
         self.answers = []
         self.seen = 0
+        self.keys = []
 
     def handle_request(self, request):
         self.seen += 1
+        self.keys.append(request.headers.get("idempotency-key"))
         if self.answers:
             status, body = self.answers.pop(0)
             return httpx.Response(status, content=body.encode(), request=request)
         return super().handle_request(request)
 
 
-def test_a_begin_is_retried_only_when_the_server_handled_nothing(server):
+def test_a_begin_is_retried_with_its_key_and_a_registration_only_when_the_server_handled_nothing(server):
     scripted = Scripted()
     with Ledger(server.url, token=TOKEN, transport=scripted, backoff=0.005) as ledger:
         body = lambda code: json.dumps({"error": {"code": code, "message": "at a limit"}})
-        scripted.answers = [(503, body("unavailable")), (408, body("request_timeout"))]
+        scripted.answers = [(503, body("unavailable")), (408, body("request_timeout")), (502, "bad gateway")]
         a = ledger.begin(service="retry", provider="p")
         assert a.record["state"] == "waiting"
-        assert scripted.seen == 3, "two refusals that recorded nothing, then the begin"
+        assert scripted.seen == 4, "three refusals, then the begin"
+        assert len(set(scripted.keys)) == 1, "the same key each time"
         scripted.seen = 0
-        scripted.answers = [(502, "bad gateway")]  # a proxy's: the begin may have been recorded
+        scripted.answers = [(502, "bad gateway")]  # a proxy's: the owner may have been registered
         with pytest.raises(UnavailableError) as info:
-            ledger.begin(service="retry", provider="p")
+            ledger.register_owner("retry-owner", ttl=5)
         assert info.value.from_server is False
         assert scripted.seen == 1
         a.cancel()

@@ -12,6 +12,7 @@ from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
 from .errors import (
     ConflictError,
     ForbiddenError,
+    IdempotencyConflictError,
     InflightError,
     InvalidRequestError,
     LaneFullError,
@@ -26,6 +27,7 @@ from .errors import (
 )
 from .sync import Activity, ActivityBlock, Ledger, OwnerLease
 from .wire import (
+    IDEMPOTENCY_KEY_HEADER,
     LABEL_PATTERN,
     PRIORITIES,
     ROUTES,
@@ -55,6 +57,8 @@ __all__ = [
     "ConflictError",
     "ContextBlock",
     "ForbiddenError",
+    "IDEMPOTENCY_KEY_HEADER",
+    "IdempotencyConflictError",
     "InflightError",
     "InvalidRequestError",
     "LaneFullError",

@@ -13,6 +13,7 @@ import re
 import socket
 import ssl
 import threading
+import uuid
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,8 +23,25 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from .errors import InflightError, TLSError, UnavailableError, WaitCancelledError, WaitTimeoutError, error_for
-from .wire import LABEL_PATTERN, PRIORITIES, ROUTES, SERVER_ERROR_CODES, ActivityRecord, BeginRequest, Priority
+from .errors import (
+    InflightError,
+    LaneFullError,
+    TLSError,
+    UnavailableError,
+    WaitCancelledError,
+    WaitTimeoutError,
+    error_for,
+)
+from .wire import (
+    IDEMPOTENCY_KEY_HEADER,
+    LABEL_PATTERN,
+    PRIORITIES,
+    ROUTES,
+    SERVER_ERROR_CODES,
+    ActivityRecord,
+    BeginRequest,
+    Priority,
+)
 
 #: Where the client logs what the server let pass (a begin's ignored fields).
 log = logging.getLogger("inflight_ledger")
@@ -303,12 +321,14 @@ class Config:
         q = {k: v for k, v in (query or {}).items() if v is not None}
         return self.base_url + path + ("?" + urlencode(q) if q else "")
 
-    def headers(self, has_body: bool) -> Dict[str, str]:
+    def headers(self, has_body: bool, idempotency_key: Optional[str] = None) -> Dict[str, str]:
         headers = {"accept": "application/json"}
         if has_body:
             headers["content-type"] = "application/json"
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
+        if idempotency_key is not None:
+            headers[IDEMPOTENCY_KEY_HEADER] = idempotency_key
         return headers
 
     def delay(self, attempt: int, error: InflightError) -> float:
@@ -432,12 +452,99 @@ def unavailable(what: str, base: str, err: BaseException, timeout: Optional[floa
     return UnavailableError("unavailable", f"{what}: cannot reach {base}: {_why(err, timeout)}{hint}")
 
 
+def key_for(route: str, given: Optional[str]) -> Optional[str]:
+    """The ``Idempotency-Key`` a request on ``route`` carries: ``given``, else a
+    fresh random UUID (v4) for a route that takes one (a begin); made once
+    per request, so each of its retries sends the same key. ``None`` for a
+    route that takes none (giving one there raises ``ValueError``)."""
+    r = ROUTES[route]
+    if IDEMPOTENCY_KEY_HEADER not in r.headers:
+        if given is not None:
+            raise ValueError(f"request: {r.method} {r.path} takes no {IDEMPOTENCY_KEY_HEADER}")
+        return None
+    return given if given is not None else str(uuid.uuid4())
+
+
+def has_ended(record: ActivityRecord) -> bool:
+    """Whether the record has ended (settled, cancelled or reaped)."""
+    return record["state"] not in ("waiting", "executing")
+
+
+#: What a begin does when its answer's record has ended (see ``begin_anew``):
+#: given the record and the seconds since the begin was first sent, the
+#: error to raise instead of beginning anew, or ``None`` to begin anew.
+Instead = Callable[[ActivityRecord, float], Optional[BaseException]]
+
+
+def begin_anew(
+    record: ActivityRecord, elapsed: float, instead: Instead, anew: int, retries: int
+) -> None:
+    """After a begin answered a record that has ended: returns to begin anew
+    (with a new key), or raises. A first begin answers a record in flight
+    (or 429); an ended one is a repeat's, whose record ended before the
+    first answer came (cancelled or reaped), so no one holds it. ``instead``
+    says what to raise rather than begin anew; and at most ``retries``
+    begins are made anew, then ``UnavailableError``."""
+    error = instead(record, elapsed)
+    if error is not None:
+        raise error
+    if anew >= retries:
+        raise UnavailableError(
+            "unavailable",
+            f"POST /v1/activities: the record of each of {anew + 1} begins ended before its answer arrived "
+            f"(the last: activity {record['activityId']}, {record['state']}); no record was begun",
+        )
+
+
+def no_wait_left(wait: Optional[float]) -> Instead:
+    """``begin(start_now=True, wait=...)``: a repeat that finds its record
+    ended (cancelled after its wait, or when its request was dropped) is
+    ``LaneFullError`` once ``wait`` has passed, as the server's answer to a
+    wait that ended; before, the begin is made anew for the wait left."""
+
+    def instead(record: ActivityRecord, elapsed: float) -> Optional[BaseException]:
+        if wait is None or elapsed < wait:
+            return None
+        return LaneFullError(
+            "lane_full",
+            f"POST /v1/activities: lane {record['service']}::{record['provider']} did not admit activity "
+            f"{record['activityId']} within {wait:g} s; it is recorded {record['state']} and holds no place in "
+            "line (the begin was sent again after its answer was lost, and found it so)",
+        )
+
+    return instead
+
+
+def in_line(max_wait: Optional[float], cancel: Optional[threading.Event] = None) -> Instead:
+    """The blocks (``activity``, ``observe_unqueued``): a begin whose record
+    ended before its answer came is made anew while the call would still wait
+    in line, but not once its ``cancel`` event is set (``WaitCancelledError``)
+    nor past ``max_wait`` (``WaitTimeoutError``, as for a wait in line that
+    ran out). The ended record needs no cancel, and the block never runs
+    with it."""
+
+    def instead(record: ActivityRecord, elapsed: float) -> Optional[BaseException]:
+        if cancel is not None and cancel.is_set():
+            return wait_cancelled(record)
+        if max_wait is not None and elapsed >= max_wait:
+            return wait_timeout(
+                record,
+                max_wait,
+                f" (it is recorded {record['state']}: its begin was sent again after its answer was lost, "
+                "and found it so)",
+            )
+        return None
+
+    return instead
+
+
 def retryable(route: str, err: InflightError) -> bool:
-    """Whether a failed request may be sent again. An idempotent one: when no
-    answer came, or a 5xx. Any other (a begin): only when the server itself
-    answered that it did not handle the request (503 ``unavailable`` at a
-    limit, 408 ``request_timeout``), since a lost answer may have recorded it.
-    Never after a failed TLS handshake, which would fail again."""
+    """Whether a failed request may be sent again. An idempotent one (a begin
+    is, with its ``Idempotency-Key``): when no answer came, or a 5xx. Any
+    other (an owner registration): only when the server itself answered that
+    it did not handle the request (503 ``unavailable`` at a limit, 408
+    ``request_timeout``), since a lost answer may have registered it. Never
+    after a failed TLS handshake, which would fail again."""
     if isinstance(err, TLSError):
         return False
     if err.from_server and err.code in ("unavailable", "request_timeout"):
@@ -451,11 +558,11 @@ def wait_param(seconds: Optional[float]) -> Optional[str]:
     return f"{max(0, min(int(MAX_WAIT_STEP * 1000), int(seconds * 1000)))}ms"
 
 
-def wait_timeout(record: ActivityRecord, max_wait: Optional[float]) -> WaitTimeoutError:
+def wait_timeout(record: ActivityRecord, max_wait: Optional[float], note: str = "") -> WaitTimeoutError:
     return WaitTimeoutError(
         "wait_timeout",
         f"activity {record['activityId']} was not admitted on {record['service']}::{record['provider']} "
-        f"within {max_wait} s",
+        f"within {max_wait} s{note}",
     )
 
 
@@ -500,12 +607,18 @@ __all__ = [
     "ContextBlock",
     "IgnoredFieldsLog",
     "InflightError",
+    "Instead",
     "Lifecycle",
+    "begin_anew",
     "build_spec",
     "call_hook",
     "cancel_reason",
     "default_ledger_error",
+    "has_ended",
+    "in_line",
     "is_abort",
+    "key_for",
+    "no_wait_left",
     "now_ms",
     "read_answer",
     "retryable",

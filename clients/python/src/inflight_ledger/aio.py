@@ -15,12 +15,18 @@ from ._common import (
     Attributed,
     Config,
     IgnoredFieldsLog,
+    Instead,
     Lifecycle,
+    begin_anew,
     build_spec,
     call_hook,
     cancel_reason,
     default_ledger_error,
+    has_ended,
+    in_line,
     is_abort,
+    key_for,
+    no_wait_left,
     now_ms,
     read_answer,
     retryable,
@@ -90,14 +96,18 @@ class AsyncLedger(Attributed):
         query: Optional[Mapping[str, Any]] = None,
         body: Optional[Mapping[str, Any]] = None,
         extra_timeout: float = 0.0,
+        idempotency_key: Optional[str] = None,
     ) -> Any:
         """Sends one request; idempotent routes are retried with backoff when
-        the server is unreachable or answers a 5xx; a begin only when the
+        the server is unreachable or answers a 5xx. A begin is one: it carries
+        an ``Idempotency-Key`` (``idempotency_key``, else a fresh random UUID
+        made here), and each retry sends the same key, body and query (see
+        ``Ledger.request``). An owner registration is retried only when the
         server answered that it did not handle it (503, 408)."""
         r = ROUTES[route]
         what = f"{r.method} {r.path}"
         url = self.config.url(route, id, query)
-        headers = self.config.headers(body is not None)
+        headers = self.config.headers(body is not None, key_for(route, idempotency_key))
         attempts = self.config.retries + 1
         attempt = 0
         while True:
@@ -123,23 +133,48 @@ class AsyncLedger(Attributed):
         wait: Optional[float] = None,
         **fields: Any,
     ) -> "AsyncActivity":
-        """Begins a record. Never retried. Inside ``with ledger.context(...)``,
-        the context's values fill the ``service``, ``operation_stage`` and
+        """Begins a record. Inside ``with ledger.context(...)``, the
+        context's values fill the ``service``, ``operation_stage`` and
         ``priority`` it leaves out.
+
+        The begin carries a fresh ``Idempotency-Key`` and is retried with it
+        after no answer or a 5xx; a record that ended before its answer came
+        is begun anew with a new key (see ``Ledger.begin``).
 
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
         a full lane that is ``LaneFullError``, with nothing holding a slot or a
         place in line. With ``wait`` seconds too (at most 30), the server holds
         the request until the lane admits the record or the wait ends; then the
-        record is cancelled and the answer is ``LaneFullError``."""
+        record is cancelled and the answer is ``LaneFullError`` (also when a
+        repeat finds it cancelled once ``wait`` has passed)."""
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
-        query = {"start": "now", "wait": wait_param(wait)} if start_now else None
+        return await self._begin(spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait))
+
+    async def _begin(
+        self,
+        spec: Optional[Mapping[str, Any]],
+        fields: Mapping[str, Any],
+        *,
+        start_now: bool,
+        wait: Optional[float],
+        instead: Instead,
+    ) -> "AsyncActivity":
+        """The begins of ``begin`` and the blocks (see ``Ledger._begin``)."""
         body = build_spec(spec, fields, self.owner_id, self._current_context())
-        record = await self.request("begin", query=query, body=body, extra_timeout=wait or 0.0)
-        self._ignored_fields.note(record)
-        return AsyncActivity(self, record)
+        began = time.monotonic()
+        anew = 0
+        while True:
+            # A begin made anew waits only for what is left of ``wait``.
+            left = wait if wait is None or anew == 0 else max(0.0, wait - (time.monotonic() - began))
+            query = {"start": "now", "wait": wait_param(left)} if start_now else None
+            record = await self.request("begin", query=query, body=body, extra_timeout=left or 0.0)
+            self._ignored_fields.note(record)
+            if not has_ended(record):
+                return AsyncActivity(self, record)
+            begin_anew(record, time.monotonic() - began, instead, anew, self.config.retries)
+            anew += 1
 
     async def get_activity(self, activity_id: str) -> ActivityRecord:
         return await self.request("get", id=activity_id)  # type: ignore[no-any-return]
@@ -229,7 +264,7 @@ class AsyncActivity:
 
     @property
     def ended(self) -> bool:
-        return self.record["state"] not in ("waiting", "executing")
+        return has_ended(self.record)
 
     def _update(self, record: ActivityRecord) -> ActivityRecord:
         self.record = record
@@ -343,7 +378,11 @@ class AsyncActivityBlock:
             spec.setdefault("startedAt", now)
         # The begin is shielded: its answer carries the id needed to cancel,
         # so a cancellation that arrives meanwhile cancels the record after.
-        begin = asyncio.ensure_future(self.ledger.begin(spec))
+        # A record that ended before that answer came never reaches the
+        # block: the begin is made anew (a new key) unless past max_wait.
+        begin = asyncio.ensure_future(
+            self.ledger._begin(spec, {}, start_now=False, wait=None, instead=in_line(None if direct else self.max_wait))
+        )
         try:
             activity = await asyncio.shield(begin)
         except asyncio.CancelledError:

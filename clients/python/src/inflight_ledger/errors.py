@@ -79,6 +79,13 @@ class ConflictError(InflightError):
     """409 ``conflict``: the request contradicts the record or the owner."""
 
 
+class IdempotencyConflictError(InflightError):
+    """409 ``idempotency_conflict``: a begin's ``Idempotency-Key`` was already
+    used for a different request (another body, or another ``start``/``wait``).
+    The client makes a fresh key for every begin, so this means a key was
+    reused by hand (``request("begin", idempotency_key=...)``). Never retried."""
+
+
 class UnavailableError(InflightError):
     """503 from the server (at a limit), or no answer (refused, reset, timed out), or a proxy's 5xx."""
 
@@ -98,6 +105,7 @@ _CLASSES: Dict[str, Type[InflightError]] = {
     "unauthorized": UnauthorizedError,
     "forbidden": ForbiddenError,
     "conflict": ConflictError,
+    "idempotency_conflict": IdempotencyConflictError,
     "request_timeout": RequestTimeoutError,
     "unavailable": UnavailableError,
 }

@@ -15,12 +15,18 @@ from ._common import (
     Attributed,
     Config,
     IgnoredFieldsLog,
+    Instead,
     Lifecycle,
+    begin_anew,
     build_spec,
     call_hook,
     cancel_reason,
     default_ledger_error,
+    has_ended,
+    in_line,
     is_abort,
+    key_for,
+    no_wait_left,
     now_ms,
     read_answer,
     retryable,
@@ -67,7 +73,8 @@ class Ledger(Attributed):
         certificate authorities to trust for an ``https://`` server, instead of
         the default roots (default ``INFLIGHT_CA_FILE``); ``ca``: the same as
         PEM text. ``timeout`` is per request (plus its ``?wait=``); ``retries``
-        apply to idempotent requests only."""
+        apply to idempotent requests only (a begin is one: it carries an
+        ``Idempotency-Key``)."""
         self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff, ca_file, ca)
         self.lifecycle = lifecycle
         self.on_ledger_error = on_ledger_error or default_ledger_error
@@ -96,14 +103,19 @@ class Ledger(Attributed):
         query: Optional[Mapping[str, Any]] = None,
         body: Optional[Mapping[str, Any]] = None,
         extra_timeout: float = 0.0,
+        idempotency_key: Optional[str] = None,
     ) -> Any:
         """Sends one request; idempotent routes are retried with backoff when
-        the server is unreachable or answers a 5xx; a begin only when the
-        server answered that it did not handle it (503, 408)."""
+        the server is unreachable or answers a 5xx. A begin is one: it carries
+        an ``Idempotency-Key`` (``idempotency_key``, else a fresh random UUID
+        made here), and each retry sends the same key, body and query, so a
+        begin whose answer was lost is answered with the record it made (200)
+        rather than making a second one. An owner registration is retried
+        only when the server answered that it did not handle it (503, 408)."""
         r = ROUTES[route]
         what = f"{r.method} {r.path}"
         url = self.config.url(route, id, query)
-        headers = self.config.headers(body is not None)
+        headers = self.config.headers(body is not None, key_for(route, idempotency_key))
         attempts = self.config.retries + 1
         attempt = 0
         while True:
@@ -131,23 +143,56 @@ class Ledger(Attributed):
         wait: Optional[float] = None,
         **fields: Any,
     ) -> "Activity":
-        """Begins a record (``waiting``, or ``executing`` with ``started_at``). Never retried.
+        """Begins a record (``waiting``, or ``executing`` with ``started_at``).
         Inside ``with ledger.context(...)``, the context's values fill the
         ``service``, ``operation_stage`` and ``priority`` it leaves out.
+
+        The begin carries a fresh ``Idempotency-Key`` (a random UUID), and is
+        retried like ``settle`` (after no answer, a reset, a timeout, or a
+        5xx) with the same key, body and query: the server answers a repeat
+        with the record the first one made (200, not 201), so a lost answer
+        never makes a second record. If that record ended before its answer
+        came (cancelled or reaped), the begin is made anew with a new key (at
+        most ``retries`` times; then ``UnavailableError``).
 
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
         a full lane that is ``LaneFullError``, with nothing holding a slot or a
         place in line. With ``wait`` seconds too (at most 30), the server holds
         the request until the lane admits the record or the wait ends; then the
-        record is cancelled and the answer is ``LaneFullError``."""
+        record is cancelled and the answer is ``LaneFullError``. A repeat that
+        finds its record cancelled is the same ``LaneFullError`` once ``wait``
+        has passed; before, the begin is made anew (a new key) for the wait
+        that is left."""
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
-        query = {"start": "now", "wait": wait_param(wait)} if start_now else None
+        return self._begin(spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait))
+
+    def _begin(
+        self,
+        spec: Optional[Mapping[str, Any]],
+        fields: Mapping[str, Any],
+        *,
+        start_now: bool,
+        wait: Optional[float],
+        instead: Instead,
+    ) -> "Activity":
+        """The begins of ``begin`` and the blocks. ``request`` gives each a
+        fresh ``Idempotency-Key`` and retries it with that key; a repeat's
+        answer whose record has ended is handled by ``begin_anew``."""
         body = build_spec(spec, fields, self.owner_id, self._current_context())
-        record = self.request("begin", query=query, body=body, extra_timeout=wait or 0.0)
-        self._ignored_fields.note(record)
-        return Activity(self, record)
+        began = time.monotonic()
+        anew = 0
+        while True:
+            # A begin made anew waits only for what is left of ``wait``.
+            left = wait if wait is None or anew == 0 else max(0.0, wait - (time.monotonic() - began))
+            query = {"start": "now", "wait": wait_param(left)} if start_now else None
+            record = self.request("begin", query=query, body=body, extra_timeout=left or 0.0)
+            self._ignored_fields.note(record)
+            if not has_ended(record):
+                return Activity(self, record)
+            begin_anew(record, time.monotonic() - began, instead, anew, self.config.retries)
+            anew += 1
 
     def get_activity(self, activity_id: str) -> ActivityRecord:
         return self.request("get", id=activity_id)  # type: ignore[no-any-return]
@@ -247,7 +292,7 @@ class Activity:
 
     @property
     def ended(self) -> bool:
-        return self.record["state"] not in ("waiting", "executing")
+        return has_ended(self.record)
 
     def _update(self, record: ActivityRecord) -> ActivityRecord:
         self.record = record
@@ -420,7 +465,13 @@ class ActivityBlock:
             now = now_ms()
             spec.setdefault("enqueuedAt", now)
             spec.setdefault("startedAt", now)
-        activity = self.ledger.begin(spec)
+        # A record that ended before its begin's answer came never reaches the
+        # block: the begin is made anew (a new key) unless the cancel event is
+        # set or max_wait has passed.
+        activity = self.ledger._begin(
+            spec, {}, start_now=False, wait=None,
+            instead=in_line(None if direct else self.max_wait, self.cancel),
+        )
         self.activity = activity
         call_hook(self.hooks, "on_enqueued", activity.record)
         if not direct:

@@ -37,6 +37,7 @@ SERVER_ERROR_CODES: Tuple[str, ...] = (
     "conflict",
     "payload_too_large",
     "lane_full",
+    "idempotency_conflict",
     "internal",
     "unavailable",
 )
@@ -279,21 +280,37 @@ def field_names(t: type) -> Set[str]:
     return set(t.__required_keys__) | set(t.__optional_keys__)  # type: ignore[attr-defined]
 
 
-class Route:
-    __slots__ = ("method", "path", "query", "idempotent")
+#: The header that makes a begin idempotent: the client sends a fresh random
+#: UUID (v4) with each begin, and the same one when it sends that begin again
+#: after a lost answer or a 5xx.
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 
-    def __init__(self, method: str, path: str, query: Tuple[str, ...] = (), idempotent: bool = True) -> None:
+
+class Route:
+    __slots__ = ("method", "path", "query", "idempotent", "headers")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: Tuple[str, ...] = (),
+        idempotent: bool = True,
+        headers: Tuple[str, ...] = (),
+    ) -> None:
         self.method = method
         self.path = path
         self.query = query
         self.idempotent = idempotent
+        #: The header parameters the client sends on this route.
+        self.headers = headers
 
 
-#: Every route the client calls. A begin (and an owner registration) is not
-#: idempotent: a lost answer may have recorded it, and a second begin would
-#: be a second record.
+#: Every route the client calls. A begin is idempotent through the
+#: ``Idempotency-Key`` the client always sends with it (a repeat is answered
+#: with the record the first made). An owner registration is not: a lost
+#: answer may have registered it, and a second would be a second owner.
 ROUTES: Dict[str, Route] = {
-    "begin": Route("POST", "/v1/activities", ("start", "wait"), idempotent=False),
+    "begin": Route("POST", "/v1/activities", ("start", "wait"), headers=(IDEMPOTENCY_KEY_HEADER,)),
     "get": Route("GET", "/v1/activities/{id}"),
     "start": Route("POST", "/v1/activities/{id}/start", ("wait",)),
     "settle": Route("POST", "/v1/activities/{id}/settle"),
