@@ -24,6 +24,7 @@ TOKEN = "py-client-test-token"
 CAPPED = [f"{name}::capped" for name in (
     "wait", "exec", "timeout", "owner", "full", "maxwait", "kbint",
     "await", "aexec", "atimeout", "aowner", "amaxwait", "now", "anow", "cancel", "hcancel",
+    "idem-wait", "idem-full",
 )]
 
 

@@ -101,6 +101,7 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
     for r in sorted(documented - called - set(ROUTES_NOT_CALLED)):
         problems.append(f"the document has {r}, which the client neither calls nor lists in ROUTES_NOT_CALLED")
 
+    # Query and header parameters (a header's name in lower case: HTTP does not tell case apart).
     for name, r in ROUTES.items():
         op = operation(name)
         if op is None:
@@ -108,6 +109,8 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         params = [deref(doc, p) for p in op.get("parameters") or []]
         compare(problems, f"{r.method} {r.path} query parameters", r.query,
                 [p["name"] for p in params if p.get("in") == "query"])
+        compare(problems, f"{r.method} {r.path} header parameters", [h.lower() for h in r.headers],
+                [p["name"].lower() for p in params if p.get("in") == "header"])
 
     snapshot = response("snapshot", "200")
     error = response("begin", "400")
@@ -119,6 +122,7 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         ("RefineRequest", request_body("refine")),
         ("RegisterOwnerRequest", request_body("register_owner")),
         ("ActivityRecord", response("begin", "201")),
+        ("ActivityRecord", response("begin", "200")),
         ("ActivityRecord", response("get", "200")),
         ("ActivityRecord", response("start", "200")),
         ("ActivityRecord", response("settle", "200")),

@@ -1,5 +1,5 @@
 """The client's wire against the server's own OpenAPI document
-(``GET /openapi.json``): routes, query parameters, body and answer fields,
+(``GET /openapi.json``): routes, query and header parameters, body and answer fields,
 error codes, priorities. Any disagreement fails."""
 
 from __future__ import annotations
@@ -64,3 +64,26 @@ def test_the_check_notices_an_older_servers_document_without_refinement(document
     problems = "\n".join(compare_with_document(older))
     assert "the client calls POST /v1/activities/{id}/refine, which the document lacks" in problems
     assert "ActivityRecord fields: the client has refined, the document does not" in problems
+
+
+def test_the_check_notices_an_older_servers_document_without_idempotent_begins(document):
+    older = copy.deepcopy(document)
+    begin = older["paths"]["/v1/activities"]["post"]
+    begin["parameters"] = [p for p in begin["parameters"] if p.get("in") != "header"]
+    del begin["responses"]["200"]
+    for schema in (older.get("components") or {}).get("schemas", {}).values():
+        if isinstance(schema.get("enum"), list):
+            schema["enum"] = [code for code in schema["enum"] if code != "idempotency_conflict"]
+    problems = "\n".join(compare_with_document(older))
+    assert "POST /v1/activities header parameters: the client has idempotency-key, the document does not" in problems
+    assert "the document has no schema where the client expects ActivityRecord" in problems
+    assert "error codes: the client has idempotency_conflict, the document does not" in problems
+    # And a header parameter the client does not send is noticed too.
+    newer = copy.deepcopy(document)
+    newer["paths"]["/v1/activities/{id}/settle"]["post"]["parameters"].append(
+        {"in": "header", "name": "X-Brand-New", "schema": {"type": "string"}}
+    )
+    assert (
+        "POST /v1/activities/{id}/settle header parameters: the document has x-brand-new, the client does not"
+        in "\n".join(compare_with_document(newer))
+    )
