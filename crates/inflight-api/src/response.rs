@@ -78,6 +78,12 @@ pub struct ActivityRecord {
     pub failure_stage: Option<FailureStage>,
     /// A settle or cancel arrived after it was reaped.
     pub late_settle: bool,
+    /// It was settled with success without ever starting: not a normal
+    /// completion (`success` and no `startedAt`; absent, as `false`, from
+    /// older servers).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub unstarted_success: bool,
     /// A refinement set its model: `model` is then the one its call was
     /// dispatched to, or `unknown` when dispatches named different ones.
     /// (Absent, as `false`, from servers older than refinement.)
@@ -189,12 +195,17 @@ pub struct Aggregate {
     pub model: String,
     /// The priority.
     pub priority: Priority,
-    /// Queued or direct.
+    /// Queued, direct or external.
     pub admission: Admission,
     /// Records begun.
     pub calls: i64,
     /// Settled with success.
     pub successes: i64,
+    /// Of those, settled with success without ever starting (absent from
+    /// older servers: 0).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    #[serde(default)]
+    pub successes_unstarted: i64,
     /// Settled with failure.
     pub failures: i64,
     /// Cancelled by the caller.
@@ -270,6 +281,11 @@ pub struct Snapshot {
     #[cfg_attr(feature = "openapi", schema(required = true))]
     #[serde(default)]
     pub total_succeeded: i64,
+    /// Of those, records settled as succeeded that never started: not a
+    /// normal completion (absent from older servers: 0).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    #[serde(default)]
+    pub total_succeeded_unstarted: i64,
     /// Records ever settled as failed (absent from older servers: 0).
     #[cfg_attr(feature = "openapi", schema(required = true))]
     #[serde(default)]

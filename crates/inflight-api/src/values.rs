@@ -78,6 +78,10 @@ wire_enum! {
         Queued => "queued",
         /// Observed only.
         Direct => "direct",
+        /// Admitted by the caller's own limiter, its start reported as a
+        /// fact: executing, it takes a slot of its lane's cap; waiting, it
+        /// holds no place in line; it is never refused.
+        External => "external",
     }
 }
 

@@ -57,6 +57,7 @@ fn record(state: State) -> ActivityRecord {
         success: None,
         failure_stage: None,
         late_settle: false,
+        unstarted_success: false,
         refined: true,
         cancel_reason: None,
         ignored_fields: Vec::new(),
@@ -129,6 +130,7 @@ fn snapshot() -> Snapshot {
         ]),
         total_activities: 10,
         total_succeeded: 1,
+        total_succeeded_unstarted: 0,
         total_failed: 1,
         total_cancelled: 1,
         total_in_flight: 1,
@@ -163,6 +165,7 @@ fn snapshot() -> Snapshot {
             admission: Admission::Direct,
             calls: 10,
             successes: 1,
+            successes_unstarted: 0,
             failures: 1,
             cancelled: 1,
             reaped: ReapCounts {
@@ -313,14 +316,14 @@ fn the_record_writes_every_documented_field_in_order() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:20:02.000Z","queueWaitMs":2000,"executionMs":null,"#,
-            r#""success":null,"failureStage":null,"lateSettle":false,"refined":true}"#
+            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":true}"#
         )
     );
     let mut cancelled = record(State::Cancelled);
     cancelled.cancel_reason = Some("bye".to_owned());
     assert!(serde_json::to_string(&cancelled)
         .unwrap()
-        .ends_with(r#""lateSettle":false,"refined":true,"cancelReason":"bye"}"#));
+        .ends_with(r#""lateSettle":false,"unstartedSuccess":false,"refined":true,"cancelReason":"bye"}"#));
 }
 
 #[test]
@@ -420,7 +423,7 @@ fn enums_refuse_names_they_do_not_know() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("unknown variant `vip`, expected `queued` or `direct`"),
+        err.contains("unknown variant `vip`, expected one of `queued`, `direct`, `external`"),
         "{err}"
     );
     // Another JSON type is a wrong type for the field, not broken JSON.

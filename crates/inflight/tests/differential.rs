@@ -277,7 +277,8 @@ enum Ts {
 struct BeginOp {
     lane: usize,
     class: usize,
-    direct: bool,
+    /// 0 queued, 1 direct, 2 external.
+    admission: usize,
     batch: bool,
     /// `enqueuedAt` as an offset from now.
     enqueued: Option<i64>,
@@ -369,7 +370,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
         (
             prop_oneof![5 => Just(0usize), 1 => Just(1usize), 1 => Just(2usize)],
             0..CLASS_CHOICES.len(),
-            prop::bool::weighted(0.2),
+            prop_oneof![14 => Just(0usize), 3 => Just(1usize), 3 => Just(2usize)],
             prop::bool::weighted(0.2),
             prop::option::weighted(0.25, 0..KEYS.len()),
         ),
@@ -381,12 +382,20 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
         prop::option::weighted(0.03, recent()),
     )
         .prop_map(
-            |((lane, class, direct, batch, key), enqueued, started, deadline, owner, id_key, duplicate)| {
+            |(
+                (lane, class, admission, batch, key),
+                enqueued,
+                started,
+                deadline,
+                owner,
+                id_key,
+                duplicate,
+            )| {
                 BeginOp {
                     lane,
                     key,
                     class,
-                    direct,
+                    admission,
                     batch,
                     enqueued,
                     started,
@@ -605,6 +614,7 @@ struct AggObs {
     owner_lost: i64,
     owner_lost_abandoned: i64,
     resurrections: i64,
+    succeeded_unstarted: i64,
     queue_waits: (i64, i64, i64),
     executions: (i64, i64, i64),
 }
@@ -657,6 +667,8 @@ struct Tot {
     owner_lost_abandoned: i64,
     late_settles: i64,
     resurrections: i64,
+    /// Successes of records that never started.
+    succeeded_unstarted: i64,
     in_flight: i64,
     qw_count: i64,
     qw_sum: i64,
@@ -853,6 +865,17 @@ impl Model {
         rec.admission == Admission::Queued && lane_key(rec) == CAPPED_LANE
     }
 
+    /// Whether `rec` holds a slot of the capped lane, or a place in its
+    /// line: an `external` record only while it executes.
+    fn in_capped_lane(rec: &Rec) -> bool {
+        lane_key(rec) == CAPPED_LANE
+            && match rec.admission {
+                Admission::Queued => true,
+                Admission::External => rec.state == State::Executing,
+                _ => false,
+            }
+    }
+
     /// The admission decision for `rec` asking to start now: reap what is
     /// due, then count the lane.
     fn admit(&mut self, rec: &Rec, id: ActivityId, newcomer: bool) -> Result<(), Refusal> {
@@ -864,7 +887,7 @@ impl Model {
         let mut taken = 0;
         for r in self.in_flight() {
             let other = self.rec(r).unwrap();
-            if !Self::capped(other) || lane_key(other) != lane_key(rec) || self.ids[r] == id {
+            if !Self::in_capped_lane(other) || self.ids[r] == id {
                 continue;
             }
             let key = (other.enqueued_at, self.ids[r]);
@@ -1137,7 +1160,10 @@ impl Model {
         tot.in_flight -= 1;
         tot.queue_wait(wait);
         match outcome {
-            State::Succeeded => tot.succeeded += 1,
+            State::Succeeded => {
+                tot.succeeded += 1;
+                tot.succeeded_unstarted += i64::from(wait.is_none());
+            }
             State::Failed => tot.failed += 1,
             _ => tot.cancelled += 1,
         }
@@ -1341,7 +1367,7 @@ impl Model {
             everything.owner_lost += tot.owner_lost;
             everything.late_settles += tot.late_settles;
             everything.resurrections += tot.resurrections;
-            if key.6 != Admission::Queued {
+            if key.6 == Admission::Direct {
                 continue;
             }
             let lane = lanes
@@ -1355,7 +1381,11 @@ impl Model {
         }
         let mut in_flight: Vec<&Rec> = self.recs.iter().flatten().filter(|rec| rec.in_flight()).collect();
         in_flight.sort_by_key(|rec| (rec.enqueued_at, self.ids[rec.r]));
-        for rec in in_flight.iter().filter(|rec| rec.admission == Admission::Queued) {
+        let in_lane = |rec: &&&Rec| {
+            rec.admission == Admission::Queued
+                || (rec.admission == Admission::External && rec.state == State::Executing)
+        };
+        for rec in in_flight.iter().filter(in_lane) {
             let lane = lanes.entry(lane_key(rec)).or_insert_with(|| empty(None));
             if rec.state == State::Executing {
                 lane.executing += 1;
@@ -1423,6 +1453,7 @@ impl Model {
                     last_seen_at: tot.last_seen,
                     owner_lost: tot.owner_lost,
                     owner_lost_abandoned: tot.owner_lost_abandoned,
+                    succeeded_unstarted: tot.succeeded_unstarted,
                     resurrections: tot.resurrections,
                     queue_waits: (tot.qw_count, tot.qw_sum, tot.qw_max),
                     executions: (tot.ex_count, tot.ex_sum, tot.ex_max),
@@ -1580,11 +1611,7 @@ impl Model {
                     BeginSpec {
                         lane: b.lane,
                         class: CLASS_CHOICES[b.class],
-                        admission: if b.direct {
-                            Admission::Direct
-                        } else {
-                            Admission::Queued
-                        },
+                        admission: [Admission::Queued, Admission::Direct, Admission::External][b.admission],
                         priority: if b.batch {
                             Priority::Batch
                         } else {
@@ -1891,6 +1918,7 @@ impl Subject {
                 last_seen_at: a.last_seen_at.map(|at| at.millis_since(T0)),
                 owner_lost: a.totals.reaped_owner_lost,
                 owner_lost_abandoned: a.totals.reaped_owner_lost_abandoned,
+                succeeded_unstarted: a.totals.succeeded_unstarted,
                 resurrections: a.totals.resurrections,
                 queue_waits: (
                     a.totals.queue_wait_count,

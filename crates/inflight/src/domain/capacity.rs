@@ -26,7 +26,7 @@ pub enum Capacity {
 /// reaped record left the line when it was reaped, and a newcomer joins
 /// behind every waiter.
 pub fn change(record: &ActivityRecord, effect: &Effect, capped: impl FnOnce() -> bool) -> Option<Capacity> {
-    if record.admission != Admission::Queued {
+    if record.admission == Admission::Direct {
         return None;
     }
     let change = match effect {

@@ -30,7 +30,7 @@ pub struct AggregateKey {
     pub model: Arc<str>,
     /// The priority.
     pub priority: Priority,
-    /// Queued or direct.
+    /// Queued, direct or external.
     pub admission: Admission,
 }
 
@@ -81,6 +81,10 @@ pub struct Totals {
     /// disposition and reason can be told apart
     /// ([`Totals::reaps_ever`]).
     pub reaped_owner_lost_abandoned: i64,
+    /// Of `succeeded`, the records settled with success that never
+    /// started: a caller that reports its starts as facts forgot one, or
+    /// began and settled without the start. Never a normal completion.
+    pub succeeded_unstarted: i64,
     /// Records that received a settle or cancel after being reaped.
     pub late_settles: i64,
     /// Abandoned records started after all.
@@ -133,7 +137,10 @@ impl Totals {
                 self.in_flight -= 1;
                 self.queue_wait(queue_wait_ms);
                 match state {
-                    State::Succeeded => self.succeeded += 1,
+                    State::Succeeded => {
+                        self.succeeded += 1;
+                        self.succeeded_unstarted += i64::from(queue_wait_ms.is_none());
+                    }
                     State::Failed => self.failed += 1,
                     _ => self.cancelled += 1,
                 }
@@ -217,6 +224,7 @@ impl Totals {
         self.reaped_unsettled += delta.reaped_unsettled;
         self.reaped_owner_lost += delta.reaped_owner_lost;
         self.reaped_owner_lost_abandoned += delta.reaped_owner_lost_abandoned;
+        self.succeeded_unstarted += delta.succeeded_unstarted;
         self.late_settles += delta.late_settles;
         self.resurrections += delta.resurrections;
         self.in_flight += delta.in_flight;
@@ -269,6 +277,8 @@ pub struct AggregateView {
     pub calls: i64,
     /// Settled with success.
     pub successes: i64,
+    /// Of those, without ever starting.
+    pub successes_unstarted: i64,
     /// Settled with failure.
     pub failures: i64,
     /// Cancelled by the caller.
@@ -304,6 +314,7 @@ impl AggregateView {
             key,
             calls: totals.calls(),
             successes: totals.succeeded,
+            successes_unstarted: totals.succeeded_unstarted,
             failures: totals.failed,
             cancelled: totals.cancelled,
             reaped: ReapedCounts {

@@ -86,7 +86,7 @@ impl LaneQuery {
     /// How `other` counts in the answer, if at all.
     #[inline]
     pub fn counts(&self, other: &ActivityRecord) -> Option<InLine> {
-        if other.admission != Admission::Queued
+        if other.admission == Admission::Direct
             || other.activity_id == self.activity_id
             || other.labels.service != self.lane.service
             || other.labels.provider != self.lane.provider
@@ -94,8 +94,10 @@ impl LaneQuery {
             return None;
         }
         match other.state {
+            // An `external` record executing holds a slot; waiting, it
+            // holds no place in line.
             State::Executing => Some(InLine::Executing),
-            State::Waiting => {
+            State::Waiting if other.admission == Admission::Queued => {
                 let ahead = (other.enqueued_at, other.activity_id) < (self.enqueued_at, self.activity_id)
                     || (self.newcomer && other.enqueued_at == self.enqueued_at);
                 ahead.then_some(InLine::Ahead)
@@ -111,7 +113,8 @@ impl LaneQuery {
 pub fn lane_loads<'a>(in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -> Vec<LaneLoad> {
     let mut loads: std::collections::BTreeMap<LaneKey, LaneLoad> = std::collections::BTreeMap::new();
     for record in in_flight {
-        if record.admission != Admission::Queued || !record.state.is_in_flight() {
+        let in_line = record.admission == Admission::Queued && record.state == State::Waiting;
+        if !(in_line || (record.admission != Admission::Direct && record.state == State::Executing)) {
             continue;
         }
         let lane = record.lane();

@@ -197,6 +197,8 @@ pub struct Snapshot {
     pub total_activities: i64,
     /// Records ever settled as succeeded.
     pub total_succeeded: i64,
+    /// Of those, records that never started.
+    pub total_succeeded_unstarted: i64,
     /// Records ever settled as failed.
     pub total_failed: i64,
     /// Records ever cancelled by their caller.
@@ -281,7 +283,7 @@ impl Snapshot {
         let mut everything = Totals::default();
         for (key, totals) in &parts.aggregates {
             everything.add(totals);
-            if key.admission != Admission::Queued {
+            if key.admission == Admission::Direct {
                 continue;
             }
             let Ok(lane_key) = LaneKey::parse(&format!("{}::{}", key.service, key.provider)) else {
@@ -333,6 +335,7 @@ impl Snapshot {
                 .collect(),
             total_activities: everything.calls(),
             total_succeeded: everything.succeeded,
+            total_succeeded_unstarted: everything.succeeded_unstarted,
             total_failed: everything.failed,
             total_cancelled: everything.cancelled,
             total_in_flight: parts.in_flight_total,

@@ -43,7 +43,7 @@ pub struct NewActivity {
     pub labels: ActivityLabels,
     /// The priority.
     pub priority: Priority,
-    /// Queued or direct.
+    /// Queued, direct or external.
     pub admission: Admission,
     /// When it was enqueued; `now` when not given.
     pub enqueued_at: Option<Timestamp>,

@@ -74,7 +74,7 @@ impl ActivitySpec {
         self
     }
 
-    /// Sets queued or direct admission.
+    /// Sets queued, direct or external admission.
     pub fn admission(mut self, admission: Admission) -> Self {
         self.admission = Some(admission);
         self

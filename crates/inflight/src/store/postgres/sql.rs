@@ -30,6 +30,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0005_write_missed.sql"),
     include_str!("migrations/0006_refined.sql"),
     include_str!("migrations/0007_idempotency_keys.sql"),
+    include_str!("migrations/0008_succeeded_unstarted.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).
@@ -81,22 +82,22 @@ pub(super) const LOCK_RECORDS: &str = concat!(
 /// A group's deferred writes in one statement, one round trip: its
 /// records and its counters.
 ///
-/// Records: `$1`..`$23` are the columns of every written record, in
-/// `record_columns!` order, as arrays one element per record; `$24` says
+/// Records: `$1`..`$24` are the columns of every written record, in
+/// `record_columns!` order, as arrays one element per record; `$25` says
 /// which are new. The new ones are
 /// inserted (none when the id is taken); the others, whose rows the
 /// transaction holds locked, overwritten. Both go through the primary key
 /// (`ON CONFLICT`), never through a join the planner could turn into a
-/// scan (see [`LOCK_RECORDS`]). `$53` to `$56` are the rows expected:
+/// scan (see [`LOCK_RECORDS`]). `$54` to `$57` are the rows expected:
 /// overwritten, inserted, aggregates and minutes added to. When any count
 /// differs, or an overwrite found no row, the statement fails with
 /// [`WRITE_MISSED`], so that a `COMMIT` already sent behind it rolls back.
 ///
-/// Counters: `$25`..`$49` are the aggregates' keys and totals to add, as
-/// arrays one element per aggregate (in `aggregates` column order, `$48`
-/// the last seen instants), `$50` and `$51` the minutes and their
+/// Counters: `$26`..`$50` are the aggregates' keys and totals to add, as
+/// arrays one element per aggregate (`aggregate_labels!` then
+/// `totals_columns!` order), `$51` and `$52` the minutes and their
 /// completions; each key at most once per array, as `ON CONFLICT DO
-/// UPDATE` requires; `$52` the writer's shard of the counter rows. Either part may be empty arrays: a flush of records
+/// UPDATE` requires; `$53` the writer's shard of the counter rows. Either part may be empty arrays: a flush of records
 /// before a read sends no counters, a write of counters before a snapshot
 /// no records.
 pub(super) const WRITE_GROUP: &str = concat!(
@@ -133,12 +134,12 @@ pub(super) const WRITE_GROUP: &str = concat!(
      priority, admission, succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, \
      reaped_owner_lost, late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
      queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
-     reaped_owner_lost_abandoned, shard) \
-     SELECT *, $52::smallint FROM unnest($26::text[], $27::text[], $28::text[], $29::text[], $30::text[], $31::text[], \
+     reaped_owner_lost_abandoned, succeeded_unstarted, shard) \
+     SELECT *, $53::smallint FROM unnest($26::text[], $27::text[], $28::text[], $29::text[], $30::text[], $31::text[], \
      $32::text[], $33::bigint[], $34::bigint[], $35::bigint[], $36::bigint[], \
      $37::bigint[], $38::bigint[], $39::bigint[], $40::bigint[], $41::bigint[], $42::bigint[], \
      $43::bigint[], $44::bigint[], $45::bigint[], $46::bigint[], $47::bigint[], $48::bigint[], \
-     $49::bigint[]) \
+     $49::bigint[], $50::bigint[]) \
      ON CONFLICT (service, operation_stage, class, provider, model, priority, admission, shard) \
      DO UPDATE SET succeeded = a.succeeded + excluded.succeeded, \
      failed = a.failed + excluded.failed, cancelled = a.cancelled + excluded.cancelled, \
@@ -146,6 +147,7 @@ pub(super) const WRITE_GROUP: &str = concat!(
      reaped_unsettled = a.reaped_unsettled + excluded.reaped_unsettled, \
      reaped_owner_lost = a.reaped_owner_lost + excluded.reaped_owner_lost, \
      reaped_owner_lost_abandoned = a.reaped_owner_lost_abandoned + excluded.reaped_owner_lost_abandoned, \
+     succeeded_unstarted = a.succeeded_unstarted + excluded.succeeded_unstarted, \
      late_settles = a.late_settles + excluded.late_settles, \
      resurrections = a.resurrections + excluded.resurrections, \
      in_flight = a.in_flight + excluded.in_flight, \
@@ -157,12 +159,12 @@ pub(super) const WRITE_GROUP: &str = concat!(
      execution_max_ms = GREATEST(a.execution_max_ms, excluded.execution_max_ms), \
      last_seen_at = GREATEST(a.last_seen_at, excluded.last_seen_at) RETURNING 1), \
      m AS (INSERT INTO completion_minutes AS m (minute, completions, shard) \
-     SELECT *, $52::smallint FROM unnest($50::bigint[], $51::bigint[]) \
+     SELECT *, $53::smallint FROM unnest($51::bigint[], $52::bigint[]) \
      ON CONFLICT (minute, shard) DO UPDATE SET completions = m.completions + excluded.completions RETURNING 1) \
-     SELECT CASE WHEN (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated) = $53 \
+     SELECT CASE WHEN (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated) = $54 \
      AND (SELECT COUNT(*) FILTER (WHERE new) FROM updated) = 0 \
-     AND (SELECT COUNT(*) FROM inserted) = $54 AND (SELECT COUNT(*) FROM g) = $55 \
-     AND (SELECT COUNT(*) FROM m) = $56 THEN 0 ELSE inflight_write_missed() END"
+     AND (SELECT COUNT(*) FROM inserted) = $55 AND (SELECT COUNT(*) FROM g) = $56 \
+     AND (SELECT COUNT(*) FROM m) = $57 THEN 0 ELSE inflight_write_missed() END"
 );
 
 pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";

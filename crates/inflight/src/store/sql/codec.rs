@@ -287,6 +287,7 @@ pub(crate) fn totals_from(row: &dyn Columns, first: usize) -> Result<Totals, Led
         execution_max_ms: n(14)?,
         last_seen_at: at_opt(row, first + 15)?,
         reaped_owner_lost_abandoned: n(16)?,
+        succeeded_unstarted: n(17)?,
     })
 }
 
@@ -310,6 +311,7 @@ pub(crate) fn totals_values(d: &Totals) -> [Value<'static>; TOTALS_COLUMNS] {
         d.execution_max_ms.into(),
         d.last_seen_at.into(),
         d.reaped_owner_lost_abandoned.into(),
+        d.succeeded_unstarted.into(),
     ]
 }
 

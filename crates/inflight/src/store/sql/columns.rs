@@ -34,7 +34,8 @@ macro_rules! totals_columns {
     () => {
         "succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
-     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned"
+     execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned, \
+     succeeded_unstarted"
     };
 }
 
@@ -56,7 +57,7 @@ pub(crate) const RECORD_COLUMNS: usize = 24;
 /// How many columns [`owner_columns!`] lists.
 pub(crate) const OWNER_COLUMNS: usize = 10;
 /// How many columns [`totals_columns!`] lists.
-pub(crate) const TOTALS_COLUMNS: usize = 17;
+pub(crate) const TOTALS_COLUMNS: usize = 18;
 /// How many columns [`aggregate_labels!`] lists.
 pub(crate) const LABEL_COLUMNS: usize = 7;
 

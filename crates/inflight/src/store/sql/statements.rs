@@ -100,7 +100,8 @@ statements! {
          CAST(SUM(in_flight) AS BIGINT), CAST(SUM(queue_wait_count) AS BIGINT), \
          CAST(SUM(queue_wait_sum_ms) AS BIGINT), MAX(queue_wait_max_ms), \
          CAST(SUM(execution_count) AS BIGINT), CAST(SUM(execution_sum_ms) AS BIGINT), \
-         MAX(execution_max_ms), MAX(last_seen_at), CAST(SUM(reaped_owner_lost_abandoned) AS BIGINT) \
+         MAX(execution_max_ms), MAX(last_seen_at), CAST(SUM(reaped_owner_lost_abandoned) AS BIGINT), \
+         CAST(SUM(succeeded_unstarted) AS BIGINT) \
          FROM aggregates GROUP BY ", aggregate_labels!();
 
     /// Whether a lane has an aggregate.
@@ -147,7 +148,7 @@ statements! {
     LANE_POSITION: Indexed =
         "SELECT \
            (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
-              AND admission = 'queued' AND ", in_flight!(), " AND state = 'executing' \
+              AND admission IN ('queued', 'external') AND ", in_flight!(), " AND state = 'executing' \
               AND activity_id <> $3), \
            (SELECT COUNT(*) FROM activities WHERE service = $1 AND provider = $2 \
               AND admission = 'queued' AND ", in_flight!(), " AND state = 'waiting' \
@@ -167,10 +168,10 @@ statements! {
     /// `query::lane_loads`.
     LANE_LOADS: Indexed =
         "SELECT service, provider, COUNT(*) FILTER (WHERE state = 'executing'), \
-         COUNT(*) FILTER (WHERE state = 'waiting'), \
-         MIN(enqueued_at) FILTER (WHERE state = 'waiting'), \
-         MIN(reapable_at) FILTER (WHERE state = 'waiting') \
-         FROM activities WHERE ", in_flight!(), " AND admission = 'queued' \
+         COUNT(*) FILTER (WHERE state = 'waiting' AND admission = 'queued'), \
+         MIN(enqueued_at) FILTER (WHERE state = 'waiting' AND admission = 'queued'), \
+         MIN(reapable_at) FILTER (WHERE state = 'waiting' AND admission = 'queued') \
+         FROM activities WHERE ", in_flight!(), " AND admission IN ('queued', 'external') \
          GROUP BY service, provider ORDER BY service, provider";
 
     /// `Window::completed`, in `Window::completed_order`. `completedAt` is

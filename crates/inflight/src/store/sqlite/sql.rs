@@ -59,6 +59,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0009_idempotency_keys.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0010_succeeded_unstarted.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -83,7 +87,7 @@ pub(super) const JOURNAL_APPEND: &str = concat!(
     totals_columns!(),
     ", completion_minute) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
      ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, \
-     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42)"
+     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43)"
 );
 
 /// Every row written ahead, oldest first: columns as `JOURNAL_APPEND`
@@ -130,7 +134,8 @@ pub(super) const ADD_TO_AGGREGATE: &str =
      execution_count = execution_count + ?14, execution_sum_ms = execution_sum_ms + ?15, \
      execution_max_ms = MAX(execution_max_ms, ?16), \
      last_seen_at = MAX(COALESCE(last_seen_at, ?17), COALESCE(?17, last_seen_at)), \
-     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?18 \
+     reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?18, \
+     succeeded_unstarted = succeeded_unstarted + ?19 \
      WHERE id = ?1";
 
 /// Stores a new aggregate with its first totals.
@@ -140,7 +145,7 @@ pub(super) const INSERT_AGGREGATE: &str = concat!(
     ", ",
     totals_columns!(),
     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24)"
+     ?20, ?21, ?22, ?23, ?24, ?25)"
 );
 
 pub(super) const COUNT_COMPLETIONS: &str =
