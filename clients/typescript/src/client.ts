@@ -380,6 +380,11 @@ export class InflightClient {
     return this.attribution.run(mergeContexts(this.attribution.getStore(), checked), fn);
   }
 
+  /** The attribution context in force where this is called (`withContext`), if any. */
+  currentContext(): Readonly<ActivityContext> | undefined {
+    return this.attribution.getStore();
+  }
+
   // ---- one request -------------------------------------------------------
 
   /**

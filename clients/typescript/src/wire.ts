@@ -13,7 +13,13 @@ export const PRIORITIES = ["interactive", "batch", "unknown"] as const;
 /** What a label must match, as the server's OpenAPI document says it (checked against it by the tests). */
 export const LABEL_PATTERN = "^[A-Za-z0-9._-]{1,64}$";
 export type Priority = (typeof PRIORITIES)[number];
-export type Admission = "queued" | "direct";
+/**
+ * `queued`: admitted by the ledger (counts in its lane); `direct`: observed
+ * only; `external`: admitted by the caller's own limiter, its start reported
+ * as a fact (executing, it takes a slot of its lane's cap; waiting, it holds
+ * no place in line; it is never refused). Servers before `external` refuse it (400).
+ */
+export type Admission = "queued" | "direct" | "external";
 export type State = "waiting" | "executing" | "succeeded" | "failed" | "cancelled" | "reaped";
 export type Disposition = "abandoned" | "unsettled";
 export type ReapReason = "deadline" | "owner-lost";
