@@ -1,6 +1,8 @@
 // inflight-ledger: a client of the inflight server for Node.js 20+.
 export { Activity, InflightClient, OwnerLease } from "./client.js";
 export type { ActivityContext } from "./context.js";
+export { ProviderActivityRecorder, RecorderError } from "./recorder.js";
+export type { ProviderActivityEntry, ProviderActivityOutcome, RecorderEvent, RecorderOperation, RecorderOptions } from "./recorder.js";
 export type {
   ActivitySpec,
   AdmitOptions,
