@@ -89,9 +89,14 @@ test("the declarations fit each: a .cts gets the CommonJS types, a .mts the ESM 
     export const inContext: Promise<number> = client.withContext(context, () => client.run({ provider: "b" }, async () => 1));
     export const model: Promise<string> = client.run({ service: "a", provider: "b" }, async (_signal, activity) =>
       (await activity.refine("llama3.1:8b")).model);
-    export const refined = (record: ActivityRecord): boolean => record.refined ?? false;`;
+    export const refined = (record: ActivityRecord): boolean => record.refined ?? false;
+    const recorder = new ProviderActivityRecorder(client, { onError: (err: unknown, event: RecorderEvent) => void [err, event.id] });
+    export const id: string = recorder.beginProviderActivity({ service: "a", role: "chat", provider: "b", queueDisposition: "neo-queued" });
+    recorder.completeProviderActivity(id, { completedAt: Date.now(), success: false, failureStage: "provider" });
+    export const flushed: Promise<void> = recorder.flush();`;
   const imports =
-    'import { InflightClient, isInflightError, type ActivityContext, type ActivityRecord } from "inflight-ledger";';
+    "import { InflightClient, isInflightError, ProviderActivityRecorder, type ActivityContext, type ActivityRecord, " +
+    'type RecorderEvent } from "inflight-ledger";';
   writeFileSync(join(project, "use.cts"), `${imports}\n${use}`);
   writeFileSync(join(project, "use.mts"), `${imports}\n${use}`);
   const tsc = require.resolve("typescript/bin/tsc");
