@@ -115,6 +115,11 @@ export interface ActivityRecord {
   failureStage: FailureStage | null;
   lateSettle: boolean;
   /**
+   * Settled with success without ever starting (no `startedAt`): not a
+   * normal completion. Absent from older servers (read it as false).
+   */
+  unstartedSuccess?: boolean;
+  /**
    * Whether a refinement (`Activity.refine`) landed on the record: its
    * `model` is the refined one, or `unknown` after two different ones.
    * Absent from older servers (read it as false).
@@ -171,6 +176,8 @@ export interface Aggregate {
   admission: Admission;
   calls: number;
   successes: number;
+  /** Of `successes`, records that never started (absent from older servers). */
+  successesUnstarted?: number;
   failures: number;
   cancelled: number;
   reaped: ReapCounts;
@@ -199,6 +206,8 @@ export interface Snapshot {
   nativeAdmission: Record<string, Lane>;
   totalActivities: number;
   totalSucceeded: number;
+  /** Of `totalSucceeded`, records that never started (absent from older servers). */
+  totalSucceededUnstarted?: number;
   totalFailed: number;
   totalCancelled: number;
   totalInFlight: number;
@@ -245,7 +254,7 @@ const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
   "activityId", "service", "provider", "class", "operationStage", "model", "priority", "admission",
   "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
   "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
-  "lateSettle", "refined", "cancelReason", "ignoredFields",
+  "lateSettle", "unstartedSuccess", "refined", "cancelReason", "ignoredFields",
 ]);
 const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 
@@ -275,13 +284,14 @@ export const FIELDS = {
   ]),
   Aggregate: fields<Aggregate>()([
     "service", "operationStage", "class", "provider", "model", "priority", "admission", "calls",
-    "successes", "failures", "cancelled", "reaped", "lateSettles", "inFlight", "avgQueueWaitMs",
+    "successes", "successesUnstarted", "failures", "cancelled", "reaped", "lateSettles", "inFlight", "avgQueueWaitMs",
     "maxQueueWaitMs", "avgExecutionMs", "maxExecutionMs", "lastSeenAt",
   ]),
   InFlightRecord: fields<InFlightRecord>()([...ACTIVITY_RECORD_FIELDS, "elapsedMs"]),
   ReapedRecord: fields<ReapedRecord>()([...ACTIVITY_RECORD_FIELDS, "ageMs"]),
   Snapshot: fields<Snapshot>()([
-    "status", "at", "since", "nativeAdmission", "totalActivities", "totalSucceeded", "totalFailed",
+    "status", "at", "since", "nativeAdmission", "totalActivities", "totalSucceeded",
+    "totalSucceededUnstarted", "totalFailed",
     "totalCancelled", "totalInFlight", "totalRecentCompletions", "totalReaped", "totalReapedOwnerLost",
     "totalLateSettles", "totalResurrections", "reapedThisRead", "inFlight", "recentCompletions",
     "reaped", "inFlightTruncated", "recentCompletionsTruncated", "reapedTruncated", "aggregates",

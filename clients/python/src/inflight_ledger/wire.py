@@ -19,7 +19,7 @@ PRIORITIES: Tuple[Priority, ...] = get_args(Priority)
 #: What a label must match, as the server's OpenAPI document says it (checked
 #: against it by the tests).
 LABEL_PATTERN = "^[A-Za-z0-9._-]{1,64}$"
-Admission = Literal["queued", "direct"]
+Admission = Literal["queued", "direct", "external"]
 State = Literal["waiting", "executing", "succeeded", "failed", "cancelled", "reaped"]
 Disposition = Literal["abandoned", "unsettled"]
 ReapReason = Literal["deadline", "owner-lost"]
@@ -129,6 +129,9 @@ _ActivityRecordBase = TypedDict(
 class ActivityRecord(_ActivityRecordBase, total=False):
     """Every activity route answers with the record."""
 
+    #: Settled with success without ever starting (no ``startedAt``): not a
+    #: normal completion. Absent from older servers (read it as false).
+    unstartedSuccess: bool
     #: Whether a refinement (``Activity.refine``) landed on the record: its
     #: ``model`` is the refined one, or ``unknown`` after two different ones.
     #: Absent from older servers (read it as false: ``record.get("refined", False)``).
@@ -176,8 +179,8 @@ class Lane(TypedDict):
     longestWaitMs: int
 
 
-Aggregate = TypedDict(
-    "Aggregate",
+_AggregateBase = TypedDict(
+    "_AggregateBase",
     {
         "service": str,
         "operationStage": str,
@@ -200,6 +203,11 @@ Aggregate = TypedDict(
         "lastSeenAt": Optional[str],
     },
 )
+
+
+class Aggregate(_AggregateBase, total=False):
+    #: Of ``successes``, records that never started (absent from older servers).
+    successesUnstarted: int
 
 
 class SnapshotWarning(TypedDict):
@@ -236,6 +244,8 @@ class _SnapshotBase(TypedDict):
 
 
 class Snapshot(_SnapshotBase, total=False):
+    #: Of ``totalSucceeded``, records that never started (absent from older servers).
+    totalSucceededUnstarted: int
     #: What the server's configuration and the window's calls do not match
     #: (absent from older servers).
     warnings: List[SnapshotWarning]
