@@ -61,6 +61,7 @@ fuzz_target!(|data: &[u8]| {
         started_at: (started & 2 == 0).then_some(Timestamp::from_millis(started)),
         deadline_ms: (deadline & 4 == 0).then_some(deadline),
         owner_id: None,
+        idempotency: None,
     };
     let now = Timestamp::from_millis(now);
     let Ok(applied) = transition::begin(new, now, policy) else {
