@@ -40,6 +40,14 @@ pub(super) const INSERT_RECORD: &str = "INSERT INTO activities (activity_id, ser
      operation_stage, model, priority, admission, state, enqueued_at, deadline_ms) \
      VALUES ($1, 'a', 'b', 'c', 'd', 'e', 'f', 'queued', 'waiting', 0, 1000)";
 
+/// Another instance's begin of the record `$1` with the idempotency key
+/// `$2` (fingerprint `$3`): its record and its claim of the key.
+pub(super) const BEGIN_WITH_KEY_ELSEWHERE: &str = "WITH begun AS (INSERT INTO activities (activity_id, \
+     service, provider, class, operation_stage, model, priority, admission, state, enqueued_at, \
+     deadline_ms) VALUES ($1, 'kb', 'ollama', 'chat', 'unknown', 'unknown', 'unknown', 'queued', \
+     'waiting', 0, 1000) RETURNING activity_id) \
+     INSERT INTO idempotency_keys (idempotency_key, activity_id, fingerprint) SELECT $2, activity_id, $3 FROM begun";
+
 /// The connection's backend, and the server's end of one: what a restart
 /// of the server does to every connection.
 pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";

@@ -420,12 +420,13 @@ fn unavailable() -> LedgerError {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{
-        TestDatabase, BACKEND_PID, BREAK_CLASS, HELD_COMMIT, HELD_COMMITS, HOLD_RECORD, INSERT_RECORD,
-        LOCK_WAITS, RELEASE_COMMIT_LOCK, TAKE_COMMIT_LOCK, TERMINATE_BACKEND,
+        TestDatabase, BACKEND_PID, BEGIN_WITH_KEY_ELSEWHERE, BREAK_CLASS, HELD_COMMIT, HELD_COMMITS,
+        HOLD_RECORD, INSERT_RECORD, LOCK_WAITS, RELEASE_COMMIT_LOCK, TAKE_COMMIT_LOCK, TERMINATE_BACKEND,
     };
     use super::super::PostgresStore;
     use super::*;
     use crate::clock::FakeClock;
+    use crate::domain::idempotency::Idempotency;
     use crate::domain::record::{ActivityId, ActivityRecord, State};
     use crate::domain::transition::{NewActivity, Transition};
     use postgres::types::ToSql;
@@ -910,5 +911,39 @@ mod tests {
         let results = writer.run_group(vec![begin(&twice), begin(&twice)]);
         assert!(results[0].is_ok(), "{:?}", results[0]);
         assert_eq!(results[1].as_ref().unwrap_err().kind(), ErrorKind::Conflict);
+    }
+
+    #[test]
+    fn a_begin_whose_key_another_instance_claims_meanwhile_answers_that_record() {
+        let database = TestDatabase::new();
+        let mut writer = writer(&database);
+        writer.run_group(vec![begin(&NewActivity::fixture("chat"))]);
+        let pid = backend_pid(&mut writer);
+        let key = Idempotency::new("raced".to_owned(), 7).unwrap();
+        let theirs = ActivityId::new();
+        let ours = NewActivity {
+            idempotency: Some(Box::new(key.clone())),
+            ..NewActivity::fixture("chat")
+        };
+        // Another instance has begun with the key, not yet committed: this
+        // begin does not see it, and its claim waits for that transaction.
+        let mut other = database.client();
+        let mut elsewhere = other.transaction().unwrap();
+        elsewhere
+            .execute(
+                BEGIN_WITH_KEY_ELSEWHERE,
+                &[&theirs.to_string(), &key.key, &key.fingerprint],
+            )
+            .unwrap();
+        let results = thread::scope(|scope| {
+            let run = scope.spawn(|| writer.run_group(vec![begin(&ours)]));
+            await_count(&mut database.client(), LOCK_WAITS, &[&vec![pid]], 1);
+            elsewhere.commit().unwrap();
+            run.join().unwrap()
+        });
+        // The claim found the key taken: the group ran again, found it, and
+        // answered the other instance's record, recording nothing.
+        assert_eq!(record(&results[0]).activity_id, theirs);
+        assert_eq!(stored_state(&database, ours.activity_id), None);
     }
 }
