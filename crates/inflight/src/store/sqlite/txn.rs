@@ -265,13 +265,12 @@ impl Txn for SqliteTxn<'_, '_> {
 
     fn add_totals(&mut self, record: &ActivityRecord, effects: &[Effect]) -> Result<(), LedgerError> {
         // A row written ahead counts into its record's aggregate only; a
-        // refinement counts one record into two. Rare: it goes direct.
-        let moved = |entry: &Ahead| PendingCounts::slot(&entry.record) != PendingCounts::slot(record);
-        if !self.direct
-            && self
-                .position(record.activity_id)
-                .is_some_and(|at| moved(&self.ahead[at]))
-        {
+        // refinement counts one record into two. Rare: it goes direct, and
+        // only its effects are looked at, so no other command scans the
+        // rows ahead a second time.
+        let refines =
+            |effect: &Effect| matches!(effect, Effect::LeftAggregate | Effect::JoinedAggregate { .. });
+        if !self.direct && effects.iter().any(refines) {
             self.go_direct()?;
         }
         if self.direct {
