@@ -481,7 +481,7 @@ async fn against_server(
 ) -> Result<Vec<String>, CliError> {
     let client = client::Client::new(url, token, ca_file)?;
     let snapshot = client.snapshot(&inflight_api::SnapshotQuery::default()).await?;
-    let (caps, policy) = (settings.ledger.caps(), settings.ledger.policy());
+    let (caps, policy) = (settings.ledger.lanes(), settings.ledger.policy());
     let mut seen = inflight::domain::warnings::Seen::default();
     for aggregate in &snapshot.aggregates {
         let lane = (aggregate.service.as_str(), aggregate.provider.as_str());
@@ -552,9 +552,20 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
             inflight_api::human_duration(bounds.max_queue_wait_ms())
         ));
     }
-    for (lane, cap) in ledger.caps() {
-        let cap = cap.map_or_else(|| "no cap".to_owned(), |cap| format!("cap {cap}"));
-        lines.push(format!("lane {lane}: {cap}"));
+    for (lane, settings) in ledger.lanes() {
+        let mut line = settings
+            .cap
+            .map_or_else(|| "no cap".to_owned(), |cap| format!("cap {cap}"));
+        if let Some(batch_cap) = settings.batch_cap {
+            line.push_str(&format!(", batch_cap {batch_cap}"));
+        }
+        if let Some(rules) = settings
+            .rules(ledger.max_overtakes())
+            .filter(|rules| rules.max_overtakes > 0)
+        {
+            line.push_str(&format!(", max_overtakes {}", rules.max_overtakes));
+        }
+        lines.push(format!("lane {lane}: {line}"));
     }
     lines.join("\n")
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::domain::admission::{LaneRules, LaneSettings};
 use crate::domain::bounds::{ClassBounds, ReapPolicy, DEFAULT_FACTOR};
 use crate::domain::cardinality::{Cardinality, Overflow, Vocabularies};
 use crate::domain::labels::{sanitize_model, Label, LabelSet};
@@ -83,7 +84,9 @@ pub struct LedgerConfig {
     policy: ReapPolicy,
     reap_interval: Duration,
     retention: Duration,
-    caps: BTreeMap<LaneKey, Option<u32>>,
+    lanes: BTreeMap<LaneKey, LaneSettings>,
+    /// `[admission] max_overtakes`: for a lane that sets none.
+    max_overtakes: u32,
     cardinality: Cardinality,
 }
 
@@ -112,7 +115,8 @@ impl LedgerConfig {
             policy,
             reap_interval: DEFAULT_REAP_INTERVAL,
             retention: DEFAULT_RETENTION,
-            caps: BTreeMap::new(),
+            lanes: BTreeMap::new(),
+            max_overtakes: 0,
             cardinality: Cardinality::default(),
         }
     }
@@ -133,7 +137,7 @@ impl LedgerConfig {
     /// spec the calls use ([`ActivitySpec::lane`](crate::ActivitySpec::lane)),
     /// so that the cap and the calls cannot be spelled apart.
     pub fn with_cap(mut self, lane: &LaneKey, cap: std::num::NonZeroU32) -> Self {
-        self.caps.insert(lane.clone(), Some(cap.get()));
+        self.lanes.entry(lane.clone()).or_default().cap = Some(cap.get());
         self
     }
 
@@ -147,22 +151,62 @@ impl LedgerConfig {
 
     /// Declares the lane `"service::provider"`, with a cap or without one.
     fn declare_lane(mut self, lane: &str, cap: Option<i64>) -> Result<Self, ConfigError> {
-        let key = LaneKey::parse(lane)
-            .map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem.to_string()))?;
-        let cap = match cap {
-            None => None,
-            Some(cap) => match u32::try_from(cap) {
-                Ok(cap) if cap >= 1 => Some(cap),
-                _ => {
-                    return Err(ConfigError::new(
-                        format!("lanes.{lane:?}.cap"),
-                        format!("must be a whole number of at least 1, got {cap}"),
-                    ))
-                }
-            },
-        };
-        self.caps.insert(key, cap);
+        let key = parse_lane(lane)?;
+        let cap = cap
+            .map(|cap| whole(&format!("lanes.{lane:?}.cap"), cap, 1))
+            .transpose()?;
+        self.lanes.entry(key).or_default().cap = cap;
         Ok(self)
+    }
+
+    /// Ranks the line of the lane `"service::provider"`, declared with a
+    /// cap: at most `batch_cap` of its slots (below the cap) for batch
+    /// work, and at most `max_overtakes` interactive records admitted in a
+    /// row while batch work waits (`None`: the
+    /// [default](Self::with_max_overtakes)). `docs/semantics.md` §6 states
+    /// the rules.
+    ///
+    /// # Errors
+    /// A lane not declared with a cap, or a `batch_cap` of 0 or not below
+    /// the cap.
+    pub fn with_lane_ranking(
+        mut self,
+        lane: &str,
+        batch_cap: Option<u32>,
+        max_overtakes: Option<u32>,
+    ) -> Result<Self, ConfigError> {
+        let key = parse_lane(lane)?;
+        let settings = self.lanes.entry(key).or_default();
+        let Some(cap) = settings.cap else {
+            let field = if batch_cap.is_some() {
+                "batch_cap"
+            } else {
+                "max_overtakes"
+            };
+            return Err(ConfigError::new(
+                format!("lanes.{lane:?}.{field}"),
+                "needs the lane's cap: without one, the lane admits everything",
+            ));
+        };
+        if let Some(batch_cap) = batch_cap {
+            if batch_cap == 0 || batch_cap >= cap {
+                return Err(ConfigError::new(
+                    format!("lanes.{lane:?}.batch_cap"),
+                    format!("must be at least 1 and below the lane's cap ({cap}), got {batch_cap}"),
+                ));
+            }
+        }
+        settings.batch_cap = batch_cap;
+        settings.max_overtakes = max_overtakes;
+        Ok(self)
+    }
+
+    /// `[admission] max_overtakes`: how many interactive records a lane
+    /// with a cap admits in a row while batch work waits, unless it sets
+    /// its own. 0 (the default) keeps each line first come, first served.
+    pub fn with_max_overtakes(mut self, max_overtakes: u32) -> Self {
+        self.max_overtakes = max_overtakes;
+        self
     }
 
     /// The reaping rules.
@@ -193,9 +237,14 @@ impl LedgerConfig {
         self.retention
     }
 
-    /// Declared lanes and their caps.
-    pub fn caps(&self) -> &BTreeMap<LaneKey, Option<u32>> {
-        &self.caps
+    /// `[admission] max_overtakes`, for lanes that set none.
+    pub fn max_overtakes(&self) -> u32 {
+        self.max_overtakes
+    }
+
+    /// Declared lanes, with their caps and rules.
+    pub fn lanes(&self) -> &BTreeMap<LaneKey, LaneSettings> {
+        &self.lanes
     }
 
     /// Bounds the distinct lanes and label sets that calls create (see
@@ -213,28 +262,45 @@ impl LedgerConfig {
     /// Whether the lane of a call with `labels` is declared (with a cap or
     /// without): a declared lane is never folded.
     pub fn declares(&self, labels: &LabelSet) -> bool {
-        self.caps
+        self.lanes
             .keys()
             .any(|lane| lane.service == labels.service && lane.provider == labels.provider)
     }
 
     /// The cap of `lane`, if one is declared.
     pub fn cap(&self, lane: &LaneKey) -> Option<u32> {
-        self.cap_for(&lane.service, &lane.provider)
+        self.rules_for(&lane.service, &lane.provider)
+            .map(|rules| rules.cap)
     }
 
-    /// The cap of the lane of a call with `labels`.
-    pub fn cap_of(&self, labels: &LabelSet) -> Option<u32> {
-        self.cap_for(&labels.service, &labels.provider)
+    /// The rules of the lane of a call with `labels`, if it has a cap.
+    pub fn rules_of(&self, labels: &LabelSet) -> Option<LaneRules> {
+        self.rules_for(&labels.service, &labels.provider)
     }
 
     /// Found without building a [`LaneKey`]: this runs on every start, and
     /// lanes are few.
-    fn cap_for(&self, service: &Label, provider: &Label) -> Option<u32> {
-        self.caps
+    fn rules_for(&self, service: &Label, provider: &Label) -> Option<LaneRules> {
+        self.lanes
             .iter()
             .find(|(lane, _)| lane.service == *service && lane.provider == *provider)
-            .and_then(|(_, cap)| *cap)
+            .and_then(|(_, settings)| settings.rules(self.max_overtakes))
+    }
+}
+
+/// `lane` as a key, or an error naming it.
+fn parse_lane(lane: &str) -> Result<LaneKey, ConfigError> {
+    LaneKey::parse(lane).map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem.to_string()))
+}
+
+/// `value` as a whole number of at least `min`, or an error naming `key`.
+fn whole(key: &str, value: i64, min: u32) -> Result<u32, ConfigError> {
+    match u32::try_from(value) {
+        Ok(value) if value >= min => Ok(value),
+        _ => Err(ConfigError::new(
+            key,
+            format!("must be a whole number of at least {min}, got {value}"),
+        )),
     }
 }
 
@@ -276,6 +342,7 @@ struct RawFile {
     retention: Option<RawRetention>,
     classes: Option<BTreeMap<String, RawClass>>,
     lanes: Option<BTreeMap<String, RawLane>>,
+    admission: Option<RawAdmission>,
     metrics: Option<RawMetrics>,
 }
 
@@ -396,6 +463,15 @@ struct RawClass {
 #[serde(deny_unknown_fields)]
 struct RawLane {
     cap: Option<i64>,
+    batch_cap: Option<i64>,
+    max_overtakes: Option<i64>,
+}
+
+/// `[admission]`: defaults for every lane with a cap.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmission {
+    max_overtakes: Option<i64>,
 }
 
 /// Reads a duration written as a humantime string (`"300ms"`, `"5m"`) or
@@ -584,8 +660,22 @@ impl Settings {
         if let Some(keep) = raw.retention.as_ref().and_then(|r| r.keep.as_ref()) {
             ledger = ledger.with_retention(parse_duration("retention.keep", keep, &mut warnings)?)?;
         }
+        if let Some(max) = raw.admission.and_then(|admission| admission.max_overtakes) {
+            ledger = ledger.with_max_overtakes(whole("admission.max_overtakes", max, 0)?);
+        }
         for (lane, settings) in raw.lanes.unwrap_or_default() {
             ledger = ledger.declare_lane(&lane, settings.cap)?;
+            if settings.batch_cap.is_some() || settings.max_overtakes.is_some() {
+                let batch_cap = settings
+                    .batch_cap
+                    .map(|cap| whole(&format!("lanes.{lane:?}.batch_cap"), cap, 1))
+                    .transpose()?;
+                let max_overtakes = settings
+                    .max_overtakes
+                    .map(|max| whole(&format!("lanes.{lane:?}.max_overtakes"), max, 0))
+                    .transpose()?;
+                ledger = ledger.with_lane_ranking(&lane, batch_cap, max_overtakes)?;
+            }
         }
         if let Some(labels) = raw.labels {
             ledger = ledger.with_cardinality(labels.cardinality()?);
@@ -812,6 +902,30 @@ cap = 4
     }
 
     #[test]
+    fn a_lane_ranks_its_line_with_its_own_rules_or_the_admission_default() {
+        let text = "[admission]\nmax_overtakes = 2\n\
+                    [lanes.\"kb::ollama\"]\ncap = 4\nbatch_cap = 3\n\
+                    [lanes.\"chat::openai\"]\ncap = 2\nmax_overtakes = 0\n\
+                    [lanes.\"mc::ollama\"]\n";
+        let ledger = Settings::from_toml(text).unwrap().ledger;
+        let rules = |lane: &str| {
+            let lane = LaneKey::parse(lane).unwrap();
+            ledger.lanes()[&lane].rules(ledger.max_overtakes())
+        };
+        assert_eq!(
+            rules("kb::ollama"),
+            Some(LaneRules {
+                cap: 4,
+                batch_cap: Some(3),
+                max_overtakes: 2
+            })
+        );
+        assert_eq!(rules("chat::openai"), Some(LaneRules::capped(2)));
+        assert_eq!(rules("mc::ollama"), None, "no cap, no admission");
+        assert!(!LaneRules::capped(2).ranked());
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let cases = [
             ("bogus = 1", "bogus"),
@@ -822,6 +936,25 @@ cap = 4
             ("[classes]\n", "classes"),
             ("[lanes.\"no-separator\"]\ncap = 1", "lanes.\"no-separator\""),
             ("[lanes.\"a::b\"]\ncap = 0", "lanes.\"a::b\".cap"),
+            (
+                "[lanes.\"a::b\"]\ncap = 4\nbatch_cap = 4",
+                "lanes.\"a::b\".batch_cap",
+            ),
+            (
+                "[lanes.\"a::b\"]\ncap = 4\nbatch_cap = 0",
+                "lanes.\"a::b\".batch_cap",
+            ),
+            ("[lanes.\"a::b\"]\nbatch_cap = 1", "lanes.\"a::b\".batch_cap"),
+            (
+                "[lanes.\"a::b\"]\nmax_overtakes = 1",
+                "lanes.\"a::b\".max_overtakes",
+            ),
+            (
+                "[lanes.\"a::b\"]\ncap = 4\nmax_overtakes = -1",
+                "lanes.\"a::b\".max_overtakes",
+            ),
+            ("[admission]\nmax_overtakes = -1", "admission.max_overtakes"),
+            ("[admission]\nmax_overtake = 1", "admission.max_overtake"),
             ("[reap]\ninterval = \"0s\"", "reap.interval"),
             ("[classes.chat]\ndedline = \"1m\"", "classes.chat.dedline"),
             ("[labels]\nmax_lanes = 0", "labels.max_lanes"),

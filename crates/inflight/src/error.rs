@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::domain::labels::LabelError;
-use crate::domain::query::LinePlace;
+use crate::domain::query::LineSpot;
 use crate::domain::record::LaneKey;
 use crate::domain::transition::Refusal;
 
@@ -64,9 +64,9 @@ struct Inner {
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
     /// The lane a `LaneFull` refusal is about.
     lane: Option<LaneKey>,
-    /// The refused record's place in its lane's line: its `enqueuedAt`
-    /// and id, the order in which the lane admits.
-    place: Option<LinePlace>,
+    /// The refused record's place in its lane's line: its rank when the
+    /// lane ranks, then its `enqueuedAt` and id.
+    place: Option<LineSpot>,
 }
 
 impl fmt::Debug for LedgerError {
@@ -147,7 +147,7 @@ impl LedgerError {
 
     /// A [`ErrorKind::LaneFull`] refusal on `lane` of the record at
     /// `place` in its line.
-    pub(crate) fn lane_full(lane: LaneKey, place: Option<LinePlace>, message: impl Into<String>) -> Self {
+    pub(crate) fn lane_full(lane: LaneKey, place: Option<LineSpot>, message: impl Into<String>) -> Self {
         let mut err = Self::new(ErrorKind::LaneFull, message);
         err.0.lane = Some(lane);
         err.0.place = place;
@@ -156,7 +156,7 @@ impl LedgerError {
 
     /// Where the record a `LaneFull` refusal is about stands in its lane's
     /// line.
-    pub(crate) fn line_place(&self) -> Option<LinePlace> {
+    pub(crate) fn line_place(&self) -> Option<LineSpot> {
         self.0.place
     }
 

@@ -148,6 +148,14 @@ const CLASS_CHOICES: [Option<&str>; 4] = [Some("embedding"), Some("chat"), Some(
 const LANES: [(&str, &str); 3] = [("kb", "ollama"), ("kb", "openai"), ("mc", "ollama")];
 const CAPPED_LANE: &str = "kb::ollama";
 const CAP: i64 = 2;
+/// The ranked lane (`docs/semantics.md` §6, "Ranked lanes"): two slots,
+/// one of them batch work's at most, and one overtake.
+const RANKED_LANE: &str = "kb::openai";
+const RANKED_CAP: usize = 2;
+const RANKED_BATCH_CAP: usize = 1;
+const MAX_OVERTAKES: u32 = 1;
+/// The priorities begins carry; `unknown` ranks as batch.
+const PRIORITIES: [Priority; 3] = [Priority::Interactive, Priority::Batch, Priority::Unknown];
 const STAGE: &str = "diff-stage";
 const MODEL: &str = "nomic-embed-text";
 const OWNER_NAMES: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
@@ -188,6 +196,10 @@ fn config() -> LedgerConfig {
         .collect();
     LedgerConfig::new(ReapPolicy::new(classes, FACTOR as f64).unwrap())
         .with_lane_cap(CAPPED_LANE, CAP as u32)
+        .unwrap()
+        .with_lane_cap(RANKED_LANE, RANKED_CAP as u32)
+        .unwrap()
+        .with_lane_ranking(RANKED_LANE, Some(RANKED_BATCH_CAP as u32), Some(MAX_OVERTAKES))
         .unwrap()
         .with_retention(millis(RETENTION))
         .unwrap()
@@ -279,7 +291,7 @@ struct BeginOp {
     class: usize,
     /// 0 queued, 1 direct, 2 external.
     admission: usize,
-    batch: bool,
+    priority: usize,
     /// `enqueuedAt` as an offset from now.
     enqueued: Option<i64>,
     /// `startedAt` as an offset from `enqueuedAt` (or now).
@@ -368,10 +380,10 @@ fn ts() -> impl Strategy<Value = Ts> {
 fn begin_op() -> impl Strategy<Value = BeginOp> {
     (
         (
-            prop_oneof![5 => Just(0usize), 1 => Just(1usize), 1 => Just(2usize)],
+            prop_oneof![3 => Just(0usize), 5 => Just(1usize), 1 => Just(2usize)],
             0..CLASS_CHOICES.len(),
             prop_oneof![14 => Just(0usize), 3 => Just(1usize), 3 => Just(2usize)],
-            prop::bool::weighted(0.2),
+            0..PRIORITIES.len(),
             prop::option::weighted(0.25, 0..KEYS.len()),
         ),
         prop::option::weighted(0.4, enqueued_offset()),
@@ -383,7 +395,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
     )
         .prop_map(
             |(
-                (lane, class, admission, batch, key),
+                (lane, class, admission, priority, key),
                 enqueued,
                 started,
                 deadline,
@@ -396,7 +408,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
                     key,
                     class,
                     admission,
-                    batch,
+                    priority,
                     enqueued,
                     started,
                     deadline,
@@ -713,6 +725,9 @@ struct Model {
     keyed_begins: Vec<BeginSpec>,
     /// Completions per minute of `completedAt` (absolute minutes).
     minutes: BTreeMap<i64, i64>,
+    /// The ranked lane's interactive grants in a row while batch work
+    /// waited.
+    overtakes: u32,
 }
 
 fn key_of(rec: &Rec) -> AggKey {
@@ -862,13 +877,13 @@ impl Model {
     }
 
     fn capped(rec: &Rec) -> bool {
-        rec.admission == Admission::Queued && lane_key(rec) == CAPPED_LANE
+        rec.admission == Admission::Queued && (lane_key(rec) == CAPPED_LANE || lane_key(rec) == RANKED_LANE)
     }
 
-    /// Whether `rec` holds a slot of the capped lane, or a place in its
-    /// line: an `external` record only while it executes.
-    fn in_capped_lane(rec: &Rec) -> bool {
-        lane_key(rec) == CAPPED_LANE
+    /// Whether `rec` holds a slot of `lane`, or a place in its line: an
+    /// `external` record only while it executes.
+    fn in_lane(rec: &Rec, lane: &str) -> bool {
+        lane_key(rec) == lane
             && match rec.admission {
                 Admission::Queued => true,
                 Admission::External => rec.state == State::Executing,
@@ -877,30 +892,77 @@ impl Model {
     }
 
     /// The admission decision for `rec` asking to start now: reap what is
-    /// due, then count the lane.
-    fn admit(&mut self, rec: &Rec, id: ActivityId, newcomer: bool) -> Result<(), Refusal> {
+    /// due, then count the lane; on the ranked lane, hand out its free
+    /// slots in its order and see whether `rec` is served. Returns the
+    /// ranked lane's run of overtakes once `rec` starts.
+    fn admit(&mut self, rec: &Rec, id: ActivityId, newcomer: bool) -> Result<Option<u32>, Refusal> {
         if !Self::capped(rec) {
-            return Ok(());
+            return Ok(None);
         }
         self.reap_all();
+        let lane = lane_key(rec);
         let me = (rec.enqueued_at, id);
-        let mut taken = 0;
+        let batch = |p: Priority| p != Priority::Interactive;
+        let (mut executing, mut executing_batch) = (0, 0);
+        // The line, `rec` in its place: (place, batch?, is it `rec`).
+        let mut line = vec![(
+            (me.0, if newcomer { 1 } else { 0 }, id),
+            batch(rec.priority),
+            true,
+        )];
         for r in self.in_flight() {
             let other = self.rec(r).unwrap();
-            if !Self::in_capped_lane(other) || self.ids[r] == id {
+            if !Self::in_lane(other, &lane) || self.ids[r] == id {
                 continue;
             }
-            let key = (other.enqueued_at, self.ids[r]);
             match other.state {
-                State::Executing => taken += 1,
-                State::Waiting if key < me || (newcomer && key.0 == me.0) => taken += 1,
+                State::Executing => {
+                    executing += 1;
+                    executing_batch += usize::from(batch(other.priority));
+                }
+                State::Waiting => {
+                    line.push(((other.enqueued_at, 0, self.ids[r]), batch(other.priority), false))
+                }
                 _ => {}
             }
         }
-        if taken >= CAP {
-            return Err(ErrorKind::LaneFull);
+        line.sort();
+        if lane == CAPPED_LANE {
+            let ahead = line.iter().position(|(_, _, me)| *me).unwrap();
+            if executing + ahead >= CAP as usize {
+                return Err(ErrorKind::LaneFull);
+            }
+            return Ok(None);
         }
-        Ok(())
+        // The ranked lane's order, one free slot at a time.
+        let mut interactive: Vec<bool> = line.iter().filter(|(_, b, _)| !b).map(|(_, _, me)| *me).collect();
+        let mut batches: Vec<bool> = line.iter().filter(|(_, b, _)| *b).map(|(_, _, me)| *me).collect();
+        let others_batch = batches.iter().filter(|me| !**me).count();
+        let mut run = self.overtakes;
+        let mut free = RANKED_CAP.saturating_sub(executing);
+        while free > 0 {
+            let batch_may = !batches.is_empty() && executing_batch < RANKED_BATCH_CAP;
+            let served = if batch_may && (interactive.is_empty() || run >= MAX_OVERTAKES) {
+                executing_batch += 1;
+                run = 0;
+                batches.remove(0)
+            } else if !interactive.is_empty() {
+                run = if batches.is_empty() { 0 } else { run + 1 };
+                interactive.remove(0)
+            } else {
+                break;
+            };
+            if served {
+                let after = if batch(rec.priority) || others_batch == 0 {
+                    0
+                } else {
+                    self.overtakes + 1
+                };
+                return Ok(Some(after));
+            }
+            free -= 1;
+        }
+        Err(ErrorKind::LaneFull)
     }
 
     fn apply(&mut self, step: &Step) -> Obs {
@@ -1021,13 +1083,18 @@ impl Model {
             refined: false,
         };
         rec.reapable_at = bound_of(&rec);
-        if rec.state == State::Executing {
-            self.admit(&rec, self.ids[r], true)?;
-        }
+        let granted = if rec.state == State::Executing {
+            self.admit(&rec, self.ids[r], true)?
+        } else {
+            None
+        };
         if self.rec(r).is_some() {
             return Err(ErrorKind::Conflict);
         }
         self.recs[r] = Some(rec);
+        if let Some(run) = granted {
+            self.overtakes = run;
+        }
         if let Some(key) = spec.key {
             self.keys.insert(key, (r, spec.clone()));
         }
@@ -1058,17 +1125,22 @@ impl Model {
         let Some(rec) = self.rec(r) else {
             return Err(ErrorKind::NotFound);
         };
+        let mut granted = None;
         if rec.owner.is_some() || (start && Self::needs_admission(rec)) {
             if let Some(o) = rec.owner {
                 self.lose_if_expired(o);
             }
             let rec = self.rec(r).unwrap().clone();
             if start && Self::needs_admission(&rec) {
-                self.admit(&rec, self.ids[r], false)?;
+                granted = self.admit(&rec, self.ids[r], false)?;
             }
         }
         self.reap_if_due(r);
         apply(self, r)?;
+        // The run changes only once the start landed.
+        if let Some(run) = granted {
+            self.overtakes = run;
+        }
         self.reap_if_due(r);
         Ok(Obs::Record(self.rec(r).unwrap().clone()))
     }
@@ -1356,6 +1428,7 @@ impl Model {
             next_waiting_reap_in_ms: None,
         };
         lanes.insert(CAPPED_LANE.to_owned(), empty(Some(CAP as u32)));
+        lanes.insert(RANKED_LANE.to_owned(), empty(Some(RANKED_CAP as u32)));
         let mut everything = Tot::default();
         for (key, tot) in &self.totals {
             everything.calls += tot.calls;
@@ -1612,11 +1685,7 @@ impl Model {
                         lane: b.lane,
                         class: CLASS_CHOICES[b.class],
                         admission: [Admission::Queued, Admission::Direct, Admission::External][b.admission],
-                        priority: if b.batch {
-                            Priority::Batch
-                        } else {
-                            Priority::Unknown
-                        },
+                        priority: PRIORITIES[b.priority],
                         enqueued,
                         started,
                         deadline: b.deadline,

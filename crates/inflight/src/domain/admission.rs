@@ -1,146 +1,479 @@
-//! Native admission: the cap of a lane, enforced from the ledger's own
+//! Native admission: a lane's rules, enforced from the ledger's own
 //! records.
 //!
 //! The decision is a pure function of plain counts that the store reads in
 //! the same transaction that writes the start, after reaping: a leaked record
 //! never holds a slot, and what operators read is what admission decides.
+//! `docs/semantics.md` §6 states the rules; this module is their one
+//! definition.
+
+use super::record::Priority;
+
+/// How a record's `priority` ranks in its lane's line: `unknown` is
+/// batch work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rank {
+    /// `interactive`: a user waits on it.
+    Interactive,
+    /// `batch` or `unknown`.
+    Batch,
+}
+
+impl Rank {
+    /// The rank of `priority`.
+    #[inline]
+    pub fn of(priority: Priority) -> Self {
+        match priority {
+            Priority::Interactive => Self::Interactive,
+            Priority::Batch | Priority::Unknown => Self::Batch,
+        }
+    }
+}
+
+/// What a capped lane admits by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneRules {
+    /// At most this many records executing.
+    pub cap: u32,
+    /// At most this many of them batch work (below `cap`): the rest is
+    /// headroom only interactive work may take. `None`: no such limit.
+    pub batch_cap: Option<u32>,
+    /// While batch work waits, at most this many interactive records are
+    /// admitted in a row before the oldest batch record. 0 keeps one line
+    /// first come, first served, whatever the priority.
+    pub max_overtakes: u32,
+}
+
+impl LaneRules {
+    /// A lane with `cap` and nothing else: one line, first come, first
+    /// served.
+    pub fn capped(cap: u32) -> Self {
+        Self {
+            cap,
+            batch_cap: None,
+            max_overtakes: 0,
+        }
+    }
+
+    /// Whether a record's rank matters to its admission, so that its
+    /// position is asked by rank ([`LanePosition::ranks`]).
+    #[inline]
+    pub fn ranked(&self) -> bool {
+        self.max_overtakes > 0 || self.batch_cap.is_some()
+    }
+}
+
+/// What the configuration declares of a lane: its cap, if any, and the
+/// rules that rank its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaneSettings {
+    /// `cap`: at most this many executing. `None`: declared, uncapped.
+    pub cap: Option<u32>,
+    /// `batch_cap` (below `cap`).
+    pub batch_cap: Option<u32>,
+    /// `max_overtakes`; `None` takes `[admission] max_overtakes`.
+    pub max_overtakes: Option<u32>,
+}
+
+impl LaneSettings {
+    /// The rules a lane with these settings admits by, `max_overtakes`
+    /// defaulting to `default_overtakes`; `None` for a lane without cap,
+    /// which admits everything.
+    #[inline]
+    pub fn rules(&self, default_overtakes: u32) -> Option<LaneRules> {
+        Some(LaneRules {
+            cap: self.cap?,
+            batch_cap: self.batch_cap,
+            max_overtakes: self.max_overtakes.unwrap_or(default_overtakes),
+        })
+    }
+}
 
 /// What a lane looks like to one record asking to start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LanePosition {
-    /// Queued records executing on the lane now (leaks already reaped).
+    /// Records executing on the lane now (leaks already reaped).
     pub executing: i64,
-    /// Queued records waiting on the lane that were enqueued before this one.
+    /// Queued records waiting on the lane that are ahead of this one in
+    /// line order.
     pub waiting_ahead: i64,
+    /// The same, told apart by rank, when the lane's rules rank
+    /// ([`LaneRules::ranked`]).
+    pub ranks: Option<RankedPosition>,
+}
+
+/// [`LanePosition`] told apart by rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankedPosition {
+    /// Of those executing, how many are batch work.
+    pub executing_batch: i64,
+    /// Interactive records waiting ahead in line order.
+    pub interactive_ahead: i64,
+    /// Batch records waiting ahead in line order.
+    pub batch_ahead: i64,
+    /// Interactive records waiting, ahead or not.
+    pub interactive_waiting: i64,
+    /// Batch records waiting, ahead or not.
+    pub batch_waiting: i64,
+}
+
+/// What a lane remembers between decisions, stored beside its records and
+/// changed only by a grant: how many interactive records were admitted in
+/// a row while batch work waited. Only a lane with `max_overtakes` keeps
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaneState {
+    /// Interactive grants in a row while batch work waited.
+    pub overtakes: u32,
 }
 
 /// The answer to a start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Start now.
-    Admit,
+    /// Start now; the lane's state is then this.
+    Admit(LaneState),
     /// The lane is full for this record: its turn has not come.
     LaneFull {
         /// The lane's cap.
         cap: u32,
     },
+    /// Batch work holds every slot it may.
+    BatchFull {
+        /// The lane's `batch_cap`.
+        batch_cap: u32,
+    },
 }
 
-/// Decides whether a record may start on a lane with `cap`.
+/// Decides whether a record of `priority` may start on a lane with
+/// `rules`, standing at `position`, with the lane in `state`.
 ///
-/// Capacity goes to waiting records first come, first served: a record is
-/// admitted when the lane's executing count plus the records waiting ahead
-/// of it is below the cap, so a newcomer never overtakes a record that waits.
-/// A lane with no cap admits everything.
+/// The lane's free slots go to the records waiting in the order the lane
+/// grants them, and a record is admitted when its turn falls within them:
+/// so a newcomer never takes a slot that a record served before it needs.
+/// The order:
+/// - by default, first come, first served (line order);
+/// - with `max_overtakes = N`, interactive records first, each rank first
+///   come, first served; while batch work waits, after N interactive grants
+///   in a row the oldest batch record is next;
+/// - with `batch_cap`, a batch record is passed over while batch work
+///   holds `batch_cap` slots.
 ///
 /// ```
-/// use inflight::domain::admission::{decide, Decision, LanePosition};
-/// let third_in_line = LanePosition { executing: 0, waiting_ahead: 2 };
-/// assert_eq!(decide(Some(2), third_in_line), Decision::LaneFull { cap: 2 });
-/// assert_eq!(decide(Some(3), third_in_line), Decision::Admit);
-/// assert_eq!(decide(None, third_in_line), Decision::Admit);
+/// use inflight::domain::admission::{decide, Decision, LanePosition, LaneRules, LaneState};
+/// use inflight::domain::Priority;
+/// let third_in_line = LanePosition { executing: 0, waiting_ahead: 2, ranks: None };
+/// let state = LaneState::default();
+/// assert_eq!(
+///     decide(&LaneRules::capped(2), Priority::Unknown, &third_in_line, state),
+///     Decision::LaneFull { cap: 2 }
+/// );
+/// assert_eq!(decide(&LaneRules::capped(3), Priority::Unknown, &third_in_line, state), Decision::Admit(state));
 /// ```
-pub fn decide(cap: Option<u32>, position: LanePosition) -> Decision {
-    match cap {
-        Some(cap) if position.executing + position.waiting_ahead >= i64::from(cap) => {
-            Decision::LaneFull { cap }
+pub fn decide(rules: &LaneRules, priority: Priority, position: &LanePosition, state: LaneState) -> Decision {
+    let free = i64::from(rules.cap) - position.executing;
+    let Some(ranks) = position.ranks.filter(|_| rules.ranked()) else {
+        return if position.waiting_ahead < free {
+            Decision::Admit(state)
+        } else {
+            Decision::LaneFull { cap: rules.cap }
+        };
+    };
+    // Batch grants the lane can still make before batch work is full.
+    let batch_room = rules.batch_cap.map_or(i64::MAX, |batch_cap| {
+        (i64::from(batch_cap) - ranks.executing_batch).max(0)
+    });
+    let n = i64::from(rules.max_overtakes);
+    // Interactive grants before the first batch one.
+    let first = (n - i64::from(state.overtakes)).max(0);
+    let rank = Rank::of(priority);
+    let served_before = match rank {
+        Rank::Interactive if n == 0 => ranks.interactive_ahead + ranks.batch_ahead.min(batch_room),
+        Rank::Interactive => {
+            let i = ranks.interactive_ahead;
+            let batches = ranks.batch_waiting.min(batch_room);
+            let batches_before = if i < first {
+                0
+            } else {
+                batches.min((i - first) / n + 1)
+            };
+            i + batches_before
         }
-        _ => Decision::Admit,
+        Rank::Batch => {
+            if ranks.batch_ahead >= batch_room {
+                return Decision::BatchFull {
+                    batch_cap: rules.batch_cap.unwrap_or(rules.cap),
+                };
+            }
+            let j = ranks.batch_ahead;
+            let interactive_before = if n == 0 {
+                ranks.interactive_ahead
+            } else {
+                ranks
+                    .interactive_waiting
+                    .min(first.saturating_add(j.saturating_mul(n)))
+            };
+            j + interactive_before
+        }
+    };
+    if served_before >= free {
+        return Decision::LaneFull { cap: rules.cap };
     }
+    let overtakes = match rank {
+        Rank::Interactive if n > 0 && ranks.batch_waiting > 0 => state.overtakes.saturating_add(1),
+        _ => 0,
+    };
+    Decision::Admit(LaneState { overtakes })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::VecDeque;
 
-    /// What happens on a lane: a record joins the line, one of those in
-    /// line (by its place, wrapped) asks to start, or one executing ends.
-    #[derive(Debug, Clone)]
-    enum Step {
-        Join,
-        Ask(usize),
-        End,
+    /// One record waiting in line, in line order: its rank.
+    type Line = Vec<Rank>;
+
+    fn priority(rank: Rank) -> Priority {
+        match rank {
+            Rank::Interactive => Priority::Interactive,
+            Rank::Batch => Priority::Batch,
+        }
     }
 
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            2 => Just(Step::Join),
-            3 => (0..16usize).prop_map(Step::Ask),
-            1 => Just(Step::End),
-        ]
-    }
-
-    /// The reference: FIFO with a cap, stated as a line. Whoever is asked
-    /// lets each record waiting ahead of it take a free slot first, in
-    /// line order; its own turn comes if a slot is still free after them.
-    fn turn_comes(cap: u32, executing: usize, ahead: usize) -> bool {
-        let mut free = (cap as usize).saturating_sub(executing);
-        for _ in 0..ahead {
-            if free == 0 {
-                return false;
-            }
+    /// The reference: the lane hands its free slots out one at a time, as
+    /// `docs/semantics.md` §6 states the order, to the records in `line`;
+    /// returns the places in line served, in the order served.
+    fn serve(
+        rules: &LaneRules,
+        executing: i64,
+        executing_batch: i64,
+        line: &Line,
+        state: LaneState,
+    ) -> Vec<usize> {
+        let mut interactive: VecDeque<usize> = (0..line.len())
+            .filter(|&at| line[at] == Rank::Interactive)
+            .collect();
+        let mut batch: VecDeque<usize> = (0..line.len()).filter(|&at| line[at] == Rank::Batch).collect();
+        let (mut free, mut batch_executing, mut run) =
+            (i64::from(rules.cap) - executing, executing_batch, state.overtakes);
+        let mut served = Vec::new();
+        while free > 0 {
+            let batch_may =
+                !batch.is_empty() && rules.batch_cap.is_none_or(|cap| batch_executing < i64::from(cap));
+            let batch_next = batch_may
+                && match interactive.front() {
+                    None => true,
+                    Some(first) if rules.max_overtakes == 0 => batch[0] < *first,
+                    Some(_) => run >= rules.max_overtakes,
+                };
+            let next = if batch_next {
+                batch_executing += 1;
+                run = 0;
+                batch.pop_front()
+            } else {
+                run = if batch.is_empty() { 0 } else { run + 1 };
+                interactive.pop_front()
+            };
+            let Some(next) = next else { break };
+            served.push(next);
             free -= 1;
         }
-        free > 0
+        served
+    }
+
+    /// Where the record at `at` of `line` stands, as a store counts it.
+    fn position(
+        rules: &LaneRules,
+        executing: i64,
+        executing_batch: i64,
+        line: &Line,
+        at: usize,
+    ) -> LanePosition {
+        let count = |rank: Rank, range: std::ops::Range<usize>| {
+            line[range].iter().filter(|r| **r == rank).count() as i64
+        };
+        let others = |rank: Rank| count(rank, 0..line.len()) - i64::from(line[at] == rank);
+        LanePosition {
+            executing,
+            waiting_ahead: at as i64,
+            ranks: rules.ranked().then(|| RankedPosition {
+                executing_batch,
+                interactive_ahead: count(Rank::Interactive, 0..at),
+                batch_ahead: count(Rank::Batch, 0..at),
+                interactive_waiting: others(Rank::Interactive),
+                batch_waiting: others(Rank::Batch),
+            }),
+        }
+    }
+
+    fn rules() -> impl Strategy<Value = LaneRules> {
+        (1u32..6, 0u32..4, prop::option::of(1u32..5)).prop_map(|(cap, max_overtakes, batch_cap)| LaneRules {
+            cap,
+            batch_cap: batch_cap.filter(|b| *b < cap),
+            max_overtakes,
+        })
+    }
+
+    fn rank() -> impl Strategy<Value = Rank> {
+        prop_oneof![Just(Rank::Interactive), Just(Rank::Batch)]
+    }
+
+    /// Asks on behalf of the record at `at`; admits it into the lane when
+    /// the decision says so.
+    fn ask(rules: &LaneRules, lane: &mut (i64, i64, Line, LaneState), at: usize) -> Decision {
+        let (executing, executing_batch, line, state) = lane;
+        let rank = line[at];
+        let decision = decide(
+            rules,
+            priority(rank),
+            &position(rules, *executing, *executing_batch, line, at),
+            *state,
+        );
+        if let Decision::Admit(next) = decision {
+            line.remove(at);
+            *executing += 1;
+            *executing_batch += i64::from(rank == Rank::Batch);
+            *state = next;
+        }
+        decision
     }
 
     proptest! {
-        /// On any history of joins, starts and ends, `decide` admits
-        /// exactly whom the reference admits, and so: never more than
-        /// `cap` executing; the first in line admitted whenever a slot is
-        /// free; and a record admitted never takes a slot that one ahead
-        /// of it still waiting would need (those can all start after it).
+        /// Whoever asks is admitted exactly when the reference serves it
+        /// within the free slots; so never more than `cap` executing nor
+        /// more than `batch_cap` of batch work, and the records served
+        /// before it can all still start after it.
         #[test]
-        fn admits_first_come_first_served_up_to_the_cap(
-            cap in 1u32..5,
-            steps in proptest::collection::vec(step(), 0..80),
+        fn admits_exactly_whom_the_lane_would_serve(
+            rules in rules(),
+            executing in 0i64..6,
+            batch_share in 0i64..6,
+            line in prop::collection::vec(rank(), 1..10),
+            at in 0usize..10,
+            overtakes in 0u32..4,
         ) {
-            // The line: records waiting, oldest first.
-            let mut line: Vec<u32> = Vec::new();
-            let mut executing = 0usize;
-            let mut next = 0u32;
-            for step in steps {
-                match step {
-                    Step::Join => {
-                        line.push(next);
-                        next += 1;
-                    }
-                    Step::Ask(at) if !line.is_empty() => {
-                        let at = at % line.len();
-                        let position = LanePosition { executing: executing as i64, waiting_ahead: at as i64 };
-                        let decision = decide(Some(cap), position);
-                        prop_assert_eq!(
-                            decision == Decision::Admit,
-                            turn_comes(cap, executing, at),
-                            "record {} of {:?} with {} executing, cap {}", at, line, executing, cap
-                        );
-                        if at == 0 {
-                            prop_assert_eq!(decision == Decision::Admit, executing < cap as usize);
-                        }
-                        match decision {
-                            Decision::Admit => {
-                                line.remove(at);
-                                executing += 1;
-                                prop_assert!(executing <= cap as usize, "{} over cap {}", executing, cap);
-                                // Every record it passed still gets its slot.
-                                for started in executing..executing + at {
-                                    let first = LanePosition { executing: started as i64, waiting_ahead: 0 };
-                                    prop_assert_eq!(decide(Some(cap), first), Decision::Admit, "overtaken");
-                                }
-                            }
-                            Decision::LaneFull { cap: told } => prop_assert_eq!(told, cap),
-                        }
-                    }
-                    Step::Ask(_) => {}
-                    Step::End => executing = executing.saturating_sub(1),
-                }
-            }
+            let at = at % line.len();
+            let executing_batch = batch_share.min(executing);
+            let state = LaneState { overtakes: overtakes.min(rules.max_overtakes) };
+            let served = serve(&rules, executing, executing_batch, &line, state);
+            let decision = decide(&rules, priority(line[at]), &position(&rules, executing, executing_batch, &line, at), state);
+            prop_assert_eq!(
+                matches!(decision, Decision::Admit(_)),
+                served.contains(&at),
+                "{:?} at {} of {:?}, {} executing ({} batch), {:?}: served {:?}",
+                rules, at, line, executing, executing_batch, state, served
+            );
         }
 
+        /// Asked in the reference's order, one at a time as slots come
+        /// back, the lane admits each in turn, and its state follows.
         #[test]
-        fn a_lane_without_cap_admits_everything(executing in 0i64..1000, ahead in 0i64..1000) {
-            prop_assert_eq!(decide(None, LanePosition { executing, waiting_ahead: ahead }), Decision::Admit);
+        fn a_lane_asked_in_turn_serves_in_the_references_order(
+            rules in rules(),
+            line in prop::collection::vec(rank(), 1..12),
+        ) {
+            let expected = {
+                // One slot at a time: the order the reference serves in.
+                let mut order = Vec::new();
+                let mut lane = (i64::from(rules.cap) - 1, 0, line.clone(), LaneState::default());
+                let mut places: Vec<usize> = (0..line.len()).collect();
+                while !lane.2.is_empty() {
+                    let served = serve(&rules, lane.0, lane.1.min(lane.0), &lane.2, lane.3);
+                    let Some(&next) = served.first() else { break };
+                    order.push(places.remove(next));
+                    prop_assert!(matches!(ask(&rules, &mut lane, next), Decision::Admit(_)));
+                    // Its slot ends at once; batch work it held frees too.
+                    lane.0 -= 1;
+                    lane.1 = 0;
+                }
+                order
+            };
+            prop_assert_eq!(expected.len(), line.len());
         }
+    }
+
+    /// neomjs/neo#17093's fixture: one slot, a blocker executing, then one
+    /// batch and two interactive records waiting; with `max_overtakes = 1`
+    /// the lane serves interactive-1, the batch, interactive-2. With two
+    /// batch records: I1, B1, I2, B2.
+    #[test]
+    fn one_overtake_interleaves_interactive_and_batch_work() {
+        use Rank::{Batch as B, Interactive as I};
+        let rules = LaneRules {
+            cap: 1,
+            batch_cap: None,
+            max_overtakes: 1,
+        };
+        for (line, expected) in [
+            (vec![B, I, I], vec![1, 0, 2]),
+            (vec![B, B, I, I], vec![2, 0, 3, 1]),
+            (vec![I, B, I, B], vec![0, 1, 2, 3]),
+        ] {
+            let mut lane = (1, 0, line.clone(), LaneState::default());
+            let mut ids: Vec<usize> = (0..line.len()).collect();
+            let mut order = Vec::new();
+            // The blocker ends.
+            lane.0 = 0;
+            while !lane.2.is_empty() {
+                // Every waiter asks; exactly one is admitted.
+                let admitted: Vec<usize> = (0..lane.2.len())
+                    .filter(|&at| {
+                        let (executing, batch, line, state) = &lane;
+                        let position = position(&rules, *executing, *batch, line, at);
+                        matches!(
+                            decide(&rules, priority(line[at]), &position, *state),
+                            Decision::Admit(_)
+                        )
+                    })
+                    .collect();
+                assert_eq!(admitted.len(), 1, "{lane:?}");
+                assert!(matches!(ask(&rules, &mut lane, admitted[0]), Decision::Admit(_)));
+                order.push(ids.remove(admitted[0]));
+                lane = (0, 0, lane.2, lane.3);
+            }
+            assert_eq!(order, expected, "{line:?}");
+        }
+    }
+
+    /// With `batch_cap`, batch work is refused while it holds its share,
+    /// and an interactive record behind it still takes the headroom.
+    #[test]
+    fn batch_work_leaves_its_headroom_to_interactive_work() {
+        use Rank::{Batch as B, Interactive as I};
+        let rules = LaneRules {
+            cap: 4,
+            batch_cap: Some(3),
+            max_overtakes: 0,
+        };
+        let mut lane = (3, 3, vec![B, B, I, I], LaneState::default());
+        assert_eq!(ask(&rules, &mut lane, 0), Decision::BatchFull { batch_cap: 3 });
+        assert_eq!(ask(&rules, &mut lane, 1), Decision::BatchFull { batch_cap: 3 });
+        assert!(matches!(ask(&rules, &mut lane, 2), Decision::Admit(_)));
+        // The headroom is taken: the next interactive record waits.
+        assert_eq!(ask(&rules, &mut lane, 2), Decision::LaneFull { cap: 4 });
+    }
+
+    #[test]
+    fn a_plain_lane_serves_first_come_first_served_whatever_the_priority() {
+        let rules = LaneRules::capped(2);
+        let third = LanePosition {
+            executing: 0,
+            waiting_ahead: 2,
+            ranks: None,
+        };
+        let state = LaneState::default();
+        assert_eq!(
+            decide(&rules, Priority::Interactive, &third, state),
+            Decision::LaneFull { cap: 2 }
+        );
+        let second = LanePosition {
+            waiting_ahead: 1,
+            ..third
+        };
+        assert_eq!(
+            decide(&rules, Priority::Batch, &second, state),
+            Decision::Admit(state)
+        );
     }
 }

@@ -10,6 +10,7 @@
 
 use std::cmp::Reverse;
 
+use super::admission::{LanePosition, Rank, RankedPosition};
 use super::owner::{Owner, OwnerState};
 use super::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use super::snapshot::LaneLoad;
@@ -38,6 +39,11 @@ pub fn due_order(record: &ActivityRecord) -> (Option<Timestamp>, ActivityId) {
 /// A record's place in [`line_order`]: its `enqueuedAt`, then its id.
 pub type LinePlace = (Timestamp, ActivityId);
 
+/// Where a record waits in its lane's line: its [`Rank`] when the lane
+/// ranks ([`LaneRules::ranked`](super::admission::LaneRules::ranked)),
+/// each rank waiting apart, and its [`line_order`].
+pub type LineSpot = (Option<Rank>, LinePlace);
+
 /// The order of records in flight, in a snapshot and in an owner's work:
 /// by `enqueuedAt`, then id. It is also the order of a lane's line.
 #[inline]
@@ -50,8 +56,11 @@ pub fn line_order(record: &ActivityRecord) -> LinePlace {
 pub enum InLine {
     /// It holds one of the lane's slots.
     Executing,
-    /// It waits ahead in the lane's line.
-    Ahead,
+    /// It waits in the lane's line: ahead of the record asking, or not.
+    Waiting {
+        /// Ahead of it by [`line_order`].
+        ahead: bool,
+    },
 }
 
 /// The question behind an admission decision: where a record stands in its
@@ -59,7 +68,9 @@ pub enum InLine {
 /// record itself. Executing ones hold slots; waiting ones count when they
 /// are ahead of it by [`line_order`]. A `newcomer` (a record begun already
 /// started, so never in line) also yields to those enqueued in the same
-/// millisecond, whatever their id.
+/// millisecond, whatever their id. A `ranked` question
+/// ([`LaneRules::ranked`](super::admission::LaneRules::ranked)) also tells
+/// the counts apart by [`Rank`], and counts every waiting record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneQuery {
     /// The lane.
@@ -70,16 +81,19 @@ pub struct LaneQuery {
     pub enqueued_at: Timestamp,
     /// Whether it was begun already started.
     pub newcomer: bool,
+    /// Whether the answer tells ranks apart.
+    pub ranked: bool,
 }
 
 impl LaneQuery {
     /// The question `record` asks.
-    pub fn of(record: &ActivityRecord, newcomer: bool) -> Self {
+    pub fn of(record: &ActivityRecord, newcomer: bool, ranked: bool) -> Self {
         Self {
             lane: record.lane(),
             activity_id: record.activity_id,
             enqueued_at: record.enqueued_at,
             newcomer,
+            ranked,
         }
     }
 
@@ -100,10 +114,40 @@ impl LaneQuery {
             State::Waiting if other.admission == Admission::Queued => {
                 let ahead = (other.enqueued_at, other.activity_id) < (self.enqueued_at, self.activity_id)
                     || (self.newcomer && other.enqueued_at == self.enqueued_at);
-                ahead.then_some(InLine::Ahead)
+                Some(InLine::Waiting { ahead })
             }
             _ => None,
         }
+    }
+
+    /// The answer, from every record in flight (any order).
+    pub fn answer<'a>(&self, in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -> LanePosition {
+        let mut position = LanePosition::default();
+        let mut ranks = RankedPosition::default();
+        for other in in_flight {
+            let Some(in_line) = self.counts(other) else {
+                continue;
+            };
+            let batch = Rank::of(other.priority) == Rank::Batch;
+            match in_line {
+                InLine::Executing => {
+                    position.executing += 1;
+                    ranks.executing_batch += i64::from(batch);
+                }
+                InLine::Waiting { ahead } => {
+                    position.waiting_ahead += i64::from(ahead);
+                    let (waiting, counted_ahead) = if batch {
+                        (&mut ranks.batch_waiting, &mut ranks.batch_ahead)
+                    } else {
+                        (&mut ranks.interactive_waiting, &mut ranks.interactive_ahead)
+                    };
+                    *waiting += 1;
+                    *counted_ahead += i64::from(ahead);
+                }
+            }
+        }
+        position.ranks = self.ranked.then_some(ranks);
+        position
     }
 }
 
@@ -282,10 +326,14 @@ mod tests {
     fn a_newcomer_yields_to_records_enqueued_in_the_same_millisecond() {
         let me = waiting(at(10));
         let same_ms = waiting(at(10)); // a later id
-        let query = LaneQuery::of(&me, false);
-        assert_eq!(query.counts(&same_ms), None, "a later id waits behind");
-        let query = LaneQuery::of(&me, true);
-        assert_eq!(query.counts(&same_ms), Some(InLine::Ahead));
+        let query = LaneQuery::of(&me, false, false);
+        assert_eq!(
+            query.counts(&same_ms),
+            Some(InLine::Waiting { ahead: false }),
+            "a later id waits behind"
+        );
+        let query = LaneQuery::of(&me, true, false);
+        assert_eq!(query.counts(&same_ms), Some(InLine::Waiting { ahead: true }));
         assert_eq!(query.counts(&me), None, "never counts itself");
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::admission::LaneSettings;
 use super::bounds::ReapPolicy;
 use super::counters::{AggregateKey, AggregateView, ReapedCounts, Totals};
 use super::owner::Owner;
@@ -254,7 +255,7 @@ impl Snapshot {
     /// Builds the snapshot from what a store gathered at `now`.
     pub fn assemble(
         parts: SnapshotParts,
-        caps: &BTreeMap<LaneKey, Option<u32>>,
+        lanes_declared: &BTreeMap<LaneKey, LaneSettings>,
         options: SnapshotOptions,
         now: Timestamp,
         reaped_this_read: ReapedCounts,
@@ -266,7 +267,7 @@ impl Snapshot {
             LaneView {
                 service: key.service.to_string(),
                 provider: key.provider.to_string(),
-                cap: caps.get(key).copied().flatten(),
+                cap: lanes_declared.get(key).and_then(|settings| settings.cap),
                 executing: 0,
                 waiting: 0,
                 reaped: ReapedCounts::default(),
@@ -277,7 +278,7 @@ impl Snapshot {
                 next_waiting_reap_in_ms: None,
             }
         };
-        for key in caps.keys() {
+        for key in lanes_declared.keys() {
             lanes.insert(key.clone(), lane(key));
         }
         let mut everything = Totals::default();
@@ -374,7 +375,7 @@ impl Snapshot {
     /// window (its aggregates) do not match, as [`warnings`](super::warnings)
     /// says. Bounded: one pass over the aggregates; lanes are compared only
     /// for configured lanes without calls.
-    pub fn note_mismatches(&mut self, caps: &BTreeMap<LaneKey, Option<u32>>, policy: &ReapPolicy) {
+    pub fn note_mismatches(&mut self, caps: &BTreeMap<LaneKey, LaneSettings>, policy: &ReapPolicy) {
         let mut seen = Seen::default();
         let track_lanes = !caps.is_empty();
         for aggregate in &self.aggregates {

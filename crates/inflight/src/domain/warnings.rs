@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::admission::LaneSettings;
 use super::bounds::ReapPolicy;
 use super::record::LaneKey;
 
@@ -72,7 +73,7 @@ impl<'a> Seen<'a> {
     /// `since` says the window the calls were counted in (`"since …"`).
     pub fn warnings(
         &self,
-        caps: &BTreeMap<LaneKey, Option<u32>>,
+        caps: &BTreeMap<LaneKey, LaneSettings>,
         policy: &ReapPolicy,
         since: &str,
     ) -> Vec<Warning> {
@@ -92,7 +93,9 @@ impl<'a> Seen<'a> {
             if near.is_empty() {
                 continue;
             }
-            let cap = cap.map_or_else(|| "declared".to_owned(), |cap| format!("capped at {cap}"));
+            let cap = cap
+                .cap
+                .map_or_else(|| "declared".to_owned(), |cap| format!("capped at {cap}"));
             warnings.push(Warning {
                 code: LANE_UNUSED_NEAR_MISS,
                 message: format!(
@@ -192,7 +195,7 @@ mod tests {
         seen.add(policy, true, ("knowledge-base", "ollama"), "embedding", 4);
         seen.add(policy, true, ("knowledge-base", "openai"), "embeding", 3);
         seen.add(policy, true, ("chat-svc", "openai"), "unknown", 9);
-        let warnings = seen.warnings(config.caps(), policy, "since 2026-08-13T12:00:00.000Z");
+        let warnings = seen.warnings(config.lanes(), policy, "since 2026-08-13T12:00:00.000Z");
         let codes: Vec<&str> = warnings.iter().map(|w| w.code).collect();
         assert_eq!(codes, [LANE_UNUSED_NEAR_MISS, UNKNOWN_CLASS], "{warnings:?}");
         assert_eq!(
@@ -222,7 +225,7 @@ mod tests {
         for name in &names {
             seen.add(config.policy(), false, ("kb", "o"), name, 1);
         }
-        let warnings = seen.warnings(config.caps(), config.policy(), "ever");
+        let warnings = seen.warnings(config.lanes(), config.policy(), "ever");
         assert_eq!(warnings.len(), MAX_NAMED_CLASSES + 1);
         assert_eq!(
             warnings[MAX_NAMED_CLASSES].message,

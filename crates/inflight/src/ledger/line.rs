@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::domain::query::LinePlace;
+use crate::domain::admission::Rank;
+use crate::domain::query::LineSpot;
+use crate::domain::record::ActivityId;
 use crate::domain::record::LaneKey;
+use crate::domain::timestamp::Timestamp;
 
 /// How long a record waiting in line sleeps before it asks again, unwoken:
 /// a random time between half of `within` (the store's
@@ -26,16 +29,20 @@ pub(super) fn recheck_after(within: Duration) -> Duration {
 /// Where records waiting in line in this process are woken when capacity
 /// may have come back (a settle, a cancel, a reap).
 ///
-/// Not every waiter is woken. A lane admits its waiting records in line
-/// order (`enqueuedAt`, then id), so when a record is refused, every
-/// record behind it would be refused too. The line keeps this process's
-/// waiters in that order, learned from their first refusal: one wake-up
-/// goes to the first waiter of the lane, is passed on to the next after an
-/// admission, and ends at a refusal. A freed slot costs this process about
-/// two attempts, not one per waiter. Each freed slot gives one more waiter
-/// a wake-up, so several slots are tried for at once. A waiter also asks
-/// again on its own now and then ([`recheck_after`]), so a wake-up that
-/// went astray costs time, never a place in line.
+/// Not every waiter is woken. A lane admits its waiting records of one
+/// rank in line order (`enqueuedAt`, then id), so when a record is
+/// refused, every record of its rank behind it would be refused too. (A
+/// lane whose rules do not rank keeps one line of every rank.) The line
+/// keeps this process's waiters in that order, each rank apart, learned
+/// from their first refusal: one wake-up goes to the first waiter of each
+/// rank of the lane, is passed on to the next of its rank after an
+/// admission, and ends at a refusal. On a ranked lane an admission also
+/// wakes the first of every other rank, whose turn it may have brought
+/// (`docs/semantics.md` §6). A freed slot costs this process about two
+/// attempts a rank, not one per waiter. Each freed slot gives one more
+/// waiter of each rank a wake-up, so several slots are tried for at once.
+/// A waiter also asks again on its own now and then ([`recheck_after`]),
+/// so a wake-up that went astray costs time, never a place in line.
 ///
 /// Every decision is [`LineState`]'s; this type only puts it under a
 /// mutex and wakes waiters through tokio's `Notify`.
@@ -50,9 +57,10 @@ pub(crate) struct Line {
     pub(super) attempts: AtomicUsize,
 }
 
-/// A waiter's place: its record's in the lane's line, then the order it
-/// joined in (two starts of one record may wait at once).
-type Place = (LinePlace, u64);
+/// A waiter's place: its record's in the lane's line (its rank's first,
+/// so that each rank waits apart), then the order it joined in (two starts
+/// of one record may wait at once).
+type Place = (LineSpot, u64);
 
 /// How the line wakes one waiter.
 ///
@@ -115,7 +123,7 @@ struct Waiter<S> {
 impl<S: Signal> LineState<S> {
     /// Puts a waiter in line on `lane` at its record's `place`; returns
     /// its place in this line.
-    fn join(&mut self, lane: &LaneKey, place: LinePlace, signal: S) -> Place {
+    fn join(&mut self, lane: &LaneKey, place: LineSpot, signal: S) -> Place {
         let place = (place, self.next);
         self.next += 1;
         let waiter = Waiter {
@@ -128,17 +136,18 @@ impl<S: Signal> LineState<S> {
     }
 
     /// Capacity may have come back on `lane` (on every lane when `None`):
-    /// gives one more waiter of it a wake-up, the first that holds none.
+    /// gives one more waiter of each rank of it a wake-up, the first that
+    /// holds none.
     fn capacity_freed(&mut self, lane: Option<&LaneKey>) {
         match lane {
             Some(lane) => {
                 if let Some(waiters) = self.lanes.get_mut(lane) {
-                    wake_first(waiters, None);
+                    wake_each_rank(waiters);
                 }
             }
             None => {
                 for waiters in self.lanes.values_mut() {
-                    wake_first(waiters, None);
+                    wake_each_rank(waiters);
                 }
             }
         }
@@ -163,7 +172,7 @@ impl<S: Signal> LineState<S> {
     }
 
     /// The waiter's attempt was refused: the wake-up it answered ends
-    /// here, since every waiter behind would be refused too.
+    /// here, since every waiter of its rank behind would be refused too.
     fn refused(&mut self, lane: &LaneKey, place: &Place) {
         if let Some(waiter) = self
             .lanes
@@ -176,14 +185,22 @@ impl<S: Signal> LineState<S> {
 
     /// The waiter leaves the line. Admitted, or gone (a timeout, a dropped
     /// future, an error) with a wake-up in hand or being answered, it
-    /// passes that on: the next waiter may have its turn.
+    /// passes that on: the next waiter of its rank may have its turn, and
+    /// on a ranked lane the first of every other rank too.
     fn leave(&mut self, lane: &LaneKey, place: &Place) {
         let Some(waiters) = self.lanes.get_mut(lane) else {
             return;
         };
         if let Some(gone) = waiters.remove(place) {
             if gone.answering || gone.woken {
-                wake_first(waiters, Some(place));
+                let (rank, _) = place.0;
+                wake_first(waiters, rank, Some(place));
+                // Its grant may have brought another rank's turn.
+                for other in [Rank::Interactive, Rank::Batch] {
+                    if rank.is_some_and(|rank| rank != other) {
+                        wake_first(waiters, Some(other), None);
+                    }
+                }
             }
         }
         if waiters.is_empty() {
@@ -192,17 +209,36 @@ impl<S: Signal> LineState<S> {
     }
 }
 
-/// Gives a wake-up to the first of `waiters` after `after` (from the start
-/// when `None`) that holds none.
-fn wake_first<S: Signal>(waiters: &mut BTreeMap<Place, Waiter<S>>, after: Option<&Place>) {
-    let from = after.map_or(Bound::Unbounded, |after| Bound::Excluded(*after));
+/// Gives a wake-up to the first waiter of `rank` in `waiters` after
+/// `after` (from the rank's start when `None`) that holds none.
+fn wake_first<S: Signal>(
+    waiters: &mut BTreeMap<Place, Waiter<S>>,
+    rank: Option<Rank>,
+    after: Option<&Place>,
+) {
+    let from = match after {
+        Some(after) => Bound::Excluded(*after),
+        None => Bound::Included((
+            (rank, (Timestamp::from_millis(i64::MIN), ActivityId::nil_min())),
+            0,
+        )),
+    };
     if let Some(waiter) = waiters
         .range_mut((from, Bound::Unbounded))
+        .take_while(|(((of, _), _), _)| *of == rank)
         .map(|(_, waiter)| waiter)
         .find(|waiter| !waiter.woken)
     {
         waiter.woken = true;
         waiter.signal.signal();
+    }
+}
+
+/// [`wake_first`] for each rank of `waiters`: the line of a lane that does
+/// not rank, or each rank's of one that does.
+fn wake_each_rank<S: Signal>(waiters: &mut BTreeMap<Place, Waiter<S>>) {
+    for rank in [None, Some(Rank::Interactive), Some(Rank::Batch)] {
+        wake_first(waiters, rank, None);
     }
 }
 
@@ -228,7 +264,7 @@ impl Line {
 
     /// Counts the caller in line on `lane`, at its record's `place`, until
     /// the guard is dropped.
-    pub(crate) fn join(&self, lane: LaneKey, place: LinePlace) -> InLine<'_> {
+    pub(crate) fn join(&self, lane: LaneKey, place: LineSpot) -> InLine<'_> {
         let changed = Arc::new(Notify::new());
         let mut state = self.state();
         let place = state.join(&lane, place, Arc::clone(&changed));
@@ -317,8 +353,8 @@ mod tests {
     }
 
     /// A place in line behind every one made before it.
-    fn place() -> LinePlace {
-        (Timestamp::from_millis(1_000), ActivityId::new())
+    fn place() -> LineSpot {
+        (None, (Timestamp::from_millis(1_000), ActivityId::new()))
     }
 
     fn lane(name: &str) -> LaneKey {
@@ -399,8 +435,14 @@ mod tests {
     fn waiters_are_woken_in_line_order_not_in_the_order_they_joined() {
         let line = Line::default();
         let kb = lane("kb");
-        let mut later = line.join(kb.clone(), (Timestamp::from_millis(2_000), ActivityId::new()));
-        let mut earlier = line.join(kb.clone(), (Timestamp::from_millis(1_000), ActivityId::new()));
+        let mut later = line.join(
+            kb.clone(),
+            (None, (Timestamp::from_millis(2_000), ActivityId::new())),
+        );
+        let mut earlier = line.join(
+            kb.clone(),
+            (None, (Timestamp::from_millis(1_000), ActivityId::new())),
+        );
         line.capacity_freed(Some(&kb));
         assert!(woken(&mut earlier));
         assert!(!woken(&mut later));
@@ -415,6 +457,38 @@ mod tests {
         line.capacity_freed(Some(&kb));
         drop(first);
         assert!(woken(&mut second));
+    }
+
+    /// A place on a ranked lane.
+    fn ranked(rank: Rank, ms: i64) -> LineSpot {
+        (Some(rank), (Timestamp::from_millis(ms), ActivityId::new()))
+    }
+
+    #[test]
+    fn on_a_ranked_lane_each_rank_waits_apart() {
+        let line = Line::default();
+        let kb = lane("kb");
+        // The batch records came first; each rank is its own line.
+        let mut batch_1 = line.join(kb.clone(), ranked(Rank::Batch, 1));
+        let mut batch_2 = line.join(kb.clone(), ranked(Rank::Batch, 2));
+        let mut interactive_1 = line.join(kb.clone(), ranked(Rank::Interactive, 3));
+        let mut interactive_2 = line.join(kb.clone(), ranked(Rank::Interactive, 4));
+        line.capacity_freed(Some(&kb));
+        assert!(woken(&mut interactive_1));
+        assert!(woken(&mut batch_1));
+        assert!(!woken(&mut interactive_2));
+        assert!(!woken(&mut batch_2));
+        // The batch record is refused (its turn comes after an overtake):
+        // that ends its rank's wake-up, not the other's.
+        batch_1.refused();
+        assert!(!woken(&mut batch_2));
+        // The interactive record admitted may have brought the batch
+        // record's turn: leaving, it wakes the next of its own rank and
+        // the first of the other.
+        drop(interactive_1);
+        assert!(woken(&mut interactive_2));
+        assert!(woken(&mut batch_1));
+        assert!(!woken(&mut batch_2));
     }
 
     #[tokio::test(start_paused = true)]
@@ -638,7 +712,7 @@ mod loom_tests {
         fn join(&self, record: LinePlace) -> InLine {
             let changed = Arc::new(Notify::new());
             let mut line = self.line.lock().unwrap();
-            let place = line.join(&self.lane, record, Arc::clone(&changed));
+            let place = line.join(&self.lane, (None, record), Arc::clone(&changed));
             self.waiting.fetch_add(1, Ordering::SeqCst);
             InLine {
                 record,

@@ -308,11 +308,11 @@ impl Ledger {
     /// would silently admit every call. Called for a label set the first
     /// time it is validated, so a call with known labels pays nothing.
     fn warn_if_undeclared(&self, labels: &crate::domain::labels::LabelSet) {
-        if self.inner.config.caps().is_empty() {
+        if self.inner.config.lanes().is_empty() {
             return;
         }
         let lane = crate::domain::record::LaneKey::of(labels);
-        if self.inner.config.caps().contains_key(&lane) {
+        if self.inner.config.lanes().contains_key(&lane) {
             return;
         }
         let mut warned = self
@@ -321,7 +321,13 @@ impl Ledger {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if warned.len() < MAX_UNDECLARED_WARNINGS && warned.insert(lane.clone()) {
-            let capped: Vec<String> = self.inner.config.caps().keys().map(ToString::to_string).collect();
+            let capped: Vec<String> = self
+                .inner
+                .config
+                .lanes()
+                .keys()
+                .map(ToString::to_string)
+                .collect();
             tracing::warn!(
                 lane = %lane,
                 capped = %capped.join(", "),
@@ -511,7 +517,7 @@ impl Ledger {
         let mut snapshot = self.run(Command::Snapshot { options }).await?.into_snapshot()?;
         // Here rather than in the store: off the store's thread.
         let config = &self.inner.config;
-        snapshot.note_mismatches(config.caps(), config.policy());
+        snapshot.note_mismatches(config.lanes(), config.policy());
         Ok(snapshot)
     }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::config::LedgerConfig;
-use crate::domain::admission::{self, Decision, LanePosition};
+use crate::domain::admission::{self, Decision, LanePosition, LaneState, Rank};
 use crate::domain::bounds::ReapPolicy;
 use crate::domain::capacity::{self, Capacity};
 use crate::domain::cardinality::Census;
@@ -129,9 +129,14 @@ pub(crate) trait Questions {
     /// Records that [`query::is_due`] at `now`, in [`query::due_order`], at
     /// most `limit`.
     fn due(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
-    /// The answer to `query`: how many records [`LaneQuery::counts`] as
-    /// executing, and how many as ahead.
+    /// [`LaneQuery::answer`]: how many records [`LaneQuery::counts`] as
+    /// executing, and how many as waiting ahead (by rank, when asked).
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError>;
+    /// What `lane` remembers between admission decisions; the default for
+    /// a lane with none stored.
+    fn lane_state(&mut self, lane: &LaneKey) -> Result<LaneState, LedgerError>;
+    /// Stores what `lane` remembers, written at once.
+    fn put_lane_state(&mut self, lane: &LaneKey, state: LaneState) -> Result<(), LedgerError>;
     /// Records in flight in [`query::line_order`], at most `limit`.
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
     /// How many records are in flight.
@@ -191,9 +196,11 @@ pub(crate) fn execute(
             }
             bound_labels(txn, config, &mut new.labels, new.priority, new.admission)?;
             let mut applied = transition::begin(new, now, policy)?;
-            if applied.record.state == State::Executing {
-                admit(txn, config, &applied.record, true, now)?;
-            }
+            let granted = if applied.record.state == State::Executing {
+                admit(txn, config, &applied.record, true, now)?
+            } else {
+                None
+            };
             // A record begun with old timestamps may already be past its bound.
             if let Some(reaped) = transition::reap_if_due(&mut applied.record, now) {
                 applied.effects.push(reaped);
@@ -204,6 +211,9 @@ pub(crate) fn execute(
                 txn.claim_key(key, &record)?;
             }
             add_totals(txn, config, &record, &applied.effects)?;
+            if let Some((lane, state)) = granted {
+                txn.put_lane_state(&lane, state)?;
+            }
             Ok(Reply::Record(record))
         }
         Command::Transition { id, transition } => {
@@ -211,6 +221,7 @@ pub(crate) fn execute(
             // Most transitions need neither the owner's lease nor the lane:
             // a glance at the record in place says whether this one does.
             let mut needs = None;
+            let mut granted = None;
             txn.peek(id, &mut |record| {
                 needs = Some(record.owner_id.is_some() || (start && needs_admission(config, record)));
             })?;
@@ -218,7 +229,7 @@ pub(crate) fn execute(
                 let record = load_seen(txn, config, id, now)?;
                 if start && needs_admission(config, &record) {
                     // Reaps what is due first, this record too.
-                    admit(txn, config, &record, false, now)?;
+                    granted = admit(txn, config, &record, false, now)?;
                 }
             }
             let mut effects = Effects::new();
@@ -236,6 +247,12 @@ pub(crate) fn execute(
                 .ok_or_else(|| not_found(id))?;
             add_totals(txn, config, &record, &effects)?;
             applied?;
+            // Stored only once the start landed (even if the record was
+            // then reaped at once): a start refused after its admission
+            // leaves the lane as it was.
+            if let Some((lane, state)) = granted.filter(|_| started(&effects)) {
+                txn.put_lane_state(&lane, state)?;
+            }
             Ok(Reply::Record(record))
         }
         Command::Refine { id, model } => refine(txn, config, id, &model, now).map(Reply::Record),
@@ -252,7 +269,7 @@ pub(crate) fn execute(
             let parts = snapshot_parts(txn, window, options.limit())?;
             Ok(Reply::Snapshot(Box::new(Snapshot::assemble(
                 parts,
-                config.caps(),
+                config.lanes(),
                 options,
                 now,
                 reaped_this_read,
@@ -460,38 +477,50 @@ pub(crate) fn rebound(txn: &mut dyn Txn, policy: &ReapPolicy) -> Result<usize, L
 
 /// The admission decision for `record`, which asks to start now. Leaks are
 /// reaped first, in the same transaction, so none of them holds a slot.
+/// Returns the lane's state to store once the start has landed, when the
+/// decision changed it.
 fn admit(
     txn: &mut dyn Txn,
     config: &LedgerConfig,
     record: &ActivityRecord,
     newcomer: bool,
     now: Timestamp,
-) -> Result<(), LedgerError> {
+) -> Result<Option<(LaneKey, LaneState)>, LedgerError> {
     if record.admission != Admission::Queued {
-        return Ok(());
+        return Ok(None);
     }
-    let Some(cap) = config.cap_of(&record.labels) else {
-        return Ok(());
+    let Some(rules) = config.rules_of(&record.labels) else {
+        return Ok(None);
     };
     let lane = record.lane();
     // Locked before anything is read, so that the reap and the counts below
     // see every decision on this lane that committed before.
     txn.lock_lane(&lane)?;
     reap_all(txn, config, now)?;
-    match admission::decide(Some(cap), txn.lane_position(&LaneQuery::of(record, newcomer))?) {
-        Decision::Admit => Ok(()),
-        Decision::LaneFull { cap } => {
-            let message = format!(
-                "lane {lane} is full (cap {cap}); activity {} keeps its place in line",
-                record.activity_id
-            );
-            Err(LedgerError::lane_full(
-                lane,
-                Some(query::line_order(record)),
-                message,
-            ))
+    let position = txn.lane_position(&LaneQuery::of(record, newcomer, rules.ranked()))?;
+    // Only a lane that counts overtakes keeps a state.
+    let state = if rules.max_overtakes > 0 {
+        txn.lane_state(&lane)?
+    } else {
+        LaneState::default()
+    };
+    let refused = match admission::decide(&rules, record.priority, &position, state) {
+        Decision::Admit(next) => return Ok((next != state).then_some((lane, next))),
+        Decision::LaneFull { cap } => format!("lane {lane} is full (cap {cap})"),
+        Decision::BatchFull { batch_cap } => {
+            format!("lane {lane} runs all the batch work it may (batch_cap {batch_cap})")
         }
-    }
+    };
+    let message = format!(
+        "{refused}; activity {} keeps its place in line",
+        record.activity_id
+    );
+    let rank = rules.ranked().then(|| Rank::of(record.priority));
+    Err(LedgerError::lane_full(
+        lane,
+        Some((rank, query::line_order(record))),
+        message,
+    ))
 }
 
 fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
@@ -598,12 +627,20 @@ fn not_found(id: ActivityId) -> LedgerError {
     LedgerError::new(ErrorKind::NotFound, format!("no activity {id}"))
 }
 
+/// Whether `effects` hold a start: the slot the admission granted was
+/// taken.
+fn started(effects: &[Effect]) -> bool {
+    effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::Started { .. }))
+}
+
 /// Whether a start of `record` asks for a slot of a capped lane: it would
 /// start ([`transition::would_start`]), it is queued, and its lane has a cap.
 fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
     transition::would_start(record)
         && record.admission == Admission::Queued
-        && config.cap_of(&record.labels).is_some()
+        && config.rules_of(&record.labels).is_some()
 }
 
 /// Counts `effects` of `record` and hands each to the store to publish,
@@ -619,7 +656,7 @@ fn add_totals(
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(record, query::completion_minute(*at))?;
         }
-        let capped = || *capped.get_or_insert_with(|| config.cap_of(&record.labels).is_some());
+        let capped = || *capped.get_or_insert_with(|| config.rules_of(&record.labels).is_some());
         txn.landed(record, effect, capacity::change(record, effect, capped));
     }
     if effects.is_empty() {

@@ -31,6 +31,8 @@ pub enum Scratch {
 pub struct Harness {
     pub ledger: Ledger,
     pub clock: FakeClock,
+    /// The store's URL, for a second ledger on it.
+    pub url: String,
     pub _dir: Option<Scratch>,
 }
 
@@ -51,13 +53,14 @@ impl Harness {
             }
         };
         let ledger = Ledger::builder(config)
-            .store_url(url)
+            .store_url(url.clone())
             .clock(clock.clone())
             .build()
             .unwrap();
         Self {
             ledger,
             clock,
+            url,
             _dir: dir,
         }
     }

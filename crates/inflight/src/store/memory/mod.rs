@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
-use crate::domain::admission::LanePosition;
+use crate::domain::admission::{LanePosition, LaneState};
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::idempotency::Idempotency;
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
-use crate::domain::query::{self, InLine, LaneQuery, Retention, Window};
+use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
@@ -111,6 +111,8 @@ struct MemoryState {
     /// prune forgets it.
     keys: HashMap<Box<str>, (ActivityId, i64)>,
     key_of: HashMap<ActivityId, Box<str>>,
+    /// What each lane remembers between admission decisions.
+    lane_states: HashMap<LaneKey, LaneState>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
     /// The call histograms and the running command's reaps: kept under
@@ -592,18 +594,16 @@ impl Questions for MemoryState {
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
-        let mut position = LanePosition {
-            executing: 0,
-            waiting_ahead: 0,
-        };
-        for other in self.records.live.values() {
-            match query.counts(other) {
-                Some(InLine::Executing) => position.executing += 1,
-                Some(InLine::Ahead) => position.waiting_ahead += 1,
-                None => {}
-            }
-        }
-        Ok(position)
+        Ok(query.answer(self.records.live.values().map(|record| &**record)))
+    }
+
+    fn lane_state(&mut self, lane: &LaneKey) -> Result<LaneState, LedgerError> {
+        Ok(self.lane_states.get(lane).copied().unwrap_or_default())
+    }
+
+    fn put_lane_state(&mut self, lane: &LaneKey, state: LaneState) -> Result<(), LedgerError> {
+        self.lane_states.insert(lane.clone(), state);
+        Ok(())
     }
 
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {

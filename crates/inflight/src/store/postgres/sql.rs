@@ -31,6 +31,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0006_refined.sql"),
     include_str!("migrations/0007_idempotency_keys.sql"),
     include_str!("migrations/0008_succeeded_unstarted.sql"),
+    include_str!("migrations/0009_lane_states.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::domain::admission::LanePosition;
+use crate::domain::admission::{LanePosition, LaneState, RankedPosition};
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::LabelSet;
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{LaneQuery, Retention, Window};
-use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
@@ -30,7 +30,8 @@ pub(crate) enum Reads {
     Counters,
     /// Which aggregates exist: what earlier commands stored.
     Aggregates,
-    /// Owners and idempotency keys, which are written at once.
+    /// Owners, idempotency keys and lane states, which are written at
+    /// once.
     Owners,
 }
 
@@ -194,9 +195,32 @@ impl<D: Driver> Questions for D {
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
         let id = query.activity_id.to_string();
+        let (service, provider) = (query.lane.service.as_str(), query.lane.provider.as_str());
+        if query.ranked {
+            let params = [
+                query.enqueued_at.into(),
+                query.newcomer.into(),
+                id.as_str().into(),
+                service.into(),
+                provider.into(),
+            ];
+            return one(self, Reads::Records, sql::LANE_POSITION_RANKED, &params, |row| {
+                Ok(LanePosition {
+                    executing: codec::int(row, 0)?,
+                    waiting_ahead: codec::int(row, 1)?,
+                    ranks: Some(RankedPosition {
+                        executing_batch: codec::int(row, 2)?,
+                        interactive_ahead: codec::int(row, 3)?,
+                        batch_ahead: codec::int(row, 4)?,
+                        interactive_waiting: codec::int(row, 5)?,
+                        batch_waiting: codec::int(row, 6)?,
+                    }),
+                })
+            });
+        }
         let params = [
-            query.lane.service.as_str().into(),
-            query.lane.provider.as_str().into(),
+            service.into(),
+            provider.into(),
             id.as_str().into(),
             query.enqueued_at.into(),
             query.newcomer.into(),
@@ -205,8 +229,30 @@ impl<D: Driver> Questions for D {
             Ok(LanePosition {
                 executing: codec::int(row, 0)?,
                 waiting_ahead: codec::int(row, 1)?,
+                ranks: None,
             })
         })
+    }
+
+    fn lane_state(&mut self, lane: &LaneKey) -> Result<LaneState, LedgerError> {
+        let params = [lane.service.as_str().into(), lane.provider.as_str().into()];
+        let found = rows(self, Reads::Owners, sql::LANE_STATE, &params, |row| {
+            let overtakes = codec::int(row, 0)?;
+            Ok(LaneState {
+                overtakes: u32::try_from(overtakes).unwrap_or(u32::MAX),
+            })
+        })?;
+        Ok(found.into_iter().next().unwrap_or_default())
+    }
+
+    fn put_lane_state(&mut self, lane: &LaneKey, state: LaneState) -> Result<(), LedgerError> {
+        let params = [
+            lane.service.as_str().into(),
+            lane.provider.as_str().into(),
+            i64::from(state.overtakes).into(),
+        ];
+        self.execute(Reads::Owners, sql::PUT_LANE_STATE, &params)
+            .map(drop)
     }
 
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {

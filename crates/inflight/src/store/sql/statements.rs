@@ -60,6 +60,22 @@ macro_rules! statement {
     };
 }
 
+/// A record waiting in a lane's line (an `external` record holds no place
+/// in it).
+macro_rules! in_line {
+    () => {
+        "state = 'waiting' AND admission = 'queued'"
+    };
+}
+
+/// Ahead of the record asking ($1 its `enqueuedAt`, $2 whether it is a
+/// newcomer, $3 its id), as `LaneQuery::counts` says.
+macro_rules! ahead {
+    () => {
+        "(enqueued_at < $1 OR (enqueued_at = $1 AND ($2 OR activity_id < $3)))"
+    };
+}
+
 statements! {
     COMMIT: Control = "COMMIT";
     ROLLBACK: Control = "ROLLBACK";
@@ -154,6 +170,29 @@ statements! {
               AND admission = 'queued' AND ", in_flight!(), " AND state = 'waiting' \
               AND activity_id <> $3 \
               AND (enqueued_at < $4 OR (enqueued_at = $4 AND ($5 OR activity_id < $3))))";
+
+    /// `LaneQuery::answer` told apart by rank (`Rank::of`: all but
+    /// `interactive` is batch): $1 the asking record's `enqueuedAt`, $2
+    /// whether it is a newcomer, $3 its id, $4 service, $5 provider. It
+    /// reads every record of the lane in flight through `activities_lane`,
+    /// and each one's priority from its row.
+    LANE_POSITION_RANKED: Indexed =
+        "SELECT COUNT(*) FILTER (WHERE state = 'executing'), \
+         COUNT(*) FILTER (WHERE ", in_line!(), " AND ", ahead!(), "), \
+         COUNT(*) FILTER (WHERE state = 'executing' AND priority <> 'interactive'), \
+         COUNT(*) FILTER (WHERE ", in_line!(), " AND priority = 'interactive' AND ", ahead!(), "), \
+         COUNT(*) FILTER (WHERE ", in_line!(), " AND priority <> 'interactive' AND ", ahead!(), "), \
+         COUNT(*) FILTER (WHERE ", in_line!(), " AND priority = 'interactive'), \
+         COUNT(*) FILTER (WHERE ", in_line!(), " AND priority <> 'interactive') \
+         FROM activities WHERE service = $4 AND provider = $5 AND admission IN ('queued', 'external') \
+         AND ", in_flight!(), " AND activity_id <> $3";
+
+    /// What the lane `$1::$2` remembers between admission decisions.
+    LANE_STATE: Indexed = "SELECT overtakes FROM lane_states WHERE service = $1 AND provider = $2";
+
+    PUT_LANE_STATE: Indexed =
+        "INSERT INTO lane_states (service, provider, overtakes) VALUES ($1, $2, $3) \
+         ON CONFLICT (service, provider) DO UPDATE SET overtakes = excluded.overtakes";
 
     /// Records in flight in `query::line_order`: the line is sorted from
     /// `activities_lane`, which covers the order's columns, and only the

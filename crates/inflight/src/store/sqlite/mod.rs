@@ -355,7 +355,7 @@ mod tests {
             "ALTER TABLE aggregates DROP COLUMN reaped_owner_lost_abandoned; DROP TABLE journal; \
              ALTER TABLE aggregates ADD COLUMN calls INTEGER NOT NULL DEFAULT 0; \
              ALTER TABLE activities DROP COLUMN refined; DROP TABLE idempotency_keys; \
-             ALTER TABLE aggregates DROP COLUMN succeeded_unstarted; \
+             ALTER TABLE aggregates DROP COLUMN succeeded_unstarted; DROP TABLE lane_states; \
              PRAGMA user_version = 3;",
         )
         .unwrap();

@@ -63,6 +63,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0010_succeeded_unstarted.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0011_lane_states.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
