@@ -78,6 +78,7 @@ fuzz_target!(|data: &[u8]| {
                 success: kind & 16 == 0,
                 failure_stage: (kind & 32 == 0).then_some(FailureStage::Provider),
                 at,
+                retry_after_ms: None,
             },
             _ => Transition::Cancel { reason: None, at },
         };

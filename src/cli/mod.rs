@@ -556,14 +556,20 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
         let mut line = settings
             .cap
             .map_or_else(|| "no cap".to_owned(), |cap| format!("cap {cap}"));
-        if let Some(batch_cap) = settings.batch_cap {
-            line.push_str(&format!(", batch_cap {batch_cap}"));
-        }
-        if let Some(rules) = settings
-            .rules(ledger.max_overtakes())
-            .filter(|rules| rules.max_overtakes > 0)
-        {
-            line.push_str(&format!(", max_overtakes {}", rules.max_overtakes));
+        if let Some(rules) = settings.rules(ledger.admission()) {
+            if let Some(batch_cap) = rules.batch_cap {
+                line.push_str(&format!(", batch_cap {batch_cap}"));
+            }
+            if rules.max_overtakes > 0 {
+                line.push_str(&format!(", max_overtakes {}", rules.max_overtakes));
+            }
+            line.push_str(&format!(
+                ", max_cooldown {}",
+                inflight_api::human_duration(rules.max_cooldown_ms)
+            ));
+            if rules.adaptive {
+                line.push_str(", adaptive");
+            }
         }
         lines.push(format!("lane {lane}: {line}"));
     }

@@ -60,6 +60,9 @@ wire_enum! {
         PayloadTooLarge => "payload_too_large",
         /// 429: the lane is at its cap for this record.
         LaneFull => "lane_full",
+        /// 429: the lane is cooling down after a provider's `Retry-After`;
+        /// retry after the `Retry-After` seconds.
+        LaneCooling => "lane_cooling",
         /// 500: the store failed; the details are in the server's log.
         Internal => "internal",
         /// 503: the server is at a limit (connections, requests in
@@ -81,7 +84,7 @@ impl ErrorCode {
             Self::RequestTimeout => 408,
             Self::Conflict | Self::IdempotencyConflict => 409,
             Self::PayloadTooLarge => 413,
-            Self::LaneFull => 429,
+            Self::LaneFull | Self::LaneCooling => 429,
             Self::Internal => 500,
             Self::Unavailable => 503,
         }

@@ -142,8 +142,8 @@ pub use request::{
     SnapshotQuery, StartQuery, StartRequest,
 };
 pub use response::{
-    ActivityRecord, Aggregate, Health, InFlightRecord, Lane, Owner, ReapCounts, ReapedRecord, Snapshot,
-    SnapshotWarning, MAX_IGNORED_FIELDS, MAX_IGNORED_FIELD_CHARS,
+    ActivityRecord, Aggregate, ByPriority, Health, InFlightRecord, Lane, Owner, PriorityCounts, ReapCounts,
+    ReapedRecord, Snapshot, SnapshotWarning, MAX_IGNORED_FIELDS, MAX_IGNORED_FIELD_CHARS,
 };
 pub use table::{human_duration, render_snapshot, short_ids, SHORT_ID_MIN_LEN};
 pub use values::{

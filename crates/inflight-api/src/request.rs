@@ -96,6 +96,13 @@ pub struct SettleRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::values::timestamp_input))]
     pub completed_at: Option<Timestamp>,
+    /// A failure the provider refused (429, 503) with `Retry-After`: its
+    /// value in milliseconds, 1 to 3,600,000. The lane grants no new slot
+    /// until `completedAt` plus it, at most the lane's `max_cooldown`.
+    /// Only with `success: false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 3_600_000))]
+    pub retry_after_ms: Option<i64>,
 }
 
 /// `POST /v1/activities/{id}/cancel`; an empty body is the same as `{}`.

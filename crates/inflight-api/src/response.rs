@@ -175,6 +175,51 @@ pub struct Lane {
     pub resurrections: i64,
     /// How long its oldest waiting record has waited (`0` when none waits).
     pub longest_wait_ms: i64,
+    /// The cap in force: `cap`, or an adaptive lane's cap lowered by a
+    /// provider's refusals; unset when none is declared.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub effective_cap: Option<u32>,
+    /// While the lane cools down after a provider's `Retry-After`: when it
+    /// grants again. Unset otherwise.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub cooling_until: Option<Timestamp>,
+    /// Cooldowns the lane ever began.
+    pub cooldowns: i64,
+    /// Executing and waiting records by `priority`.
+    pub by_priority: ByPriority,
+}
+
+/// A lane's executing and waiting records by `priority`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ByPriority {
+    /// `interactive`.
+    pub interactive: PriorityCounts,
+    /// `batch`.
+    pub batch: PriorityCounts,
+    /// `unknown` (ranked with batch work).
+    pub unknown: PriorityCounts,
+}
+
+impl ByPriority {
+    /// The counts of `priority`.
+    pub fn of_mut(&mut self, priority: Priority) -> &mut PriorityCounts {
+        match priority {
+            Priority::Interactive => &mut self.interactive,
+            Priority::Batch => &mut self.batch,
+            Priority::Unknown => &mut self.unknown,
+        }
+    }
+}
+
+/// Executing and waiting records of one priority on a lane.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PriorityCounts {
+    /// Records executing.
+    pub executing: i64,
+    /// Records waiting in line.
+    pub waiting: i64,
 }
 
 /// The counters of one combination of service, stage, class, provider,

@@ -203,13 +203,19 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                 "REAPED UNSETTLED",
                 "OWNER LOST",
                 "LONGEST WAIT",
+                "COOLING",
             ],
-            vec![1, 2, 3, 4, 5, 6, 7],
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
         );
         for (key, lane) in &snapshot.native_admission {
             table.rows.push(vec![
                 key.clone(),
-                lane.cap.map_or_else(|| "-".to_owned(), |cap| cap.to_string()),
+                match (lane.cap, lane.effective_cap) {
+                    (None, _) => "-".to_owned(),
+                    // An adaptive lane lowered by a provider's refusals.
+                    (Some(cap), Some(effective)) if effective != cap => format!("{effective}/{cap}"),
+                    (Some(cap), _) => cap.to_string(),
+                },
                 lane.executing.to_string(),
                 lane.waiting.to_string(),
                 lane.reaped.abandoned.to_string(),
@@ -220,6 +226,10 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                 } else {
                     "-".to_owned()
                 },
+                lane.cooling_until.map_or_else(
+                    || "-".to_owned(),
+                    |until| human_duration(until.millis_since(snapshot.at).max(0)),
+                ),
             ]);
         }
         table.render(&mut out);
@@ -354,8 +364,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        Admission, Disposition, InFlightRecord, Lane, Owner, Priority, ReapCounts, ReapReason, ReapedRecord,
-        SnapshotStatus, State,
+        Admission, ByPriority, Disposition, InFlightRecord, Lane, Owner, Priority, ReapCounts, ReapReason,
+        ReapedRecord, SnapshotStatus, State,
     };
 
     #[test]
@@ -469,6 +479,10 @@ mod tests {
             late_settles: 0,
             resurrections: 0,
             longest_wait_ms: 0,
+            effective_cap: Some(4),
+            cooling_until: None,
+            cooldowns: 0,
+            by_priority: ByPriority::default(),
         };
         let executing = ActivityRecord {
             started_at: Some(at("19:57:00.000")),

@@ -105,10 +105,26 @@ fn snapshot() -> Snapshot {
         late_settles: 5,
         resurrections: 6,
         longest_wait_ms: 7_000,
+        effective_cap: Some(2),
+        cooling_until: Some(at(3_601_500)),
+        cooldowns: 3,
+        by_priority: ByPriority {
+            interactive: PriorityCounts {
+                executing: 1,
+                waiting: 0,
+            },
+            batch: PriorityCounts {
+                executing: 0,
+                waiting: 2,
+            },
+            unknown: PriorityCounts::default(),
+        },
     };
     let uncapped = Lane {
         provider: "openai".to_owned(),
         cap: None,
+        effective_cap: None,
+        cooling_until: None,
         longest_wait_ms: 0,
         ..lane.clone()
     };
@@ -230,8 +246,10 @@ fn requests_round_trip_full_and_minimal() {
         success: false,
         failure_stage: Some(FailureStage::Queue),
         completed_at: Some(at(1)),
+        retry_after_ms: Some(2_000),
     });
     assert_eq!(settle["failureStage"], "queue");
+    assert_eq!(settle["retryAfterMs"], 2_000);
     assert_eq!(round_trip(&CancelRequest::default()), json!({}));
     round_trip(&CancelRequest {
         reason: Some("client went away".to_owned()),

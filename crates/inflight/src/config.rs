@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::domain::admission::{LaneRules, LaneSettings};
+use crate::domain::admission::{AdmissionDefaults, LaneRules, LaneSettings, MAX_RETRY_AFTER_MS};
 use crate::domain::bounds::{ClassBounds, ReapPolicy, DEFAULT_FACTOR};
 use crate::domain::cardinality::{Cardinality, Overflow, Vocabularies};
 use crate::domain::labels::{sanitize_model, Label, LabelSet};
@@ -85,8 +85,11 @@ pub struct LedgerConfig {
     reap_interval: Duration,
     retention: Duration,
     lanes: BTreeMap<LaneKey, LaneSettings>,
-    /// `[admission] max_overtakes`: for a lane that sets none.
-    max_overtakes: u32,
+    /// `[admission]`: for a lane that sets nothing itself.
+    admission: AdmissionDefaults,
+    /// `[providers.NAME] shared_cooldown = true`: a cooldown on one lane
+    /// of these providers holds for all of its lanes.
+    shared_cooldown: BTreeSet<String>,
     cardinality: Cardinality,
 }
 
@@ -116,7 +119,8 @@ impl LedgerConfig {
             reap_interval: DEFAULT_REAP_INTERVAL,
             retention: DEFAULT_RETENTION,
             lanes: BTreeMap::new(),
-            max_overtakes: 0,
+            admission: AdmissionDefaults::default(),
+            shared_cooldown: BTreeSet::new(),
             cardinality: Cardinality::default(),
         }
     }
@@ -205,8 +209,76 @@ impl LedgerConfig {
     /// with a cap admits in a row while batch work waits, unless it sets
     /// its own. 0 (the default) keeps each line first come, first served.
     pub fn with_max_overtakes(mut self, max_overtakes: u32) -> Self {
-        self.max_overtakes = max_overtakes;
+        self.admission.max_overtakes = max_overtakes;
         self
+    }
+
+    /// `[admission] max_cooldown`: the longest a provider's `Retry-After`
+    /// cools a capped lane down, unless it sets its own (default a
+    /// minute).
+    ///
+    /// # Errors
+    /// A zero duration, or one over an hour.
+    pub fn with_max_cooldown(mut self, max_cooldown: Duration) -> Result<Self, ConfigError> {
+        self.admission.max_cooldown_ms = cooldown_ms("admission.max_cooldown", max_cooldown)?;
+        Ok(self)
+    }
+
+    /// What a cooldown and a provider's refusal do to the lane
+    /// `"service::provider"`, declared with a cap: `max_cooldown` (`None`:
+    /// the [default](Self::with_max_cooldown)), and whether its cap is
+    /// `adaptive` (halved by each refusal, a slot back after each run of
+    /// `cap` successes).
+    ///
+    /// # Errors
+    /// A lane not declared with a cap, or a `max_cooldown` of zero or over
+    /// an hour.
+    pub fn with_lane_cooldown(
+        mut self,
+        lane: &str,
+        max_cooldown: Option<Duration>,
+        adaptive: bool,
+    ) -> Result<Self, ConfigError> {
+        let key = parse_lane(lane)?;
+        let settings = self.lanes.entry(key).or_default();
+        if settings.cap.is_none() {
+            let field = if adaptive { "adaptive" } else { "max_cooldown" };
+            return Err(ConfigError::new(
+                format!("lanes.{lane:?}.{field}"),
+                "needs the lane's cap: without one, the lane admits everything",
+            ));
+        }
+        settings.max_cooldown_ms = max_cooldown
+            .map(|max| cooldown_ms(&format!("lanes.{lane:?}.max_cooldown"), max))
+            .transpose()?;
+        settings.adaptive = adaptive;
+        Ok(self)
+    }
+
+    /// `[providers.NAME] shared_cooldown = true`: a provider's limits
+    /// belong to its account, so a cooldown on one capped lane of
+    /// `provider` holds for every capped lane of it.
+    ///
+    /// # Errors
+    /// A malformed provider name.
+    pub fn with_shared_cooldown(mut self, provider: &str) -> Result<Self, ConfigError> {
+        Label::new("provider", provider)
+            .map_err(|err| ConfigError::new(format!("providers.{provider}"), err.problem))?;
+        self.shared_cooldown.insert(provider.to_owned());
+        Ok(self)
+    }
+
+    /// The capped lanes a cooldown on `lane` holds for: `lane`, and every
+    /// other capped lane of its provider when the provider shares them.
+    pub fn cooled_with(&self, lane: &LaneKey) -> Vec<LaneKey> {
+        if !self.shared_cooldown.contains(lane.provider.as_str()) {
+            return vec![lane.clone()];
+        }
+        self.lanes
+            .iter()
+            .filter(|(other, settings)| other.provider == lane.provider && settings.cap.is_some())
+            .map(|(other, _)| other.clone())
+            .collect()
     }
 
     /// The reaping rules.
@@ -237,9 +309,9 @@ impl LedgerConfig {
         self.retention
     }
 
-    /// `[admission] max_overtakes`, for lanes that set none.
-    pub fn max_overtakes(&self) -> u32 {
-        self.max_overtakes
+    /// `[admission]`: what capped lanes take when they set nothing.
+    pub fn admission(&self) -> &AdmissionDefaults {
+        &self.admission
     }
 
     /// Declared lanes, with their caps and rules.
@@ -273,6 +345,11 @@ impl LedgerConfig {
             .map(|rules| rules.cap)
     }
 
+    /// The rules of `lane`, if it has a cap.
+    pub fn lane_rules(&self, lane: &LaneKey) -> Option<LaneRules> {
+        self.rules_for(&lane.service, &lane.provider)
+    }
+
     /// The rules of the lane of a call with `labels`, if it has a cap.
     pub fn rules_of(&self, labels: &LabelSet) -> Option<LaneRules> {
         self.rules_for(&labels.service, &labels.provider)
@@ -284,13 +361,23 @@ impl LedgerConfig {
         self.lanes
             .iter()
             .find(|(lane, _)| lane.service == *service && lane.provider == *provider)
-            .and_then(|(_, settings)| settings.rules(self.max_overtakes))
+            .and_then(|(_, settings)| settings.rules(&self.admission))
     }
 }
 
 /// `lane` as a key, or an error naming it.
 fn parse_lane(lane: &str) -> Result<LaneKey, ConfigError> {
     LaneKey::parse(lane).map_err(|problem| ConfigError::new(format!("lanes.{lane:?}"), problem.to_string()))
+}
+
+/// A cooldown's longest, in milliseconds: 1 ms to an hour, or an error
+/// naming `key`.
+fn cooldown_ms(key: &str, max: Duration) -> Result<i64, ConfigError> {
+    let ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+    if !(1..=MAX_RETRY_AFTER_MS).contains(&ms) {
+        return Err(ConfigError::new(key, "must be from 1ms to 1h"));
+    }
+    Ok(ms)
 }
 
 /// `value` as a whole number of at least `min`, or an error naming `key`.
@@ -343,6 +430,7 @@ struct RawFile {
     classes: Option<BTreeMap<String, RawClass>>,
     lanes: Option<BTreeMap<String, RawLane>>,
     admission: Option<RawAdmission>,
+    providers: Option<BTreeMap<String, RawProvider>>,
     metrics: Option<RawMetrics>,
 }
 
@@ -465,6 +553,8 @@ struct RawLane {
     cap: Option<i64>,
     batch_cap: Option<i64>,
     max_overtakes: Option<i64>,
+    max_cooldown: Option<toml::Value>,
+    adaptive: Option<bool>,
 }
 
 /// `[admission]`: defaults for every lane with a cap.
@@ -472,6 +562,14 @@ struct RawLane {
 #[serde(deny_unknown_fields)]
 struct RawAdmission {
     max_overtakes: Option<i64>,
+    max_cooldown: Option<toml::Value>,
+}
+
+/// `[providers.NAME]`: what holds for every lane of a provider.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    shared_cooldown: Option<bool>,
 }
 
 /// Reads a duration written as a humantime string (`"300ms"`, `"5m"`) or
@@ -660,8 +758,19 @@ impl Settings {
         if let Some(keep) = raw.retention.as_ref().and_then(|r| r.keep.as_ref()) {
             ledger = ledger.with_retention(parse_duration("retention.keep", keep, &mut warnings)?)?;
         }
-        if let Some(max) = raw.admission.and_then(|admission| admission.max_overtakes) {
-            ledger = ledger.with_max_overtakes(whole("admission.max_overtakes", max, 0)?);
+        if let Some(admission) = raw.admission {
+            if let Some(max) = admission.max_overtakes {
+                ledger = ledger.with_max_overtakes(whole("admission.max_overtakes", max, 0)?);
+            }
+            if let Some(max) = &admission.max_cooldown {
+                let max = parse_duration("admission.max_cooldown", max, &mut warnings)?;
+                ledger = ledger.with_max_cooldown(max)?;
+            }
+        }
+        for (provider, settings) in raw.providers.unwrap_or_default() {
+            if settings.shared_cooldown == Some(true) {
+                ledger = ledger.with_shared_cooldown(&provider)?;
+            }
         }
         for (lane, settings) in raw.lanes.unwrap_or_default() {
             ledger = ledger.declare_lane(&lane, settings.cap)?;
@@ -675,6 +784,16 @@ impl Settings {
                     .map(|max| whole(&format!("lanes.{lane:?}.max_overtakes"), max, 0))
                     .transpose()?;
                 ledger = ledger.with_lane_ranking(&lane, batch_cap, max_overtakes)?;
+            }
+            if settings.max_cooldown.is_some() || settings.adaptive.is_some() {
+                let key = format!("lanes.{lane:?}.max_cooldown");
+                let max_cooldown = settings
+                    .max_cooldown
+                    .as_ref()
+                    .map(|max| parse_duration(&key, max, &mut warnings))
+                    .transpose()?;
+                ledger =
+                    ledger.with_lane_cooldown(&lane, max_cooldown, settings.adaptive.unwrap_or(false))?;
             }
         }
         if let Some(labels) = raw.labels {
@@ -910,14 +1029,14 @@ cap = 4
         let ledger = Settings::from_toml(text).unwrap().ledger;
         let rules = |lane: &str| {
             let lane = LaneKey::parse(lane).unwrap();
-            ledger.lanes()[&lane].rules(ledger.max_overtakes())
+            ledger.lanes()[&lane].rules(ledger.admission())
         };
         assert_eq!(
             rules("kb::ollama"),
             Some(LaneRules {
-                cap: 4,
                 batch_cap: Some(3),
-                max_overtakes: 2
+                max_overtakes: 2,
+                ..LaneRules::capped(4)
             })
         );
         assert_eq!(rules("chat::openai"), Some(LaneRules::capped(2)));

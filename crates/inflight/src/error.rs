@@ -24,6 +24,9 @@ pub enum ErrorKind {
     IdempotencyConflict,
     /// The lane is at its cap; try again later.
     LaneFull,
+    /// The lane is cooling down after a provider's refusal (its
+    /// `Retry-After`); [`LedgerError::retry_after`] says for how long.
+    LaneCooling,
     /// The ledger was shut down.
     Closed,
     /// The store failed (disk, database). The details are in the source.
@@ -44,6 +47,7 @@ impl ErrorKind {
             Self::Conflict => "conflict",
             Self::IdempotencyConflict => "idempotency_conflict",
             Self::LaneFull => "lane_full",
+            Self::LaneCooling => "lane_cooling",
             Self::Closed => "closed",
             Self::Storage => "storage",
             Self::Unavailable => "unavailable",
@@ -67,6 +71,8 @@ struct Inner {
     /// The refused record's place in its lane's line: its rank when the
     /// lane ranks, then its `enqueuedAt` and id.
     place: Option<LineSpot>,
+    /// How long a `LaneCooling` refusal's cooldown had left.
+    retry_after: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for LedgerError {
@@ -88,6 +94,7 @@ impl LedgerError {
             source: None,
             lane: None,
             place: None,
+            retry_after: None,
         }))
     }
 
@@ -99,6 +106,7 @@ impl LedgerError {
             source: Some(Box::new(source)),
             lane: None,
             place: None,
+            retry_after: None,
         }))
     }
 
@@ -127,6 +135,7 @@ impl LedgerError {
             source: Some(Box::new(source)),
             lane: None,
             place: None,
+            retry_after: None,
         }))
     }
 
@@ -140,7 +149,8 @@ impl LedgerError {
         &self.0.message
     }
 
-    /// The lane a [`ErrorKind::LaneFull`] refusal is about.
+    /// The lane a [`ErrorKind::LaneFull`] or [`ErrorKind::LaneCooling`]
+    /// refusal is about.
     pub fn lane(&self) -> Option<&LaneKey> {
         self.0.lane.as_ref()
     }
@@ -154,8 +164,33 @@ impl LedgerError {
         err
     }
 
-    /// Where the record a `LaneFull` refusal is about stands in its lane's
-    /// line.
+    /// A [`ErrorKind::LaneCooling`] refusal on `lane`, whose cooldown has
+    /// `retry_after` left, of the record at `place` in its line.
+    pub(crate) fn lane_cooling(
+        lane: LaneKey,
+        place: Option<LineSpot>,
+        retry_after: std::time::Duration,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut err = Self::lane_full(lane, place, message);
+        err.0.kind = ErrorKind::LaneCooling;
+        err.0.retry_after = Some(retry_after);
+        err
+    }
+
+    /// How long the cooldown behind a [`ErrorKind::LaneCooling`] refusal
+    /// had left when it was decided.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.0.retry_after
+    }
+
+    /// Whether it is a refusal of a lane's admission (full or cooling),
+    /// which waiting in line may outlast.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self.0.kind, ErrorKind::LaneFull | ErrorKind::LaneCooling)
+    }
+
+    /// Where the record a refusal is about stands in its lane's line.
     pub(crate) fn line_place(&self) -> Option<LineSpot> {
         self.0.place
     }

@@ -164,14 +164,18 @@ pub enum Rejection {
     LaneFull,
     /// Waited in line for the time it was given, and its turn never came.
     WaitTimeout,
+    /// Refused at once: the lane was cooling down after a provider's
+    /// `Retry-After`.
+    LaneCooling,
 }
 
 impl Rejection {
-    /// `lane_full` or `wait_timeout`.
+    /// `lane_full`, `wait_timeout` or `lane_cooling`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::LaneFull => "lane_full",
             Self::WaitTimeout => "wait_timeout",
+            Self::LaneCooling => "lane_cooling",
         }
     }
 }

@@ -103,6 +103,10 @@ impl ToApi for inflight::Snapshot {
                 late_settles: lane.late_settles,
                 resurrections: lane.resurrections,
                 longest_wait_ms: lane.longest_wait_ms,
+                effective_cap: lane.effective_cap,
+                cooling_until: lane.cooling_until,
+                cooldowns: lane.cooldowns,
+                by_priority: lane.by_priority,
             };
             (key.clone(), lane)
         });
@@ -227,11 +231,14 @@ pub fn settlement(request: &api::SettleRequest) -> Settlement {
         let stage = request.failure_stage;
         Outcome::Failure(stage.unwrap_or(inflight::FailureStage::Unknown))
     };
-    let settlement = Settlement::new(outcome);
-    match request.completed_at {
-        Some(at) => settlement.completed_at(at),
-        None => settlement,
+    let mut settlement = Settlement::new(outcome);
+    if let Some(at) = request.completed_at {
+        settlement = settlement.completed_at(at);
     }
+    if let Some(ms) = request.retry_after_ms {
+        settlement = settlement.retry_after_ms(ms);
+    }
+    settlement
 }
 
 /// The operator's table ([`inflight_api::render_snapshot`]): lanes,

@@ -1839,6 +1839,7 @@ impl Subject {
                     success: *success,
                     failure_stage: *stage,
                     at: abs(*at),
+                    retry_after_ms: None,
                 },
             ),
             Step::Cancel(r, reason, at) => transition(

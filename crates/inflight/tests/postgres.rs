@@ -33,11 +33,11 @@ fn instances_starting_together_migrate_once() {
         .query_one("SELECT COUNT(*) FROM inflight_schema", &[])
         .unwrap()
         .get(0);
-    // Eight migrations: the schema, owner-lost reaps split by disposition,
+    // Nine migrations: the schema, owner-lost reaps split by disposition,
     // one index fewer on records in flight, counter rows per writer, the
     // check that fails a group's writes when one missed, refinement,
-    // idempotency keys, and successes without a start.
-    assert_eq!(versions, 8, "each migration recorded once");
+    // idempotency keys, successes without a start, and lane states.
+    assert_eq!(versions, 9, "each migration recorded once");
 }
 
 #[test]

@@ -17,6 +17,8 @@ use inflight_api::{ErrorBody, ErrorCode};
 pub struct ApiError {
     code: ErrorCode,
     message: String,
+    /// `Retry-After`, in whole seconds, when the error knows it.
+    retry_after_secs: Option<u64>,
 }
 
 /// The message a 500 answers with; the details go to the log.
@@ -27,6 +29,7 @@ impl ApiError {
         Self {
             code,
             message: message.into(),
+            retry_after_secs: None,
         }
     }
 
@@ -137,6 +140,16 @@ impl From<LedgerError> for ApiError {
             // 409 `idempotency_conflict`: a key first sent with another request.
             ErrorKind::IdempotencyConflict => Self::new(ErrorCode::IdempotencyConflict, err.message()),
             ErrorKind::LaneFull => Self::lane_full(err.message()),
+            ErrorKind::LaneCooling => {
+                // The seconds left, rounded up: asked again then, the lane
+                // grants.
+                let left = err.retry_after().unwrap_or_default();
+                let secs = left.as_millis().div_ceil(1000).max(1);
+                Self {
+                    retry_after_secs: Some(u64::try_from(secs).unwrap_or(u64::MAX)),
+                    ..Self::new(ErrorCode::LaneCooling, err.message())
+                }
+            }
             ErrorKind::Unavailable => {
                 tracing::warn!(error = %err, "the store is unavailable");
                 Self::unavailable("the store cannot be reached now; retry later")
@@ -154,7 +167,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut response = (status, Json(ErrorBody::new(self.code, self.message))).into_response();
-        if matches!(self.code, ErrorCode::LaneFull | ErrorCode::Unavailable) {
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        } else if matches!(self.code, ErrorCode::LaneFull | ErrorCode::Unavailable) {
             // A hint, not a promise: capacity may come back sooner.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

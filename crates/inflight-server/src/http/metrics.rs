@@ -130,7 +130,11 @@ struct AggregateReap {
 
 const DISPOSITIONS: [Disposition; 2] = [Disposition::Abandoned, Disposition::Unsettled];
 const REASONS: [ReapReason; 2] = [ReapReason::Deadline, ReapReason::OwnerLost];
-const REJECTIONS: [Rejection; 2] = [Rejection::LaneFull, Rejection::WaitTimeout];
+const REJECTIONS: [Rejection; 3] = [
+    Rejection::LaneFull,
+    Rejection::WaitTimeout,
+    Rejection::LaneCooling,
+];
 
 fn count(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
@@ -234,6 +238,9 @@ fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
     let cap = Family::<Lane, Gauge>::default();
     let longest_wait = Family::<Lane, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let reap_in = Family::<Lane, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let effective_cap = Family::<Lane, Gauge>::default();
+    let cooling = Family::<Lane, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let cooldowns = Family::<Lane, Counter>::default();
     for view in snapshot.native_admission.values() {
         let lane = Lane {
             service: view.service.clone(),
@@ -252,6 +259,15 @@ fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
         }
         if let Some(lane_cap) = view.cap {
             cap.get_or_create(&lane).set(i64::from(lane_cap));
+            // Capped lanes only: cooldowns and adaptive caps are admission's.
+            if let Some(effective) = view.effective_cap {
+                effective_cap.get_or_create(&lane).set(i64::from(effective));
+            }
+            let left = view
+                .cooling_until
+                .map_or(0, |until| until.millis_since(snapshot.at).max(0));
+            cooling.get_or_create(&lane).set(seconds(left));
+            cooldowns.get_or_create(&lane).inc_by(count(view.cooldowns));
         }
         longest_wait
             .get_or_create(&lane)
@@ -266,6 +282,21 @@ fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
         in_flight,
     );
     registry.register("lane_cap", "The lane's declared cap on executing records", cap);
+    registry.register(
+        "lane_effective_cap",
+        "The lane's cap in force: its cap, or an adaptive lane's cap lowered by a provider's refusals",
+        effective_cap,
+    );
+    registry.register(
+        "lane_cooling_seconds",
+        "Seconds left of the lane's cooldown after a provider's Retry-After (0 when not cooling)",
+        cooling,
+    );
+    registry.register(
+        "cooldowns",
+        "Cooldowns the lane began after a provider's Retry-After",
+        cooldowns,
+    );
     registry.register(
         "lane_longest_wait_seconds",
         "How long the lane's oldest waiting record has waited (0 when none waits)",
@@ -377,7 +408,7 @@ fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &Stats
     }
     registry.register(
         "admission_rejected",
-        "Admissions this instance refused on the lane, by reason (lane_full: at once; wait_timeout: after waiting in line)",
+        "Admissions this instance refused on the lane, by reason (lane_full or lane_cooling: at once; wait_timeout: after waiting in line)",
         rejected,
     );
 }

@@ -8,6 +8,14 @@
 //! definition.
 
 use super::record::Priority;
+use super::timestamp::Timestamp;
+
+/// The longest a provider's `Retry-After` cools a lane down unless the
+/// configuration says otherwise (`max_cooldown`): a minute.
+pub const DEFAULT_MAX_COOLDOWN_MS: i64 = 60_000;
+
+/// The longest `Retry-After` a settle may carry: an hour.
+pub const MAX_RETRY_AFTER_MS: i64 = 3_600_000;
 
 /// How a record's `priority` ranks in its lane's line: `unknown` is
 /// batch work.
@@ -42,6 +50,11 @@ pub struct LaneRules {
     /// admitted in a row before the oldest batch record. 0 keeps one line
     /// first come, first served, whatever the priority.
     pub max_overtakes: u32,
+    /// The longest a provider's `Retry-After` cools the lane down, in
+    /// milliseconds.
+    pub max_cooldown_ms: i64,
+    /// Whether a provider's refusal halves the lane's effective cap.
+    pub adaptive: bool,
 }
 
 impl LaneRules {
@@ -52,6 +65,18 @@ impl LaneRules {
             cap,
             batch_cap: None,
             max_overtakes: 0,
+            max_cooldown_ms: DEFAULT_MAX_COOLDOWN_MS,
+            adaptive: false,
+        }
+    }
+
+    /// The cap in force for a lane in `state`: the configured one, or an
+    /// adaptive lane's effective cap.
+    #[inline]
+    pub fn cap_in(&self, state: &LaneState) -> u32 {
+        match state.effective_cap {
+            Some(effective) if self.adaptive => effective.clamp(1, self.cap),
+            _ => self.cap,
         }
     }
 
@@ -73,18 +98,43 @@ pub struct LaneSettings {
     pub batch_cap: Option<u32>,
     /// `max_overtakes`; `None` takes `[admission] max_overtakes`.
     pub max_overtakes: Option<u32>,
+    /// `max_cooldown` in milliseconds; `None` takes `[admission]
+    /// max_cooldown`.
+    pub max_cooldown_ms: Option<i64>,
+    /// `adaptive`: a provider's refusal halves the lane's cap for a while.
+    pub adaptive: bool,
+}
+
+/// `[admission]`: what a capped lane takes when it sets nothing itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionDefaults {
+    /// `max_overtakes`: 0, one line first come, first served.
+    pub max_overtakes: u32,
+    /// `max_cooldown`, in milliseconds: [`DEFAULT_MAX_COOLDOWN_MS`].
+    pub max_cooldown_ms: i64,
+}
+
+impl Default for AdmissionDefaults {
+    fn default() -> Self {
+        Self {
+            max_overtakes: 0,
+            max_cooldown_ms: DEFAULT_MAX_COOLDOWN_MS,
+        }
+    }
 }
 
 impl LaneSettings {
-    /// The rules a lane with these settings admits by, `max_overtakes`
-    /// defaulting to `default_overtakes`; `None` for a lane without cap,
-    /// which admits everything.
+    /// The rules a lane with these settings admits by, what it does not
+    /// set taken from `defaults`; `None` for a lane without cap, which
+    /// admits everything.
     #[inline]
-    pub fn rules(&self, default_overtakes: u32) -> Option<LaneRules> {
+    pub fn rules(&self, defaults: &AdmissionDefaults) -> Option<LaneRules> {
         Some(LaneRules {
             cap: self.cap?,
             batch_cap: self.batch_cap,
-            max_overtakes: self.max_overtakes.unwrap_or(default_overtakes),
+            max_overtakes: self.max_overtakes.unwrap_or(defaults.max_overtakes),
+            max_cooldown_ms: self.max_cooldown_ms.unwrap_or(defaults.max_cooldown_ms),
+            adaptive: self.adaptive,
         })
     }
 }
@@ -117,14 +167,65 @@ pub struct RankedPosition {
     pub batch_waiting: i64,
 }
 
-/// What a lane remembers between decisions, stored beside its records and
-/// changed only by a grant: how many interactive records were admitted in
-/// a row while batch work waited. Only a lane with `max_overtakes` keeps
-/// it.
+/// What a lane remembers between decisions, stored beside its records (a
+/// lane that never needed any has none: the default). A grant changes its
+/// run of overtakes; a settle its cooldown and adaptive cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LaneState {
     /// Interactive grants in a row while batch work waited.
     pub overtakes: u32,
+    /// No new slot is granted before this instant: a provider's
+    /// `Retry-After` ([`LaneState::cool`]).
+    pub cooling_until: Option<Timestamp>,
+    /// Cooldowns the lane ever began, for `/metrics`.
+    pub cooldowns: i64,
+    /// An adaptive lane's cap in force, when a refusal lowered it below
+    /// the configured one.
+    pub effective_cap: Option<u32>,
+    /// An adaptive lane's successes since its cap last moved.
+    pub successes: u32,
+}
+
+impl LaneState {
+    /// Whether the lane is cooling down at `now`: granting no new slot.
+    #[inline]
+    pub fn cooling_at(&self, now: Timestamp) -> Option<Timestamp> {
+        self.cooling_until.filter(|until| now < *until)
+    }
+
+    /// A provider refused a call with `Retry-After: retry_after_ms` at
+    /// `completed_at`: the lane grants no new slot until then, at most
+    /// `max_cooldown_ms` on (a later cooldown already running is kept).
+    #[must_use]
+    pub fn cool(mut self, completed_at: Timestamp, retry_after_ms: i64, max_cooldown_ms: i64) -> Self {
+        let until = completed_at + retry_after_ms.clamp(0, max_cooldown_ms);
+        self.cooling_until = Some(self.cooling_until.map_or(until, |running| running.max(until)));
+        self.cooldowns += 1;
+        self
+    }
+
+    /// A call on a lane with `rules` settled: an adaptive lane halves its
+    /// effective cap on a provider's refusal (`refused`, floor 1), and
+    /// gives one slot back after each run of `cap` successes, up to the
+    /// cap. Other lanes stay as they are.
+    #[must_use]
+    pub fn settled(mut self, rules: &LaneRules, success: bool, refused: bool) -> Self {
+        if !rules.adaptive {
+            return self;
+        }
+        let cap = rules.cap_in(&self);
+        if refused {
+            self.effective_cap = Some((cap / 2).max(1));
+            self.successes = 0;
+        } else if success && cap < rules.cap {
+            self.successes += 1;
+            if self.successes >= rules.cap {
+                self.successes = 0;
+                self.effective_cap = (cap + 1 < rules.cap).then_some(cap + 1);
+            }
+        }
+        self
+    }
 }
 
 /// The answer to a start.
@@ -141,6 +242,11 @@ pub enum Decision {
     BatchFull {
         /// The lane's `batch_cap`.
         batch_cap: u32,
+    },
+    /// The lane is cooling down after a provider's refusal.
+    Cooling {
+        /// When it grants again.
+        until: Timestamp,
     },
 }
 
@@ -160,22 +266,33 @@ pub enum Decision {
 ///
 /// ```
 /// use inflight::domain::admission::{decide, Decision, LanePosition, LaneRules, LaneState};
-/// use inflight::domain::Priority;
+/// use inflight::domain::{Priority, Timestamp};
+/// let now = Timestamp::from_millis(1_786_000_000_000);
 /// let third_in_line = LanePosition { executing: 0, waiting_ahead: 2, ranks: None };
 /// let state = LaneState::default();
 /// assert_eq!(
-///     decide(&LaneRules::capped(2), Priority::Unknown, &third_in_line, state),
+///     decide(&LaneRules::capped(2), Priority::Unknown, &third_in_line, state, now),
 ///     Decision::LaneFull { cap: 2 }
 /// );
-/// assert_eq!(decide(&LaneRules::capped(3), Priority::Unknown, &third_in_line, state), Decision::Admit(state));
+/// assert_eq!(decide(&LaneRules::capped(3), Priority::Unknown, &third_in_line, state, now), Decision::Admit(state));
 /// ```
-pub fn decide(rules: &LaneRules, priority: Priority, position: &LanePosition, state: LaneState) -> Decision {
-    let free = i64::from(rules.cap) - position.executing;
+pub fn decide(
+    rules: &LaneRules,
+    priority: Priority,
+    position: &LanePosition,
+    state: LaneState,
+    now: Timestamp,
+) -> Decision {
+    if let Some(until) = state.cooling_at(now) {
+        return Decision::Cooling { until };
+    }
+    let cap = rules.cap_in(&state);
+    let free = i64::from(cap) - position.executing;
     let Some(ranks) = position.ranks.filter(|_| rules.ranked()) else {
         return if position.waiting_ahead < free {
             Decision::Admit(state)
         } else {
-            Decision::LaneFull { cap: rules.cap }
+            Decision::LaneFull { cap }
         };
     };
     // Batch grants the lane can still make before batch work is full.
@@ -201,7 +318,7 @@ pub fn decide(rules: &LaneRules, priority: Priority, position: &LanePosition, st
         Rank::Batch => {
             if ranks.batch_ahead >= batch_room {
                 return Decision::BatchFull {
-                    batch_cap: rules.batch_cap.unwrap_or(rules.cap),
+                    batch_cap: rules.batch_cap.unwrap_or(cap),
                 };
             }
             let j = ranks.batch_ahead;
@@ -216,13 +333,13 @@ pub fn decide(rules: &LaneRules, priority: Priority, position: &LanePosition, st
         }
     };
     if served_before >= free {
-        return Decision::LaneFull { cap: rules.cap };
+        return Decision::LaneFull { cap };
     }
     let overtakes = match rank {
         Rank::Interactive if n > 0 && ranks.batch_waiting > 0 => state.overtakes.saturating_add(1),
         _ => 0,
     };
-    Decision::Admit(LaneState { overtakes })
+    Decision::Admit(LaneState { overtakes, ..state })
 }
 
 #[cfg(test)]
@@ -230,6 +347,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::VecDeque;
+
+    const NOW: Timestamp = Timestamp::from_millis(1_786_000_000_000);
 
     /// One record waiting in line, in line order: its rank.
     type Line = Vec<Rank>;
@@ -309,9 +428,9 @@ mod tests {
 
     fn rules() -> impl Strategy<Value = LaneRules> {
         (1u32..6, 0u32..4, prop::option::of(1u32..5)).prop_map(|(cap, max_overtakes, batch_cap)| LaneRules {
-            cap,
             batch_cap: batch_cap.filter(|b| *b < cap),
             max_overtakes,
+            ..LaneRules::capped(cap)
         })
     }
 
@@ -329,6 +448,7 @@ mod tests {
             priority(rank),
             &position(rules, *executing, *executing_batch, line, at),
             *state,
+            NOW,
         );
         if let Decision::Admit(next) = decision {
             line.remove(at);
@@ -355,9 +475,12 @@ mod tests {
         ) {
             let at = at % line.len();
             let executing_batch = batch_share.min(executing);
-            let state = LaneState { overtakes: overtakes.min(rules.max_overtakes) };
+            let state = LaneState {
+                overtakes: overtakes.min(rules.max_overtakes),
+                ..LaneState::default()
+            };
             let served = serve(&rules, executing, executing_batch, &line, state);
-            let decision = decide(&rules, priority(line[at]), &position(&rules, executing, executing_batch, &line, at), state);
+            let decision = decide(&rules, priority(line[at]), &position(&rules, executing, executing_batch, &line, at), state, NOW);
             prop_assert_eq!(
                 matches!(decision, Decision::Admit(_)),
                 served.contains(&at),
@@ -401,9 +524,9 @@ mod tests {
     fn one_overtake_interleaves_interactive_and_batch_work() {
         use Rank::{Batch as B, Interactive as I};
         let rules = LaneRules {
-            cap: 1,
             batch_cap: None,
             max_overtakes: 1,
+            ..LaneRules::capped(1)
         };
         for (line, expected) in [
             (vec![B, I, I], vec![1, 0, 2]),
@@ -422,7 +545,7 @@ mod tests {
                         let (executing, batch, line, state) = &lane;
                         let position = position(&rules, *executing, *batch, line, at);
                         matches!(
-                            decide(&rules, priority(line[at]), &position, *state),
+                            decide(&rules, priority(line[at]), &position, *state, NOW),
                             Decision::Admit(_)
                         )
                     })
@@ -442,9 +565,9 @@ mod tests {
     fn batch_work_leaves_its_headroom_to_interactive_work() {
         use Rank::{Batch as B, Interactive as I};
         let rules = LaneRules {
-            cap: 4,
             batch_cap: Some(3),
             max_overtakes: 0,
+            ..LaneRules::capped(4)
         };
         let mut lane = (3, 3, vec![B, B, I, I], LaneState::default());
         assert_eq!(ask(&rules, &mut lane, 0), Decision::BatchFull { batch_cap: 3 });
@@ -452,6 +575,75 @@ mod tests {
         assert!(matches!(ask(&rules, &mut lane, 2), Decision::Admit(_)));
         // The headroom is taken: the next interactive record waits.
         assert_eq!(ask(&rules, &mut lane, 2), Decision::LaneFull { cap: 4 });
+    }
+
+    #[test]
+    fn a_cooling_lane_grants_nothing_until_its_cooldown_ends() {
+        let rules = LaneRules::capped(2);
+        let first = LanePosition::default();
+        let state = LaneState::default().cool(NOW, 2_500, rules.max_cooldown_ms);
+        let until = NOW + 2_500;
+        assert_eq!(state.cooldowns, 1);
+        for priority in [Priority::Interactive, Priority::Batch] {
+            assert_eq!(
+                decide(&rules, priority, &first, state, NOW),
+                Decision::Cooling { until }
+            );
+            assert_eq!(
+                decide(&rules, priority, &first, state, until + -1),
+                Decision::Cooling { until }
+            );
+            assert!(matches!(
+                decide(&rules, priority, &first, state, until),
+                Decision::Admit(_)
+            ));
+        }
+        // Capped by max_cooldown; a shorter one later keeps the longer.
+        let capped = LaneState::default().cool(NOW, 3_600_000, 60_000);
+        assert_eq!(capped.cooling_until, Some(NOW + 60_000));
+        let kept = capped.cool(NOW + 1_000, 1_000, 60_000);
+        assert_eq!((kept.cooling_until, kept.cooldowns), (Some(NOW + 60_000), 2));
+    }
+
+    #[test]
+    fn an_adaptive_lane_halves_on_a_refusal_and_recovers_a_slot_per_run_of_cap_successes() {
+        let rules = LaneRules {
+            adaptive: true,
+            ..LaneRules::capped(8)
+        };
+        let mut state = LaneState::default();
+        assert_eq!(rules.cap_in(&state), 8);
+        for expected in [4, 2, 1, 1] {
+            state = state.settled(&rules, false, true);
+            assert_eq!(rules.cap_in(&state), expected);
+        }
+        // A failure without Retry-After changes nothing.
+        assert_eq!(state.settled(&rules, false, false), state);
+        for expected in 2..=8 {
+            for _ in 0..7 {
+                state = state.settled(&rules, true, false);
+            }
+            assert_eq!(rules.cap_in(&state), expected - 1, "not before a run of 8");
+            state = state.settled(&rules, true, false);
+            assert_eq!(rules.cap_in(&state), expected);
+        }
+        assert_eq!(state, LaneState::default(), "back at its cap, nothing kept");
+        // The decision reads the effective cap.
+        let halved = LaneState::default().settled(&rules, false, true);
+        let position = LanePosition {
+            executing: 4,
+            ..LanePosition::default()
+        };
+        assert_eq!(
+            decide(&rules, Priority::Unknown, &position, halved, NOW),
+            Decision::LaneFull { cap: 4 }
+        );
+        // A lane that is not adaptive keeps its cap.
+        let plain = LaneRules::capped(8);
+        assert_eq!(
+            LaneState::default().settled(&plain, false, true),
+            LaneState::default()
+        );
     }
 
     #[test]
@@ -464,7 +656,7 @@ mod tests {
         };
         let state = LaneState::default();
         assert_eq!(
-            decide(&rules, Priority::Interactive, &third, state),
+            decide(&rules, Priority::Interactive, &third, state, NOW),
             Decision::LaneFull { cap: 2 }
         );
         let second = LanePosition {
@@ -472,7 +664,7 @@ mod tests {
             ..third
         };
         assert_eq!(
-            decide(&rules, Priority::Batch, &second, state),
+            decide(&rules, Priority::Batch, &second, state, NOW),
             Decision::Admit(state)
         );
     }

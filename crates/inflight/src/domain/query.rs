@@ -15,6 +15,7 @@ use super::owner::{Owner, OwnerState};
 use super::record::{ActivityId, ActivityRecord, Admission, LaneKey, State};
 use super::snapshot::LaneLoad;
 use super::timestamp::Timestamp;
+use inflight_api::ByPriority;
 
 // Defined beside `Timestamp`, so that owners ask it without depending on
 // this module; still public here, where the stores ask it.
@@ -168,11 +169,15 @@ pub fn lane_loads<'a>(in_flight: impl IntoIterator<Item = &'a ActivityRecord>) -
             waiting: 0,
             oldest_waiting_since: None,
             next_waiting_reapable_at: None,
+            by_priority: ByPriority::default(),
         });
+        let by_priority = load.by_priority.of_mut(record.priority);
         if record.state == State::Executing {
             load.executing += 1;
+            by_priority.executing += 1;
         } else {
             load.waiting += 1;
+            by_priority.waiting += 1;
             let oldest = load.oldest_waiting_since.get_or_insert(record.enqueued_at);
             *oldest = (*oldest).min(record.enqueued_at);
             if let Some(at) = record.reapable_at {

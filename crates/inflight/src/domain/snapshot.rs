@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use inflight_api::ByPriority;
 use serde::Serialize;
 
-use super::admission::LaneSettings;
+use super::admission::{LaneSettings, LaneState};
 use super::bounds::ReapPolicy;
 use super::counters::{AggregateKey, AggregateView, ReapedCounts, Totals};
 use super::owner::Owner;
@@ -103,6 +104,8 @@ pub struct LaneLoad {
     /// The soonest `reapableAt` of its waiting records: when the first of
     /// them is reaped `abandoned` unless it starts.
     pub next_waiting_reapable_at: Option<Timestamp>,
+    /// The same counts by priority.
+    pub by_priority: ByPriority,
 }
 
 /// What a store gathers for a snapshot, after reaping.
@@ -124,6 +127,9 @@ pub struct SnapshotParts {
     pub reaped: Vec<ActivityRecord>,
     /// Live owners, and owners lost or released within the window.
     pub owners: Vec<Owner>,
+    /// What each lane that ever needed one remembers: its cooldown and
+    /// adaptive cap.
+    pub lane_states: Vec<(LaneKey, LaneState)>,
 }
 
 // Whether the ledger has seen leaks lately: the wire's own enum.
@@ -153,6 +159,14 @@ pub struct LaneView {
     pub resurrections: i64,
     /// How long its oldest waiting record has waited.
     pub longest_wait_ms: i64,
+    /// The cap in force: `cap`, or an adaptive lane's lowered one.
+    pub effective_cap: Option<u32>,
+    /// While it cools down after a provider's `Retry-After`: until when.
+    pub cooling_until: Option<Timestamp>,
+    /// Cooldowns it ever began.
+    pub cooldowns: i64,
+    /// Executing and waiting records by priority.
+    pub by_priority: ByPriority,
     /// How long until the first of its waiting records is reaped
     /// `abandoned` unless it starts; `None` when none waits. Not on the
     /// wire: `/metrics` reads it.
@@ -275,6 +289,10 @@ impl Snapshot {
                 late_settles: 0,
                 resurrections: 0,
                 longest_wait_ms: 0,
+                effective_cap: lanes_declared.get(key).and_then(|settings| settings.cap),
+                cooling_until: None,
+                cooldowns: 0,
+                by_priority: ByPriority::default(),
                 next_waiting_reap_in_ms: None,
             }
         };
@@ -307,6 +325,22 @@ impl Snapshot {
             view.next_waiting_reap_in_ms = load
                 .next_waiting_reapable_at
                 .map(|at| at.millis_since(now).max(0));
+            view.by_priority = load.by_priority;
+        }
+        for (key, state) in &parts.lane_states {
+            let view = lanes.entry(key.clone()).or_insert_with(|| lane(key));
+            view.cooling_until = state.cooling_at(now);
+            view.cooldowns = state.cooldowns;
+            if let Some(settings) = lanes_declared.get(key) {
+                let adaptive = settings.adaptive && state.effective_cap.is_some();
+                view.effective_cap = settings.cap.map(|cap| {
+                    if adaptive {
+                        state.effective_cap.unwrap_or(cap).clamp(1, cap)
+                    } else {
+                        cap
+                    }
+                });
+            }
         }
 
         let (in_flight, in_flight_truncated) = truncate(parts.in_flight, limit);

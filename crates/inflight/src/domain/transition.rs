@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use smallvec::smallvec;
 
+use super::admission::MAX_RETRY_AFTER_MS;
 use super::bounds::ReapPolicy;
 use super::idempotency::Idempotency;
 use super::labels::{sanitize_note, ActivityLabels, UNKNOWN};
@@ -101,6 +102,9 @@ pub enum Transition {
         failure_stage: Option<FailureStage>,
         /// When; *now* (never before its latest instant) when absent.
         at: Option<Timestamp>,
+        /// The provider's `Retry-After`, in milliseconds (1 ms to an
+        /// hour), for a failure only: the lane cools down for it.
+        retry_after_ms: Option<i64>,
     },
     /// The caller aborted it.
     Cancel {
@@ -279,6 +283,25 @@ fn mark_reaped(record: &mut ActivityRecord, now: Timestamp, reason: ReapReason) 
     }
 }
 
+/// A settle's `retryAfterMs`: a whole number of milliseconds from 1 to an
+/// hour, and only with a failure (a success was not refused).
+fn check_retry_after(success: bool, retry_after_ms: Option<i64>) -> Result<(), Refusal> {
+    let Some(ms) = retry_after_ms else {
+        return Ok(());
+    };
+    if success {
+        return Err(Refusal::Invalid(
+            "retryAfterMs is the provider's Retry-After on a refusal: it needs success false".to_owned(),
+        ));
+    }
+    if !(1..=MAX_RETRY_AFTER_MS).contains(&ms) {
+        return Err(Refusal::Invalid(format!(
+            "retryAfterMs must be from 1 to {MAX_RETRY_AFTER_MS} (an hour), got {ms}"
+        )));
+    }
+    Ok(())
+}
+
 /// Applies `transition` to `record` at `now`, in place, reaping it first if
 /// it is past its bound; `effects` gains what changed.
 ///
@@ -307,7 +330,9 @@ pub fn apply(
             success,
             failure_stage,
             at,
+            retry_after_ms,
         } => {
+            check_retry_after(success, retry_after_ms)?;
             let outcome = if success { State::Succeeded } else { State::Failed };
             let stage = (!success).then(|| failure_stage.unwrap_or(FailureStage::Unknown));
             let at = at.unwrap_or_else(|| default_at(record, now));

@@ -18,7 +18,7 @@ use super::line::{recheck_after, InLine};
 use crate::domain::record::{ActivityId, ActivityRecord, State};
 use crate::domain::timestamp::Timestamp;
 use crate::error::{ErrorKind, LedgerError};
-use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome};
+use crate::ledger::{ActivityHandle, ActivitySpec, Ledger, Outcome, Settlement};
 use crate::stats::Rejection;
 
 /// The longest a by-id start may wait in line (the HTTP `?wait=` bound).
@@ -95,6 +95,19 @@ impl Permit {
     /// call instead. Either way the slot is freed.
     pub async fn settle(self, outcome: Outcome) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.handle.settle(outcome).await
+    }
+
+    /// Settles the call as `settlement` says, consuming the permit and
+    /// freeing its slot: a provider that refused it with `Retry-After`
+    /// ([`Settlement::retry_after`]) cools its lane down.
+    ///
+    /// # Errors
+    /// As [`Ledger::settle`].
+    ///
+    /// # Cancel safety
+    /// As [`Permit::settle`].
+    pub async fn settle_with(self, settlement: Settlement) -> Result<Arc<ActivityRecord>, LedgerError> {
+        self.handle.settle_with(settlement).await
     }
 
     /// Cancels the call, consuming the permit and freeing its slot.
@@ -237,7 +250,7 @@ impl Ledger {
         let at_once = self.begin_uncounted(&spec, guard.id).await;
         guard.armed = false;
         match at_once {
-            Err(err) if err.kind() == ErrorKind::LaneFull && !wait.is_zero() => {}
+            Err(err) if err.is_refusal() && !wait.is_zero() => {}
             other => {
                 let begun = Begun::of(self.count_refusal(other, Rejection::LaneFull)?, guard.id);
                 if begun.replayed && begun.record.state == State::Waiting && !wait.is_zero() {
@@ -289,17 +302,28 @@ impl Ledger {
                 let record = self.get(handle.id()).await?;
                 Ok(Begun { record, replayed })
             }
-            Err(err) if err.kind() == ErrorKind::LaneFull => {
+            Err(err) if err.is_refusal() => {
                 let id = handle.id();
                 handle.cancel(Some("wait ended".to_owned())).await?;
                 let place = err.line_place();
-                let lane = err.lane().cloned().ok_or(err)?;
+                let Some(lane) = err.lane().cloned() else {
+                    return Err(err);
+                };
                 let message = format!(
                     "lane {lane} did not admit activity {id} within {}; it is recorded cancelled and \
                      holds no place in line",
                     humantime::format_duration(wait)
                 );
-                Err(LedgerError::lane_full(lane, place, message))
+                // Answered with the limit that held it last.
+                Err(match err.retry_after() {
+                    Some(left) if err.kind() == ErrorKind::LaneCooling => LedgerError::lane_cooling(
+                        lane,
+                        place,
+                        left,
+                        format!("{message} (the lane is cooling down)"),
+                    ),
+                    _ => LedgerError::lane_full(lane, place, message),
+                })
             }
             Err(err) => Err(err),
         }
@@ -335,7 +359,12 @@ impl Ledger {
                 .fetch_add(1, Ordering::SeqCst);
             let attempt = self.try_start(id, at).await;
             match attempt {
-                Err(err) if err.kind() == ErrorKind::LaneFull => {
+                Err(err) if err.is_refusal() => {
+                    if let (Some(lane), Some(left)) = (err.lane(), err.retry_after()) {
+                        // Capacity comes back with time: the line is woken
+                        // when the cooldown ends, as by a freed slot.
+                        self.wake_line_after(lane, left);
+                    }
                     let in_line = match (&mut in_line, err.lane(), err.line_place()) {
                         (Some(in_line), _, _) => {
                             in_line.refused();

@@ -82,12 +82,22 @@ impl ActivityHandle {
     /// Once first polled, the settle is submitted: if the future is dropped
     /// after that, the settle still lands and no cancel follows. A future
     /// dropped before its first poll cancels the record, like the handle.
-    pub async fn settle(mut self, outcome: Outcome) -> Result<Arc<ActivityRecord>, LedgerError> {
+    pub async fn settle(self, outcome: Outcome) -> Result<Arc<ActivityRecord>, LedgerError> {
+        self.settle_with(Settlement::from(outcome)).await
+    }
+
+    /// Settles it as `settlement` says (a refusing provider's
+    /// [`Settlement::retry_after`], say), consuming the handle.
+    ///
+    /// # Errors
+    /// As [`Ledger::settle`].
+    ///
+    /// # Cancel safety
+    /// As [`ActivityHandle::settle`].
+    pub async fn settle_with(mut self, settlement: Settlement) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.armed = false;
         self.record = None;
-        self.ledger
-            .transition(self.id, Settlement::from(outcome).into())
-            .await
+        self.ledger.transition(self.id, settlement.into()).await
     }
 
     /// Cancels it, consuming the handle.

@@ -52,6 +52,9 @@ pub(crate) struct Line {
     /// How many starts are waiting in line now. A settle with no one
     /// waiting skips the wake-up, which takes the line's lock.
     waiting: AtomicUsize,
+    /// The instant each lane's cooldown timer wakes its waiters, while one
+    /// is armed ([`Line::arm`]).
+    timers: Mutex<HashMap<LaneKey, tokio::time::Instant>>,
     /// Start attempts of records that wait in line, for the tests.
     #[cfg(test)]
     pub(super) attempts: AtomicUsize,
@@ -260,6 +263,31 @@ impl Line {
             return;
         }
         self.state().capacity_freed(lane);
+    }
+
+    /// Arms `lane`'s cooldown timer for `at`, unless one is armed for that
+    /// instant or sooner; returns whether the caller should start it.
+    pub(crate) fn arm(&self, lane: &LaneKey, at: tokio::time::Instant) -> bool {
+        let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+        match timers.get(lane) {
+            Some(armed) if *armed <= at => false,
+            _ => {
+                timers.insert(lane.clone(), at);
+                true
+            }
+        }
+    }
+
+    /// `lane`'s timer for `at` went off: the cooldown ended, and capacity
+    /// came back on the lane.
+    pub(crate) fn fire(&self, lane: &LaneKey, at: tokio::time::Instant) {
+        {
+            let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+            if timers.get(lane) == Some(&at) {
+                timers.remove(lane);
+            }
+        }
+        self.capacity_freed(Some(lane));
     }
 
     /// Counts the caller in line on `lane`, at its record's `place`, until
@@ -507,6 +535,29 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_millis(10));
         // Unwoken, the wait ends at its bound.
         assert!(!in_line.wait(Duration::from_secs(1)).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cooldown_timer_wakes_the_line_when_it_ends_once_a_lane() {
+        let ledger = Ledger::builder(crate::config::LedgerConfig::default())
+            .store_url("memory:")
+            .build()
+            .unwrap();
+        let line = &ledger.inner.capacity_changed;
+        let kb = lane("kb");
+        let mut first = line.join(kb.clone(), place());
+        let mut second = line.join(kb.clone(), place());
+        ledger.wake_line_after(&kb, Duration::from_millis(30));
+        // A later cooldown's refusal arms nothing new: the earlier timer
+        // stands.
+        assert!(!line.arm(&kb, Instant::now() + Duration::from_millis(40)));
+        tokio::time::sleep(Duration::from_millis(29)).await;
+        assert!(!woken(&mut first));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(woken(&mut first), "the cooldown's end is capacity come back");
+        assert!(!woken(&mut second));
+        // Fired, the lane can be armed again.
+        assert!(line.arm(&kb, Instant::now() + Duration::from_millis(5)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -33,11 +33,11 @@ use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
 use crate::domain::labels::{Label, LabelInterner};
 use crate::domain::owner::OwnerId;
-use crate::domain::record::{ActivityId, ActivityRecord};
+use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{Snapshot, SnapshotOptions};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{NewActivity, Transition};
-use crate::error::LedgerError;
+use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{LedgerStats, Rejection, StatsSnapshot};
 use crate::store::{self, Command, Store};
 
@@ -269,10 +269,32 @@ impl Ledger {
     ) -> Result<T, LedgerError> {
         if let Err(err) = &result {
             if let Some(lane) = err.lane() {
+                // Refused at once by a cooldown: counted as that.
+                let why = match (why, err.kind()) {
+                    (Rejection::LaneFull, ErrorKind::LaneCooling) => Rejection::LaneCooling,
+                    _ => why,
+                };
                 self.inner.stats.rejected(lane.clone(), why);
             }
         }
         result
+    }
+
+    /// Wakes this ledger's waiters on `lane` in `after` (a cooldown's
+    /// end), as a freed slot would: capacity that comes back with time.
+    /// One timer a lane at a time; a later cooldown arms it again.
+    pub(crate) fn wake_line_after(&self, lane: &LaneKey, after: Duration) {
+        let at = tokio::time::Instant::now() + after;
+        if !self.inner.capacity_changed.arm(lane, at) {
+            return;
+        }
+        let (inner, lane) = (Arc::downgrade(&self.inner), lane.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if let Some(inner) = inner.upgrade() {
+                inner.capacity_changed.fire(&lane, at);
+            }
+        });
     }
 
     /// What this process saw happen: its calls' queue waits and execution

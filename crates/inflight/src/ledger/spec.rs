@@ -277,12 +277,13 @@ pub enum Outcome {
 }
 
 /// A settle as the HTTP API and other by-id callers express it: an
-/// [`Outcome`] (so a success with a failure stage cannot be built), and
-/// when it completed.
+/// [`Outcome`] (so a success with a failure stage cannot be built), when
+/// it completed, and a refusing provider's `Retry-After`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {
     outcome: Outcome,
     completed_at: Option<Timestamp>,
+    retry_after_ms: Option<i64>,
 }
 
 impl Settlement {
@@ -291,7 +292,24 @@ impl Settlement {
         Self {
             outcome,
             completed_at: None,
+            retry_after_ms: None,
         }
+    }
+
+    /// A failure the provider refused with `Retry-After: retry_after`
+    /// (HTTP 429 or 503): the lane grants no new slot until then, at most
+    /// its `max_cooldown` (`docs/semantics.md` §6, "Cooldowns"). Whole
+    /// milliseconds, from 1 ms to an hour; with a success the settle is
+    /// refused (`InvalidInput`).
+    pub fn retry_after(self, retry_after: std::time::Duration) -> Self {
+        self.retry_after_ms(i64::try_from(retry_after.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// [`Settlement::retry_after`] in milliseconds, as the HTTP API's
+    /// `retryAfterMs` carries it.
+    pub fn retry_after_ms(mut self, retry_after_ms: i64) -> Self {
+        self.retry_after_ms = Some(retry_after_ms);
+        self
     }
 
     /// Completed at `at` instead of *now*.
@@ -316,6 +334,7 @@ impl From<Settlement> for Transition {
             success,
             failure_stage,
             at: settlement.completed_at,
+            retry_after_ms: settlement.retry_after_ms,
         }
     }
 }

@@ -137,6 +137,8 @@ pub(crate) trait Questions {
     fn lane_state(&mut self, lane: &LaneKey) -> Result<LaneState, LedgerError>;
     /// Stores what `lane` remembers, written at once.
     fn put_lane_state(&mut self, lane: &LaneKey, state: LaneState) -> Result<(), LedgerError>;
+    /// Every lane's stored state, in any order.
+    fn lane_states(&mut self) -> Result<Vec<(LaneKey, LaneState)>, LedgerError>;
     /// Records in flight in [`query::line_order`], at most `limit`.
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError>;
     /// How many records are in flight.
@@ -218,6 +220,14 @@ pub(crate) fn execute(
         }
         Command::Transition { id, transition } => {
             let start = matches!(transition, Transition::Start { .. });
+            let settle = match transition {
+                Transition::Settle {
+                    success,
+                    retry_after_ms,
+                    ..
+                } => Some((success, retry_after_ms)),
+                _ => None,
+            };
             // Most transitions need neither the owner's lease nor the lane:
             // a glance at the record in place says whether this one does.
             let mut needs = None;
@@ -252,6 +262,9 @@ pub(crate) fn execute(
             // leaves the lane as it was.
             if let Some((lane, state)) = granted.filter(|_| started(&effects)) {
                 txn.put_lane_state(&lane, state)?;
+            }
+            if let Some(settle) = settle {
+                lane_settled(txn, config, &record, &effects, settle)?;
             }
             Ok(Reply::Record(record))
         }
@@ -446,6 +459,7 @@ fn snapshot_parts(txn: &mut dyn Txn, window: Window, limit: usize) -> Result<Sna
             + txn.completion_minutes_from(plan.first_whole_minute)?,
         reaped: txn.reaped(window, fetch)?,
         owners: txn.listed_owners(window)?,
+        lane_states: txn.lane_states()?,
     })
 }
 
@@ -498,29 +512,32 @@ fn admit(
     txn.lock_lane(&lane)?;
     reap_all(txn, config, now)?;
     let position = txn.lane_position(&LaneQuery::of(record, newcomer, rules.ranked()))?;
-    // Only a lane that counts overtakes keeps a state.
-    let state = if rules.max_overtakes > 0 {
-        txn.lane_state(&lane)?
-    } else {
-        LaneState::default()
+    let state = txn.lane_state(&lane)?;
+    let place = Some((
+        rules.ranked().then(|| Rank::of(record.priority)),
+        query::line_order(record),
+    ));
+    let keeps = |refused: String| {
+        format!(
+            "{refused}; activity {} keeps its place in line",
+            record.activity_id
+        )
     };
-    let refused = match admission::decide(&rules, record.priority, &position, state) {
+    let refused = match admission::decide(&rules, record.priority, &position, state, now) {
         Decision::Admit(next) => return Ok((next != state).then_some((lane, next))),
         Decision::LaneFull { cap } => format!("lane {lane} is full (cap {cap})"),
         Decision::BatchFull { batch_cap } => {
             format!("lane {lane} runs all the batch work it may (batch_cap {batch_cap})")
         }
+        Decision::Cooling { until } => {
+            let left = std::time::Duration::from_millis(u64::try_from(until.millis_since(now)).unwrap_or(0));
+            let message = keeps(format!(
+                "lane {lane} is cooling down after a provider's Retry-After until {until}"
+            ));
+            return Err(LedgerError::lane_cooling(lane, place, left, message));
+        }
     };
-    let message = format!(
-        "{refused}; activity {} keeps its place in line",
-        record.activity_id
-    );
-    let rank = rules.ranked().then(|| Rank::of(record.priority));
-    Err(LedgerError::lane_full(
-        lane,
-        Some((rank, query::line_order(record))),
-        message,
-    ))
+    Err(LedgerError::lane_full(lane, place, keeps(refused)))
 }
 
 fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
@@ -625,6 +642,56 @@ fn load(txn: &mut dyn Txn, id: ActivityId) -> Result<Arc<ActivityRecord>, Ledger
 
 fn not_found(id: ActivityId) -> LedgerError {
     LedgerError::new(ErrorKind::NotFound, format!("no activity {id}"))
+}
+
+/// What a settle that landed (`effects` hold its `Settled`) does to its
+/// capped lane: a provider's `Retry-After` (`settle.1`) cools it down, and
+/// every lane that shares the provider's cooldown with it
+/// ([`LedgerConfig::cooled_with`]); an adaptive lane's cap follows
+/// ([`LaneState::settled`]). Each lane is locked first, as for a
+/// decision, so that no decision's state overwrites it.
+fn lane_settled(
+    txn: &mut dyn Txn,
+    config: &LedgerConfig,
+    record: &ActivityRecord,
+    effects: &[Effect],
+    (success, retry_after_ms): (bool, Option<i64>),
+) -> Result<(), LedgerError> {
+    let Some(completed_at) = effects.iter().find_map(|effect| match effect {
+        Effect::Settled { at, .. } => Some(*at),
+        _ => None,
+    }) else {
+        return Ok(());
+    };
+    let Some(rules) = config.rules_of(&record.labels) else {
+        return Ok(());
+    };
+    if retry_after_ms.is_none() && !rules.adaptive {
+        return Ok(());
+    }
+    let lane = record.lane();
+    let cooled = match retry_after_ms {
+        Some(_) => config.cooled_with(&lane),
+        None => vec![lane.clone()],
+    };
+    for other in cooled {
+        let Some(other_rules) = config.lane_rules(&other) else {
+            continue;
+        };
+        txn.lock_lane(&other)?;
+        let before = txn.lane_state(&other)?;
+        let mut after = before;
+        if let Some(retry_after_ms) = retry_after_ms {
+            after = after.cool(completed_at, retry_after_ms, other_rules.max_cooldown_ms);
+        }
+        if other == lane {
+            after = after.settled(&rules, success, retry_after_ms.is_some());
+        }
+        if after != before {
+            txn.put_lane_state(&other, after)?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether `effects` hold a start: the slot the admission granted was

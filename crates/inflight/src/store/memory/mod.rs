@@ -606,6 +606,14 @@ impl Questions for MemoryState {
         Ok(())
     }
 
+    fn lane_states(&mut self) -> Result<Vec<(LaneKey, LaneState)>, LedgerError> {
+        Ok(self
+            .lane_states
+            .iter()
+            .map(|(lane, state)| (lane.clone(), *state))
+            .collect())
+    }
+
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {
         Ok(self
             .in_flight_in_order()

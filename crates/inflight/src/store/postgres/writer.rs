@@ -492,6 +492,7 @@ mod tests {
             success: true,
             failure_stage: None,
             at: None,
+            retry_after_ms: None,
         }
     }
 

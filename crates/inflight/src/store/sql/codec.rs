@@ -2,6 +2,7 @@
 //! [`super::columns`], once for both stores. A store reads a row through
 //! [`Columns`] and binds [`Value`]s; nothing else knows the column order.
 
+use crate::domain::admission::LaneState;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
@@ -9,8 +10,9 @@ use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::{ParseError, Timestamp};
 use crate::error::{ErrorKind, LedgerError};
+use inflight_api::{ByPriority, PriorityCounts};
 
-use super::columns::{LABEL_COLUMNS, OWNER_COLUMNS, RECORD_COLUMNS, TOTALS_COLUMNS};
+use super::columns::{LABEL_COLUMNS, LANE_STATE_COLUMNS, OWNER_COLUMNS, RECORD_COLUMNS, TOTALS_COLUMNS};
 
 /// One bound parameter, as both drivers take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +71,7 @@ fn required<T>(value: Option<T>, index: usize) -> Result<T, LedgerError> {
     })
 }
 
-fn text(row: &dyn Columns, index: usize) -> Result<&str, LedgerError> {
+pub(crate) fn text(row: &dyn Columns, index: usize) -> Result<&str, LedgerError> {
     required(row.text(index)?, index)
 }
 
@@ -266,6 +268,39 @@ pub(crate) fn owner_values(owner: &Owner) -> [Value<'_>; OWNER_COLUMNS] {
     ]
 }
 
+/// A lane's state from the columns of `lane_state_columns!`, the first at
+/// `first`.
+pub(crate) fn lane_state_from_at(row: &dyn Columns, first: usize) -> Result<LaneState, LedgerError> {
+    let small = |index: usize| -> Result<u32, LedgerError> {
+        Ok(u32::try_from(int(row, index)?).unwrap_or(u32::MAX))
+    };
+    Ok(LaneState {
+        overtakes: small(first)?,
+        cooling_until: at_opt(row, first + 1)?,
+        cooldowns: int(row, first + 2)?,
+        effective_cap: row
+            .int(first + 3)?
+            .map(|cap| u32::try_from(cap).unwrap_or(u32::MAX)),
+        successes: small(first + 4)?,
+    })
+}
+
+/// A lane's state from the columns of `lane_state_columns!`.
+pub(crate) fn lane_state_from(row: &dyn Columns) -> Result<LaneState, LedgerError> {
+    lane_state_from_at(row, 0)
+}
+
+/// The columns of `lane_state_columns!` for `state`.
+pub(crate) fn lane_state_values(state: &LaneState) -> [Value<'static>; LANE_STATE_COLUMNS] {
+    [
+        i64::from(state.overtakes).into(),
+        state.cooling_until.into(),
+        state.cooldowns.into(),
+        state.effective_cap.map(i64::from).into(),
+        i64::from(state.successes).into(),
+    ]
+}
+
 /// Totals from the columns of `totals_columns!`, the first at `first`.
 pub(crate) fn totals_from(row: &dyn Columns, first: usize) -> Result<Totals, LedgerError> {
     let n = |offset: usize| int(row, first + offset);
@@ -352,6 +387,20 @@ pub(crate) fn lane_load_from(row: &dyn Columns) -> Result<LaneLoad, LedgerError>
         waiting: int(row, 3)?,
         oldest_waiting_since: at_opt(row, 4)?,
         next_waiting_reapable_at: at_opt(row, 5)?,
+        by_priority: ByPriority {
+            interactive: PriorityCounts {
+                executing: int(row, 6)?,
+                waiting: int(row, 7)?,
+            },
+            batch: PriorityCounts {
+                executing: int(row, 8)?,
+                waiting: int(row, 9)?,
+            },
+            unknown: PriorityCounts {
+                executing: int(row, 10)?,
+                waiting: int(row, 11)?,
+            },
+        },
     })
 }
 

@@ -20,6 +20,13 @@ macro_rules! owner_columns {
     };
 }
 
+/// A lane's state, in [`super::codec::lane_state_from`] order.
+macro_rules! lane_state_columns {
+    () => {
+        "overtakes, cooling_until, cooldowns, effective_cap, successes"
+    };
+}
+
 /// An aggregate's labels, in [`super::codec::aggregate_key_from`] order.
 macro_rules! aggregate_labels {
     () => {
@@ -50,10 +57,12 @@ macro_rules! in_flight {
 
 #[cfg(feature = "sqlite")]
 pub(crate) use totals_columns;
-pub(crate) use {aggregate_labels, in_flight, owner_columns, record_columns};
+pub(crate) use {aggregate_labels, in_flight, lane_state_columns, owner_columns, record_columns};
 
 /// How many columns [`record_columns!`] lists.
 pub(crate) const RECORD_COLUMNS: usize = 24;
+/// How many columns [`lane_state_columns!`] lists.
+pub(crate) const LANE_STATE_COLUMNS: usize = 5;
 /// How many columns [`owner_columns!`] lists.
 pub(crate) const OWNER_COLUMNS: usize = 10;
 /// How many columns [`totals_columns!`] lists.

@@ -236,23 +236,29 @@ impl<D: Driver> Questions for D {
 
     fn lane_state(&mut self, lane: &LaneKey) -> Result<LaneState, LedgerError> {
         let params = [lane.service.as_str().into(), lane.provider.as_str().into()];
-        let found = rows(self, Reads::Owners, sql::LANE_STATE, &params, |row| {
-            let overtakes = codec::int(row, 0)?;
-            Ok(LaneState {
-                overtakes: u32::try_from(overtakes).unwrap_or(u32::MAX),
-            })
-        })?;
+        let found = rows(
+            self,
+            Reads::Owners,
+            sql::LANE_STATE,
+            &params,
+            codec::lane_state_from,
+        )?;
         Ok(found.into_iter().next().unwrap_or_default())
     }
 
     fn put_lane_state(&mut self, lane: &LaneKey, state: LaneState) -> Result<(), LedgerError> {
-        let params = [
-            lane.service.as_str().into(),
-            lane.provider.as_str().into(),
-            i64::from(state.overtakes).into(),
-        ];
+        let mut params = vec![lane.service.as_str().into(), lane.provider.as_str().into()];
+        params.extend(codec::lane_state_values(&state));
         self.execute(Reads::Owners, sql::PUT_LANE_STATE, &params)
             .map(drop)
+    }
+
+    fn lane_states(&mut self) -> Result<Vec<(LaneKey, LaneState)>, LedgerError> {
+        rows(self, Reads::Owners, sql::LANE_STATES, &[], |row| {
+            let lane = LaneKey::parse(&format!("{}::{}", codec::text(row, 0)?, codec::text(row, 1)?))
+                .map_err(|err| LedgerError::new(ErrorKind::Storage, format!("a stored lane: {err}")))?;
+            Ok((lane, codec::lane_state_from_at(row, 2)?))
+        })
     }
 
     fn in_flight(&mut self, limit: usize) -> Result<Vec<Arc<ActivityRecord>>, LedgerError> {

@@ -14,7 +14,7 @@
 //! them again, so that a record another instance reaped or settled no
 //! longer matches. SQLite has one writer and no such clause.
 
-use super::columns::{aggregate_labels, in_flight, owner_columns, record_columns};
+use super::columns::{aggregate_labels, in_flight, lane_state_columns, owner_columns, record_columns};
 
 /// Defines each statement, its locking twin when it has one, and the
 /// lists the plan checks walk, so that none slips past them.
@@ -188,11 +188,20 @@ statements! {
          AND ", in_flight!(), " AND activity_id <> $3";
 
     /// What the lane `$1::$2` remembers between admission decisions.
-    LANE_STATE: Indexed = "SELECT overtakes FROM lane_states WHERE service = $1 AND provider = $2";
+    LANE_STATE: Indexed =
+        "SELECT ", lane_state_columns!(), " FROM lane_states WHERE service = $1 AND provider = $2";
 
     PUT_LANE_STATE: Indexed =
-        "INSERT INTO lane_states (service, provider, overtakes) VALUES ($1, $2, $3) \
-         ON CONFLICT (service, provider) DO UPDATE SET overtakes = excluded.overtakes";
+        "INSERT INTO lane_states (service, provider, ", lane_state_columns!(), ") \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (service, provider) DO UPDATE SET \
+         overtakes = excluded.overtakes, cooling_until = excluded.cooling_until, \
+         cooldowns = excluded.cooldowns, effective_cap = excluded.effective_cap, \
+         successes = excluded.successes";
+
+    /// Every lane's state, for a snapshot: one row a lane that ever needed
+    /// one.
+    LANE_STATES: Indexed =
+        "SELECT service, provider, ", lane_state_columns!(), " FROM lane_states ORDER BY service, provider";
 
     /// Records in flight in `query::line_order`: the line is sorted from
     /// `activities_lane`, which covers the order's columns, and only the
@@ -209,7 +218,13 @@ statements! {
         "SELECT service, provider, COUNT(*) FILTER (WHERE state = 'executing'), \
          COUNT(*) FILTER (WHERE state = 'waiting' AND admission = 'queued'), \
          MIN(enqueued_at) FILTER (WHERE state = 'waiting' AND admission = 'queued'), \
-         MIN(reapable_at) FILTER (WHERE state = 'waiting' AND admission = 'queued') \
+         MIN(reapable_at) FILTER (WHERE state = 'waiting' AND admission = 'queued'), \
+         COUNT(*) FILTER (WHERE state = 'executing' AND priority = 'interactive'), \
+         COUNT(*) FILTER (WHERE state = 'waiting' AND admission = 'queued' AND priority = 'interactive'), \
+         COUNT(*) FILTER (WHERE state = 'executing' AND priority = 'batch'), \
+         COUNT(*) FILTER (WHERE state = 'waiting' AND admission = 'queued' AND priority = 'batch'), \
+         COUNT(*) FILTER (WHERE state = 'executing' AND priority = 'unknown'), \
+         COUNT(*) FILTER (WHERE state = 'waiting' AND admission = 'queued' AND priority = 'unknown') \
          FROM activities WHERE ", in_flight!(), " AND admission IN ('queued', 'external') \
          GROUP BY service, provider ORDER BY service, provider";
 

@@ -386,6 +386,7 @@ mod tests {
                 success: true,
                 failure_stage: None,
                 at: None,
+                retry_after_ms: None,
             },
         };
         let results = writer.run(&mut rows::Statements::new(&conn), vec![settle, snapshot()]);
@@ -424,6 +425,7 @@ mod tests {
             success: true,
             failure_stage: None,
             at: None,
+            retry_after_ms: None,
         };
         transition(id, settle)
     }
