@@ -49,7 +49,21 @@ export class InflightError extends Error {
 export class LaneFullError extends InflightError {
   override name = "LaneFullError";
 }
-/** The call waited in line longer than it was allowed (`maxWaitMs`); the record was cancelled. */
+/**
+ * 429 `lane_cooling`: the lane is cooling down after a provider's refusal
+ * (a failure settled with `retryAfterMs`) and grants no new slot until the
+ * cooldown ends; `retryAfterMs` is how long that is from the answer (the
+ * server's `Retry-After`, whole seconds rounded up). The record keeps its
+ * place in line, as with `lane_full`.
+ */
+export class LaneCoolingError extends InflightError {
+  override name = "LaneCoolingError";
+}
+/**
+ * The call waited in line longer than it was allowed (`maxWaitMs`); the
+ * record was cancelled. Its `cause` is the last refusal (`LaneFullError` or
+ * `LaneCoolingError`), and its `retryAfterMs` that refusal's.
+ */
 export class WaitTimeoutError extends InflightError {
   override name = "WaitTimeoutError";
 }
@@ -106,6 +120,7 @@ export class TLSError extends UnavailableError {
 
 const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
   lane_full: LaneFullError,
+  lane_cooling: LaneCoolingError,
   wait_timeout: WaitTimeoutError,
   not_found: NotFoundError,
   invalid_request: InvalidRequestError,

@@ -2,6 +2,8 @@
 export { Activity, InflightClient, OwnerLease } from "./client.js";
 export type { ActivityContext } from "./context.js";
 export { ProviderActivityRecorder, RecorderError } from "./recorder.js";
+export { retryAfterMs } from "./retry-after.js";
+export type { HeadersLike, RetryAfterSource } from "./retry-after.js";
 export type { ProviderActivityEntry, ProviderActivityOutcome, RecorderEvent, RecorderOperation, RecorderOptions } from "./recorder.js";
 export type {
   ActivitySpec,
@@ -22,6 +24,7 @@ export {
   InflightError,
   InvalidRequestError,
   isInflightError,
+  LaneCoolingError,
   LaneFullError,
   NotFoundError,
   RequestTimeoutError,

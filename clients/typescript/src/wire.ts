@@ -37,6 +37,7 @@ export const SERVER_ERROR_CODES = [
   "conflict",
   "payload_too_large",
   "lane_full",
+  "lane_cooling",
   "idempotency_conflict",
   "internal",
   "unavailable",
@@ -68,7 +69,18 @@ export interface SettleRequest {
   success: boolean;
   failureStage?: FailureStage;
   completedAt?: TimestampInput;
+  /**
+   * A failure only: the provider's `Retry-After`, in milliseconds (an
+   * integer, 1 to 3600000). The lane grants no new slot until
+   * `completedAt` plus this (at most the lane's `max_cooldown`). The server
+   * refuses it with a success (`InvalidRequestError`); one older than
+   * cooldowns ignores it.
+   */
+  retryAfterMs?: number;
 }
+
+/** The most `retryAfterMs` a settle may carry: an hour. */
+export const MAX_RETRY_AFTER_MS = 3_600_000;
 
 /** `POST /v1/activities/{id}/cancel`. */
 export interface CancelRequest {
@@ -151,7 +163,20 @@ export interface ReapCounts {
   unsettled: number;
 }
 
-/** One lane of native admission, over its `queued` records. */
+/** A lane's records of one priority. */
+export interface LanePriorityCounts {
+  executing: number;
+  waiting: number;
+}
+
+/** A lane's records by priority (every priority is present). */
+export type LaneByPriority = Record<Priority, LanePriorityCounts>;
+
+/**
+ * One lane of native admission, over its `queued` records. The fields of
+ * cooldowns and ranked lanes (`coolingUntil`, `effectiveCap`, `cooldowns`,
+ * `byPriority`) are absent from servers older than them.
+ */
 export interface Lane {
   service: string;
   provider: string;
@@ -163,6 +188,17 @@ export interface Lane {
   lateSettles: number;
   resurrections: number;
   longestWaitMs: number;
+  /**
+   * While the lane cools down (after a failure settled with `retryAfterMs`):
+   * when it grants again. `null` otherwise.
+   */
+  coolingUntil?: string | null;
+  /** The cap admission applies now: `cap`, unless an adaptive lane lowered it; `null` with no cap. */
+  effectiveCap?: number | null;
+  /** How many cooldowns the lane ever began. */
+  cooldowns?: number;
+  /** `executing` and `waiting` by priority. */
+  byPriority?: LaneByPriority;
 }
 
 /** The counters of one combination of labels. */
@@ -268,7 +304,7 @@ export const FIELDS = {
     "startedAt", "deadlineMs", "ownerId",
   ]),
   StartRequest: fields<StartRequest>()(["startedAt"]),
-  SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt"]),
+  SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt", "retryAfterMs"]),
   CancelRequest: fields<CancelRequest>()(["reason"]),
   RefineRequest: fields<RefineRequest>()(["model"]),
   RegisterOwnerRequest: fields<RegisterOwnerRequest>()(["name", "ttlMs"]),
@@ -280,8 +316,10 @@ export const FIELDS = {
   ReapCounts: REAP_COUNTS_FIELDS,
   Lane: fields<Lane>()([
     "service", "provider", "cap", "executing", "waiting", "reaped", "reapedOwnerLost", "lateSettles",
-    "resurrections", "longestWaitMs",
+    "resurrections", "longestWaitMs", "coolingUntil", "effectiveCap", "cooldowns", "byPriority",
   ]),
+  LaneByPriority: fields<LaneByPriority>()(PRIORITIES),
+  LanePriorityCounts: fields<LanePriorityCounts>()(["executing", "waiting"]),
   Aggregate: fields<Aggregate>()([
     "service", "operationStage", "class", "provider", "model", "priority", "admission", "calls",
     "successes", "successesUnstarted", "failures", "cancelled", "reaped", "lateSettles", "inFlight", "avgQueueWaitMs",
