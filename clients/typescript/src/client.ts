@@ -31,6 +31,7 @@ import type {
   StartRequest,
   TimestampInput,
 } from "./wire.js";
+import { retryAfterOfError, settleRetryAfterMs } from "./retry-after.js";
 import { IDEMPOTENCY_KEY_HEADER, ROUTES, SERVER_ERROR_CODES } from "./wire.js";
 
 /**
@@ -116,6 +117,16 @@ export interface RunOptions extends Lifecycle {
   maxWaitMs?: number;
   /** Where a thrown error happened. Default `provider`. */
   failureStage?: FailureStage | ((err: unknown) => FailureStage);
+  /**
+   * The provider's `Retry-After` in a thrown error, in milliseconds, sent
+   * with the failure's settle (the lane then cools down). Default: read
+   * from the error's `response` (a fetch `Response`, or any object with
+   * `status` and `headers`), else from the error itself when it has
+   * `status` and `headers` (the `openai` package's `APIError`); only a 429
+   * or a 503 counts. Return `undefined` for none (`() => undefined` never
+   * sends one); a value is rounded and kept within 1 to 3600000.
+   */
+  retryAfterMs?: (err: unknown) => number | undefined;
 }
 
 export interface AdmitOptions {
@@ -481,10 +492,13 @@ export class InflightClient {
    *
    * With `startNow`, the server begins it started on its own clock
    * (`?start=now`): a lifecycle in two requests, this and the settle. On a
-   * full lane that is `LaneFullError`, with nothing holding a slot or a place
-   * in line. With `waitMs` too (at most 30 s), the server holds the request
-   * until the lane admits the record or the wait ends; then the record is
-   * cancelled and the answer is `LaneFullError`. A repeat that finds its
+   * full lane that is `LaneFullError` (on a lane cooling down,
+   * `LaneCoolingError`, whose `retryAfterMs` says for how long), with
+   * nothing holding a slot or a place in line. With `waitMs` too (at most
+   * 30 s), the server holds the request until the lane admits the record or
+   * the wait ends, through a cooldown too; then the record is cancelled and
+   * the answer is `LaneFullError`, or `LaneCoolingError` if the lane was
+   * still cooling down. A repeat that finds its
    * record cancelled is the same `LaneFullError` once `waitMs` has passed;
    * before, the begin is made anew (a new key) for the wait that is left.
    */
@@ -719,7 +733,8 @@ export class InflightClient {
           throw signal.reason;
         }
         const stage = typeof options.failureStage === "function" ? options.failureStage(err) : options.failureStage;
-        await this.endQuietly(activity, () => activity.fail(stage ?? "provider"), hooks);
+        const retryAfterMs = retryAfterOf(err, options.retryAfterMs);
+        await this.endQuietly(activity, () => activity.fail(stage ?? "provider", { retryAfterMs }), hooks);
         throw err;
       }
       signal.removeEventListener("abort", onAbort);
@@ -774,6 +789,22 @@ function hasEnded(record: ActivityRecord): boolean {
   return record.state !== "waiting" && record.state !== "executing";
 }
 
+/**
+ * The `retryAfterMs` to settle a failure of `run` with: `read(err)`, or
+ * what `retryAfterOfError` recognises; `undefined` when not a number, and
+ * else rounded and kept within what the server takes.
+ */
+function retryAfterOf(err: unknown, read: ((err: unknown) => number | undefined) | undefined): number | undefined {
+  let ms: unknown;
+  try {
+    ms = (read ?? retryAfterOfError)(err);
+  } catch {
+    // A reader that throws reads nothing: the failure is still settled.
+    return undefined;
+  }
+  return settleRetryAfterMs(ms);
+}
+
 function reasonOf(reason: unknown): string {
   if (reason instanceof WaitTimeoutError) return "wait timeout";
   if (reason instanceof Error || reason instanceof DOMException) {
@@ -813,8 +844,8 @@ export class Activity {
   }
 
   /**
-   * Starts it: admitted at once, or `LaneFullError` (the record keeps its
-   * place in line). With `waitMs` (at most 30 s), the server holds the
+   * Starts it: admitted at once, or `LaneFullError` (or `LaneCoolingError`
+   * on a lane cooling down; the record keeps its place in line either way). With `waitMs` (at most 30 s), the server holds the
    * request until its turn comes or the wait ends.
    */
   start(options: { waitMs?: number; startedAt?: TimestampInput; signal?: AbortSignal } = {}): Promise<ActivityRecord> {
@@ -831,7 +862,13 @@ export class Activity {
     );
   }
 
-  /** Waits in line with bounded `?wait=` requests until admitted. */
+  /**
+   * Waits in line with bounded `?wait=` requests until admitted, through a
+   * full lane (`lane_full`) and a lane cooling down (`lane_cooling`) alike.
+   * After a `lane_cooling` with `Retry-After`, it asks again no sooner than
+   * that; when that is past `maxWaitMs`, it gives up at once
+   * (`WaitTimeoutError`, with the refusal's `retryAfterMs`).
+   */
   async admit(options: AdmitOptions = {}): Promise<ActivityRecord> {
     const step = Math.min(MAX_WAIT_STEP_MS, options.waitStepMs ?? 10_000);
     const deadline = options.maxWaitMs === undefined ? Infinity : Date.now() + options.maxWaitMs;
@@ -840,15 +877,21 @@ export class Activity {
       try {
         return await this.start({ waitMs: Math.max(0, Math.min(step, left)), ...(options.signal ? { signal: options.signal } : {}) });
       } catch (err) {
-        if (!isInflightError(err, "lane_full")) throw err;
-        if (Date.now() >= deadline) {
+        if (!isInflightError(err, "lane_full") && !isInflightError(err, "lane_cooling")) throw err;
+        const cooling = err.code === "lane_cooling";
+        const now = Date.now();
+        // A cooling lane grants nothing before its Retry-After: asking sooner is a wasted request.
+        const notBefore = cooling && err.retryAfterMs !== undefined ? now + err.retryAfterMs : now;
+        if (now >= deadline || notBefore > deadline) {
+          const why = cooling ? " (the lane is cooling down after a provider's refusal)" : "";
           throw new WaitTimeoutError(
             "wait_timeout",
-            `activity ${this.id} was not admitted on ${this.record.service}::${this.record.provider} within ${options.maxWaitMs} ms`,
-            { cause: err },
+            `activity ${this.id} was not admitted on ${this.record.service}::${this.record.provider} within ${options.maxWaitMs} ms${why}`,
+            { cause: err, ...(err.retryAfterMs === undefined ? {} : { retryAfterMs: err.retryAfterMs }) },
           );
         }
         if (options.signal?.aborted) throw options.signal.reason;
+        if (notBefore > now) await sleep(notBefore - now, options.signal);
       }
     }
   }
@@ -863,8 +906,19 @@ export class Activity {
     return this.settle({ success: true });
   }
 
-  fail(failureStage: FailureStage = "provider"): Promise<ActivityRecord> {
-    return this.settle({ success: false, failureStage });
+  /**
+   * Settles it failed at `failureStage`. `retryAfterMs` is the provider's
+   * `Retry-After` (an integer of milliseconds, 1 to 3600000; `retryAfterMs(response)`
+   * reads it from an answer): the lane then cools down, granting no new
+   * slot until that long after the settle (at most its `max_cooldown`).
+   * `undefined` sends none.
+   */
+  fail(failureStage: FailureStage = "provider", options: { retryAfterMs?: number | undefined } = {}): Promise<ActivityRecord> {
+    return this.settle({
+      success: false,
+      failureStage,
+      ...(options.retryAfterMs === undefined ? {} : { retryAfterMs: options.retryAfterMs }),
+    });
   }
 
   /** Records an abort the caller observed: `cancelled`. Repeating it is harmless. */

@@ -8,6 +8,7 @@ import { randomUUID } from "node:crypto";
 import type { InflightClient } from "./client.js";
 import { withContextFields } from "./context.js";
 import { isInflightError, TLSError } from "./errors.js";
+import { settleRetryAfterMs } from "./retry-after.js";
 import type { ActivityRecord, Admission, BeginRequest, FailureStage, Priority, SettleRequest, TimestampInput } from "./wire.js";
 import { PRIORITIES } from "./wire.js";
 
@@ -38,6 +39,12 @@ export interface ProviderActivityOutcome {
   success?: boolean;
   /** Where a failure happened: `provider`, `queue` or `unknown` (anything else is `unknown`). */
   failureStage?: FailureStage | string | null;
+  /**
+   * A failure's provider `Retry-After`, in milliseconds (`retryAfterMs(response)`
+   * reads it): the lane cools down that long. Rounded and kept within 1 to
+   * 3600000; anything but a finite number, or with a success, is not sent.
+   */
+  retryAfterMs?: number | null;
 }
 
 export type RecorderOperation = "begin" | "start" | "refine" | "complete";
@@ -226,7 +233,7 @@ export class ProviderActivityRecorder {
 
   /**
    * Settles the record: `success: true` succeeded, anything else failed at
-   * `failureStage`. The id is forgotten once this is called. A success of a
+   * `failureStage` (with the provider's `retryAfterMs`, if given). The id is forgotten once this is called. A success of a
    * record that never started is recorded by the server with a flag
    * (`unstartedSuccess`), never as a normal completion.
    */
@@ -241,6 +248,8 @@ export class ProviderActivityRecorder {
       if (stage !== undefined && stage !== null) {
         body.failureStage = (FAILURE_STAGES.includes(stage) ? stage : "unknown") as FailureStage;
       }
+      const retryAfterMs = settleRetryAfterMs(outcome?.retryAfterMs);
+      if (retryAfterMs !== undefined) body.retryAfterMs = retryAfterMs;
     }
     this.transition(id, "complete", (activityId) =>
       this.client.request<ActivityRecord>("settle", { id: activityId, body }),

@@ -85,6 +85,8 @@ function headerValue(headers: unknown, name: string): string | undefined {
  * `response` is a fetch `Response`, or any object with a numeric `status`
  * and `headers` (with a `get`, or a plain object of names to values): the
  * `openai` package's `APIError` is one.
+ * `now` (epoch milliseconds, default the present) is what an HTTP-date is
+ * measured from.
  *
  * ```js
  * const res = await fetch(url, init);

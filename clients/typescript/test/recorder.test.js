@@ -184,6 +184,27 @@ describe("the recorder, against a scripted fetch", () => {
     assert.ok(failed.completedAt >= before && failed.completedAt <= after);
   });
 
+  test("a failure carries the provider's retryAfterMs, rounded and kept in range; a success or a non-number never", async () => {
+    const { client, seen } = scripted();
+    const { recorder, errors } = recorderOf(client);
+    const outcomes = [
+      { success: false, failureStage: "provider", retryAfterMs: 2_000 },
+      { success: false, retryAfterMs: 1_500.4 },
+      { success: false, retryAfterMs: 0 },
+      { success: false, retryAfterMs: 7_200_000 },
+      { success: false, retryAfterMs: "2000" },
+      { success: false, retryAfterMs: Number.NaN },
+      { success: false, retryAfterMs: null },
+      { success: true, retryAfterMs: 2_000 },
+    ];
+    const ids = outcomes.map(() => recorder.beginProviderActivity({ service: "kb", provider: "ollama", enqueuedAt: T0 }));
+    ids.forEach((id, i) => recorder.completeProviderActivity(id, { completedAt: T0 + 1, ...outcomes[i] }));
+    await recorder.flush();
+    assert.deepEqual(errors, []);
+    const settled = ids.map((id) => seen.find((r) => r.path === `/v1/activities/srv-${id}/settle`).body.retryAfterMs);
+    assert.deepEqual(settled, [2_000, 1_500, 1, 3_600_000, undefined, undefined, undefined, undefined]);
+  });
+
   test("the requests of one id go out in order, each after the previous answered, however slow", async () => {
     // Each answer takes 0 to 25 ms, at random: a naive recorder would let a
     // start overtake its begin, or a settle its start.
