@@ -8,7 +8,7 @@ from typing import Dict, Optional, Type
 class InflightError(Exception):
     """An error from the ledger.
 
-    ``code`` is the server's code (``lane_full``, ``not_found``,
+    ``code`` is the server's code (``lane_full``, ``lane_cooling``, ``not_found``,
     ``invalid_request``, ``conflict``, ``unauthorized``, ``unavailable``,
     ...) or the client's own ``wait_timeout`` (the call waited in line longer
     than its ``max_wait``) and ``wait_cancelled`` (its ``cancel`` event was
@@ -41,7 +41,17 @@ class InflightError(Exception):
 
 
 class LaneFullError(InflightError):
-    """429 ``lane_full``: the lane is at its cap; the record keeps its place in line."""
+    """429 ``lane_full``: the lane is at its cap (or its ``batch_cap`` for
+    batch work); the record keeps its place in line."""
+
+
+class LaneCoolingError(LaneFullError):
+    """429 ``lane_cooling``: the lane is cooling down after a provider's
+    ``Retry-After`` (a failure settled with ``retry_after_ms``) and grants no
+    slot until it ends; ``retry_after`` is the seconds left (rounded up). The
+    record keeps its place in line. A subclass of ``LaneFullError``, so code
+    that already takes a full lane as "not now" takes a cooling one so too;
+    its class (or ``code``) tells them apart."""
 
 
 class WaitTimeoutError(InflightError):
@@ -98,6 +108,7 @@ class TLSError(UnavailableError):
 
 _CLASSES: Dict[str, Type[InflightError]] = {
     "lane_full": LaneFullError,
+    "lane_cooling": LaneCoolingError,
     "wait_timeout": WaitTimeoutError,
     "wait_cancelled": WaitCancelledError,
     "not_found": NotFoundError,

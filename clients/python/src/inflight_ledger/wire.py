@@ -37,6 +37,7 @@ SERVER_ERROR_CODES: Tuple[str, ...] = (
     "conflict",
     "payload_too_large",
     "lane_full",
+    "lane_cooling",
     "idempotency_conflict",
     "internal",
     "unavailable",
@@ -72,9 +73,18 @@ class _SettleRequired(TypedDict):
     success: bool
 
 
+#: The bounds of a settle's ``retryAfterMs`` (and of what ``retry_after_ms`` returns).
+RETRY_AFTER_MS_MIN = 1
+RETRY_AFTER_MS_MAX = 3_600_000
+
+
 class SettleRequest(_SettleRequired, total=False):
     failureStage: FailureStage
     completedAt: TimestampInput
+    #: The provider's ``Retry-After`` in milliseconds (1 to 3600000), with a
+    #: failure only: the lane grants no slot until it has passed (at most the
+    #: server's ``max_cooldown``). An older server ignores it.
+    retryAfterMs: int
 
 
 class CancelRequest(TypedDict, total=False):
@@ -166,7 +176,20 @@ class ReapCounts(TypedDict):
     unsettled: int
 
 
-class Lane(TypedDict):
+class PriorityCounts(TypedDict):
+    executing: int
+    waiting: int
+
+
+class LaneByPriority(TypedDict):
+    """A lane's records in flight by priority (all three always present)."""
+
+    interactive: PriorityCounts
+    batch: PriorityCounts
+    unknown: PriorityCounts
+
+
+class _LaneBase(TypedDict):
     service: str
     provider: str
     cap: Optional[int]
@@ -177,6 +200,20 @@ class Lane(TypedDict):
     lateSettles: int
     resurrections: int
     longestWaitMs: int
+
+
+class Lane(_LaneBase, total=False):
+    """A lane of the snapshot's ``nativeAdmission``. The fields below are
+    absent from servers older than cooldowns (read them with ``.get``)."""
+
+    #: When the lane's cooldown ends (RFC 3339), or ``None`` when it is not cooling down.
+    coolingUntil: Optional[str]
+    #: The cap admissions go by: ``cap``, unless an adaptive lane lowered it;
+    #: ``None`` for a lane with no cap.
+    effectiveCap: Optional[int]
+    #: How many cooldowns the lane ever started.
+    cooldowns: int
+    byPriority: LaneByPriority
 
 
 _AggregateBase = TypedDict(
@@ -276,6 +313,8 @@ TYPES = {
         Owner,
         ReapCounts,
         Lane,
+        LaneByPriority,
+        PriorityCounts,
         Aggregate,
         Snapshot,
         SnapshotWarning,
