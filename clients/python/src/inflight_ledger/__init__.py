@@ -7,7 +7,7 @@
         ...  # the provider call: success, failure or cancelled by how the block exits
 """
 
-from ._common import ActivityContext, ContextBlock, Lifecycle
+from ._common import ActivityContext, ContextBlock, Lifecycle, retry_after_ms
 from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
 from .errors import (
     ConflictError,
@@ -15,6 +15,7 @@ from .errors import (
     IdempotencyConflictError,
     InflightError,
     InvalidRequestError,
+    LaneCoolingError,
     LaneFullError,
     NotFoundError,
     RequestTimeoutError,
@@ -61,6 +62,7 @@ __all__ = [
     "IdempotencyConflictError",
     "InflightError",
     "InvalidRequestError",
+    "LaneCoolingError",
     "LaneFullError",
     "Ledger",
     "Lifecycle",
@@ -83,4 +85,5 @@ __all__ = [
     "WaitTimeoutError",
     "error_for",
     "field_names",
+    "retry_after_ms",
 ]

@@ -4,9 +4,11 @@ answers, backoff, lifecycle hooks, the attribution context. No I/O here."""
 from __future__ import annotations
 
 import contextvars
+import email.utils
 import errno
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -36,11 +38,15 @@ from .wire import (
     IDEMPOTENCY_KEY_HEADER,
     LABEL_PATTERN,
     PRIORITIES,
+    RETRY_AFTER_MS_MAX,
+    RETRY_AFTER_MS_MIN,
     ROUTES,
     SERVER_ERROR_CODES,
     ActivityRecord,
     BeginRequest,
+    FailureStage,
     Priority,
+    SettleRequest,
 )
 
 #: Where the client logs what the server let pass (a begin's ignored fields).
@@ -122,6 +128,23 @@ def wire_time(value: Any) -> Any:
             value = value.replace(tzinfo=timezone.utc)
         return int(value.timestamp() * 1000)
     return value
+
+
+def settle_body(
+    success: bool,
+    failure_stage: Optional[FailureStage],
+    completed_at: Any,
+    retry_after_ms: Optional[int],
+) -> SettleRequest:
+    """A settle's body; the fields left ``None`` are not sent."""
+    body: SettleRequest = {"success": success}
+    if failure_stage is not None:
+        body["failureStage"] = failure_stage
+    if completed_at is not None:
+        body["completedAt"] = wire_time(completed_at)
+    if retry_after_ms is not None:
+        body["retryAfterMs"] = retry_after_ms
+    return body
 
 
 def now_ms() -> int:
@@ -552,6 +575,104 @@ def retryable(route: str, err: InflightError) -> bool:
     return ROUTES[route].idempotent and err.code in ("unavailable", "internal")
 
 
+#: The refusals a wait in line keeps waiting through: the lane at its cap,
+#: and the lane cooling down after a provider's ``Retry-After``.
+WAIT_CODES: Tuple[str, ...] = ("lane_full", "lane_cooling")
+
+
+def pause_before_asking(err: InflightError, deadline: Optional[float], now: float) -> float:
+    """Seconds to wait before asking a lane again after ``err`` refused a
+    wait in line: for ``lane_cooling`` with a ``Retry-After``, until then
+    (the server admits nothing before), but never past ``deadline`` (a
+    ``time.monotonic()`` value, ``None`` for none); else none (a
+    ``?wait=`` request is held by the server, so asking again at once does
+    not spin)."""
+    if err.code != "lane_cooling" or not err.retry_after or err.retry_after <= 0:
+        return 0.0
+    pause = float(err.retry_after)
+    if deadline is not None:
+        pause = min(pause, max(0.0, deadline - now))
+    return pause
+
+
+#: Delta-seconds (RFC 9110 allows digits only; a fraction is taken too).
+_DELTA_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def _header(headers: Any, name: str) -> Optional[str]:
+    """The header ``name`` (lower case) of an httpx-like ``headers``: a
+    case-insensitive mapping (httpx, requests), or a plain one."""
+    if headers is None:
+        return None
+    value: Any = None
+    get = getattr(headers, "get", None)
+    if callable(get):
+        value = get(name)
+    if value is None and callable(getattr(headers, "items", None)):
+        for key, item in headers.items():
+            if isinstance(key, (str, bytes)) and (key.decode("latin-1") if isinstance(key, bytes) else key).lower() == name:
+                value = item
+                break
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return value if isinstance(value, str) else None
+
+
+def retry_after_ms(response: Any) -> Optional[int]:
+    """A provider's ``Retry-After`` in milliseconds, for a failure settle's
+    ``retry_after_ms``: read from ``response``, an ``httpx.Response`` or any
+    object with ``status_code`` and ``headers`` (a ``requests.Response``,
+    ``openai.APIStatusError.response``). The header is delta-seconds
+    (``"2"``; a fraction such as ``"1.5"`` is taken too) or an HTTP-date (in
+    any of its three forms, counted from this machine's clock). The result
+    is clamped to 1..3600000 (a date already past is 1). ``None`` when the
+    status is not 429 or 503, or the header is absent or unparseable."""
+    status = getattr(response, "status_code", None)
+    if isinstance(status, bool) or status not in (429, 503):
+        return None
+    value = _header(getattr(response, "headers", None), "retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    if _DELTA_SECONDS.fullmatch(value):
+        ms = float(value) * 1000
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when is None:
+            return None
+        if when.tzinfo is None:  # asctime and "-0000" carry no zone: HTTP-dates are GMT
+            when = when.replace(tzinfo=timezone.utc)
+        ms = (when - datetime.now(timezone.utc)).total_seconds() * 1000
+    return max(RETRY_AFTER_MS_MIN, min(RETRY_AFTER_MS_MAX, math.ceil(ms)))
+
+
+def retry_after_of(exc: Optional[BaseException]) -> Optional[int]:
+    """The provider's ``Retry-After`` (milliseconds, see ``retry_after_ms``)
+    an exception carries, for the failure settle of a block it ended. Shapes
+    recognised: an exception whose ``response`` attribute has
+    ``status_code`` and ``headers`` (``httpx.HTTPStatusError``, the
+    ``openai`` package's ``APIStatusError`` and its subclasses such as
+    ``RateLimitError``, ``requests.HTTPError``), or one raised ``from`` such
+    an exception (its ``__cause__`` chain, explicit chaining only). ``None``
+    for any other."""
+    seen: Set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        try:
+            response = getattr(exc, "response", None)
+        except Exception:  # noqa: BLE001 - a property that raises carries no answer
+            response = None
+        if response is not None and hasattr(response, "status_code") and hasattr(response, "headers"):
+            ms = retry_after_ms(response)
+            if ms is not None:
+                return ms
+        exc = exc.__cause__
+    return None
+
+
 def wait_param(seconds: Optional[float]) -> Optional[str]:
     if seconds is None:
         return None
@@ -609,6 +730,7 @@ __all__ = [
     "InflightError",
     "Instead",
     "Lifecycle",
+    "WAIT_CODES",
     "begin_anew",
     "build_spec",
     "call_hook",
@@ -620,8 +742,12 @@ __all__ = [
     "key_for",
     "no_wait_left",
     "now_ms",
+    "pause_before_asking",
     "read_answer",
+    "retry_after_ms",
+    "retry_after_of",
     "retryable",
+    "settle_body",
     "unavailable",
     "wait_cancelled",
     "wait_param",

@@ -7,11 +7,12 @@ import os
 import signal
 import time
 from types import TracebackType
-from typing import Any, Dict, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
 
 import httpx
 
 from ._common import (
+    WAIT_CODES,
     Attributed,
     Config,
     IgnoredFieldsLog,
@@ -28,8 +29,11 @@ from ._common import (
     key_for,
     no_wait_left,
     now_ms,
+    pause_before_asking,
     read_answer,
+    retry_after_of,
     retryable,
+    settle_body,
     unavailable,
     wait_param,
     wait_timeout,
@@ -143,11 +147,13 @@ class AsyncLedger(Attributed):
 
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
-        a full lane that is ``LaneFullError``, with nothing holding a slot or a
+        a full lane that is ``LaneFullError`` (``LaneCoolingError``, its
+        subclass, on a lane cooling down), with nothing holding a slot or a
         place in line. With ``wait`` seconds too (at most 30), the server holds
-        the request until the lane admits the record or the wait ends; then the
-        record is cancelled and the answer is ``LaneFullError`` (also when a
-        repeat finds it cancelled once ``wait`` has passed)."""
+        the request until the lane admits the record or the wait ends, through
+        a cooldown too; then the record is cancelled and the answer is the
+        error of the limit that held it last (``LaneFullError`` when a repeat
+        finds it cancelled once ``wait`` has passed)."""
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
         return await self._begin(spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait))
@@ -212,7 +218,11 @@ class AsyncLedger(Attributed):
         lifecycle: Optional[Lifecycle] = None,
         **fields: Any,
     ) -> "AsyncActivityBlock":
-        """A block that is one provider call (see the class's doc)."""
+        """A block that is one provider call (see the class's doc and
+        ``Ledger.activity``): it waits in line through a full lane and a lane
+        cooling down alike, up to ``max_wait``; an exception carrying a
+        provider's 429 or 503 answer with ``Retry-After`` settles the failure
+        with it."""
         return AsyncActivityBlock(
             self, build_spec(spec, fields, None), max_wait, wait_step, timeout, failure_stage, lifecycle
         )
@@ -279,33 +289,42 @@ class AsyncActivity:
         )
 
     async def admit(self, *, max_wait: Optional[float] = None, wait_step: float = 10.0) -> ActivityRecord:
-        """Waits in line with bounded ``?wait=`` requests until admitted."""
+        """Waits in line with bounded ``?wait=`` requests until admitted,
+        through a full lane and a lane cooling down alike (see ``Activity.admit``:
+        after ``lane_cooling`` with a ``Retry-After``, the next request waits
+        until then, never past ``max_wait``)."""
         deadline = None if max_wait is None else time.monotonic() + max_wait
         while True:
             left = wait_step if deadline is None else min(wait_step, max(0.0, deadline - time.monotonic()))
             try:
                 return await self.start(wait=left)
             except InflightError as err:
-                if err.code != "lane_full":
+                if err.code not in WAIT_CODES:
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
                     raise wait_timeout(self.record, max_wait) from err
+                pause = pause_before_asking(err, deadline, time.monotonic())
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def settle(
-        self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
+        self,
+        success: bool,
+        *,
+        failure_stage: Optional[FailureStage] = None,
+        completed_at: Any = None,
+        retry_after_ms: Optional[int] = None,
     ) -> ActivityRecord:
-        body: Dict[str, Any] = {"success": success}
-        if failure_stage is not None:
-            body["failureStage"] = failure_stage
-        if completed_at is not None:
-            body["completedAt"] = wire_time(completed_at)
+        """``retry_after_ms``: with a failure, the provider's ``Retry-After``
+        in milliseconds (see ``Activity.settle``)."""
+        body = settle_body(success, failure_stage, completed_at, retry_after_ms)
         return self._update(await self.ledger.request("settle", id=self.id, body=body))
 
     async def succeed(self) -> ActivityRecord:
         return await self.settle(True)
 
-    async def fail(self, failure_stage: FailureStage = "provider") -> ActivityRecord:
-        return await self.settle(False, failure_stage=failure_stage)
+    async def fail(self, failure_stage: FailureStage = "provider", *, retry_after_ms: Optional[int] = None) -> ActivityRecord:
+        return await self.settle(False, failure_stage=failure_stage, retry_after_ms=retry_after_ms)
 
     async def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
         return self._update(
@@ -424,7 +443,8 @@ class AsyncActivityBlock:
             await self._end(lambda: activity.cancel(cancel_reason(err)))
         else:
             stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
-            await self._end(lambda: activity.fail(stage))
+            retry_after = retry_after_of(exc)
+            await self._end(lambda: activity.fail(stage, retry_after_ms=retry_after))
         if err is not exc:
             raise err from exc
 

@@ -7,11 +7,12 @@ import signal
 import threading
 import time
 from types import TracebackType
-from typing import Any, Dict, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
 
 import httpx
 
 from ._common import (
+    WAIT_CODES,
     Attributed,
     Config,
     IgnoredFieldsLog,
@@ -28,8 +29,11 @@ from ._common import (
     key_for,
     no_wait_left,
     now_ms,
+    pause_before_asking,
     read_answer,
+    retry_after_of,
     retryable,
+    settle_body,
     unavailable,
     wait_cancelled,
     wait_param,
@@ -157,10 +161,12 @@ class Ledger(Attributed):
 
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
-        a full lane that is ``LaneFullError``, with nothing holding a slot or a
-        place in line. With ``wait`` seconds too (at most 30), the server holds
-        the request until the lane admits the record or the wait ends; then the
-        record is cancelled and the answer is ``LaneFullError``. A repeat that
+        a full lane that is ``LaneFullError`` (``LaneCoolingError``, its
+        subclass, on a lane cooling down, with ``retry_after``), with nothing
+        holding a slot or a place in line. With ``wait`` seconds too (at most
+        30), the server holds the request until the lane admits the record or
+        the wait ends, through a cooldown too; then the record is cancelled and
+        the answer is the error of the limit that held it last. A repeat that
         finds its record cancelled is the same ``LaneFullError`` once ``wait``
         has passed; before, the begin is made anew (a new key) for the wait
         that is left."""
@@ -235,8 +241,14 @@ class Ledger(Attributed):
         """A block that is one provider call (see the class's doc).
 
         ``max_wait``: give up waiting in line after this many seconds with
-        ``WaitTimeoutError`` (the record is cancelled). ``failure_stage``:
-        where an exception happened (or a function of it). ``cancel``: an
+        ``WaitTimeoutError`` (the record is cancelled); the wait goes on
+        through a full lane and a lane cooling down alike. ``failure_stage``:
+        where an exception happened (or a function of it). An exception that
+        carries a provider's 429 or 503 answer with ``Retry-After`` (one whose
+        ``response`` has ``status_code`` and ``headers``, as
+        ``httpx.HTTPStatusError`` and ``openai.APIStatusError``, or one raised
+        ``from`` such) settles the failure with it (``retry_after_ms``), so
+        the lane cools down. ``cancel``: an
         event another thread may set to abort the call: while it waits in
         line (or before), ``WaitCancelledError`` is raised at once and the
         record is cancelled; once the block runs, an exception leaving it
@@ -299,9 +311,10 @@ class Activity:
         return record
 
     def start(self, *, wait: Optional[float] = None, started_at: Any = None) -> ActivityRecord:
-        """Admitted at once, or ``LaneFullError`` (the record keeps its place).
-        With ``wait`` seconds (at most 30), the server holds the request until
-        its turn comes or the wait ends."""
+        """Admitted at once, or ``LaneFullError`` (``LaneCoolingError`` while
+        the lane cools down); the record keeps its place. With ``wait`` seconds
+        (at most 30), the server holds the request until its turn comes or the
+        wait ends."""
         body = {} if started_at is None else {"startedAt": wire_time(started_at)}
         param = wait_param(wait)
         return self._update(
@@ -311,7 +324,10 @@ class Activity:
     def admit(
         self, *, max_wait: Optional[float] = None, wait_step: float = 10.0, cancel: Optional[threading.Event] = None
     ) -> ActivityRecord:
-        """Waits in line with bounded ``?wait=`` requests until admitted.
+        """Waits in line with bounded ``?wait=`` requests until admitted,
+        through a full lane and a lane cooling down alike. After
+        ``lane_cooling`` with a ``Retry-After``, the next request waits until
+        then (never past ``max_wait``).
 
         ``cancel``: when another thread sets it, the record is cancelled and
         ``WaitCancelledError`` raised, at once (not at the end of a
@@ -344,10 +360,16 @@ class Activity:
             try:
                 return self.start(wait=left)
             except InflightError as err:
-                if err.code != "lane_full" or (cancel is not None and cancel.is_set()):
+                if err.code not in WAIT_CODES or (cancel is not None and cancel.is_set()):
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
                     raise wait_timeout(self.record, max_wait) from err
+                pause = pause_before_asking(err, deadline, time.monotonic())
+                if pause > 0:
+                    if cancel is None:
+                        time.sleep(pause)
+                    elif cancel.wait(pause):
+                        raise  # ``admit`` sees the event set: wait_cancelled
 
     def _cancel_quietly(self) -> None:
         try:
@@ -356,20 +378,28 @@ class Activity:
             pass  # reaped past its bound if this cancel was lost
 
     def settle(
-        self, success: bool, *, failure_stage: Optional[FailureStage] = None, completed_at: Any = None
+        self,
+        success: bool,
+        *,
+        failure_stage: Optional[FailureStage] = None,
+        completed_at: Any = None,
+        retry_after_ms: Optional[int] = None,
     ) -> ActivityRecord:
-        body: Dict[str, Any] = {"success": success}
-        if failure_stage is not None:
-            body["failureStage"] = failure_stage
-        if completed_at is not None:
-            body["completedAt"] = wire_time(completed_at)
+        """``retry_after_ms``: with a failure, the provider's ``Retry-After``
+        in milliseconds (1 to 3600000; ``inflight_ledger.retry_after_ms(response)``
+        reads it from an answer): the lane admits nothing new until it has
+        passed (at most the server's ``max_cooldown``). The server refuses it
+        with a success (``InvalidRequestError`` naming ``retryAfterMs``)."""
+        body = settle_body(success, failure_stage, completed_at, retry_after_ms)
         return self._update(self.ledger.request("settle", id=self.id, body=body))
 
     def succeed(self) -> ActivityRecord:
         return self.settle(True)
 
-    def fail(self, failure_stage: FailureStage = "provider") -> ActivityRecord:
-        return self.settle(False, failure_stage=failure_stage)
+    def fail(self, failure_stage: FailureStage = "provider", *, retry_after_ms: Optional[int] = None) -> ActivityRecord:
+        """A failure at ``failure_stage``; ``retry_after_ms``: the provider's
+        ``Retry-After`` (see ``settle``)."""
+        return self.settle(False, failure_stage=failure_stage, retry_after_ms=retry_after_ms)
 
     def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
         """Records an abort the caller observed: ``cancelled``. Repeating it is harmless."""
@@ -500,7 +530,8 @@ class ActivityBlock:
             self._end(lambda: activity.cancel("cancelled"))  # the caller aborted the work
         else:
             stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
-            self._end(lambda: activity.fail(stage))
+            retry_after = retry_after_of(exc)
+            self._end(lambda: activity.fail(stage, retry_after_ms=retry_after))
 
     def _end(self, end: Callable[[], ActivityRecord]) -> None:
         assert self.activity is not None
