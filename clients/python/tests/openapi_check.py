@@ -135,6 +135,9 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         ("Snapshot", snapshot),
         ("Lane", (snapshot, "nativeAdmission", "additionalProperties")),
         ("ReapCounts", (snapshot, "nativeAdmission", "additionalProperties", "reaped")),
+        ("ByPriority", (snapshot, "nativeAdmission", "additionalProperties", "byPriority")),
+        *[("PriorityCounts", (snapshot, "nativeAdmission", "additionalProperties", "byPriority", priority))
+          for priority in PRIORITIES],
         ("InFlightRecord", (snapshot, "inFlight", "items")),
         ("ActivityRecord", (snapshot, "recentCompletions", "items")),
         ("ReapedRecord", (snapshot, "reaped", "items")),

@@ -87,3 +87,20 @@ def test_the_check_notices_an_older_servers_document_without_idempotent_begins(d
         "POST /v1/activities/{id}/settle header parameters: the document has x-brand-new, the client does not"
         in "\n".join(compare_with_document(newer))
     )
+
+
+def test_the_check_notices_an_older_servers_document_without_cooldowns(document):
+    older = copy.deepcopy(document)
+    for schema in (older.get("components") or {}).get("schemas", {}).values():
+        for field in ("retryAfterMs", "coolingUntil", "effectiveCap", "cooldowns", "byPriority"):
+            (schema.get("properties") or {}).pop(field, None)
+        if isinstance(schema.get("enum"), list):
+            schema["enum"] = [code for code in schema["enum"] if code != "lane_cooling"]
+    problems = "\n".join(compare_with_document(older))
+    assert "SettleRequest fields: the client has retryAfterMs, the document does not" in problems
+    assert (
+        "Lane (nativeAdmission.additionalProperties) fields: the client has byPriority, cooldowns, coolingUntil, "
+        "effectiveCap, the document does not" in problems
+    )
+    assert "error codes: the client has lane_cooling, the document does not" in problems
+    assert "expects ByPriority (nativeAdmission.additionalProperties.byPriority)" in problems

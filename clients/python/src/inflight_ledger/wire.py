@@ -181,7 +181,7 @@ class PriorityCounts(TypedDict):
     waiting: int
 
 
-class LaneByPriority(TypedDict):
+class ByPriority(TypedDict):
     """A lane's records in flight by priority (all three always present)."""
 
     interactive: PriorityCounts
@@ -213,7 +213,7 @@ class Lane(_LaneBase, total=False):
     effectiveCap: Optional[int]
     #: How many cooldowns the lane ever started.
     cooldowns: int
-    byPriority: LaneByPriority
+    byPriority: ByPriority
 
 
 _AggregateBase = TypedDict(
@@ -313,7 +313,7 @@ TYPES = {
         Owner,
         ReapCounts,
         Lane,
-        LaneByPriority,
+        ByPriority,
         PriorityCounts,
         Aggregate,
         Snapshot,
