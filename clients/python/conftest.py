@@ -25,6 +25,9 @@ CAPPED = [f"{name}::capped" for name in (
     "wait", "exec", "timeout", "owner", "full", "maxwait", "kbint",
     "await", "aexec", "atimeout", "aowner", "amaxwait", "now", "anow", "cancel", "hcancel",
     "idem-wait", "idem-full",
+    # test_cooldown.py: a cooldown outlives its test, so each has its own lane.
+    "cool", "cool-step", "cool-max", "cool-raise", "cool-openai", "cool-refused",
+    "acool", "acool-step", "acool-raise", "acool-openai",
 )]
 
 
