@@ -150,7 +150,7 @@ def test_a_block_gives_up_at_its_max_wait_not_at_the_end_of_the_cooldown(ledger)
         with ledger.activity(service="cool-max", provider="capped", max_wait=0.5, wait_step=0.2,
                              lifecycle=Lifecycle(on_enqueued=seen.append)):
             pytest.fail("admitted during the cooldown")
-    assert 0.45 <= time.monotonic() - started < 1.5
+    assert 0.45 <= time.monotonic() - started < 2.5
     record = ledger.get_activity(seen[0]["activityId"])
     assert (record["state"], record["cancelReason"]) == ("cancelled", "wait timeout")
     assert lane_counts(ledger.snapshot(limit=1000), "cool-max::capped") == EMPTY
@@ -222,7 +222,7 @@ async def test_async_a_block_waits_through_the_cooldown_and_asks_again_only_afte
         with pytest.raises(WaitTimeoutError):
             async with ledger.activity(service="acool-step", provider="capped", max_wait=0.5, wait_step=0.2):
                 pytest.fail("admitted during the cooldown")
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 2.5
 
 
 @pytest.mark.asyncio

@@ -275,7 +275,7 @@ def test_after_lane_cooling_the_next_start_waits_for_its_retry_after():
         with ledger.activity(service="kb", provider="openai", max_wait=5) as call:
             assert call.record["state"] == "executing"
     (first, _, _, _), (second, _, _, _) = lane.requests("start")
-    assert 0.95 <= second - first < 2.0, second - first
+    assert 0.95 <= second - first < 3.0, second - first
 
 
 @pytest.mark.parametrize("refused", [refusal("lane_full", "1"), refusal("lane_cooling")],
@@ -295,7 +295,7 @@ def test_the_wait_for_retry_after_never_goes_past_max_wait():
         with pytest.raises(WaitTimeoutError):
             with ledger.activity(service="kb", provider="openai", max_wait=0.4):
                 pytest.fail("never admitted")
-    assert 0.35 <= time.monotonic() - started < 1.5
+    assert 0.35 <= time.monotonic() - started < 3
     starts = lane.requests("start")
     assert [wait for _, _, wait, _ in starts][1:] == ["0ms"], "one last ask at max_wait, holding nothing"
     assert [body for _, _, _, body in lane.requests("cancel")] == [{"reason": "wait timeout"}]
@@ -310,7 +310,7 @@ def test_a_cancel_event_ends_the_wait_for_retry_after_at_once():
         with pytest.raises(WaitCancelledError):
             with ledger.activity(service="kb", provider="openai", cancel=stop):
                 pytest.fail("never admitted")
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 3
     assert len(lane.requests("start")) == 1
     assert lane.requests("cancel"), "the record was cancelled"
 
@@ -367,7 +367,7 @@ async def test_async_after_lane_cooling_the_next_start_waits_for_its_retry_after
         async with ledger.activity(service="kb", provider="openai", max_wait=5) as call:
             assert call.record["state"] == "executing"
     (first, _, _, _), (second, _, _, _) = lane.requests("start")
-    assert 0.95 <= second - first < 2.0, second - first
+    assert 0.95 <= second - first < 3.0, second - first
 
 
 @pytest.mark.asyncio
@@ -389,7 +389,7 @@ async def test_async_the_wait_for_retry_after_never_goes_past_max_wait_nor_a_tim
         with pytest.raises(WaitTimeoutError):
             async with ledger.activity(service="kb", provider="openai", max_wait=0.4):
                 pytest.fail("never admitted")
-        assert 0.35 <= time.monotonic() - started < 1.5
+        assert 0.35 <= time.monotonic() - started < 3
         assert [wait for _, _, wait, _ in lane.requests("start")][1:] == ["0ms"]
         assert [body for _, _, _, body in lane.requests("cancel")] == [{"reason": "wait timeout"}]
         # The block's timeout cuts the wait for a Retry-After short too.
@@ -398,7 +398,7 @@ async def test_async_the_wait_for_retry_after_never_goes_past_max_wait_nor_a_tim
         with pytest.raises(TimeoutError):
             async with ledger.activity(service="kb", provider="openai", timeout=0.3):
                 pytest.fail("never admitted")
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 3
         assert [body for _, _, _, body in lane.requests("cancel")][-1] == {"reason": "timeout"}
 
 
