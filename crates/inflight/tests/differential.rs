@@ -154,6 +154,10 @@ const RANKED_LANE: &str = "kb::openai";
 const RANKED_CAP: usize = 2;
 const RANKED_BATCH_CAP: usize = 1;
 const MAX_OVERTAKES: u32 = 1;
+/// The ranked lane is adaptive too, with a short `max_cooldown`; the plain
+/// capped lane keeps the default of a minute.
+const RANKED_MAX_COOLDOWN: i64 = 10 * SEC;
+const MAX_COOLDOWN: i64 = 60 * SEC;
 /// The priorities begins carry; `unknown` ranks as batch.
 const PRIORITIES: [Priority; 3] = [Priority::Interactive, Priority::Batch, Priority::Unknown];
 const STAGE: &str = "diff-stage";
@@ -200,6 +204,8 @@ fn config() -> LedgerConfig {
         .with_lane_cap(RANKED_LANE, RANKED_CAP as u32)
         .unwrap()
         .with_lane_ranking(RANKED_LANE, Some(RANKED_BATCH_CAP as u32), Some(MAX_OVERTAKES))
+        .unwrap()
+        .with_lane_cooldown(RANKED_LANE, Some(millis(RANKED_MAX_COOLDOWN)), true)
         .unwrap()
         .with_retention(millis(RETENTION))
         .unwrap()
@@ -319,7 +325,8 @@ enum SinceOp {
 enum Op {
     Begin(BeginOp),
     Start(Pick, Ts),
-    Settle(Pick, bool, Option<FailureStage>, Ts),
+    /// Its last field: a refusing provider's `Retry-After`, in ms.
+    Settle(Pick, bool, Option<FailureStage>, Ts, Option<i64>),
     Cancel(Pick, Option<usize>, Ts),
     Refine(Pick, usize),
     /// A retry of the `k`-th most recent begin with a key: the same
@@ -420,6 +427,16 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
         )
 }
 
+/// A refusing provider's `Retry-After`: mostly valid, some out of range.
+fn retry_after() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        1 => Just(0i64),
+        8 => 1..=20 * SEC,
+        1 => Just(90 * SEC),
+        1 => Just(3_600_001i64),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let stage = prop_oneof![
         Just(None),
@@ -429,8 +446,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => begin_op().prop_map(Op::Begin),
         6 => (pick(), ts()).prop_map(|(p, t)| Op::Start(p, t)),
-        2 => (pick(), ts()).prop_map(|(p, t)| Op::Settle(p, true, None, t)),
-        1 => (pick(), stage, ts()).prop_map(|(p, s, t)| Op::Settle(p, false, s, t)),
+        2 => (pick(), ts(), prop::option::weighted(0.03, Just(SEC))).prop_map(|(p, t, retry)| Op::Settle(p, true, None, t, retry)),
+        1 => (pick(), stage, ts(), prop::option::weighted(0.4, retry_after())).prop_map(|(p, s, t, retry)| Op::Settle(p, false, s, t, retry)),
         1 => (pick(), prop::option::of(0..REASONS.len()), ts()).prop_map(|(p, r, t)| Op::Cancel(p, r, t)),
         2 => (pick(), 0..REFINED_MODELS.len()).prop_map(|(p, m)| Op::Refine(p, m)),
         2 => recent().prop_map(Op::Repeat),
@@ -499,7 +516,7 @@ struct BeginSpec {
 enum Step {
     Begin(usize, BeginSpec),
     Start(usize, Option<i64>),
-    Settle(usize, bool, Option<FailureStage>, Option<i64>),
+    Settle(usize, bool, Option<FailureStage>, Option<i64>, Option<i64>),
     Cancel(usize, Option<&'static str>, Option<i64>),
     Refine(usize, usize),
     Get(usize),
@@ -601,6 +618,11 @@ struct LaneObs {
     resurrections: i64,
     longest_wait_ms: i64,
     next_waiting_reap_in_ms: Option<i64>,
+    effective_cap: Option<u32>,
+    cooling_until: Option<i64>,
+    cooldowns: i64,
+    /// Executing and waiting, by interactive, batch, unknown.
+    by_priority: [(i64, i64); 3],
 }
 
 type AggKey = (String, String, String, String, String, Priority, Admission);
@@ -728,6 +750,17 @@ struct Model {
     /// The ranked lane's interactive grants in a row while batch work
     /// waited.
     overtakes: u32,
+    /// Each capped lane's cooldown and adaptive cap.
+    lanes: BTreeMap<&'static str, LaneModel>,
+}
+
+/// A capped lane's cooldown, and (the ranked lane's) adaptive cap.
+#[derive(Debug, Clone, Default)]
+struct LaneModel {
+    cooling_until: Option<i64>,
+    cooldowns: i64,
+    effective_cap: Option<usize>,
+    successes: usize,
 }
 
 fn key_of(rec: &Rec) -> AggKey {
@@ -876,6 +909,42 @@ impl Model {
         counts
     }
 
+    /// A settle of `r` landed: a `Retry-After` cools its capped lane down
+    /// (at most its `max_cooldown`); the ranked lane's cap adapts.
+    fn lane_settled(&mut self, r: usize, success: bool, retry: Option<i64>) {
+        let rec = self.rec(r).unwrap();
+        let completed_at = rec.completed_at.unwrap();
+        let lane: &'static str = match lane_key(rec).as_str() {
+            CAPPED_LANE => CAPPED_LANE,
+            RANKED_LANE => RANKED_LANE,
+            _ => return,
+        };
+        let state = self.lanes.entry(lane).or_default();
+        if let Some(ms) = retry {
+            let max = if lane == RANKED_LANE {
+                RANKED_MAX_COOLDOWN
+            } else {
+                MAX_COOLDOWN
+            };
+            let until = completed_at + ms.min(max);
+            state.cooling_until = Some(state.cooling_until.map_or(until, |running| running.max(until)));
+            state.cooldowns += 1;
+        }
+        if lane == RANKED_LANE {
+            let cap = state.effective_cap.unwrap_or(RANKED_CAP);
+            if retry.is_some() {
+                state.effective_cap = Some((cap / 2).max(1));
+                state.successes = 0;
+            } else if success && cap < RANKED_CAP {
+                state.successes += 1;
+                if state.successes >= RANKED_CAP {
+                    state.successes = 0;
+                    state.effective_cap = (cap + 1 < RANKED_CAP).then_some(cap + 1);
+                }
+            }
+        }
+    }
+
     fn capped(rec: &Rec) -> bool {
         rec.admission == Admission::Queued && (lane_key(rec) == CAPPED_LANE || lane_key(rec) == RANKED_LANE)
     }
@@ -927,6 +996,10 @@ impl Model {
             }
         }
         line.sort();
+        let state = self.lanes.get(lane.as_str()).cloned().unwrap_or_default();
+        if state.cooling_until.is_some_and(|until| self.now < until) {
+            return Err(ErrorKind::LaneCooling);
+        }
         if lane == CAPPED_LANE {
             let ahead = line.iter().position(|(_, _, me)| *me).unwrap();
             if executing + ahead >= CAP as usize {
@@ -939,7 +1012,8 @@ impl Model {
         let mut batches: Vec<bool> = line.iter().filter(|(_, b, _)| *b).map(|(_, _, me)| *me).collect();
         let others_batch = batches.iter().filter(|me| !**me).count();
         let mut run = self.overtakes;
-        let mut free = RANKED_CAP.saturating_sub(executing);
+        let cap = state.effective_cap.unwrap_or(RANKED_CAP);
+        let mut free = cap.saturating_sub(executing);
         while free > 0 {
             let batch_may = !batches.is_empty() && executing_batch < RANKED_BATCH_CAP;
             let served = if batch_may && (interactive.is_empty() || run >= MAX_OVERTAKES) {
@@ -969,13 +1043,22 @@ impl Model {
         let result = match step {
             Step::Begin(r, spec) => self.begin(*r, spec),
             Step::Start(r, at) => self.transition(*r, true, |m, r| m.start(r, *at)),
-            Step::Settle(r, success, stage, at) => self.transition(*r, false, |m, r| {
+            Step::Settle(r, success, stage, at, retry) => self.transition(*r, false, |m, r| {
+                // Checked before anything else is: a refusal changes nothing.
+                if retry.is_some_and(|ms| *success || !(1..=3_600_000).contains(&ms)) {
+                    return Err(ErrorKind::InvalidInput);
+                }
                 let (outcome, stage) = if *success {
                     (State::Succeeded, None)
                 } else {
                     (State::Failed, Some(stage.unwrap_or(FailureStage::Unknown)))
                 };
-                m.settle(r, outcome, stage, None, *at)
+                let was_in_flight = m.rec(r).unwrap().in_flight();
+                m.settle(r, outcome, stage, None, *at)?;
+                if was_in_flight {
+                    m.lane_settled(r, *success, *retry);
+                }
+                Ok(())
             }),
             Step::Cancel(r, reason, at) => self.transition(*r, false, |m, r| {
                 m.settle(r, State::Cancelled, None, sanitized(*reason), *at)
@@ -1426,9 +1509,21 @@ impl Model {
             resurrections: 0,
             longest_wait_ms: 0,
             next_waiting_reap_in_ms: None,
+            effective_cap: cap,
+            cooling_until: None,
+            cooldowns: 0,
+            by_priority: [(0, 0); 3],
         };
         lanes.insert(CAPPED_LANE.to_owned(), empty(Some(CAP as u32)));
         lanes.insert(RANKED_LANE.to_owned(), empty(Some(RANKED_CAP as u32)));
+        for (key, state) in &self.lanes {
+            let lane = lanes.get_mut(*key).unwrap();
+            lane.cooling_until = state.cooling_until.filter(|until| now < *until);
+            lane.cooldowns = state.cooldowns;
+            if let Some(cap) = state.effective_cap {
+                lane.effective_cap = Some(cap as u32);
+            }
+        }
         let mut everything = Tot::default();
         for (key, tot) in &self.totals {
             everything.calls += tot.calls;
@@ -1460,6 +1555,13 @@ impl Model {
         };
         for rec in in_flight.iter().filter(in_lane) {
             let lane = lanes.entry(lane_key(rec)).or_insert_with(|| empty(None));
+            let by_priority =
+                &mut lane.by_priority[PRIORITIES.iter().position(|p| *p == rec.priority).unwrap()];
+            if rec.state == State::Executing {
+                by_priority.0 += 1;
+            } else {
+                by_priority.1 += 1;
+            }
             if rec.state == State::Executing {
                 lane.executing += 1;
             } else {
@@ -1705,9 +1807,9 @@ impl Model {
                 let r = self.pick(*p);
                 Step::Start(r, self.ts(r, *ts, restrict))
             }
-            Op::Settle(p, success, stage, ts) => {
+            Op::Settle(p, success, stage, ts, retry) => {
                 let r = self.pick(*p);
-                Step::Settle(r, *success, *stage, self.ts(r, *ts, restrict))
+                Step::Settle(r, *success, *stage, self.ts(r, *ts, restrict), *retry)
             }
             Op::Cancel(p, reason, ts) => {
                 let r = self.pick(*p);
@@ -1833,13 +1935,13 @@ impl Subject {
                 }
             }
             Step::Start(r, at) => transition(*r, Transition::Start { at: abs(*at) }),
-            Step::Settle(r, success, stage, at) => transition(
+            Step::Settle(r, success, stage, at, retry) => transition(
                 *r,
                 Transition::Settle {
                     success: *success,
                     failure_stage: *stage,
                     at: abs(*at),
-                    retry_after_ms: None,
+                    retry_after_ms: *retry,
                 },
             ),
             Step::Cancel(r, reason, at) => transition(
@@ -2025,6 +2127,15 @@ impl Subject {
                             resurrections: lane.resurrections,
                             longest_wait_ms: lane.longest_wait_ms,
                             next_waiting_reap_in_ms: lane.next_waiting_reap_in_ms,
+                            effective_cap: lane.effective_cap,
+                            cooling_until: lane.cooling_until.map(|at| at.millis_since(T0)),
+                            cooldowns: lane.cooldowns,
+                            by_priority: [
+                                lane.by_priority.interactive,
+                                lane.by_priority.batch,
+                                lane.by_priority.unknown,
+                            ]
+                            .map(|counts| (counts.executing, counts.waiting)),
                         },
                     )
                 })
