@@ -177,13 +177,21 @@ function plural(n, one, many) {
   return `${n} ${n === 1 ? one : many}`;
 }
 
-// A bar whose parts and cap tick are reused; `bar.update` moves them.
+// A bar whose parts and ticks are reused; `bar.update` moves them. With a
+// cap, two ticks: the cap in force, and the declared cap, drawn only when
+// an adaptive lane lowered the one below the other.
 function makeBar(classNames, withCap) {
   const outer = el("div", undefined, "bar");
   const parts = classNames.map((name) => outer.appendChild(el("i", undefined, name)));
+  const declared = withCap ? outer.appendChild(el("b", undefined, "declared-cap")) : null;
   const cap = withCap ? outer.appendChild(el("b", undefined, "cap")) : null;
   if (cap) cap.title = "cap";
-  outer.update = (fractions, capFraction, classes) => {
+  if (declared) declared.title = "declared cap";
+  const tick = (node, fraction) => {
+    node.hidden = fraction === null || fraction === undefined;
+    if (!node.hidden) node.style.left = `calc(${(Math.min(1, fraction) * 100).toFixed(2)}% - 1px)`;
+  };
+  outer.update = (fractions, capFraction, classes, declaredFraction) => {
     let left = 0;
     fractions.forEach((fraction, i) => {
       const width = Math.max(0, Math.min(1 - left, fraction));
@@ -192,12 +200,19 @@ function makeBar(classNames, withCap) {
       if (classes && classes[i] && parts[i].className !== classes[i]) parts[i].className = classes[i];
       left += width;
     });
-    if (cap) {
-      cap.hidden = capFraction === null || capFraction === undefined;
-      if (!cap.hidden) cap.style.left = `calc(${(Math.min(1, capFraction) * 100).toFixed(2)}% - 1px)`;
-    }
+    if (cap) tick(cap, capFraction);
+    if (declared) tick(declared, declaredFraction);
   };
   return outer;
+}
+
+// A lane's declared cap, and the cap in force: lower when an adaptive lane
+// was lowered by a provider's refusals. A server older than `effectiveCap`
+// sends only `cap`, which is then the cap in force.
+function capsOf(lane) {
+  const declared = lane && Number.isFinite(lane.cap) ? lane.cap : null;
+  const inForce = lane && Number.isFinite(lane.effectiveCap) ? lane.effectiveCap : declared;
+  return { declared, inForce, lowered: declared !== null && inForce !== null && inForce !== declared };
 }
 
 function renderTotals(s) {
@@ -291,9 +306,12 @@ function summarizeLanes(s) {
 function markersOf(entry) {
   const markers = [];
   const lane = entry.native;
-  const cap = lane && lane.cap !== null && lane.cap !== undefined ? lane.cap : null;
-  if (cap !== null && lane.executing > cap) markers.push("over-cap");
-  else if (cap !== null && lane.executing >= cap && lane.waiting > 0) markers.push("saturated");
+  // Over the declared cap only: executing past a cap an adaptive lane just
+  // lowered is what lowering does (those calls go on), not a fault. Full is
+  // judged against the cap in force, which is what admits.
+  const { declared, inForce } = capsOf(lane);
+  if (declared !== null && lane.executing > declared) markers.push("over-cap");
+  else if (inForce !== null && lane.executing >= inForce && lane.waiting > 0) markers.push("saturated");
   else if (lane && lane.waiting > 0) markers.push("waiting");
   if (entry.failedRecent > 0) markers.push("failing");
   if (entry.reapedRecent > 0) markers.push("reaped");
@@ -376,19 +394,34 @@ function updateLaneRow(entry, nowMs) {
   }
   const direct = entry.direct ? ` +${entry.direct} direct` : "";
   if (lane) {
-    setText(r.cap, lane.cap ?? "none");
+    const caps = capsOf(lane);
+    // "2 of 4": the cap in force first, as it is the one that admits.
+    setText(r.cap, caps.declared === null ? "none" : caps.lowered ? `${caps.inForce} of ${caps.declared}` : caps.declared);
+    const capTitle = caps.lowered
+      ? `cap in force ${caps.inForce}, of a declared ${caps.declared}: lowered by a provider's refusals ` +
+        `(an adaptive lane); each run of ${caps.declared} successes gives one slot back`
+      : "";
+    if (r.cap.title !== capTitle) r.cap.title = capTitle;
+    r.cap.classList.toggle("lowered", caps.lowered);
     setText(r.executing, `${lane.executing}${direct}`);
     setText(r.waiting, lane.waiting);
     const load = lane.executing + lane.waiting;
-    const scale = Math.max(1, load, lane.cap || 0);
-    r.bar.update([lane.executing / scale, lane.waiting / scale], lane.cap ? lane.cap / scale : null);
+    const scale = Math.max(1, load, caps.declared || 0);
+    r.bar.update(
+      [lane.executing / scale, lane.waiting / scale],
+      caps.inForce ? caps.inForce / scale : null,
+      null,
+      caps.lowered ? caps.declared / scale : null,
+    );
     setText(r.longestWait, lane.waiting ? duration(lane.longestWaitMs) : "");
   } else {
     // A lane only `direct` calls use: no admission, so no cap or wait.
     setText(r.cap, "direct");
+    if (r.cap.title) r.cap.title = "";
+    r.cap.classList.remove("lowered");
     setText(r.executing, entry.inFlight ? `${entry.inFlight} direct` : "0");
     setText(r.waiting, "");
-    r.bar.update([0, 0], null);
+    r.bar.update([0, 0], null, null, null);
     setText(r.longestWait, "");
   }
   counts(r.failed, entry.failedRecent, entry.failedEver);
