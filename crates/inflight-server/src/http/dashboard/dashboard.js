@@ -29,9 +29,11 @@ const SERIES = [
   { key: "abandoned-owner-lost", label: "abandoned, owner lost" },
   { key: "unsettled-owner-lost", label: "unsettled, owner lost" },
 ];
-// Trouble, worst first: a lane ranks by its worst marker.
+// Trouble, worst first: a lane ranks by its worst marker. COOLING sits
+// above SATURATED: it is why a lane grants nothing, whatever its slots.
 const MARKERS = [
   { key: "over-cap", text: "OVER CAP" },
+  { key: "cooling", text: "COOLING" },
   { key: "saturated", text: "SATURATED" },
   { key: "waiting", text: "WAITING" },
   { key: "failing", text: "FAILING" },
@@ -113,6 +115,12 @@ function span(ms) {
   const h = Math.floor(m / 60);
   if (h < 48) return `${h} h`;
   return `${Math.floor(h / 24)} d`;
+}
+
+// What is left of a cooldown, ticking by the second: "19 s", "4m05s".
+function timeLeft(ms) {
+  if (ms <= 0) return "ending";
+  return ms < MINUTE_MS ? `${Math.ceil(ms / 1000)} s left` : `${duration(ms)} left`;
 }
 
 function relative(thenMs, nowMs) {
@@ -240,6 +248,7 @@ function renderTotals(s) {
 // section: its admission counts, failures and reaps in the window and ever,
 // and its last call.
 function summarizeLanes(s) {
+  const nowMs = Date.parse(s.at);
   const lanes = new Map();
   const get = (key) => {
     let lane = lanes.get(key);
@@ -255,6 +264,7 @@ function summarizeLanes(s) {
         reapedEver: null,
         lastCallMs: null,
         lastReapMs: null,
+        coolingUntilMs: null,
       };
       lanes.set(key, lane);
     }
@@ -268,6 +278,10 @@ function summarizeLanes(s) {
     const entry = get(key);
     entry.native = lane;
     entry.reapedEver = lane.reaped.abandoned + lane.reaped.unsettled;
+    // Cooling while its end is still ahead of the snapshot (a server older
+    // than coolingUntil sends none).
+    const until = lane.coolingUntil ? Date.parse(lane.coolingUntil) : NaN;
+    entry.coolingUntilMs = until > nowMs ? until : null;
   }
   // Aggregates count both admissions; a lane's own counters only `queued`.
   const aggReaped = new Map();
@@ -310,9 +324,12 @@ function markersOf(entry) {
   // lowered is what lowering does (those calls go on), not a fault. Full is
   // judged against the cap in force, which is what admits.
   const { declared, inForce } = capsOf(lane);
-  if (declared !== null && lane.executing > declared) markers.push("over-cap");
-  else if (inForce !== null && lane.executing >= inForce && lane.waiting > 0) markers.push("saturated");
-  else if (lane && lane.waiting > 0) markers.push("waiting");
+  const over = declared !== null && lane.executing > declared;
+  if (over) markers.push("over-cap");
+  if (entry.coolingUntilMs !== null) markers.push("cooling");
+  if (!over && inForce !== null && lane.executing >= inForce && lane.waiting > 0) markers.push("saturated");
+  // A cooling lane's waiters wait for the cooldown, which COOLING says.
+  else if (!over && entry.coolingUntilMs === null && lane && lane.waiting > 0) markers.push("waiting");
   if (entry.failedRecent > 0) markers.push("failing");
   if (entry.reapedRecent > 0) markers.push("reaped");
   return markers;
@@ -330,7 +347,9 @@ function byTrouble(a, b) {
   const kind = a.markers[0];
   let diff = 0;
   if (kind === "over-cap") diff = b.native.executing - b.native.cap - (a.native.executing - a.native.cap);
-  if (!diff && (kind === "over-cap" || kind === "saturated" || kind === "waiting"))
+  // The longest cooldown left first.
+  if (kind === "cooling") diff = b.coolingUntilMs - a.coolingUntilMs;
+  if (!diff && (kind === "over-cap" || kind === "cooling" || kind === "saturated" || kind === "waiting"))
     diff = b.native.longestWaitMs - a.native.longestWaitMs;
   if (kind === "failing") diff = b.failedRecent - a.failedRecent;
   if (kind === "reaped") diff = b.reapedRecent - a.reapedRecent;
@@ -367,8 +386,12 @@ function laneRow(key) {
     reaped: td("num"),
     last: td(),
     markerKey: null,
+    coolingUntilMs: null,
+    coolingAtMs: null,
   };
   r.name.textContent = key;
+  r.markerList = r.markers.appendChild(el("span"));
+  r.cooling = r.markers.appendChild(el("span", undefined, "cooling-left"));
   r.bar = makeBar(["executing", "waiting"], true);
   r.load.appendChild(r.bar);
   r.time = r.last.appendChild(el("time"));
@@ -388,10 +411,11 @@ function updateLaneRow(entry, nowMs) {
     r.markerKey = markerKey;
     r.tr.className = entry.markers.length ? `trouble ${entry.markers[0]}` : "";
     r.tr.dataset.trouble = markerKey;
-    r.markers.replaceChildren(
+    r.markerList.replaceChildren(
       ...entry.markers.map((key) => el("span", MARKERS[RANK[key]].text, `marker ${key}`)),
     );
   }
+  updateCooling(r, entry, nowMs);
   const direct = entry.direct ? ` +${entry.direct} direct` : "";
   if (lane) {
     const caps = capsOf(lane);
@@ -428,6 +452,35 @@ function updateLaneRow(entry, nowMs) {
   counts(r.reaped, entry.reapedRecent, entry.reapedEver);
   when(r.time, entry.lastCallMs ?? NaN, nowMs, `not in ${WINDOW_HOURS} h`);
   return r.tr;
+}
+
+// A cooling lane's time left, and the marker's title saying until when.
+function updateCooling(r, entry, nowMs) {
+  r.coolingUntilMs = entry.coolingUntilMs;
+  r.coolingAtMs = nowMs;
+  let title = "";
+  if (entry.coolingUntilMs !== null) {
+    const ever = entry.native.cooldowns;
+    title =
+      `cooling down after a provider's Retry-After until ${clock(entry.coolingUntilMs, nowMs)}: ` +
+      `the lane grants no new slot until then` +
+      (Number.isFinite(ever) ? ` (${plural(ever, "cooldown", "cooldowns")} ever)` : "");
+  }
+  const marker = r.markerList.querySelector(".marker.cooling");
+  if (marker && marker.title !== title) marker.title = title;
+  if (r.cooling.title !== title) r.cooling.title = title;
+  tickCooling(r);
+}
+
+// Counts a cooldown down between refreshes, by the page's clock since the
+// snapshot was read; the next refresh corrects it.
+function tickCooling(r) {
+  if (r.coolingUntilMs === null) {
+    setText(r.cooling, "");
+    return;
+  }
+  const since = receivedAt === null ? 0 : Math.max(0, Date.now() - receivedAt);
+  setText(r.cooling, timeLeft(r.coolingUntilMs - r.coolingAtMs - since));
 }
 
 // "3 · 29 ever": the window's count, then the lane's counter; blank when
@@ -813,6 +866,9 @@ document.addEventListener("DOMContentLoaded", () => {
     $("token").value = "";
     await refresh();
   });
-  setInterval(renderReadAt, 1000);
+  setInterval(() => {
+    renderReadAt();
+    for (const r of laneRows.values()) if (r.coolingUntilMs !== null) tickCooling(r);
+  }, 1000);
   refresh().then(schedule);
 });
