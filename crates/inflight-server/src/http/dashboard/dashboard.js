@@ -40,6 +40,7 @@ const MARKERS = [
   { key: "reaped", text: "REAPED" },
 ];
 const RANK = Object.fromEntries(MARKERS.map((m, i) => [m.key, i]));
+const PRIORITIES = ["interactive", "batch", "unknown"];
 
 // The token lives in this variable only: never in storage, never in the URL.
 let token = null;
@@ -394,6 +395,7 @@ function laneRow(key) {
   r.cooling = r.markers.appendChild(el("span", undefined, "cooling-left"));
   r.bar = makeBar(["executing", "waiting"], true);
   r.load.appendChild(r.bar);
+  r.priority = r.load.appendChild(el("div", undefined, "by-priority"));
   r.time = r.last.appendChild(el("time"));
   for (const cell of [r.failed, r.reaped]) {
     cell.appendChild(el("span", undefined, "recent"));
@@ -438,6 +440,7 @@ function updateLaneRow(entry, nowMs) {
       caps.lowered ? caps.declared / scale : null,
     );
     setText(r.longestWait, lane.waiting ? duration(lane.longestWaitMs) : "");
+    updatePriority(r.priority, lane.byPriority);
   } else {
     // A lane only `direct` calls use: no admission, so no cap or wait.
     setText(r.cap, "direct");
@@ -446,12 +449,32 @@ function updateLaneRow(entry, nowMs) {
     setText(r.executing, entry.inFlight ? `${entry.inFlight} direct` : "0");
     setText(r.waiting, "");
     r.bar.update([0, 0], null, null, null);
+    updatePriority(r.priority, null);
     setText(r.longestWait, "");
   }
   counts(r.failed, entry.failedRecent, entry.failedEver);
   counts(r.reaped, entry.reapedRecent, entry.reapedEver);
   when(r.time, entry.lastCallMs ?? NaN, nowMs, `not in ${WINDOW_HOURS} h`);
   return r.tr;
+}
+
+// "interactive 1/0 · batch 0/2": the lane's records executing/waiting by
+// priority, leaving out a priority with none. Blank when no record in
+// flight gives a priority (all `unknown`), as the counts beside it say all
+// of it then; and from a server older than byPriority.
+function updatePriority(node, byPriority) {
+  const counts = PRIORITIES.map((name) => {
+    const c = (byPriority && byPriority[name]) || {};
+    return { name, executing: c.executing || 0, waiting: c.waiting || 0 };
+  }).filter((c) => c.executing + c.waiting > 0);
+  const shown = counts.some((c) => c.name !== "unknown");
+  // No-break spaces keep each "batch 0/2" whole when the line wraps.
+  setText(node, shown ? counts.map((c) => `${c.name}\u00a0${c.executing}/${c.waiting}`).join(" · ") : "");
+  const title = shown
+    ? "by priority, executing/waiting: " +
+      counts.map((c) => `${c.name} ${c.executing} executing, ${c.waiting} waiting`).join("; ")
+    : "";
+  if (node.title !== title) node.title = title;
 }
 
 // A cooling lane's time left, and the marker's title saying until when.
