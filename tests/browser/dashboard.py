@@ -3,7 +3,8 @@
 
 Starts `inflight serve` on a fresh SQLite file with a token and a capped
 lane, seeds it over HTTP (a saturated lane, a failing one, leaked records,
-an owner lost with its record, idle and quiet lanes),
+an owner lost with its record, idle and quiet lanes, an adaptive lane
+cooling after a provider's Retry-After, its cap lowered),
 writes one label with markup straight into the store (the API refuses
 such labels, so only a damaged or hostile store could hold one), then opens
 the page and checks:
@@ -11,8 +12,12 @@ the page and checks:
 - it asks for the token, and keeps working once given it;
 - the snapshot's warnings are shown (a declared lane one edit from a lane
   with calls);
-- lanes are sorted by trouble (a saturated lane above idle lanes whose
-  names sort before it), marked in text, with failures and reaps per lane;
+- lanes are sorted by trouble (a cooling lane first, then a saturated lane
+  above idle lanes whose names sort before it), marked in text, with
+  failures and reaps per lane;
+- a cooling lane says so and for how long, its lowered cap reads "2 of 4"
+  with the bar's cap tick at 2, and a lane's records show by priority;
+- a snapshot from a server older than those fields still renders;
 - the reaped records are listed, and the status badge explains itself;
 - idle lanes fold away under a toggle, the quiet time set by `?idle=`;
 - the lanes, counts, oldest records, owners and reaps render;
@@ -32,6 +37,7 @@ Chromium).
 import argparse
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -45,7 +51,10 @@ from datetime import datetime, timedelta, timezone
 from playwright.sync_api import expect, sync_playwright
 
 TOKEN = "dashboard-test-token"
-LANE = "kb::ollama"  # capped at 2: saturated, 2 executing and 3 waiting
+LANE = "kb::ollama"  # capped at 2: saturated, 2 executing (interactive) and 3 waiting (batch)
+# Adaptive, capped at 4: a refusal with a Retry-After cools it for half an
+# hour and lowers its cap to 2; one record waits behind the cooldown.
+COOLED = "search::cohere"
 FAILING = "chat-api::anthropic"
 LEAKED = "chat-api::openai"  # direct calls reaped past their deadline
 ORPHANED = "jobs::ollama"  # a record reaped when its owner was lost
@@ -71,6 +80,7 @@ class Server:
         config = os.path.join(workdir, "inflight.toml")
         with open(config, "w") as f:
             f.write(f'[lanes."{LANE}"]\ncap = 2\n')
+            f.write(f'[lanes."{COOLED}"]\ncap = 4\nadaptive = true\nmax_cooldown = "1h"\n')
             for lane in IDLE + [MISSPELLED]:
                 f.write(f'[lanes."{lane}"]\ncap = 4\n')
         self.log = open(os.path.join(workdir, "server.log"), "w")
@@ -124,14 +134,23 @@ def seed(server):
     now = datetime.now(timezone.utc)
     executing = []
     for _ in range(2):
-        activity = server.begin()
+        activity = server.begin(priority="interactive")
         status, _ = server.call("POST", f"/v1/activities/{activity}/start")
         assert status == 200, status
         executing.append(activity)
     # Three waiting behind them, the oldest for two and a half minutes.
-    waiting = [server.begin(enqueuedAt=rfc3339(now - timedelta(seconds=150 - i))) for i in range(3)]
+    waiting = [server.begin(enqueuedAt=rfc3339(now - timedelta(seconds=150 - i)), priority="batch")
+               for i in range(3)]
     status, _ = server.call("POST", f"/v1/activities/{waiting[0]}/start")
     assert status == 429, f"a third start on a cap-2 lane answered {status}"
+    # A provider refuses with a Retry-After of half an hour: the adaptive
+    # lane cools down, its cap halved to 2, and a record begun after waits.
+    refused = server.begin(service="search", provider="cohere")
+    assert server.call("POST", f"/v1/activities/{refused}/start")[0] == 200
+    status, body = server.call("POST", f"/v1/activities/{refused}/settle",
+                               {"success": False, "retryAfterMs": 1_800_000})
+    assert status == 200, (status, body)
+    server.begin(service="search", provider="cohere", priority="interactive")
     # A failing provider: three failures and a success.
     for success in (False, False, False, True):
         activity = server.begin(service="chat-api", provider="anthropic", **{"class": "chat"})
@@ -240,17 +259,19 @@ def run(server, seeded, args):
         expect(page.locator("#status-text")).to_contain_text("settle never came")
         assert page.get_attribute("#status", "title") == page.text_content("#status-text")
         expect(page.locator("#trouble")).to_contain_text(f"saturated: {LANE}")
-        expect(page.locator("#trouble")).to_contain_text(f"failing: {FAILING}")
+        expect(page.locator("#trouble")).to_contain_text(f"cooling: {COOLED}")
+        expect(page.locator("#trouble")).to_contain_text(re.compile(f"failing: [^·]*{re.escape(FAILING)}"))
         warning = page.locator('#warnings li[data-code="lane_unused_near_miss"]')
         expect(warning).to_contain_text(MISSPELLED)
         expect(warning).to_contain_text(LANE)
 
-        # Trouble first: the saturated lane tops the table, above lanes whose
-        # names sort before it, then the waiting, failing and reaped ones.
+        # Trouble first: the cooling lane tops the table, then the saturated
+        # lane above lanes whose names sort before it, then the waiting,
+        # failing and reaped ones.
         kb = lane_row(page, LANE)
         expect(kb).to_have_count(1)
         active = lane_order(page, "lanes-active")
-        expected = [LANE, MARKUP + "::ollama", FAILING, LEAKED, ORPHANED]
+        expected = [COOLED, LANE, MARKUP + "::ollama", FAILING, LEAKED, ORPHANED]
         assert active == expected, f"lanes in the order {active}, not {expected}"
         expect(kb).to_have_attribute("data-trouble", "saturated")
         expect(kb).to_have_class("trouble saturated")
@@ -260,8 +281,31 @@ def run(server, seeded, args):
         expect(cell(kb, "waiting")).to_have_text("3")
         expect(cell(kb, "longest wait")).to_contain_text("2m3")
         assert kb.locator(".bar b.cap").count() == 1, "the cap is not drawn"
+        expect(kb.locator(".bar b.declared-cap")).to_be_hidden()
+        expect(cell(kb, "load").locator(".by-priority")).to_have_text("interactive 2/0 · batch 0/3")
         expect(page.locator(".key")).to_contain_text("SATURATED")
         expect(page.locator(".key")).to_contain_text("cap")
+
+        # The cooling lane: marked, with the time left and until when; its
+        # cap in force beside the declared one, and the bar's tick at it. Its
+        # waiting record waits for the cooldown, so no WAITING marker.
+        cooled = lane_row(page, COOLED)
+        expect(cooled).to_have_attribute("data-trouble", "cooling failing")
+        expect(cooled).to_have_class("trouble cooling")
+        marker = cell(cooled, "trouble").locator(".marker.cooling")
+        expect(marker).to_have_text("COOLING")
+        expect(marker).to_have_attribute("title", re.compile(
+            r"^cooling down after a provider's Retry-After until \d\d:\d\d:\d\d UTC"))
+        expect(cell(cooled, "trouble").locator(".cooling-left")).to_have_text(re.compile(r"^(29|30)m\d\ds left$"))
+        expect(cell(cooled, "cap")).to_have_text("2 of 4")
+        expect(cell(cooled, "cap")).to_have_attribute("title", re.compile("declared 4"))
+        expect(cell(cooled, "waiting")).to_have_text("1")
+        expect(cell(cooled, "load").locator(".by-priority")).to_have_text("interactive 0/1")
+        ticks = page.evaluate(TICKS, COOLED)
+        assert abs(ticks["cap"] - 0.5) < 0.02, f"the cap tick is not at the cap in force (2 of 4): {ticks}"
+        assert abs(ticks["declared"] - 1) < 0.02, f"the declared cap's tick is not at 4 of 4: {ticks}"
+        expect(page.locator(".key")).to_contain_text("COOLING")
+        expect(page.locator(".key")).to_contain_text("2 of 4")
 
         # Failures and reaps per lane.
         failing = lane_row(page, FAILING)
@@ -308,7 +352,7 @@ def run(server, seeded, args):
         expect(page.locator("#reap-chart")).to_have_attribute("data-total", "4")
         assert page.locator("#reap-chart svg rect.unsettled-deadline").count() >= 1
         # The oldest in flight, with their ages and bounds; the owners.
-        expect(page.locator("#in-flight tbody tr")).to_have_count(6)
+        expect(page.locator("#in-flight tbody tr")).to_have_count(7)
         expect(page.locator("#owners tbody tr")).to_have_count(2)
         live = page.locator('#owners tbody tr[data-state="live"]')
         expect(live.locator("td").nth(1)).to_have_text("worker-a")
@@ -349,6 +393,7 @@ def run(server, seeded, args):
                      enqueuedAt=rfc3339(datetime.now(timezone.utc) - timedelta(hours=1)),
                      deadlineMs=1000)
         expect(cell(kb, "executing")).to_have_text("1", timeout=10_000)
+        expect(cell(kb, "load").locator(".by-priority")).to_have_text("interactive 1/0 · batch 0/3")
         # One slot free, three still waiting for their callers to start them.
         expect(kb).to_have_attribute("data-trouble", "waiting")
         expect(page.locator("#reap-chart")).to_have_attribute("data-total", "5", timeout=10_000)
@@ -356,6 +401,11 @@ def run(server, seeded, args):
         assert int(page.evaluate("() => document.body.dataset.refreshes")) > refreshes
         assert page.evaluate(f"() => document.querySelector('#lanes tr[data-lane=\"{LANE}\"]').__kept") is True, \
             "the lane's row was rebuilt"
+
+        # A server older than effectiveCap, coolingUntil, cooldowns and
+        # byPriority: the cooled lane reads as a plain one, without errors.
+        old = page.evaluate(OLDER_SERVER, COOLED)
+        assert old == {"cap": "4", "trouble": "waiting failing", "left": "", "priority": "", "declared": True}, old
 
         # Hundreds of lanes: a refresh stays fast, and rows are reused.
         timing = page.evaluate(MANY_LANES)
@@ -386,6 +436,36 @@ def run(server, seeded, args):
         assert not errors, f"the page raised: {errors}"
         browser.close()
 
+
+# Where the cap ticks of a lane's bar sit, as fractions of the bar.
+TICKS = """(lane) => {
+  const bar = document.querySelector(`#lanes tr[data-lane="${lane}"] .bar`).getBoundingClientRect();
+  const at = (selector) => {
+    const tick = document.querySelector(`#lanes tr[data-lane="${lane}"] .bar ${selector}`).getBoundingClientRect();
+    return (tick.left + 1 - bar.left) / bar.width;
+  };
+  return { cap: at("b.cap"), declared: at("b.declared-cap") };
+}"""
+
+# Renders the last snapshot without the fields a server older than the
+# cooldowns lacks, reads the lane's row, then renders the snapshot again.
+OLDER_SERVER = """(lane) => {
+  const older = JSON.parse(JSON.stringify(last));
+  for (const entry of Object.values(older.nativeAdmission)) {
+    delete entry.effectiveCap; delete entry.coolingUntil; delete entry.cooldowns; delete entry.byPriority;
+  }
+  render(older);
+  const row = document.querySelector(`#lanes tr[data-lane="${lane}"]`);
+  const seen = {
+    cap: row.cells[2].textContent,
+    trouble: row.dataset.trouble,
+    left: row.querySelector(".cooling-left").textContent,
+    priority: row.querySelector(".by-priority").textContent,
+    declared: row.querySelector(".bar b.declared-cap").hidden,
+  };
+  render(last);
+  return seen;
+}"""
 
 # Renders the last snapshot with 500 more lanes, twice, in the page itself
 # (its functions are the page's globals), and times each render.
