@@ -118,7 +118,7 @@ function span(ms) {
   return `${Math.floor(h / 24)} d`;
 }
 
-// What is left of a cooldown, ticking by the second: "19 s", "4m05s".
+// What is left of a cooldown, by the second: "19 s left", "4m05s left".
 function timeLeft(ms) {
   if (ms <= 0) return "ending";
   return ms < MINUTE_MS ? `${Math.ceil(ms / 1000)} s left` : `${duration(ms)} left`;
