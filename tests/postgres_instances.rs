@@ -4,8 +4,10 @@
 //! reaped once however many reapers run, concurrent begins with one
 //! idempotency key make one record, a waiter on one is admitted once
 //! a settle on the other frees its slot, an owner's lease works across
-//! them, and a server whose database goes away answers 503 `unavailable`
-//! within seconds and recovers by itself.
+//! them, a ranked lane serves interactive and batch work in one order
+//! whichever server asks, a provider's Retry-After settled on one holds
+//! the other's waiters until it ends, and a server whose database goes
+//! away answers 503 `unavailable` within seconds and recovers by itself.
 //!
 //! The database is a fresh schema on the test server
 //! (`INFLIGHT_TEST_POSTGRES_URL`, by default postgres@127.0.0.1:5432).
@@ -38,6 +40,11 @@ cap = 2
 cap = 1
 [lanes."held::ollama"]
 cap = 2
+[lanes."ranked::ollama"]
+cap = 1
+max_overtakes = 1
+[lanes."cooling::ollama"]
+cap = 1
 "#;
 
 /// A server on `store`, configured by `config`, on a free port.
@@ -200,6 +207,140 @@ async fn waiting_starts_are_admitted_first_come_first_served_across_servers() {
     let mut first_two = ids[..2].to_vec();
     first_two.sort();
     assert_eq!(admitted, first_two, "the two enqueued first, and only they");
+}
+
+/// neomjs/neo#17093's order with one overtake, its records begun and
+/// started through both servers: whichever server asks, the lane's run of
+/// overtakes is the database's, so the order is interactive-1, batch-1,
+/// interactive-2, batch-2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ranked_lane_serves_one_order_across_servers() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let now = now_ms();
+    let blocker = servers[0]
+        .begin(
+            json!({"service": "ranked", "provider": "ollama", "class": "embedding",
+                      "enqueuedAt": now, "startedAt": now}),
+        )
+        .await;
+    let mut ids = Vec::new();
+    for (i, priority) in ["batch", "batch", "interactive", "interactive"]
+        .into_iter()
+        .enumerate()
+    {
+        let body = json!({"service": "ranked", "provider": "ollama", "class": "embedding",
+                          "priority": priority, "enqueuedAt": now + 1 + i as i64});
+        ids.push(servers[i % 2].begin(body).await);
+    }
+    servers[1]
+        .post(
+            &format!("/v1/activities/{blocker}/settle"),
+            json!({"success": true}),
+        )
+        .await;
+    let mut order = Vec::new();
+    for round in 0..ids.len() {
+        let mut admitted = Vec::new();
+        for (at, id) in ids.iter().enumerate().rev() {
+            if order.contains(&at) {
+                continue;
+            }
+            let (status, answer) = servers[(round + at) % 2]
+                .post(&format!("/v1/activities/{id}/start"), json!({}))
+                .await;
+            match status {
+                200 => admitted.push(at),
+                429 => assert_eq!(answer["error"]["code"], "lane_full", "{answer}"),
+                _ => panic!("{status}: {answer}"),
+            }
+        }
+        assert_eq!(admitted.len(), 1, "one slot, one admitted: {admitted:?}");
+        order.push(admitted[0]);
+        servers[round % 2]
+            .post(
+                &format!("/v1/activities/{}/settle", ids[admitted[0]]),
+                json!({"success": true}),
+            )
+            .await;
+    }
+    assert_eq!(order, [2, 0, 3, 1], "I1, B1, I2, B2");
+}
+
+/// A provider's Retry-After settled through one server cools the lane for
+/// the other: its starts are refused `lane_cooling` with the seconds left,
+/// and its waiters, held through the cooldown, are admitted in line order
+/// once it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cooldown_on_one_server_holds_the_others_waiters_then_serves_them_in_order() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let body = json!({"service": "cooling", "provider": "ollama", "class": "embedding"});
+    let refused = servers[0].begin(body.clone()).await;
+    let (status, answer) = servers[0]
+        .post(&format!("/v1/activities/{refused}/start"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = servers[0]
+        .post(
+            &format!("/v1/activities/{refused}/settle"),
+            json!({"success": false, "failureStage": "provider", "retryAfterMs": 2000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let settled_at = Instant::now();
+    let (status, snapshot) = servers[1].get("/v1/snapshot").await;
+    assert_eq!(status, 200);
+    assert!(
+        snapshot["nativeAdmission"]["cooling::ollama"]["coolingUntil"].is_string(),
+        "{snapshot}"
+    );
+    // Two waiters on the other server, in line order.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(servers[1].begin(body.clone()).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, answer) = servers[1]
+        .post(&format!("/v1/activities/{}/start", ids[0]), json!({}))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (429, Some("lane_cooling")),
+        "{answer}"
+    );
+    let waiters: Vec<_> = ids
+        .iter()
+        .rev()
+        .map(|id| {
+            let (servers, id) = (Arc::clone(&servers), id.clone());
+            tokio::spawn(async move {
+                let (status, answer) = servers[1]
+                    .post(&format!("/v1/activities/{id}/start?wait=20s"), json!({}))
+                    .await;
+                assert_eq!(status, 200, "{answer}");
+                let admitted_at = Instant::now();
+                servers[1]
+                    .post(&format!("/v1/activities/{id}/settle"), json!({"success": true}))
+                    .await;
+                (id, admitted_at)
+            })
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for waiter in waiters {
+        admitted.push(waiter.await.unwrap());
+    }
+    admitted.sort_by_key(|(_, at)| *at);
+    let first = admitted[0].1.saturating_duration_since(settled_at);
+    assert!(
+        first >= Duration::from_millis(1_500),
+        "admitted {first:?} after the refusal, inside its cooldown"
+    );
+    let order: Vec<_> = admitted.into_iter().map(|(id, _)| id).collect();
+    assert_eq!(order, ids, "line order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

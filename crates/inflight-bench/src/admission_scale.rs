@@ -40,23 +40,24 @@ fn move_half_history_to_lane(path: &Path) -> Result<usize> {
     )?;
     let n = i64::try_from(moved)?;
     // `seed_history` counts every record alike (one success, the same
-    // waits), so the moved share of each sum is `sum / calls * n`.
+    // waits), so the moved share of each sum is `sum / succeeded * n`
+    // (an aggregate's calls are no longer stored: migration 8).
     tx.execute(
         "INSERT INTO aggregates (service, operation_stage, class, provider, model, priority, admission, \
-           calls, succeeded, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
+           succeeded, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
            execution_count, execution_sum_ms, execution_max_ms, last_seen_at) \
          SELECT 'knowledge-base', operation_stage, class, provider, model, priority, admission, \
-           ?1, ?1, ?1, queue_wait_sum_ms / calls * ?1, queue_wait_max_ms, \
-           ?1, execution_sum_ms / calls * ?1, execution_max_ms, last_seen_at \
+           ?1, ?1, queue_wait_sum_ms / succeeded * ?1, queue_wait_max_ms, \
+           ?1, execution_sum_ms / succeeded * ?1, execution_max_ms, last_seen_at \
          FROM aggregates WHERE service = 'bench-history'",
         [n],
     )?;
     tx.execute(
-        "UPDATE aggregates SET calls = calls - ?1, succeeded = succeeded - ?1, \
+        "UPDATE aggregates SET succeeded = succeeded - ?1, \
            queue_wait_count = queue_wait_count - ?1, \
-           queue_wait_sum_ms = queue_wait_sum_ms - queue_wait_sum_ms / calls * ?1, \
+           queue_wait_sum_ms = queue_wait_sum_ms - queue_wait_sum_ms / succeeded * ?1, \
            execution_count = execution_count - ?1, \
-           execution_sum_ms = execution_sum_ms - execution_sum_ms / calls * ?1 \
+           execution_sum_ms = execution_sum_ms - execution_sum_ms / succeeded * ?1 \
          WHERE service = 'bench-history'",
         [n],
     )?;

@@ -24,6 +24,7 @@ mod http_lifecycle;
 mod memory_lifecycle;
 mod postgres;
 mod profile;
+mod ranked_admission;
 mod reap_scale;
 mod redis_slots;
 mod report;
@@ -45,6 +46,7 @@ use crate::http_lifecycle::http_lifecycle;
 use crate::memory_lifecycle::memory_lifecycle;
 use crate::postgres::{postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances};
 use crate::profile::{count_lifecycles, drive_http, profile_lifecycles};
+use crate::ranked_admission::ranked_admission;
 use crate::reap_scale::reap_scale;
 use crate::redis_slots::redis_slots;
 use crate::report::Case;
@@ -60,6 +62,7 @@ const CASES: &[&str] = &[
     "snapshot_scale",
     "reap_scale",
     "admission_scale",
+    "ranked_admission",
     "http_lifecycle",
     "snapshot_under_load",
     "redis_slots",
@@ -267,6 +270,7 @@ fn main() -> Result<()> {
         ("snapshot_scale", Box::new(|| snapshot_scale(&plan, &dir))),
         ("reap_scale", Box::new(|| reap_scale(&plan, &dir))),
         ("admission_scale", Box::new(|| admission_scale(&plan, &dir))),
+        ("ranked_admission", Box::new(|| ranked_admission(&plan, &dir))),
         ("http_lifecycle", Box::new(|| http_lifecycle(&plan, &dir))),
         (
             "snapshot_under_load",

@@ -90,6 +90,8 @@ pub struct LedgerConfig {
     /// `[providers.NAME] shared_cooldown = true`: a cooldown on one lane
     /// of these providers holds for all of its lanes.
     shared_cooldown: BTreeSet<String>,
+    /// Whether any lane is adaptive ([`LedgerConfig::any_adaptive`]).
+    any_adaptive: bool,
     cardinality: Cardinality,
 }
 
@@ -121,6 +123,7 @@ impl LedgerConfig {
             lanes: BTreeMap::new(),
             admission: AdmissionDefaults::default(),
             shared_cooldown: BTreeSet::new(),
+            any_adaptive: false,
             cardinality: Cardinality::default(),
         }
     }
@@ -252,6 +255,7 @@ impl LedgerConfig {
             .map(|max| cooldown_ms(&format!("lanes.{lane:?}.max_cooldown"), max))
             .transpose()?;
         settings.adaptive = adaptive;
+        self.any_adaptive = self.lanes.values().any(|settings| settings.adaptive);
         Ok(self)
     }
 
@@ -355,13 +359,35 @@ impl LedgerConfig {
         self.rules_for(&labels.service, &labels.provider)
     }
 
+    /// Whether the lane of a call with `labels` has a cap: what a start
+    /// and every counted effect ask, without resolving the lane's rules.
+    #[inline]
+    pub fn is_capped(&self, labels: &LabelSet) -> bool {
+        self.settings_for(&labels.service, &labels.provider)
+            .is_some_and(|settings| settings.cap.is_some())
+    }
+
+    /// Whether any lane has an adaptive cap, which every settle then
+    /// updates; when none has, a settle without `Retry-After` looks up no
+    /// lane.
+    #[inline]
+    pub fn any_adaptive(&self) -> bool {
+        self.any_adaptive
+    }
+
+    fn rules_for(&self, service: &Label, provider: &Label) -> Option<LaneRules> {
+        self.settings_for(service, provider)
+            .and_then(|settings| settings.rules(&self.admission))
+    }
+
     /// Found without building a [`LaneKey`]: this runs on every start, and
     /// lanes are few.
-    fn rules_for(&self, service: &Label, provider: &Label) -> Option<LaneRules> {
+    #[inline]
+    fn settings_for(&self, service: &Label, provider: &Label) -> Option<&LaneSettings> {
         self.lanes
             .iter()
             .find(|(lane, _)| lane.service == *service && lane.provider == *provider)
-            .and_then(|(_, settings)| settings.rules(&self.admission))
+            .map(|(_, settings)| settings)
     }
 }
 

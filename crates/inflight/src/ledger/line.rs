@@ -36,9 +36,9 @@ pub(super) fn recheck_after(within: Duration) -> Duration {
 /// keeps this process's waiters in that order, each rank apart, learned
 /// from their first refusal: one wake-up goes to the first waiter of each
 /// rank of the lane, is passed on to the next of its rank after an
-/// admission, and ends at a refusal. On a ranked lane an admission also
-/// wakes the first of every other rank, whose turn it may have brought
-/// (`docs/semantics.md` §6). A freed slot costs this process about two
+/// admission, and ends at a refusal. On a ranked lane a waiter leaving
+/// with a wake-up (admitted, or gone) also wakes the first of every other
+/// rank, whose turn it may have brought (`docs/semantics.md` §6). A freed slot costs this process about two
 /// attempts a rank, not one per waiter. Each freed slot gives one more
 /// waiter of each rank a wake-up, so several slots are tried for at once.
 /// A waiter also asks again on its own now and then ([`recheck_after`]),
@@ -631,14 +631,18 @@ mod tests {
 #[cfg(inflight_loom)]
 #[cfg(test)]
 mod loom_tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::sync::{Arc, Condvar, Mutex};
     use loom::thread;
 
     use super::{LineState, Place, Signal};
+    use crate::domain::admission::{
+        decide, Decision, LanePosition, LaneRules, LaneState, Rank, RankedPosition,
+    };
     use crate::domain::query::LinePlace;
+    use crate::domain::record::Priority;
     use crate::domain::record::{ActivityId, LaneKey};
     use crate::domain::timestamp::Timestamp;
 
@@ -690,22 +694,68 @@ mod loom_tests {
     }
 
     /// The store's side of one capped lane: its free slots, and its
-    /// waiting records, which it admits first come, first served only.
+    /// waiting records, which it admits first come, first served, or (a
+    /// ranked lane of one slot, `ranks` set) as the production decision
+    /// orders them.
     struct Store {
         free: usize,
         waiting: BTreeSet<LinePlace>,
         admitted: Vec<LinePlace>,
+        /// Each record's rank, on a ranked lane.
+        ranks: BTreeMap<LinePlace, Rank>,
+        state: LaneState,
     }
 
     impl Store {
         fn start(&mut self, record: LinePlace) -> bool {
-            if self.free == 0 || self.waiting.first() != Some(&record) {
+            let turn = if self.ranks.is_empty() {
+                self.free > 0 && self.waiting.first() == Some(&record)
+            } else {
+                self.ranked_turn(record)
+            };
+            if !turn {
                 return false;
             }
             self.free -= 1;
             self.waiting.remove(&record);
             self.admitted.push(record);
             true
+        }
+
+        /// `domain::admission::decide` on a lane of one slot with one
+        /// overtake, over the records waiting.
+        fn ranked_turn(&mut self, record: LinePlace) -> bool {
+            let rules = LaneRules {
+                max_overtakes: 1,
+                ..LaneRules::capped(1)
+            };
+            let mut ranks = RankedPosition::default();
+            for other in self.waiting.iter().filter(|other| **other != record) {
+                let ahead = i64::from(*other < record);
+                if self.ranks[other] == Rank::Interactive {
+                    ranks.interactive_waiting += 1;
+                    ranks.interactive_ahead += ahead;
+                } else {
+                    ranks.batch_waiting += 1;
+                    ranks.batch_ahead += ahead;
+                }
+            }
+            let position = LanePosition {
+                executing: i64::from(self.free == 0),
+                waiting_ahead: ranks.interactive_ahead + ranks.batch_ahead,
+                ranks: Some(ranks),
+            };
+            let priority = match self.ranks[&record] {
+                Rank::Interactive => Priority::Interactive,
+                Rank::Batch => Priority::Batch,
+            };
+            match decide(&rules, priority, &position, self.state, Timestamp::from_millis(0)) {
+                Decision::Admit(next) => {
+                    self.state = next;
+                    true
+                }
+                _ => false,
+            }
         }
     }
 
@@ -736,8 +786,18 @@ mod loom_tests {
                     free: 0,
                     waiting: records.iter().copied().collect(),
                     admitted: Vec::new(),
+                    ranks: BTreeMap::new(),
+                    state: LaneState::default(),
                 }),
             })
+        }
+
+        /// A ranked lane of one slot whose `records` wait, with their
+        /// ranks, no slot free.
+        fn ranked(records: &[(LinePlace, Rank)]) -> Arc<Self> {
+            let model = Self::new(&records.iter().map(|(record, _)| *record).collect::<Vec<_>>());
+            model.store.lock().unwrap().ranks = records.iter().copied().collect();
+            model
         }
 
         /// `Line::capacity_freed` on the lane, with its check of no one
@@ -763,7 +823,8 @@ mod loom_tests {
         fn join(&self, record: LinePlace) -> InLine {
             let changed = Arc::new(Notify::new());
             let mut line = self.line.lock().unwrap();
-            let place = line.join(&self.lane, (None, record), Arc::clone(&changed));
+            let rank = self.store.lock().unwrap().ranks.get(&record).copied();
+            let place = line.join(&self.lane, (rank, record), Arc::clone(&changed));
             self.waiting.fetch_add(1, Ordering::SeqCst);
             InLine {
                 record,
@@ -942,6 +1003,41 @@ mod loom_tests {
             second.join().unwrap();
             newcomer.join().unwrap();
             assert_eq!(model.admitted(), [record(2), record(3)]);
+            model.assert_line_empty();
+        });
+    }
+
+    /// (d) A ranked lane of one slot, one overtake: an interactive record
+    /// and a batch one wait in line, each of its own rank. A freed slot
+    /// wakes the first of each rank. The batch record may be refused
+    /// (interactive work goes first), which ends only its rank's wake-up;
+    /// the interactive start goes away with its wake-up in hand (its
+    /// cancel's own wake-up left out, as in (c)). Its leaving must wake the
+    /// batch record, whose turn it brought, though of another rank: the
+    /// batch record is admitted, and no wake-up is lost.
+    #[test]
+    fn on_a_ranked_lane_a_wake_up_passes_on_to_the_other_rank() {
+        check(|| {
+            let (interactive, batch) = (record(1), record(2));
+            let model = Model::ranked(&[(interactive, Rank::Interactive), (batch, Rank::Batch)]);
+            let gone = model.join(interactive);
+            let batch_in_line = model.join(batch);
+            model.settle();
+            let dropped = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || {
+                    model.wait(&gone);
+                    model.store.lock().unwrap().waiting.remove(&gone.record);
+                    model.leave(&gone);
+                })
+            };
+            let batch = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || model.until_admitted(&batch_in_line))
+            };
+            dropped.join().unwrap();
+            batch.join().unwrap();
+            assert_eq!(model.admitted(), [record(2)]);
             model.assert_line_empty();
         });
     }

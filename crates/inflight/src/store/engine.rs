@@ -263,8 +263,12 @@ pub(crate) fn execute(
             if let Some((lane, state)) = granted.filter(|_| started(&effects)) {
                 txn.put_lane_state(&lane, state)?;
             }
-            if let Some(settle) = settle {
-                lane_settled(txn, config, &record, &effects, settle)?;
+            // Most settles carry no Retry-After, and most ledgers have no
+            // adaptive lane: those look no lane up.
+            if let Some((success, retry)) = settle {
+                if retry.is_some() || config.any_adaptive() {
+                    lane_settled(txn, config, &record, &effects, (success, retry))?;
+                }
             }
             Ok(Reply::Record(record))
         }
@@ -707,7 +711,7 @@ fn started(effects: &[Effect]) -> bool {
 fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
     transition::would_start(record)
         && record.admission == Admission::Queued
-        && config.rules_of(&record.labels).is_some()
+        && config.is_capped(&record.labels)
 }
 
 /// Counts `effects` of `record` and hands each to the store to publish,
@@ -723,7 +727,7 @@ fn add_totals(
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(record, query::completion_minute(*at))?;
         }
-        let capped = || *capped.get_or_insert_with(|| config.rules_of(&record.labels).is_some());
+        let capped = || *capped.get_or_insert_with(|| config.is_capped(&record.labels));
         txn.landed(record, effect, capacity::change(record, effect, capped));
     }
     if effects.is_empty() {
