@@ -138,10 +138,10 @@ fn admission_store(
 }
 
 /// One admission decision: a start of the waiting record `id`, refused
-/// `lane_full` (500 executing plus 500 waiting ahead of it reach the cap),
-/// so nothing changes and every sample decides the same lane. Its time in
-/// microseconds.
-async fn refused_start(ledger: &Ledger, id: ActivityId) -> Result<f64> {
+/// `lane_full` (here 500 executing plus 500 waiting ahead of it reach the
+/// cap), so nothing changes and every sample decides the same lane. Its
+/// time in microseconds.
+pub(crate) async fn refused_start(ledger: &Ledger, id: ActivityId) -> Result<f64> {
     let started = Instant::now();
     let decided = ledger.start(id, None).await;
     let elapsed = started.elapsed().as_secs_f64() * 1e6;

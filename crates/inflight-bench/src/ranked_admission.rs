@@ -5,10 +5,11 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
-use inflight::{ActivityId, ActivitySpec, ErrorKind, FakeClock, Ledger, LedgerConfig, Priority};
+use anyhow::Result;
+use inflight::{ActivityId, ActivitySpec, FakeClock, Ledger, LedgerConfig, Priority};
 use serde_json::json;
 
+use crate::admission_scale::refused_start;
 use crate::report::{round, spread, Case, Target};
 use crate::sqlite_env::{
     multi_thread, now_ms, populate_in_flight, sqlite_ledger, sqlite_ledger_with, TempDir, LONG_DEADLINE,
@@ -71,20 +72,6 @@ fn store(
         Ok::<_, anyhow::Error>(ids)
     })?;
     Ok((tmp, ledger, askers))
-}
-
-/// A start of `id` refused `lane_full` (the lane's half executing plus
-/// its half waiting ahead reach the cap): nothing changes, every sample
-/// decides the same. Its time in microseconds.
-async fn refused_start(ledger: &Ledger, id: ActivityId) -> Result<f64> {
-    let started = Instant::now();
-    let decided = ledger.start(id, None).await;
-    let elapsed = started.elapsed().as_secs_f64() * 1e6;
-    match decided {
-        Err(err) if err.kind() == ErrorKind::LaneFull => Ok(elapsed),
-        Err(err) => Err(err.into()),
-        Ok(record) => bail!("the start of {id} was admitted ({:?}), not refused", record.state),
-    }
 }
 
 pub(crate) fn ranked_admission(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {

@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{config, embedding, snapshot, Backend, Harness, LANE};
+use common::{config, embedding, snapshot, Backend, Harness, Waiters, LANE};
 use inflight::{Admission, ErrorKind, FailureStage, LedgerConfig, Outcome, Settlement, State};
 
 const PROVIDER_REFUSED: Outcome = Outcome::Failure(FailureStage::Provider);
@@ -106,33 +105,11 @@ async fn waiters_keep_their_places_and_are_served_in_order_when_it_ends(backend:
         h.clock.advance(Duration::from_millis(1));
         ids.push(h.ledger.begin_record(embedding()).await.unwrap().activity_id);
     }
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let waiters: Vec<_> = ids
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(at, id)| {
-            let (ledger, order, id) = (h.ledger.clone(), Arc::clone(&order), *id);
-            tokio::spawn(async move {
-                ledger
-                    .start_waiting(id, None, Some(Duration::from_secs(60)))
-                    .await
-                    .unwrap();
-                order.lock().unwrap().push(at);
-                ledger
-                    .settle(id, Settlement::new(Outcome::Success))
-                    .await
-                    .unwrap();
-            })
-        })
-        .collect();
+    let waiters = Waiters::start(&h.ledger, &ids, Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(order.lock().unwrap().is_empty(), "admitted while cooling");
+    assert!(waiters.admitted().is_empty(), "admitted while cooling");
     h.clock.advance(Duration::from_secs(2));
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+    assert_eq!(waiters.finish().await, [0, 1, 2]);
 }
 
 /// The cooldown is the store's: a second ledger on it (another instance,
@@ -156,33 +133,11 @@ async fn a_cooldown_holds_for_a_second_ledger_on_the_store(backend: Backend) {
         h.clock.advance(Duration::from_millis(1));
         ids.push(other.begin_record(embedding()).await.unwrap().activity_id);
     }
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let waiters: Vec<_> = ids
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(at, id)| {
-            let (ledger, order, id) = (other.clone(), Arc::clone(&order), *id);
-            tokio::spawn(async move {
-                ledger
-                    .start_waiting(id, None, Some(Duration::from_secs(60)))
-                    .await
-                    .unwrap();
-                order.lock().unwrap().push(at);
-                ledger
-                    .settle(id, Settlement::new(Outcome::Success))
-                    .await
-                    .unwrap();
-            })
-        })
-        .collect();
+    let waiters = Waiters::start(&other, &ids, Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(order.lock().unwrap().is_empty(), "admitted while cooling");
+    assert!(waiters.admitted().is_empty(), "admitted while cooling");
     h.clock.advance(Duration::from_secs(2));
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), [0, 1]);
+    assert_eq!(waiters.finish().await, [0, 1]);
 }
 
 /// `?wait=` that runs out during a cooldown answers the cooldown.

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{config, embedding, snapshot, Backend, Harness, LANE};
+use common::{config, embedding, snapshot, Backend, Harness, Waiters, LANE};
 use inflight::{ActivityId, ErrorKind, Ledger, LedgerConfig, Outcome, Priority, Settlement, State};
 
 /// `LANE` with one slot, ranked with `max_overtakes`.
@@ -93,29 +93,10 @@ async fn the_waiting_line_serves_the_same_order(backend: Backend) {
     let h = Harness::new(backend, overtaking(1));
     let blocker = h.ledger.try_admit(embedding()).await.unwrap();
     let ids = line_up(&h, &[U, U, I, I]).await;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let waiters: Vec<_> = ids
-        .iter()
-        .enumerate()
-        .map(|(at, id)| {
-            let (ledger, order, id) = (h.ledger.clone(), Arc::clone(&order), *id);
-            tokio::spawn(async move {
-                ledger
-                    .start_waiting(id, None, Some(Duration::from_secs(60)))
-                    .await
-                    .unwrap();
-                order.lock().unwrap().push(at);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                settle(&ledger, id).await;
-            })
-        })
-        .collect();
+    let waiters = Waiters::start(&h.ledger, &ids, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_millis(50)).await;
     blocker.settle(Outcome::Success).await.unwrap();
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), [2, 0, 3, 1]);
+    assert_eq!(waiters.finish().await, [2, 0, 3, 1]);
 }
 
 /// With `max_overtakes = 0` (the default) the line stays first come,

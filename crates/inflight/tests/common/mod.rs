@@ -104,6 +104,55 @@ pub async fn lane_counts(ledger: &Ledger) -> (i64, i64) {
     (lane.executing, lane.waiting)
 }
 
+/// Starts each record of `ids` waiting in line at once (`start_waiting`,
+/// up to a minute), each settled `hold` after it is admitted.
+pub struct Waiters {
+    /// The places in `ids` admitted so far, in the order admitted.
+    pub order: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[allow(dead_code)] // each test binary uses its own part of `common`
+impl Waiters {
+    pub fn start(ledger: &Ledger, ids: &[inflight::ActivityId], hold: Duration) -> Self {
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tasks = ids
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(at, id)| {
+                let (ledger, order, id) = (ledger.clone(), std::sync::Arc::clone(&order), *id);
+                tokio::spawn(async move {
+                    ledger
+                        .start_waiting(id, None, Some(Duration::from_secs(60)))
+                        .await
+                        .unwrap();
+                    order.lock().unwrap().push(at);
+                    tokio::time::sleep(hold).await;
+                    let success = inflight::Settlement::new(inflight::Outcome::Success);
+                    ledger.settle(id, success).await.unwrap();
+                })
+            })
+            .collect();
+        Self { order, tasks }
+    }
+
+    /// The places admitted so far.
+    pub fn admitted(&self) -> Vec<usize> {
+        self.order.lock().unwrap().clone()
+    }
+
+    /// Every waiter's end; the order they were admitted in.
+    pub async fn finish(self) -> Vec<usize> {
+        let Self { order, tasks } = self;
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let admitted = order.lock().unwrap().clone();
+        admitted
+    }
+}
+
 pub async fn snapshot(ledger: &Ledger) -> inflight::Snapshot {
     ledger.snapshot(SnapshotOptions::default()).await.unwrap()
 }
