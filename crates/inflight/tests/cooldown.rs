@@ -189,6 +189,14 @@ async fn a_shared_cooldown_holds_for_every_lane_of_the_provider(backend: Backend
         .is_none());
 }
 
+/// `n` calls on `LANE`, each admitted at once and settled a success.
+async fn succeed(ledger: &inflight::Ledger, n: usize) {
+    for _ in 0..n {
+        let permit = ledger.try_admit(embedding()).await.unwrap();
+        permit.settle(Outcome::Success).await.unwrap();
+    }
+}
+
 /// `adaptive = true`: each refusal halves the cap in force (floor 1); each
 /// run of `cap` successes gives one slot back.
 async fn an_adaptive_lane_halves_its_cap_and_earns_it_back(backend: Backend) {
@@ -209,29 +217,13 @@ async fn an_adaptive_lane_halves_its_cap_and_earns_it_back(backend: Backend) {
     );
     first.settle(Outcome::Success).await.unwrap();
     second.settle(Outcome::Success).await.unwrap();
-    for _ in 0..2 {
-        h.ledger
-            .try_admit(embedding())
-            .await
-            .unwrap()
-            .settle(Outcome::Success)
-            .await
-            .unwrap();
-    }
+    succeed(&h.ledger, 2).await;
     assert_eq!(
         effective(&h).await,
         Some(3),
         "a run of 4 successes gives a slot back"
     );
-    for _ in 0..4 {
-        h.ledger
-            .try_admit(embedding())
-            .await
-            .unwrap()
-            .settle(Outcome::Success)
-            .await
-            .unwrap();
-    }
+    succeed(&h.ledger, 4).await;
     assert_eq!(effective(&h).await, Some(4));
 }
 

@@ -124,6 +124,13 @@ impl Default for AdmissionDefaults {
 }
 
 impl LaneSettings {
+    /// The cap in force for a lane with these settings in `state`
+    /// ([`LaneRules::cap_in`]); `None` without a cap.
+    pub fn cap_in(&self, state: &LaneState) -> Option<u32> {
+        self.rules(&AdmissionDefaults::default())
+            .map(|rules| rules.cap_in(state))
+    }
+
     /// The rules a lane with these settings admits by, what it does not
     /// set taken from `defaults`; `None` for a lane without cap, which
     /// admits everything.

@@ -332,14 +332,7 @@ impl Snapshot {
             view.cooling_until = state.cooling_at(now);
             view.cooldowns = state.cooldowns;
             if let Some(settings) = lanes_declared.get(key) {
-                let adaptive = settings.adaptive && state.effective_cap.is_some();
-                view.effective_cap = settings.cap.map(|cap| {
-                    if adaptive {
-                        state.effective_cap.unwrap_or(cap).clamp(1, cap)
-                    } else {
-                        cap
-                    }
-                });
+                view.effective_cap = settings.cap_in(state);
             }
         }
 
