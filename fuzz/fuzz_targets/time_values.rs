@@ -79,6 +79,7 @@ fuzz_target!(|data: &[u8]| {
                 failure_stage: (kind & 32 == 0).then_some(FailureStage::Provider),
                 at,
                 retry_after_ms: None,
+                usage: Default::default(),
             },
             _ => Transition::Cancel { reason: None, at },
         };

@@ -139,7 +139,7 @@ pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use parse::ParseError;
 pub use request::{
     BeginQuery, BeginRequest, CancelRequest, RefineRequest, RegisterOwnerRequest, SettleRequest,
-    SnapshotQuery, StartQuery, StartRequest,
+    SnapshotQuery, StartQuery, StartRequest, Usage,
 };
 pub use response::{
     ActivityRecord, Aggregate, ByPriority, Health, InFlightRecord, Lane, Owner, PriorityCounts, ReapCounts,

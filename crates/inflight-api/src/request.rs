@@ -103,6 +103,27 @@ pub struct SettleRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 3_600_000))]
     pub retry_after_ms: Option<i64>,
+    /// The tokens the call spent, as the provider reported them; with a
+    /// success or a failure, and counted on a late settle too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// The tokens a call spent. Each count is a whole number from 0 to
+/// 1,000,000,000; one not given stays unset. Another field is refused (a
+/// 400 naming it), so that a misspelled count is never silently lost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 1_000_000_000))]
+    pub input_tokens: Option<i64>,
+    /// Tokens of the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 1_000_000_000))]
+    pub output_tokens: Option<i64>,
 }
 
 /// `POST /v1/activities/{id}/cancel`; an empty body is the same as `{}`.

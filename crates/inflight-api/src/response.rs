@@ -90,6 +90,21 @@ pub struct ActivityRecord {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub refined: bool,
+    /// Input tokens its settle reported; unset when it reported none.
+    /// (Absent, as unset, from servers older than usage.)
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(required = true, minimum = 0, maximum = 1_000_000_000)
+    )]
+    pub input_tokens: Option<i64>,
+    /// Output tokens its settle reported, likewise.
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(required = true, minimum = 0, maximum = 1_000_000_000)
+    )]
+    pub output_tokens: Option<i64>,
     /// Why the caller cancelled, when it said so (redacted like models);
     /// left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,6 +292,15 @@ pub struct Aggregate {
     /// Its last caller-observed event.
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub last_seen_at: Option<Timestamp>,
+    /// Input tokens reported by the calls that ended here, late settles
+    /// included. (Absent, as 0, from servers older than usage.)
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub input_tokens: i64,
+    /// Output tokens, likewise.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub output_tokens: i64,
 }
 
 /// A registered owner and its lease.

@@ -413,6 +413,8 @@ mod tests {
             late_settle: false,
             unstarted_success: false,
             refined: false,
+            input_tokens: None,
+            output_tokens: None,
             cancel_reason: None,
             ignored_fields: Vec::new(),
         }

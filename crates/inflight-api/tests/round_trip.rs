@@ -59,6 +59,8 @@ fn record(state: State) -> ActivityRecord {
         late_settle: false,
         unstarted_success: false,
         refined: true,
+        input_tokens: Some(12),
+        output_tokens: None,
         cancel_reason: None,
         ignored_fields: Vec::new(),
     }
@@ -195,6 +197,8 @@ fn snapshot() -> Snapshot {
             avg_execution_ms: None,
             max_execution_ms: None,
             last_seen_at: Some(at(3_000)),
+            input_tokens: 1_200,
+            output_tokens: 40,
         }],
         owners: vec![
             owner(OwnerState::Live),
@@ -247,9 +251,14 @@ fn requests_round_trip_full_and_minimal() {
         failure_stage: Some(FailureStage::Queue),
         completed_at: Some(at(1)),
         retry_after_ms: Some(2_000),
+        usage: Some(Usage {
+            input_tokens: Some(7),
+            output_tokens: None,
+        }),
     });
     assert_eq!(settle["failureStage"], "queue");
     assert_eq!(settle["retryAfterMs"], 2_000);
+    assert_eq!(settle["usage"], json!({"inputTokens": 7}));
     assert_eq!(round_trip(&CancelRequest::default()), json!({}));
     round_trip(&CancelRequest {
         reason: Some("client went away".to_owned()),
@@ -334,14 +343,15 @@ fn the_record_writes_every_documented_field_in_order() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:20:02.000Z","queueWaitMs":2000,"executionMs":null,"#,
-            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":true}"#
+            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":true,"#,
+            r#""inputTokens":12,"outputTokens":null}"#
         )
     );
     let mut cancelled = record(State::Cancelled);
     cancelled.cancel_reason = Some("bye".to_owned());
     assert!(serde_json::to_string(&cancelled)
         .unwrap()
-        .ends_with(r#""lateSettle":false,"unstartedSuccess":false,"refined":true,"cancelReason":"bye"}"#));
+        .ends_with(r#""lateSettle":false,"unstartedSuccess":false,"refined":true,"inputTokens":12,"outputTokens":null,"cancelReason":"bye"}"#));
 }
 
 #[test]

@@ -116,6 +116,7 @@ const SERIES: &[&str] = &[
     "inflight_settled_total",
     "inflight_late_settles_total",
     "inflight_resurrections_total",
+    "inflight_tokens_total",
     "inflight_admission_rejected_total",
     "inflight_reaper_runs_total",
     "inflight_queue_wait_seconds_bucket",

@@ -811,6 +811,72 @@ async fn cancel_is_200_and_a_cancel_of_a_success_is_409() {
 }
 
 #[tokio::test]
+async fn a_settle_carries_usage_and_bad_usage_is_a_400_naming_the_field_that_changes_nothing() {
+    let api = api();
+    let id = api.begin(kb()).await;
+    let path = format!("/v1/activities/{id}/settle");
+    let before = api.get(&format!("/v1/activities/{id}")).await.body;
+    for (what, body, field) in [
+        (
+            "negative",
+            r#"{"success": true, "usage": {"inputTokens": -1}}"#,
+            "usage.inputTokens",
+        ),
+        (
+            "past 10^9",
+            r#"{"success": true, "usage": {"outputTokens": 1000000001}}"#,
+            "usage.outputTokens",
+        ),
+        (
+            "a fraction",
+            r#"{"success": true, "usage": {"inputTokens": 1.5}}"#,
+            "usage.inputTokens",
+        ),
+        (
+            "a string",
+            r#"{"success": true, "usage": {"inputTokens": "12"}}"#,
+            "usage.inputTokens",
+        ),
+        (
+            "misspelled",
+            r#"{"success": true, "usage": {"input_tokens": 12}}"#,
+            "input_tokens",
+        ),
+        ("not an object", r#"{"success": true, "usage": 12}"#, "usage"),
+    ] {
+        let reply = api.post(&path, body).await;
+        reply.assert_error(StatusCode::BAD_REQUEST, "invalid_request", what);
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{what}: {message}");
+    }
+    assert_eq!(api.get(&format!("/v1/activities/{id}")).await.body, before);
+
+    let settled = api
+        .post(
+            &path,
+            r#"{"success": true, "usage": {"inputTokens": 812, "outputTokens": 64}}"#,
+        )
+        .await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+    assert_eq!(
+        (
+            settled.body["inputTokens"].clone(),
+            settled.body["outputTokens"].clone()
+        ),
+        (json!(812), json!(64))
+    );
+    let snap = api.snapshot().await;
+    let aggregate = &snap["aggregates"][0];
+    assert_eq!(
+        (
+            aggregate["inputTokens"].clone(),
+            aggregate["outputTokens"].clone()
+        ),
+        (json!(812), json!(64))
+    );
+}
+
+#[tokio::test]
 async fn refine_sets_the_model_once_folds_a_second_to_unknown_and_409s_when_ended() {
     let api = api();
     let id = api.begin(kb()).await;

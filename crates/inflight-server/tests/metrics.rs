@@ -138,8 +138,11 @@ async fn metrics_after_a_scripted_sequence_have_every_series_with_its_value() {
     api.advance(Duration::from_secs(2));
     api.post(&format!("/v1/activities/{a}/start"), json!({})).await;
     api.advance(Duration::from_secs(3));
-    api.post(&format!("/v1/activities/{a}/settle"), json!({"success": true}))
-        .await;
+    api.post(
+        &format!("/v1/activities/{a}/settle"),
+        json!({"success": true, "usage": {"inputTokens": 120, "outputTokens": 30}}),
+    )
+    .await;
 
     // cancel: a waiting record, never started.
     let b = api.begin(kb()).await;
@@ -152,11 +155,15 @@ async fn metrics_after_a_scripted_sequence_have_every_series_with_its_value() {
     let reaped = api.post("/v1/reap", json!({})).await;
     assert_eq!(reaped, json!({"abandoned": 0, "unsettled": 1}));
 
-    // late settle.
+    // late settle: the call ran, so its tokens count.
     let late = api
-        .post(&format!("/v1/activities/{c}/settle"), json!({"success": true}))
+        .post(
+            &format!("/v1/activities/{c}/settle"),
+            json!({"success": true, "usage": {"inputTokens": 5}}),
+        )
         .await;
     assert_eq!(late["lateSettle"], true);
+    assert_eq!(late["inputTokens"], 5);
 
     // resurrection: reaped abandoned past its 1 min wait bound, then started.
     let d = api.begin(kb()).await;
@@ -227,6 +234,9 @@ async fn metrics_after_a_scripted_sequence_have_every_series_with_its_value() {
     expect(&format!("inflight_late_settles_total{{{KB}}}"), "1");
     expect(&format!("inflight_resurrections_total{{{KB}}}"), "1");
     expect(&format!("inflight_resurrections_total{{{CHAT}}}"), "0");
+    expect(&format!(r#"inflight_tokens_total{{{KB},type="input"}}"#), "125");
+    expect(&format!(r#"inflight_tokens_total{{{KB},type="output"}}"#), "30");
+    expect(&format!(r#"inflight_tokens_total{{{CHAT},type="input"}}"#), "0");
 
     // Per instance.
     expect(
@@ -452,7 +462,9 @@ async fn twenty_thousand_distinct_services_leave_the_scrape_bounded() {
         lanes.contains("other"),
         "the folded calls are counted under other"
     );
-    assert!(text.len() < 64 * 1024, "a scrape of {} bytes", text.len());
+    // About 1.3 kB a lane (its reaps, settles, tokens, ...) for 51 lanes:
+    // bounded by the lane limit, whatever the number of services called.
+    assert!(text.len() < 80 * 1024, "a scrape of {} bytes", text.len());
     expect(
         &samples,
         &text,

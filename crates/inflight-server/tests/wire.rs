@@ -151,7 +151,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""state":"waiting","disposition":null,"reapReason":null,"ownerId":"<owner>","#,
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":null,"completedAt":null,"reapedAt":null,"#,
             r#""deadlineMs":300000,"reapableAt":"2026-08-13T12:20:00.000Z","queueWaitMs":null,"#,
-            r#""executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false}"#
+            r#""executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
         ),
     );
 
@@ -168,7 +168,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:20:02.000Z","queueWaitMs":2000,"executionMs":null,"#,
-            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false}"#
+            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
         ),
     );
 
@@ -198,7 +198,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T11:59:59.000Z","startedAt":"2026-08-13T12:00:01.000Z","#,
             r#""completedAt":"2026-08-13T12:00:02.000Z","reapedAt":null,"deadlineMs":1000,"#,
             r#""reapableAt":null,"queueWaitMs":2000,"executionMs":1000,"success":false,"#,
-            r#""failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false}"#
+            r#""failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
         ),
     );
 
@@ -228,7 +228,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:00:02.000Z","startedAt":null,"#,
             r#""completedAt":"2026-08-13T12:00:02.000Z","reapedAt":null,"deadlineMs":600000,"#,
             r#""reapableAt":null,"queueWaitMs":null,"executionMs":null,"success":null,"#,
-            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"cancelReason":"client went away"}"#
+            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"cancelReason":"client went away"}"#
         ),
     );
 
@@ -272,7 +272,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":"2026-08-13T12:00:31.000Z","deadlineMs":300000,"#,
             r#""reapableAt":null,"queueWaitMs":2000,"executionMs":null,"success":null,"#,
-            r#""failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false}"#
+            r#""failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
         ),
     );
 
@@ -299,55 +299,55 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:21:00.000Z","startedAt":"2026-08-13T12:21:00.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:41:00.000Z","queueWaitMs":0,"executionMs":null,"success":null,"#,
-            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"elapsedMs":31000}],"#,
+            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"elapsedMs":31000}],"#,
             r#""recentCompletions":[{"activityId":"<c>","service":"knowledge-base","provider":"ollama","#,
             r#""class":"unknown","operationStage":"unknown","model":"redacted","priority":"unknown","#,
             r#""admission":"queued","state":"cancelled","disposition":null,"reapReason":null,"#,
             r#""ownerId":null,"enqueuedAt":"2026-08-13T12:00:02.000Z","startedAt":null,"#,
             r#""completedAt":"2026-08-13T12:00:02.000Z","reapedAt":null,"deadlineMs":600000,"#,
             r#""reapableAt":null,"queueWaitMs":null,"executionMs":null,"success":null,"failureStage":null,"#,
-            r#""lateSettle":false,"unstartedSuccess":false,"refined":false,"cancelReason":"client went away"},{"activityId":"<b>","service":"bot","#,
+            r#""lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"cancelReason":"client went away"},{"activityId":"<b>","service":"bot","#,
             r#""provider":"openai","class":"chat","operationStage":"unknown","model":"unknown","#,
             r#""priority":"unknown","admission":"direct","state":"failed","disposition":null,"#,
             r#""reapReason":null,"ownerId":null,"enqueuedAt":"2026-08-13T11:59:59.000Z","#,
             r#""startedAt":"2026-08-13T12:00:01.000Z","completedAt":"2026-08-13T12:00:02.000Z","#,
             r#""reapedAt":null,"deadlineMs":1000,"reapableAt":null,"queueWaitMs":2000,"executionMs":1000,"#,
-            r#""success":false,"failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false}],"#,
+            r#""success":false,"failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}],"#,
             r#""reaped":[{"activityId":"<d>","service":"knowledge-base","provider":"ollama","#,
             r#""class":"embedding","operationStage":"unknown","model":"unknown","priority":"unknown","#,
             r#""admission":"queued","state":"reaped","disposition":"abandoned","reapReason":"deadline","#,
             r#""ownerId":null,"enqueuedAt":"2026-08-13T12:00:02.000Z","startedAt":null,"completedAt":null,"#,
             r#""reapedAt":"2026-08-13T12:21:31.000Z","deadlineMs":300000,"reapableAt":null,"#,
-            r#""queueWaitMs":null,"executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"#,
+            r#""queueWaitMs":null,"executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"#,
             r#""ageMs":1289000},{"activityId":"<a>","service":"knowledge-base","provider":"ollama","#,
             r#""class":"embedding","operationStage":"kb-ingest","model":"nomic-embed-text","#,
             r#""priority":"batch","admission":"queued","state":"reaped","disposition":"unsettled","#,
             r#""reapReason":"owner-lost","ownerId":"<owner>","enqueuedAt":"2026-08-13T12:00:00.000Z","#,
             r#""startedAt":"2026-08-13T12:00:02.000Z","completedAt":null,"#,
             r#""reapedAt":"2026-08-13T12:00:31.000Z","deadlineMs":300000,"reapableAt":null,"#,
-            r#""queueWaitMs":2000,"executionMs":null,"success":null,"failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"#,
+            r#""queueWaitMs":2000,"executionMs":null,"success":null,"failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"#,
             r#""ageMs":1291000}],"inFlightTruncated":false,"recentCompletionsTruncated":false,"#,
             r#""reapedTruncated":false,"aggregates":[{"service":"bot","operationStage":"unknown","#,
             r#""class":"chat","provider":"openai","model":"unknown","priority":"unknown","#,
             r#""admission":"direct","calls":1,"successes":0,"successesUnstarted":0,"failures":1,"cancelled":0,"#,
             r#""reaped":{"abandoned":0,"unsettled":0},"lateSettles":0,"inFlight":0,"avgQueueWaitMs":2000,"#,
             r#""maxQueueWaitMs":2000,"avgExecutionMs":1000,"maxExecutionMs":1000,"#,
-            r#""lastSeenAt":"2026-08-13T12:00:02.000Z"},{"service":"knowledge-base","#,
+            r#""lastSeenAt":"2026-08-13T12:00:02.000Z","inputTokens":0,"outputTokens":0},{"service":"knowledge-base","#,
             r#""operationStage":"kb-ingest","class":"embedding","provider":"ollama","#,
             r#""model":"nomic-embed-text","priority":"batch","admission":"queued","calls":1,"successes":0,"successesUnstarted":0,"#,
             r#""failures":0,"cancelled":0,"reaped":{"abandoned":0,"unsettled":1},"lateSettles":1,"#,
             r#""inFlight":0,"avgQueueWaitMs":2000,"maxQueueWaitMs":2000,"avgExecutionMs":null,"#,
-            r#""maxExecutionMs":null,"lastSeenAt":"2026-08-13T12:21:31.000Z"},{"service":"knowledge-base","#,
+            r#""maxExecutionMs":null,"lastSeenAt":"2026-08-13T12:21:31.000Z","inputTokens":0,"outputTokens":0},{"service":"knowledge-base","#,
             r#""operationStage":"unknown","class":"embedding","provider":"ollama","model":"unknown","#,
             r#""priority":"unknown","admission":"queued","calls":2,"successes":0,"successesUnstarted":0,"failures":0,"#,
             r#""cancelled":0,"reaped":{"abandoned":1,"unsettled":0},"lateSettles":0,"inFlight":1,"#,
             r#""avgQueueWaitMs":null,"maxQueueWaitMs":null,"avgExecutionMs":null,"maxExecutionMs":null,"#,
-            r#""lastSeenAt":"2026-08-13T12:21:00.000Z"},{"service":"knowledge-base","#,
+            r#""lastSeenAt":"2026-08-13T12:21:00.000Z","inputTokens":0,"outputTokens":0},{"service":"knowledge-base","#,
             r#""operationStage":"unknown","class":"unknown","provider":"ollama","model":"redacted","#,
             r#""priority":"unknown","admission":"queued","calls":1,"successes":0,"successesUnstarted":0,"failures":0,"#,
             r#""cancelled":1,"reaped":{"abandoned":0,"unsettled":0},"lateSettles":0,"inFlight":0,"#,
             r#""avgQueueWaitMs":null,"maxQueueWaitMs":null,"avgExecutionMs":null,"maxExecutionMs":null,"#,
-            r#""lastSeenAt":"2026-08-13T12:00:02.000Z"}],"owners":[{"ownerId":"<owner>","name":"worker-a","#,
+            r#""lastSeenAt":"2026-08-13T12:00:02.000Z","inputTokens":0,"outputTokens":0}],"owners":[{"ownerId":"<owner>","name":"worker-a","#,
             r#""ttlMs":30000,"registeredAt":"2026-08-13T12:00:00.000Z","#,
             r#""renewedAt":"2026-08-13T12:00:00.000Z","expiresAt":"2026-08-13T12:00:30.000Z","#,
             r#""state":"lost","endedAt":"2026-08-13T12:00:31.000Z","reapedRecords":1,"#,

@@ -109,7 +109,7 @@ pub use clock::{Clock, FakeClock, SystemClock};
 pub use config::{ConfigError, LedgerConfig, Settings};
 pub use domain::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Owner, OwnerId, OwnerState, Priority,
-    ReapReason, ReapedCounts, Since, Snapshot, SnapshotOptions, SnapshotStatus, State, Timestamp,
+    ReapReason, ReapedCounts, Since, Snapshot, SnapshotOptions, SnapshotStatus, State, Timestamp, Usage,
 };
 pub use error::{ErrorKind, LedgerError};
 pub use ledger::OwnerLease;

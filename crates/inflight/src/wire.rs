@@ -62,6 +62,8 @@ impl ToApi for inflight::ActivityRecord {
             late_settle: self.late_settle,
             unstarted_success: self.success == Some(true) && self.started_at.is_none(),
             refined: self.refined,
+            input_tokens: self.usage.input_tokens,
+            output_tokens: self.usage.output_tokens,
             cancel_reason: self.cancel_reason.clone(),
             ignored_fields: Vec::new(),
         }
@@ -133,6 +135,8 @@ impl ToApi for inflight::Snapshot {
                 avg_execution_ms: aggregate.avg_execution_ms,
                 max_execution_ms: aggregate.max_execution_ms,
                 last_seen_at: aggregate.last_seen_at,
+                input_tokens: aggregate.input_tokens,
+                output_tokens: aggregate.output_tokens,
             }
         });
         api::Snapshot {
@@ -237,6 +241,12 @@ pub fn settlement(request: &api::SettleRequest) -> Settlement {
     }
     if let Some(ms) = request.retry_after_ms {
         settlement = settlement.retry_after_ms(ms);
+    }
+    if let Some(usage) = request.usage {
+        settlement = settlement.usage(inflight::Usage {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        });
     }
     settlement
 }

@@ -81,6 +81,7 @@ use inflight::store::{self, Command, Reply, Store};
 use inflight::{
     ActivityId, ActivityRecord, Admission, Disposition, ErrorKind, FailureStage, FakeClock, LedgerConfig,
     Owner, OwnerId, OwnerState, Priority, ReapReason, Since, Snapshot, SnapshotOptions, State, Timestamp,
+    Usage,
 };
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -325,8 +326,9 @@ enum SinceOp {
 enum Op {
     Begin(BeginOp),
     Start(Pick, Ts),
-    /// Its last field: a refusing provider's `Retry-After`, in ms.
-    Settle(Pick, bool, Option<FailureStage>, Ts, Option<i64>),
+    /// A refusing provider's `Retry-After`, in ms, then the usage it
+    /// reports.
+    Settle(Pick, bool, Option<FailureStage>, Ts, Option<i64>, Usage),
     Cancel(Pick, Option<usize>, Ts),
     Refine(Pick, usize),
     /// A retry of the `k`-th most recent begin with a key: the same
@@ -437,6 +439,15 @@ fn retry_after() -> impl Strategy<Value = i64> {
     ]
 }
 
+/// A settle's usage: mostly none, some valid, a few out of range.
+fn usage() -> impl Strategy<Value = Usage> {
+    let count = prop_oneof![3 => Just(None), 6 => (0..5_000i64).prop_map(Some), 1 => Just(Some(-1i64)), 1 => Just(Some(1_000_000_001i64))];
+    prop_oneof![
+        3 => Just(Usage::default()),
+        2 => (count.clone(), count).prop_map(|(input_tokens, output_tokens)| Usage { input_tokens, output_tokens }),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let stage = prop_oneof![
         Just(None),
@@ -446,8 +457,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => begin_op().prop_map(Op::Begin),
         6 => (pick(), ts()).prop_map(|(p, t)| Op::Start(p, t)),
-        2 => (pick(), ts(), prop::option::weighted(0.03, Just(SEC))).prop_map(|(p, t, retry)| Op::Settle(p, true, None, t, retry)),
-        1 => (pick(), stage, ts(), prop::option::weighted(0.4, retry_after())).prop_map(|(p, s, t, retry)| Op::Settle(p, false, s, t, retry)),
+        2 => (pick(), ts(), prop::option::weighted(0.03, Just(SEC)), usage()).prop_map(|(p, t, retry, u)| Op::Settle(p, true, None, t, retry, u)),
+        1 => (pick(), stage, ts(), prop::option::weighted(0.4, retry_after()), usage()).prop_map(|(p, s, t, retry, u)| Op::Settle(p, false, s, t, retry, u)),
         1 => (pick(), prop::option::of(0..REASONS.len()), ts()).prop_map(|(p, r, t)| Op::Cancel(p, r, t)),
         2 => (pick(), 0..REFINED_MODELS.len()).prop_map(|(p, m)| Op::Refine(p, m)),
         2 => recent().prop_map(Op::Repeat),
@@ -516,7 +527,7 @@ struct BeginSpec {
 enum Step {
     Begin(usize, BeginSpec),
     Start(usize, Option<i64>),
-    Settle(usize, bool, Option<FailureStage>, Option<i64>, Option<i64>),
+    Settle(usize, bool, Option<FailureStage>, Option<i64>, Option<i64>, Usage),
     Cancel(usize, Option<&'static str>, Option<i64>),
     Refine(usize, usize),
     Get(usize),
@@ -577,6 +588,7 @@ struct Rec {
     late_settle: bool,
     cancel_reason: Option<String>,
     refined: bool,
+    usage: Usage,
 }
 
 impl Rec {
@@ -651,6 +663,8 @@ struct AggObs {
     succeeded_unstarted: i64,
     queue_waits: (i64, i64, i64),
     executions: (i64, i64, i64),
+    /// Input and output tokens.
+    tokens: (i64, i64),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -703,6 +717,9 @@ struct Tot {
     resurrections: i64,
     /// Successes of records that never started.
     succeeded_unstarted: i64,
+    /// Tokens reported by the calls that ended here, late settles included.
+    input_tokens: i64,
+    output_tokens: i64,
     in_flight: i64,
     qw_count: i64,
     qw_sum: i64,
@@ -714,6 +731,11 @@ struct Tot {
 }
 
 impl Tot {
+    fn spent(&mut self, usage: Usage) {
+        self.input_tokens += usage.input_tokens.unwrap_or(0);
+        self.output_tokens += usage.output_tokens.unwrap_or(0);
+    }
+
     /// A call counts its queue wait when it ends, under its final model.
     fn queue_wait(&mut self, wait: Option<i64>) {
         if let Some(wait) = wait {
@@ -1043,9 +1065,13 @@ impl Model {
         let result = match step {
             Step::Begin(r, spec) => self.begin(*r, spec),
             Step::Start(r, at) => self.transition(*r, true, |m, r| m.start(r, *at)),
-            Step::Settle(r, success, stage, at, retry) => self.transition(*r, false, |m, r| {
+            Step::Settle(r, success, stage, at, retry, usage) => self.transition(*r, false, |m, r| {
                 // Checked before anything else is: a refusal changes nothing.
                 if retry.is_some_and(|ms| *success || !(1..=3_600_000).contains(&ms)) {
+                    return Err(ErrorKind::InvalidInput);
+                }
+                let in_range = |count: Option<i64>| count.is_none_or(|n| (0..=1_000_000_000).contains(&n));
+                if !in_range(usage.input_tokens) || !in_range(usage.output_tokens) {
                     return Err(ErrorKind::InvalidInput);
                 }
                 let (outcome, stage) = if *success {
@@ -1054,14 +1080,21 @@ impl Model {
                     (State::Failed, Some(stage.unwrap_or(FailureStage::Unknown)))
                 };
                 let was_in_flight = m.rec(r).unwrap().in_flight();
-                m.settle(r, outcome, stage, None, *at)?;
+                m.settle(r, outcome, stage, None, *at, *usage)?;
                 if was_in_flight {
                     m.lane_settled(r, *success, *retry);
                 }
                 Ok(())
             }),
             Step::Cancel(r, reason, at) => self.transition(*r, false, |m, r| {
-                m.settle(r, State::Cancelled, None, sanitized(*reason), *at)
+                m.settle(
+                    r,
+                    State::Cancelled,
+                    None,
+                    sanitized(*reason),
+                    *at,
+                    Usage::default(),
+                )
             }),
             Step::Refine(r, m) => self.refine(*r, *m),
             Step::Get(r) => self.get(*r),
@@ -1164,6 +1197,7 @@ impl Model {
             late_settle: false,
             cancel_reason: None,
             refined: false,
+            usage: Usage::default(),
         };
         rec.reapable_at = bound_of(&rec);
         let granted = if rec.state == State::Executing {
@@ -1269,6 +1303,7 @@ impl Model {
         stage: Option<FailureStage>,
         reason: Option<String>,
         at: Option<i64>,
+        usage: Usage,
     ) -> Result<(), Refusal> {
         let now = self.now;
         let rec = self.rec(r).unwrap();
@@ -1278,9 +1313,15 @@ impl Model {
             State::Reaped => {
                 if !rec.late_settle {
                     let seen = now.min(at.max(rec.enqueued_at));
-                    self.rec_mut(r).late_settle = true;
+                    let rec = self.rec_mut(r);
+                    rec.late_settle = true;
+                    // The call ran: what it reports was spent (section 8).
+                    if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
+                        rec.usage = usage;
+                    }
                     let tot = self.tot(r);
                     tot.late_settles += 1;
+                    tot.spent(usage);
                     tot.seen(seen);
                 }
                 return Ok(());
@@ -1309,10 +1350,12 @@ impl Model {
         };
         rec.failure_stage = stage;
         rec.cancel_reason = reason;
+        rec.usage = usage;
         let execution = rec.execution_ms;
         let wait = rec.queue_wait_ms;
         let tot = self.tot(r);
         tot.in_flight -= 1;
+        tot.spent(usage);
         tot.queue_wait(wait);
         match outcome {
             State::Succeeded => {
@@ -1442,8 +1485,15 @@ impl Model {
             }
             self.reap_if_due(r);
             let cancelled = self.rec(r).unwrap().state != State::Reaped;
-            self.settle(r, State::Cancelled, None, Some(RELEASE_REASON.to_owned()), None)
-                .expect("rule 2: a release's cancel is never refused");
+            self.settle(
+                r,
+                State::Cancelled,
+                None,
+                Some(RELEASE_REASON.to_owned()),
+                None,
+                Usage::default(),
+            )
+            .expect("rule 2: a release's cancel is never refused");
             if cancelled {
                 self.owner_mut(o).cancelled_records += 1;
             }
@@ -1632,6 +1682,7 @@ impl Model {
                     resurrections: tot.resurrections,
                     queue_waits: (tot.qw_count, tot.qw_sum, tot.qw_max),
                     executions: (tot.ex_count, tot.ex_sum, tot.ex_max),
+                    tokens: (tot.input_tokens, tot.output_tokens),
                 }
             })
             .collect();
@@ -1807,9 +1858,9 @@ impl Model {
                 let r = self.pick(*p);
                 Step::Start(r, self.ts(r, *ts, restrict))
             }
-            Op::Settle(p, success, stage, ts, retry) => {
+            Op::Settle(p, success, stage, ts, retry, usage) => {
                 let r = self.pick(*p);
-                Step::Settle(r, *success, *stage, self.ts(r, *ts, restrict), *retry)
+                Step::Settle(r, *success, *stage, self.ts(r, *ts, restrict), *retry, *usage)
             }
             Op::Cancel(p, reason, ts) => {
                 let r = self.pick(*p);
@@ -1935,13 +1986,14 @@ impl Subject {
                 }
             }
             Step::Start(r, at) => transition(*r, Transition::Start { at: abs(*at) }),
-            Step::Settle(r, success, stage, at, retry) => transition(
+            Step::Settle(r, success, stage, at, retry, usage) => transition(
                 *r,
                 Transition::Settle {
                     success: *success,
                     failure_stage: *stage,
                     at: abs(*at),
                     retry_after_ms: *retry,
+                    usage: *usage,
                 },
             ),
             Step::Cancel(r, reason, at) => transition(
@@ -2043,6 +2095,7 @@ impl Subject {
             late_settle: record.late_settle,
             cancel_reason: record.cancel_reason.clone(),
             refined: record.refined,
+            usage: record.usage,
         }
     }
 
@@ -2102,6 +2155,7 @@ impl Subject {
                     a.totals.execution_sum_ms,
                     a.totals.execution_max_ms,
                 ),
+                tokens: (a.input_tokens, a.output_tokens),
             })
             .collect();
         Snap {

@@ -33,11 +33,11 @@ fn instances_starting_together_migrate_once() {
         .query_one("SELECT COUNT(*) FROM inflight_schema", &[])
         .unwrap()
         .get(0);
-    // Nine migrations: the schema, owner-lost reaps split by disposition,
+    // Ten migrations: the schema, owner-lost reaps split by disposition,
     // one index fewer on records in flight, counter rows per writer, the
     // check that fails a group's writes when one missed, refinement,
-    // idempotency keys, successes without a start, and lane states.
-    assert_eq!(versions, 9, "each migration recorded once");
+    // idempotency keys, successes without a start, lane states, and usage.
+    assert_eq!(versions, 10, "each migration recorded once");
 }
 
 #[test]

@@ -84,6 +84,14 @@ struct LaneOutcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneTokens {
+    #[prometheus(flatten)]
+    lane: Lane,
+    /// `input` or `output`.
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LaneRejection {
     #[prometheus(flatten)]
     lane: Lane,
@@ -331,6 +339,7 @@ fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &Stats
     let settled = Family::<LaneOutcome, Counter>::default();
     let late_settles = Family::<Lane, Counter>::default();
     let resurrections = Family::<Lane, Counter>::default();
+    let tokens = Family::<LaneTokens, Counter>::default();
     for (lane, totals) in &lanes {
         for disposition in DISPOSITIONS {
             for reason in REASONS {
@@ -357,6 +366,13 @@ fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &Stats
         resurrections
             .get_or_create(lane)
             .inc_by(count(totals.resurrections));
+        for (r#type, spent) in [("input", totals.input_tokens), ("output", totals.output_tokens)] {
+            let labels = LaneTokens {
+                lane: lane.clone(),
+                r#type,
+            };
+            tokens.get_or_create(&labels).inc_by(count(spent));
+        }
     }
     registry.register(
         "reaped",
@@ -377,6 +393,11 @@ fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &Stats
         "resurrections",
         "Abandoned records on the lane that started after all",
         resurrections,
+    );
+    registry.register(
+        "tokens",
+        "Tokens the lane's calls reported at settle (late settles included), by type (input or output)",
+        tokens,
     );
 
     // Per instance: every capped lane, and every lane this process refused

@@ -47,6 +47,7 @@ mod tests {
     use crate::domain::record::{Disposition, ReapReason, State};
     use crate::domain::timestamp::Timestamp;
     use crate::domain::transition::{self, NewActivity};
+    use crate::domain::usage::Tokens;
 
     fn record(admission: Admission) -> ActivityRecord {
         let new = NewActivity {
@@ -69,6 +70,7 @@ mod tests {
                 state: State::Succeeded,
                 execution_ms: Some(1),
                 queue_wait_ms: Some(0),
+                tokens: Tokens::default(),
             },
             Effect::Reaped {
                 disposition: Disposition::Abandoned,
@@ -78,7 +80,10 @@ mod tests {
                 queue_wait_ms: None,
             },
             Effect::Resurrected,
-            Effect::LateSettle { at },
+            Effect::LateSettle {
+                at,
+                tokens: Tokens::default(),
+            },
         ]
     }
 

@@ -13,6 +13,7 @@ use super::effect::Effect;
 use super::labels::LabelSet;
 use super::record::{ActivityRecord, Admission, Disposition, Priority, ReapReason, State};
 use super::timestamp::Timestamp;
+use super::usage::Tokens;
 
 /// The grain of the counters: one row per combination of these labels.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -105,6 +106,11 @@ pub struct Totals {
     pub execution_max_ms: i64,
     /// Last caller-observed event; reaps never move it.
     pub last_seen_at: Option<Timestamp>,
+    /// Input tokens the calls that ended here reported (a late settle's
+    /// included: the call ran).
+    pub input_tokens: i64,
+    /// Output tokens, likewise.
+    pub output_tokens: i64,
 }
 
 impl Totals {
@@ -133,8 +139,10 @@ impl Totals {
                 state,
                 execution_ms,
                 queue_wait_ms,
+                tokens,
             } => {
                 self.in_flight -= 1;
+                self.spent(tokens);
                 self.queue_wait(queue_wait_ms);
                 match state {
                     State::Succeeded => {
@@ -175,11 +183,17 @@ impl Totals {
                 self.reaped_abandoned -= 1;
                 self.resurrections += 1;
             }
-            Effect::LateSettle { at } => {
+            Effect::LateSettle { at, tokens } => {
                 self.late_settles += 1;
+                self.spent(tokens);
                 self.seen(at);
             }
         }
+    }
+
+    fn spent(&mut self, tokens: Tokens) {
+        self.input_tokens += i64::from(tokens.input);
+        self.output_tokens += i64::from(tokens.output);
     }
 
     fn queue_wait(&mut self, sample: Option<i64>) {
@@ -234,6 +248,8 @@ impl Totals {
         self.execution_count += delta.execution_count;
         self.execution_sum_ms += delta.execution_sum_ms;
         self.execution_max_ms = self.execution_max_ms.max(delta.execution_max_ms);
+        self.input_tokens += delta.input_tokens;
+        self.output_tokens += delta.output_tokens;
         if let Some(at) = delta.last_seen_at {
             self.seen(at);
         }
@@ -299,6 +315,10 @@ pub struct AggregateView {
     pub max_execution_ms: Option<i64>,
     /// Last caller-observed event.
     pub last_seen_at: Option<Timestamp>,
+    /// Input tokens reported by the calls that ended here.
+    pub input_tokens: i64,
+    /// Output tokens, likewise.
+    pub output_tokens: i64,
     /// The counters it was made from, whole (not on the wire): `/metrics`
     /// reads what the view leaves out, such as reaps by reason.
     #[serde(skip)]
@@ -328,6 +348,8 @@ impl AggregateView {
             avg_execution_ms: avg(totals.execution_sum_ms, totals.execution_count),
             max_execution_ms: max(totals.execution_max_ms, totals.execution_count),
             last_seen_at: totals.last_seen_at,
+            input_tokens: totals.input_tokens,
+            output_tokens: totals.output_tokens,
             totals: *totals,
         }
     }

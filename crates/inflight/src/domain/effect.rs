@@ -6,6 +6,7 @@ use smallvec::SmallVec;
 
 use super::record::{Disposition, ReapReason, State};
 use super::timestamp::Timestamp;
+use super::usage::Tokens;
 
 /// Something a transition did, which the aggregate counters follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,8 @@ pub enum Effect {
         /// `startedAt - enqueuedAt`, if it had started: the queue wait is
         /// counted when the call ends, under its final model.
         queue_wait_ms: Option<i64>,
+        /// The tokens its settle reported.
+        tokens: Tokens,
     },
     /// A record was reaped.
     Reaped {
@@ -62,6 +65,8 @@ pub enum Effect {
     LateSettle {
         /// When the late settle counts as seen (clamped into the record's life).
         at: Timestamp,
+        /// The tokens it reported: the call ran, and spent them.
+        tokens: Tokens,
     },
 }
 

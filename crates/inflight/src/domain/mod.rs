@@ -19,6 +19,7 @@ pub mod refusal;
 pub mod snapshot;
 pub mod timestamp;
 pub mod transition;
+pub mod usage;
 pub mod warnings;
 
 pub use bounds::{ClassBounds, ReapPolicy};
@@ -32,3 +33,4 @@ pub use record::{
 };
 pub use snapshot::{Since, Snapshot, SnapshotOptions, Status as SnapshotStatus};
 pub use timestamp::Timestamp;
+pub use usage::Usage;

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::labels::{ActivityLabels, Label, LabelSet};
 use super::timestamp::Timestamp;
+use super::usage::Usage;
 use super::ParseError;
 
 /// The opaque identity of one activity (one provider call).
@@ -112,6 +113,9 @@ pub struct ActivityRecord {
     /// A refinement set its model (`model` is then the one it was
     /// dispatched to, or `unknown` when dispatches named different ones).
     pub refined: bool,
+    /// The tokens its settle reported (`inputTokens`, `outputTokens`).
+    #[serde(flatten)]
+    pub usage: Usage,
 }
 
 impl ActivityRecord {

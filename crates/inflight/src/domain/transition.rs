@@ -17,6 +17,7 @@ use super::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
 use super::timestamp::Timestamp;
+use super::usage::Usage;
 
 // Defined in leaf modules, so that the counters and owners need not depend
 // on the state machine; still public here, where they always were.
@@ -105,6 +106,8 @@ pub enum Transition {
         /// The provider's `Retry-After`, in milliseconds (1 ms to an
         /// hour), for a failure only: the lane cools down for it.
         retry_after_ms: Option<i64>,
+        /// The tokens the call spent, as the provider reported them.
+        usage: Usage,
     },
     /// The caller aborted it.
     Cancel {
@@ -212,6 +215,7 @@ pub fn begin(new: NewActivity, now: Timestamp, policy: &ReapPolicy) -> Result<Ap
         late_settle: false,
         cancel_reason: None,
         refined: false,
+        usage: Usage::default(),
     };
     record.derive_durations();
     record.reapable_at = policy.reapable_at(&record);
@@ -331,17 +335,30 @@ pub fn apply(
             failure_stage,
             at,
             retry_after_ms,
+            usage,
         } => {
             check_retry_after(success, retry_after_ms)?;
+            let usage = usage.checked()?;
             let outcome = if success { State::Succeeded } else { State::Failed };
             let stage = (!success).then(|| failure_stage.unwrap_or(FailureStage::Unknown));
             let at = at.unwrap_or_else(|| default_at(record, now));
-            settle(record, outcome, stage, None, at, now, effects)?;
+            let ending = Ending {
+                outcome,
+                failure_stage: stage,
+                reason: None,
+                usage,
+            };
+            settle(record, ending, at, now, effects)?;
         }
         Transition::Cancel { reason, at } => {
-            let reason = sanitize_note(reason.as_deref());
+            let ending = Ending {
+                outcome: State::Cancelled,
+                failure_stage: None,
+                reason: sanitize_note(reason.as_deref()),
+                usage: Usage::default(),
+            };
             let at = at.unwrap_or_else(|| default_at(record, now));
-            settle(record, State::Cancelled, None, reason, at, now, effects)?;
+            settle(record, ending, at, now, effects)?;
         }
     }
     // A start (or settle) stamped far enough in the past may leave the
@@ -394,22 +411,39 @@ fn start(
     Ok(())
 }
 
-fn settle(
-    record: &mut ActivityRecord,
+/// How a settle or cancel ends a record.
+struct Ending {
     outcome: State,
     failure_stage: Option<FailureStage>,
     reason: Option<String>,
+    usage: Usage,
+}
+
+fn settle(
+    record: &mut ActivityRecord,
+    ending: Ending,
     at: Timestamp,
     now: Timestamp,
     effects: &mut Effects,
 ) -> Result<(), Refusal> {
+    let Ending {
+        outcome,
+        failure_stage,
+        reason,
+        usage,
+    } = ending;
     match record.state {
         State::Reaped => {
-            // Neither success nor failure: absorbed, and counted once.
+            // Neither success nor failure: absorbed, and counted once. The
+            // call ran, so the tokens it reports were spent.
             if !record.late_settle {
                 record.late_settle = true;
+                if !usage.is_empty() {
+                    record.usage = usage;
+                }
                 effects.push(Effect::LateSettle {
                     at: now.min(at.max(record.enqueued_at)),
+                    tokens: usage.tokens(),
                 });
             }
             return Ok(());
@@ -448,11 +482,13 @@ fn settle(
     };
     record.failure_stage = failure_stage;
     record.cancel_reason = reason;
+    record.usage = usage;
     effects.push(Effect::Settled {
         at,
         state: outcome,
         execution_ms: record.execution_ms,
         queue_wait_ms: record.queue_wait_ms,
+        tokens: usage.tokens(),
     });
     Ok(())
 }

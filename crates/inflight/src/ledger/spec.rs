@@ -11,6 +11,7 @@ use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, Admission, FailureStage, LaneKey, Priority};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{NewActivity, Transition};
+use crate::domain::usage::Usage;
 use crate::error::LedgerError;
 
 /// What a caller says about a call when it begins it.
@@ -278,12 +279,14 @@ pub enum Outcome {
 
 /// A settle as the HTTP API and other by-id callers express it: an
 /// [`Outcome`] (so a success with a failure stage cannot be built), when
-/// it completed, and a refusing provider's `Retry-After`.
+/// it completed, a refusing provider's `Retry-After`, and the tokens the
+/// call spent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {
     outcome: Outcome,
     completed_at: Option<Timestamp>,
     retry_after_ms: Option<i64>,
+    usage: Usage,
 }
 
 impl Settlement {
@@ -293,7 +296,18 @@ impl Settlement {
             outcome,
             completed_at: None,
             retry_after_ms: None,
+            usage: Usage::default(),
         }
+    }
+
+    /// The tokens the call spent, as the provider reported them: kept on
+    /// the record and summed per aggregate (`docs/semantics.md` §8). Each
+    /// count is a whole number from 0 to [`MAX_TOKENS`](crate::domain::usage::MAX_TOKENS);
+    /// past that the settle is refused (`InvalidInput`, naming the field).
+    /// A late settle's usage is counted too: the call ran.
+    pub fn usage(mut self, usage: Usage) -> Self {
+        self.usage = usage;
+        self
     }
 
     /// A failure the provider refused with `Retry-After: retry_after`
@@ -335,6 +349,7 @@ impl From<Settlement> for Transition {
             failure_stage,
             at: settlement.completed_at,
             retry_after_ms: settlement.retry_after_ms,
+            usage: settlement.usage,
         }
     }
 }

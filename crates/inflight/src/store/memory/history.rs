@@ -15,6 +15,7 @@ use crate::domain::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
 use crate::domain::timestamp::Timestamp;
+use crate::domain::usage::Usage;
 
 use super::append_map::AppendMap;
 
@@ -125,7 +126,8 @@ impl After {
 struct Packed {
     labels: ActivityLabels,
     owner_id: Option<Box<str>>,
-    /// What few records have: a cancel reason, a deadline of their own.
+    /// What few records have: a cancel reason, a deadline of their own,
+    /// reported usage.
     rare: Option<Box<Rare>>,
     enqueued_at: Timestamp,
     deadline_ms: u32,
@@ -177,6 +179,7 @@ impl Packed {
             late_settle,
             cancel_reason,
             refined,
+            usage,
         } = record;
         let (queue_wait, execution) = record.implied_durations()?;
         if (*reapable_at, *queue_wait_ms, *execution_ms) != (None, queue_wait, execution) {
@@ -185,12 +188,15 @@ impl Packed {
         Some(Self {
             labels: labels.clone(),
             owner_id: owner_id.as_deref().map(Box::from),
-            rare: (cancel_reason.is_some() || declared_deadline_ms.is_some()).then(|| {
-                Box::new(Rare {
-                    cancel_reason: cancel_reason.clone(),
-                    declared_deadline_ms: *declared_deadline_ms,
-                })
-            }),
+            rare: (cancel_reason.is_some() || declared_deadline_ms.is_some() || !usage.is_empty()).then(
+                || {
+                    Box::new(Rare {
+                        cancel_reason: cancel_reason.clone(),
+                        declared_deadline_ms: *declared_deadline_ms,
+                        usage: *usage,
+                    })
+                },
+            ),
             enqueued_at: *enqueued_at,
             deadline_ms: u32::try_from(*deadline_ms).ok()?,
             started_at: After::pack(*started_at, *enqueued_at)?,
@@ -231,6 +237,7 @@ impl Packed {
             late_settle: self.marks & Self::LATE_SETTLE != 0,
             cancel_reason: self.rare.as_ref().and_then(|rare| rare.cancel_reason.clone()),
             refined: self.marks & Self::REFINED != 0,
+            usage: self.rare.as_ref().map(|rare| rare.usage).unwrap_or_default(),
         };
         // Packing checked that these exist.
         record.derive_durations();
@@ -238,11 +245,13 @@ impl Packed {
     }
 }
 
-/// The fields of a packed record that few records have.
+/// The fields of a packed record that few records have. Usage is here
+/// too: boxed, it costs nothing to the calls that report none.
 #[derive(Debug)]
 struct Rare {
     cancel_reason: Option<String>,
     declared_deadline_ms: Option<i64>,
+    usage: Usage,
 }
 
 #[cfg(test)]
@@ -281,6 +290,10 @@ mod tests {
             late_settle: true,
             cancel_reason: Some("client went away".to_owned()),
             refined: true,
+            usage: Usage {
+                input_tokens: Some(12),
+                output_tokens: None,
+            },
         }
     }
 
@@ -294,6 +307,7 @@ mod tests {
             owner_id: None,
             cancel_reason: None,
             refined: false,
+            usage: Usage::default(),
             started_at: None,
             queue_wait_ms: None,
             execution_ms: None,

@@ -493,6 +493,7 @@ mod tests {
             failure_stage: None,
             at: None,
             retry_after_ms: None,
+            usage: Default::default(),
         }
     }
 

@@ -8,7 +8,7 @@ use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::LaneLoad;
-use crate::domain::{ParseError, Timestamp};
+use crate::domain::{ParseError, Timestamp, Usage};
 use crate::error::{ErrorKind, LedgerError};
 use inflight_api::{ByPriority, PriorityCounts};
 
@@ -187,6 +187,10 @@ pub(crate) fn record_with(row: &dyn Columns, last: &mut LastLabels) -> Result<Ac
         late_settle: required(row.boolean(21)?, 21)?,
         cancel_reason: row.text(22)?.map(str::to_owned),
         refined: required(row.boolean(23)?, 23)?,
+        usage: Usage {
+            input_tokens: row.int(24)?,
+            output_tokens: row.int(25)?,
+        },
     };
     // Not stored: implied by the instants.
     record.derive_durations();
@@ -221,17 +225,19 @@ pub(crate) fn record_values<'a>(record: &'a ActivityRecord, id: &'a str) -> [Val
         record.late_settle.into(),
         record.cancel_reason.as_deref().into(),
         record.refined.into(),
+        record.usage.input_tokens.into(),
+        record.usage.output_tokens.into(),
     ]
 }
 
 /// The columns of `record_columns!` that can change after a begin, in
 /// the order `statements::UPDATE_RECORD` binds them (the id last). A
 /// refinement changes the model, and the stage when label limits fold it.
-const CHANGING: [usize; 16] = [8, 9, 10, 13, 14, 15, 17, 18, 19, 20, 21, 22, 4, 5, 23, 0];
+const CHANGING: [usize; 18] = [8, 9, 10, 13, 14, 15, 17, 18, 19, 20, 21, 22, 4, 5, 23, 24, 25, 0];
 
 /// The parameters of `statements::UPDATE_RECORD`: what can change after a
 /// begin, then the id.
-pub(crate) fn record_changes<'a>(record: &'a ActivityRecord, id: &'a str) -> [Value<'a>; 16] {
+pub(crate) fn record_changes<'a>(record: &'a ActivityRecord, id: &'a str) -> [Value<'a>; 18] {
     let values = record_values(record, id);
     CHANGING.map(|column| values[column])
 }
@@ -323,6 +329,8 @@ pub(crate) fn totals_from(row: &dyn Columns, first: usize) -> Result<Totals, Led
         last_seen_at: at_opt(row, first + 15)?,
         reaped_owner_lost_abandoned: n(16)?,
         succeeded_unstarted: n(17)?,
+        input_tokens: n(18)?,
+        output_tokens: n(19)?,
     })
 }
 
@@ -347,6 +355,8 @@ pub(crate) fn totals_values(d: &Totals) -> [Value<'static>; TOTALS_COLUMNS] {
         d.last_seen_at.into(),
         d.reaped_owner_lost_abandoned.into(),
         d.succeeded_unstarted.into(),
+        d.input_tokens.into(),
+        d.output_tokens.into(),
     ]
 }
 

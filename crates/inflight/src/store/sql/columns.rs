@@ -8,7 +8,7 @@ macro_rules! record_columns {
         "activity_id, service, provider, class, operation_stage, model, priority, \
      admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
      reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason, refined"
+     cancel_reason, refined, input_tokens, output_tokens"
     };
 }
 
@@ -42,7 +42,7 @@ macro_rules! totals_columns {
         "succeeded, failed, cancelled, reaped_abandoned, reaped_unsettled, reaped_owner_lost, \
      late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, queue_wait_max_ms, \
      execution_count, execution_sum_ms, execution_max_ms, last_seen_at, reaped_owner_lost_abandoned, \
-     succeeded_unstarted"
+     succeeded_unstarted, input_tokens_sum, output_tokens_sum"
     };
 }
 
@@ -60,13 +60,13 @@ pub(crate) use totals_columns;
 pub(crate) use {aggregate_labels, in_flight, lane_state_columns, owner_columns, record_columns};
 
 /// How many columns [`record_columns!`] lists.
-pub(crate) const RECORD_COLUMNS: usize = 24;
+pub(crate) const RECORD_COLUMNS: usize = 26;
 /// How many columns [`lane_state_columns!`] lists.
 pub(crate) const LANE_STATE_COLUMNS: usize = 5;
 /// How many columns [`owner_columns!`] lists.
 pub(crate) const OWNER_COLUMNS: usize = 10;
 /// How many columns [`totals_columns!`] lists.
-pub(crate) const TOTALS_COLUMNS: usize = 18;
+pub(crate) const TOTALS_COLUMNS: usize = 20;
 /// How many columns [`aggregate_labels!`] lists.
 pub(crate) const LABEL_COLUMNS: usize = 7;
 

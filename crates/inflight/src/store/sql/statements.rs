@@ -91,7 +91,7 @@ statements! {
     /// as a conflict (an error would abort a transaction a group shares).
     INSERT_RECORD: Indexed =
         "INSERT INTO activities (", record_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
+         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
          ON CONFLICT (activity_id) DO NOTHING";
 
     /// Writes what a transition, a reap or a rebound can change
@@ -103,7 +103,7 @@ statements! {
         "UPDATE activities SET state = $1, disposition = $2, reap_reason = $3, started_at = $4, \
          completed_at = $5, reaped_at = $6, deadline_ms = $7, reapable_at = $8, success = $9, \
          failure_stage = $10, late_settle = $11, cancel_reason = $12, operation_stage = $13, model = $14, \
-         refined = $15 WHERE activity_id = $16";
+         refined = $15, input_tokens = $16, output_tokens = $17 WHERE activity_id = $18";
 
     /// Every aggregate's totals: the sum of its rows (PostgreSQL keeps one
     /// per writer that counted into it, SQLite one).
@@ -117,7 +117,8 @@ statements! {
          CAST(SUM(queue_wait_sum_ms) AS BIGINT), MAX(queue_wait_max_ms), \
          CAST(SUM(execution_count) AS BIGINT), CAST(SUM(execution_sum_ms) AS BIGINT), \
          MAX(execution_max_ms), MAX(last_seen_at), CAST(SUM(reaped_owner_lost_abandoned) AS BIGINT), \
-         CAST(SUM(succeeded_unstarted) AS BIGINT) \
+         CAST(SUM(succeeded_unstarted) AS BIGINT), CAST(SUM(input_tokens_sum) AS BIGINT), \
+         CAST(SUM(output_tokens_sum) AS BIGINT) \
          FROM aggregates GROUP BY ", aggregate_labels!();
 
     /// Whether a lane has an aggregate.

@@ -356,6 +356,9 @@ mod tests {
              ALTER TABLE aggregates ADD COLUMN calls INTEGER NOT NULL DEFAULT 0; \
              ALTER TABLE activities DROP COLUMN refined; DROP TABLE idempotency_keys; \
              ALTER TABLE aggregates DROP COLUMN succeeded_unstarted; DROP TABLE lane_states; \
+             ALTER TABLE activities DROP COLUMN input_tokens; ALTER TABLE activities DROP COLUMN output_tokens; \
+             ALTER TABLE aggregates DROP COLUMN input_tokens_sum; \
+             ALTER TABLE aggregates DROP COLUMN output_tokens_sum; \
              PRAGMA user_version = 3;",
         )
         .unwrap();
@@ -387,6 +390,7 @@ mod tests {
                 failure_stage: None,
                 at: None,
                 retry_after_ms: None,
+                usage: Default::default(),
             },
         };
         let results = writer.run(&mut rows::Statements::new(&conn), vec![settle, snapshot()]);
@@ -426,6 +430,7 @@ mod tests {
             failure_stage: None,
             at: None,
             retry_after_ms: None,
+            usage: Default::default(),
         };
         transition(id, settle)
     }

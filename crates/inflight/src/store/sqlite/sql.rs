@@ -67,6 +67,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0011_lane_states.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0012_usage.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -91,7 +95,7 @@ pub(super) const JOURNAL_APPEND: &str = concat!(
     totals_columns!(),
     ", completion_minute) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
      ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, \
-     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43)"
+     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47)"
 );
 
 /// Every row written ahead, oldest first: columns as `JOURNAL_APPEND`
@@ -139,7 +143,8 @@ pub(super) const ADD_TO_AGGREGATE: &str =
      execution_max_ms = MAX(execution_max_ms, ?16), \
      last_seen_at = MAX(COALESCE(last_seen_at, ?17), COALESCE(?17, last_seen_at)), \
      reaped_owner_lost_abandoned = reaped_owner_lost_abandoned + ?18, \
-     succeeded_unstarted = succeeded_unstarted + ?19 \
+     succeeded_unstarted = succeeded_unstarted + ?19, input_tokens_sum = input_tokens_sum + ?20, \
+     output_tokens_sum = output_tokens_sum + ?21 \
      WHERE id = ?1";
 
 /// Stores a new aggregate with its first totals.
@@ -149,7 +154,7 @@ pub(super) const INSERT_AGGREGATE: &str = concat!(
     ", ",
     totals_columns!(),
     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-     ?20, ?21, ?22, ?23, ?24, ?25)"
+     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"
 );
 
 pub(super) const COUNT_COMPLETIONS: &str =
@@ -166,7 +171,7 @@ pub(super) const SEED_RECORD: &str = concat!(
     record_columns!(),
     ") VALUES (?1, 'bench-history', 'ollama', 'embedding', \
      'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, ?2, ?3, ?4, NULL, \
-     NULL, 300000, NULL, 1, NULL, 0, NULL, 0)"
+     NULL, 300000, NULL, 1, NULL, 0, NULL, 0, NULL, NULL)"
 );
 
 #[cfg(test)]

@@ -1,0 +1,128 @@
+//! Usage (`docs/semantics.md` §8, "Tokens"): a settle may report the
+//! tokens its call spent. The record keeps them, its aggregate sums them
+//! when the call ends (a late settle's included: the call ran), and a
+//! count out of range refuses the settle, leaving the store as it was.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, embedding, snapshot, Backend, Harness, MIN};
+use inflight::{ErrorKind, FailureStage, Outcome, Settlement, State, Usage};
+
+fn usage(input: Option<i64>, output: Option<i64>) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+    }
+}
+
+/// The tokens summed over every aggregate of the snapshot.
+async fn summed(h: &Harness) -> (i64, i64) {
+    let snapshot = snapshot(&h.ledger).await;
+    snapshot.aggregates.iter().fold((0, 0), |(input, output), a| {
+        (input + a.input_tokens, output + a.output_tokens)
+    })
+}
+
+async fn a_settle_keeps_its_usage_and_the_aggregate_sums_it(backend: Backend) {
+    let h = Harness::default(backend);
+    let permit = h.ledger.try_admit(embedding()).await.unwrap();
+    let record = permit
+        .settle_with(Settlement::new(Outcome::Success).usage(usage(Some(120), Some(30))))
+        .await
+        .unwrap();
+    assert_eq!(record.usage, usage(Some(120), Some(30)));
+    // A failure may have spent tokens too; one count alone is kept alone.
+    let permit = h.ledger.try_admit(embedding()).await.unwrap();
+    let failed = permit
+        .settle_with(Settlement::new(Outcome::Failure(FailureStage::Provider)).usage(usage(Some(7), None)))
+        .await
+        .unwrap();
+    assert_eq!(failed.usage, usage(Some(7), None));
+    // A call that reports nothing keeps nothing, and adds nothing.
+    let permit = h.ledger.try_admit(embedding()).await.unwrap();
+    let silent = permit.settle(Outcome::Success).await.unwrap();
+    assert_eq!(silent.usage, Usage::default());
+    assert_eq!(summed(&h).await, (127, 30));
+    // Read back from the store, not from the reply.
+    assert_eq!(
+        h.ledger.get(record.activity_id).await.unwrap().usage,
+        usage(Some(120), Some(30))
+    );
+    // A retry of the same settle is harmless and counts nothing again.
+    h.ledger
+        .settle(
+            record.activity_id,
+            Settlement::new(Outcome::Success).usage(usage(Some(120), Some(30))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(summed(&h).await, (127, 30));
+}
+
+async fn a_count_out_of_range_refuses_the_settle_and_changes_nothing(backend: Backend) {
+    let h = Harness::default(backend);
+    let permit = h.ledger.try_admit(embedding()).await.unwrap();
+    let id = permit.id();
+    for (bad, field) in [
+        (usage(Some(-1), None), "usage.inputTokens"),
+        (usage(Some(1), Some(1_000_000_001)), "usage.outputTokens"),
+    ] {
+        let err = h
+            .ledger
+            .settle(id, Settlement::new(Outcome::Success).usage(bad))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    let record = h.ledger.get(id).await.unwrap();
+    assert_eq!((record.state, record.usage), (State::Executing, Usage::default()));
+    assert_eq!(summed(&h).await, (0, 0));
+    // The limits themselves are accepted.
+    let record = permit
+        .settle_with(Settlement::new(Outcome::Success).usage(usage(Some(0), Some(1_000_000_000))))
+        .await
+        .unwrap();
+    assert_eq!(record.usage, usage(Some(0), Some(1_000_000_000)));
+    assert_eq!(summed(&h).await, (0, 1_000_000_000));
+}
+
+async fn a_late_settle_counts_its_usage_once(backend: Backend) {
+    let h = Harness::new(backend, config());
+    let id = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
+    h.ledger.start(id, None).await.unwrap();
+    // Past its bound (an embedding's 5 min deadline, times the factor), it
+    // is reaped unsettled.
+    h.clock.advance(30 * MIN);
+    let reaped = h.ledger.reap().await.unwrap();
+    assert_eq!(reaped.unsettled, 1);
+    let late = h
+        .ledger
+        .settle(
+            id,
+            Settlement::new(Outcome::Success).usage(usage(Some(40), Some(2))),
+        )
+        .await
+        .unwrap();
+    assert!(late.late_settle);
+    assert_eq!(late.state, State::Reaped);
+    assert_eq!(late.usage, usage(Some(40), Some(2)));
+    assert_eq!(summed(&h).await, (40, 2));
+    // Only the first late settle counts.
+    h.clock.advance(Duration::from_secs(1));
+    let again = h
+        .ledger
+        .settle(id, Settlement::new(Outcome::Success).usage(usage(Some(99), None)))
+        .await
+        .unwrap();
+    assert_eq!(again.usage, usage(Some(40), Some(2)));
+    assert_eq!(summed(&h).await, (40, 2));
+}
+
+against_every_store!(
+    a_settle_keeps_its_usage_and_the_aggregate_sums_it,
+    a_count_out_of_range_refuses_the_settle_and_changes_nothing,
+    a_late_settle_counts_its_usage_once,
+);
