@@ -77,10 +77,28 @@ export interface SettleRequest {
    * cooldowns ignores it.
    */
   retryAfterMs?: number;
+  /**
+   * The tokens the call spent, as the provider reported them, with a
+   * success or a failure alike. Each count is a whole number from 0 to
+   * `MAX_USAGE_TOKENS`; one left out is not reported. A server older than
+   * usage ignores it.
+   */
+  usage?: Usage;
 }
 
 /** The most `retryAfterMs` a settle may carry: an hour. */
 export const MAX_RETRY_AFTER_MS = 3_600_000;
+
+/** A settle's `usage`: the tokens a call spent (either may be left out). */
+export interface Usage {
+  /** The tokens of the prompt (the input). */
+  inputTokens?: number;
+  /** The tokens of the answer (the output). */
+  outputTokens?: number;
+}
+
+/** The most tokens a settle's `usage` may report in one count: a billion. */
+export const MAX_USAGE_TOKENS = 1_000_000_000;
 
 /** `POST /v1/activities/{id}/cancel`. */
 export interface CancelRequest {
@@ -137,6 +155,13 @@ export interface ActivityRecord {
    * Absent from older servers (read it as false).
    */
   refined?: boolean;
+  /**
+   * The tokens the settle reported (`usage`), or `null` when none was
+   * reported. A late settle (the record already reaped) keeps the first
+   * late settle's. Absent from servers older than usage.
+   */
+  inputTokens?: number | null;
+  outputTokens?: number | null;
   /** Present only when a cancel gave a reason. */
   cancelReason?: string;
   /** On a begin's answer only: the request's top-level fields this server does not know, and ignored. */
@@ -224,6 +249,13 @@ export interface Aggregate {
   avgExecutionMs: number | null;
   maxExecutionMs: number | null;
   lastSeenAt: string | null;
+  /**
+   * The sums of the tokens reported by the calls that ended in this
+   * aggregate (a call that reported none adds nothing). Absent from servers
+   * older than usage.
+   */
+  inputTokens?: number;
+  outputTokens?: number;
 }
 
 export interface InFlightRecord extends ActivityRecord {
@@ -290,7 +322,7 @@ const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
   "activityId", "service", "provider", "class", "operationStage", "model", "priority", "admission",
   "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
   "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
-  "lateSettle", "unstartedSuccess", "refined", "cancelReason", "ignoredFields",
+  "lateSettle", "unstartedSuccess", "refined", "inputTokens", "outputTokens", "cancelReason", "ignoredFields",
 ]);
 const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 
@@ -304,7 +336,8 @@ export const FIELDS = {
     "startedAt", "deadlineMs", "ownerId",
   ]),
   StartRequest: fields<StartRequest>()(["startedAt"]),
-  SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt", "retryAfterMs"]),
+  SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt", "retryAfterMs", "usage"]),
+  Usage: fields<Usage>()(["inputTokens", "outputTokens"]),
   CancelRequest: fields<CancelRequest>()(["reason"]),
   RefineRequest: fields<RefineRequest>()(["model"]),
   RegisterOwnerRequest: fields<RegisterOwnerRequest>()(["name", "ttlMs"]),
@@ -323,7 +356,7 @@ export const FIELDS = {
   Aggregate: fields<Aggregate>()([
     "service", "operationStage", "class", "provider", "model", "priority", "admission", "calls",
     "successes", "successesUnstarted", "failures", "cancelled", "reaped", "lateSettles", "inFlight", "avgQueueWaitMs",
-    "maxQueueWaitMs", "avgExecutionMs", "maxExecutionMs", "lastSeenAt",
+    "maxQueueWaitMs", "avgExecutionMs", "maxExecutionMs", "lastSeenAt", "inputTokens", "outputTokens",
   ]),
   InFlightRecord: fields<InFlightRecord>()([...ACTIVITY_RECORD_FIELDS, "elapsedMs"]),
   ReapedRecord: fields<ReapedRecord>()([...ACTIVITY_RECORD_FIELDS, "ageMs"]),

@@ -102,6 +102,7 @@ export function compareWithDocument(doc) {
     ["BeginRequest", requestBody("begin")],
     ["StartRequest", requestBody("start")],
     ["SettleRequest", requestBody("settle")],
+    ["Usage", [requestBody("settle"), "usage"]],
     ["CancelRequest", requestBody("cancel")],
     ["RefineRequest", requestBody("refine")],
     ["RegisterOwnerRequest", requestBody("registerOwner")],
@@ -138,7 +139,7 @@ export function compareWithDocument(doc) {
     if (Array.isArray(where)) {
       const [root, ...steps] = where;
       schema = steps.reduce((s, step) => (s ? child(doc, s, step) : undefined), root);
-      label = `${type} (Snapshot/ErrorBody ${steps.join(".")})`;
+      label = `${type} (under ${steps.join(".")})`;
     }
     if (!schema) {
       problems.push(`the document has no schema where the client expects ${label}`);

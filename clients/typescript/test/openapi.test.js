@@ -89,3 +89,16 @@ test("the check notices an older server's document: no Idempotency-Key, no 200 r
     /POST \/v1\/activities\/\{id\}\/settle header parameters: the document has x-brand-new, the client does not/,
   );
 });
+
+test("the check notices an older server's document: no usage on settle, no tokens on records and aggregates", (t) => {
+  if (missing) return skipLoudly(t);
+  const older = structuredClone(doc);
+  for (const schema of Object.values(older.components?.schemas ?? {})) {
+    for (const name of ["usage", "inputTokens", "outputTokens"]) delete schema.properties?.[name];
+  }
+  const problems = compareWithDocument(older).join("\n");
+  assert.match(problems, /SettleRequest fields: the client has usage, the document does not/);
+  assert.match(problems, /the document has no schema where the client expects Usage \(under usage\)/);
+  assert.match(problems, /ActivityRecord fields: the client has inputTokens, outputTokens, the document does not/);
+  assert.match(problems, /Aggregate \(under aggregates\.items\) fields: the client has inputTokens, outputTokens/);
+});
