@@ -30,8 +30,10 @@ import type {
   Snapshot,
   StartRequest,
   TimestampInput,
+  Usage,
 } from "./wire.js";
 import { retryAfterOfError, settleRetryAfterMs } from "./retry-after.js";
+import { checkUsage, extractedUsage, usageOf } from "./usage.js";
 import { IDEMPOTENCY_KEY_HEADER, ROUTES, SERVER_ERROR_CODES } from "./wire.js";
 
 /**
@@ -108,7 +110,7 @@ export interface InflightWarning {
   record: ActivityRecord;
 }
 
-export interface RunOptions extends Lifecycle {
+export interface RunOptions<T = unknown> extends Lifecycle {
   /** Aborting it aborts the waiting and the call, and records the call `cancelled`. */
   signal?: AbortSignal;
   /** Like `signal`, after this long (waiting and executing together). */
@@ -127,6 +129,16 @@ export interface RunOptions extends Lifecycle {
    * sends one); a value is rounded and kept within 1 to 3600000.
    */
   retryAfterMs?: (err: unknown) => number | undefined;
+  /**
+   * The tokens the call spent, read from what `fn` returns, sent with the
+   * success's settle. Default: `usageOf(result)` (the usage of an OpenAI,
+   * Ollama or Gemini answer). Return `undefined` for none; `false` never
+   * reads any. What it returns is sent only when it is valid usage (each
+   * count a whole number from 0 to 1000000000), and one that throws reads
+   * nothing: the settle is never lost to it. Usage `fn` reported itself
+   * (`activity.reportUsage`) wins over it.
+   */
+  usage?: false | ((result: T) => Usage | undefined);
 }
 
 export interface AdmitOptions {
@@ -682,7 +694,7 @@ export class InflightClient {
   async run<T>(
     spec: ActivitySpec,
     fn: (signal: AbortSignal, activity: Activity) => Promise<T>,
-    options: RunOptions = {},
+    options: RunOptions<T> = {},
   ): Promise<T> {
     const hooks = [this.lifecycle, options];
     const timeout = options.timeoutMs === undefined ? undefined : timeoutSignal(options.timeoutMs);
@@ -738,7 +750,8 @@ export class InflightClient {
         throw err;
       }
       signal.removeEventListener("abort", onAbort);
-      await this.endQuietly(activity, () => activity.succeed(), hooks);
+      const usage = activity.reportedUsage ?? usageOfResult(result, options.usage);
+      await this.endQuietly(activity, () => activity.succeed({ usage }), hooks);
       return result;
     } finally {
       timeout?.clear();
@@ -754,7 +767,7 @@ export class InflightClient {
   observeUnqueued<T>(
     spec: ActivitySpec,
     fn: (signal: AbortSignal, activity: Activity) => Promise<T>,
-    options: RunOptions = {},
+    options: RunOptions<T> = {},
   ): Promise<T> {
     return this.run({ ...spec, admission: "direct" }, fn, options);
   }
@@ -805,6 +818,20 @@ function retryAfterOf(err: unknown, read: ((err: unknown) => number | undefined)
   return settleRetryAfterMs(ms);
 }
 
+/**
+ * The usage to settle a success of `run` with: `read(result)` (`usageOf`
+ * when not given, nothing when `false`), kept only when it is valid usage.
+ */
+function usageOfResult<T>(result: T, read: false | ((result: T) => Usage | undefined) | undefined): Usage | undefined {
+  if (read === false) return undefined;
+  try {
+    return extractedUsage((read ?? usageOf)(result));
+  } catch {
+    // An extractor that throws reads nothing: the success is still settled.
+    return undefined;
+  }
+}
+
 function reasonOf(reason: unknown): string {
   if (reason instanceof WaitTimeoutError) return "wait timeout";
   if (reason instanceof Error || reason instanceof DOMException) {
@@ -826,6 +853,7 @@ export class Activity {
   /** The record as the server last answered it. */
   record: ActivityRecord;
   private readonly client: InflightClient;
+  private reported: Usage | undefined;
 
   constructor(client: InflightClient, record: ActivityRecord) {
     this.client = client;
@@ -896,14 +924,43 @@ export class Activity {
     }
   }
 
-  /** Settles it: success, or a failure (at `failureStage`). Repeating the same settle is harmless. */
-  settle(outcome: boolean | SettleRequest): Promise<ActivityRecord> {
-    const body: SettleRequest = typeof outcome === "boolean" ? { success: outcome } : { ...outcome, completedAt: toWireTime(outcome.completedAt) };
+  /**
+   * Tells the tokens the call spent (`inputTokens`, `outputTokens`: each a
+   * whole number from 0 to 1000000000), for its settle to carry: the
+   * handle's own `settle`, `succeed` and `fail` send it unless given a
+   * `usage` of their own, and `run` sends it, with a success or a failure,
+   * instead of what it would read from `fn`'s result. A count given again
+   * replaces the earlier one; a count left out keeps it. Throws a
+   * `TypeError` naming the field (`usage.outputTokens`) for anything else;
+   * nothing is sent until the settle.
+   */
+  reportUsage(usage: Usage): void {
+    const checked = checkUsage(usage, "reportUsage");
+    if (checked !== undefined) this.reported = { ...this.reported, ...checked };
+  }
+
+  /** The usage `reportUsage` was told so far, if any. */
+  get reportedUsage(): Usage | undefined {
+    return this.reported === undefined ? undefined : { ...this.reported };
+  }
+
+  /**
+   * Settles it: success, or a failure (at `failureStage`), with the tokens
+   * it spent (`usage`, else what `reportUsage` was told). Repeating the
+   * same settle is harmless. A `usage` that is not an object of whole
+   * numbers from 0 to 1000000000 rejects with a `TypeError` naming the
+   * field, and nothing is sent.
+   */
+  async settle(outcome: boolean | SettleRequest): Promise<ActivityRecord> {
+    const { usage: given, ...rest }: SettleRequest = typeof outcome === "boolean" ? { success: outcome } : outcome;
+    const usage = checkUsage(given, "settle") ?? this.reported;
+    const body: SettleRequest = { ...rest, completedAt: toWireTime(rest.completedAt), ...(usage === undefined ? {} : { usage }) };
     return this.update(this.client.request<ActivityRecord>("settle", { id: this.id, body }));
   }
 
-  succeed(): Promise<ActivityRecord> {
-    return this.settle({ success: true });
+  /** Settles it succeeded, with the tokens it spent (`usage`, else what `reportUsage` was told). */
+  succeed(options: { usage?: Usage | undefined } = {}): Promise<ActivityRecord> {
+    return this.settle({ success: true, ...(options.usage === undefined ? {} : { usage: options.usage }) });
   }
 
   /**
@@ -911,13 +968,18 @@ export class Activity {
    * `Retry-After` (an integer of milliseconds, 1 to 3600000; `retryAfterMs(response)`
    * reads it from an answer): the lane then cools down, granting no new
    * slot until that long after the settle (at most its `max_cooldown`).
-   * `undefined` sends none.
+   * `undefined` sends none. `usage` is the tokens the failed call spent
+   * (else what `reportUsage` was told), as for `succeed`.
    */
-  fail(failureStage: FailureStage = "provider", options: { retryAfterMs?: number | undefined } = {}): Promise<ActivityRecord> {
+  fail(
+    failureStage: FailureStage = "provider",
+    options: { retryAfterMs?: number | undefined; usage?: Usage | undefined } = {},
+  ): Promise<ActivityRecord> {
     return this.settle({
       success: false,
       failureStage,
       ...(options.retryAfterMs === undefined ? {} : { retryAfterMs: options.retryAfterMs }),
+      ...(options.usage === undefined ? {} : { usage: options.usage }),
     });
   }
 

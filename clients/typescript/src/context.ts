@@ -70,7 +70,8 @@ function labelProblem(value: unknown): string | undefined {
   return `must match ${LABEL_PATTERN}`;
 }
 
-function describe(value: unknown): string {
+/** A value as a refusal names it: a string quoted, an object or an array by its kind. */
+export function describe(value: unknown): string {
   if (value === null) return "null";
   if (Array.isArray(value)) return "an array";
   return typeof value === "string" ? JSON.stringify(value) : typeof value === "object" ? "an object" : String(value);

@@ -3,6 +3,7 @@ export { Activity, InflightClient, OwnerLease } from "./client.js";
 export type { ActivityContext } from "./context.js";
 export { ProviderActivityRecorder, RecorderError } from "./recorder.js";
 export { retryAfterMs } from "./retry-after.js";
+export { usageOf } from "./usage.js";
 export type { HeadersLike, RetryAfterSource } from "./retry-after.js";
 export type { ProviderActivityEntry, ProviderActivityOutcome, RecorderEvent, RecorderOperation, RecorderOptions } from "./recorder.js";
 export type {
