@@ -138,7 +138,7 @@ export interface RunOptions<T = unknown> extends Lifecycle {
    * nothing: the settle is never lost to it. Usage `fn` reported itself
    * (`activity.reportUsage`) wins over it.
    */
-  usage?: false | ((result: T) => Usage | undefined);
+  usage?: false | ((result: T) => Usage | null | undefined);
 }
 
 export interface AdmitOptions {
@@ -822,7 +822,10 @@ function retryAfterOf(err: unknown, read: ((err: unknown) => number | undefined)
  * The usage to settle a success of `run` with: `read(result)` (`usageOf`
  * when not given, nothing when `false`), kept only when it is valid usage.
  */
-function usageOfResult<T>(result: T, read: false | ((result: T) => Usage | undefined) | undefined): Usage | undefined {
+function usageOfResult<T>(
+  result: T,
+  read: false | ((result: T) => Usage | null | undefined) | undefined,
+): Usage | undefined {
   if (read === false) return undefined;
   try {
     return extractedUsage((read ?? usageOf)(result));
@@ -959,7 +962,7 @@ export class Activity {
   }
 
   /** Settles it succeeded, with the tokens it spent (`usage`, else what `reportUsage` was told). */
-  succeed(options: { usage?: Usage | undefined } = {}): Promise<ActivityRecord> {
+  succeed(options: { usage?: Usage | null | undefined } = {}): Promise<ActivityRecord> {
     return this.settle({ success: true, ...(options.usage === undefined ? {} : { usage: options.usage }) });
   }
 
@@ -973,7 +976,7 @@ export class Activity {
    */
   fail(
     failureStage: FailureStage = "provider",
-    options: { retryAfterMs?: number | undefined; usage?: Usage | undefined } = {},
+    options: { retryAfterMs?: number | undefined; usage?: Usage | null | undefined } = {},
   ): Promise<ActivityRecord> {
     return this.settle({
       success: false,

@@ -12,15 +12,16 @@ function isTokenCount(value: unknown): value is number {
 }
 
 /**
- * The usage as given, checked as the server checks a settle's: an object
- * with no field but `inputTokens` and `outputTokens`, each `undefined` or a
- * whole number from 0 to `MAX_USAGE_TOKENS`. Throws a `TypeError` naming
- * the field (`usage.inputTokens`) otherwise. Returns a copy of the counts
- * that are set, or `undefined` when none is (nothing to send).
+ * The usage as given, checked as the server checks a settle's: `undefined`,
+ * `null`, or an object with no field but `inputTokens` and `outputTokens`,
+ * each `undefined`, `null` (not reported) or a whole number from 0 to
+ * `MAX_USAGE_TOKENS`. Throws a `TypeError` naming the field
+ * (`usage.inputTokens`) otherwise. Returns a copy of the counts that are
+ * set, or `undefined` when none is (nothing to send).
  */
 export function checkUsage(usage: unknown, where: string): Usage | undefined {
-  if (usage === undefined) return undefined;
-  if (usage === null || typeof usage !== "object" || Array.isArray(usage)) {
+  if (usage === undefined || usage === null) return undefined;
+  if (typeof usage !== "object" || Array.isArray(usage)) {
     throw new TypeError(`${where}: usage must be an object ({ inputTokens, outputTokens }), not ${describe(usage)}`);
   }
   const given = usage as Record<string, unknown>;
@@ -32,7 +33,7 @@ export function checkUsage(usage: unknown, where: string): Usage | undefined {
   const checked: Usage = {};
   for (const field of USAGE_FIELDS) {
     const value = given[field];
-    if (value === undefined) continue;
+    if (value === undefined || value === null) continue;
     if (!isTokenCount(value)) {
       throw new TypeError(
         `${where}: invalid usage.${field}: must be a whole number from 0 to ${MAX_USAGE_TOKENS}, not ${describe(value)}`,

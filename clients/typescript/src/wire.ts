@@ -80,21 +80,21 @@ export interface SettleRequest {
   /**
    * The tokens the call spent, as the provider reported them, with a
    * success or a failure alike. Each count is a whole number from 0 to
-   * `MAX_USAGE_TOKENS`; one left out is not reported. A server older than
-   * usage ignores it.
+   * `MAX_USAGE_TOKENS`; one left out (or `null`) is not reported, as is a
+   * `null` usage. A server older than usage ignores it.
    */
-  usage?: Usage;
+  usage?: Usage | null;
 }
 
 /** The most `retryAfterMs` a settle may carry: an hour. */
 export const MAX_RETRY_AFTER_MS = 3_600_000;
 
-/** A settle's `usage`: the tokens a call spent (either may be left out). */
+/** A settle's `usage`: the tokens a call spent (either may be left out, or `null`: not reported). */
 export interface Usage {
   /** The tokens of the prompt (the input). */
-  inputTokens?: number;
+  inputTokens?: number | null;
   /** The tokens of the answer (the output). */
-  outputTokens?: number;
+  outputTokens?: number | null;
 }
 
 /** The most tokens a settle's `usage` may report in one count: a billion. */
@@ -251,8 +251,8 @@ export interface Aggregate {
   lastSeenAt: string | null;
   /**
    * The sums of the tokens reported by the calls that ended in this
-   * aggregate (a call that reported none adds nothing). Absent from servers
-   * older than usage.
+   * aggregate, late settles included (a call that reported none adds
+   * nothing). Absent from servers older than usage.
    */
   inputTokens?: number;
   outputTokens?: number;
