@@ -78,6 +78,19 @@ RETRY_AFTER_MS_MIN = 1
 RETRY_AFTER_MS_MAX = 3_600_000
 
 
+#: The bounds of each count of a settle's ``usage`` (whole numbers).
+TOKENS_MIN = 0
+TOKENS_MAX = 1_000_000_000
+
+
+class SettleUsage(TypedDict, total=False):
+    """A settle's ``usage``: the tokens the provider reported for the call,
+    each a whole number from 0 to 1000000000, each optional."""
+
+    inputTokens: int
+    outputTokens: int
+
+
 class SettleRequest(_SettleRequired, total=False):
     failureStage: FailureStage
     completedAt: TimestampInput
@@ -85,6 +98,9 @@ class SettleRequest(_SettleRequired, total=False):
     #: failure only: the lane grants no slot until it has passed (at most the
     #: server's ``max_cooldown``). An older server ignores it.
     retryAfterMs: int
+    #: The call's token usage, with a success or a failure. A late settle
+    #: (the record was reaped) keeps the usage of the first late settle.
+    usage: SettleUsage
 
 
 class CancelRequest(TypedDict, total=False):
@@ -147,6 +163,10 @@ class ActivityRecord(_ActivityRecordBase, total=False):
     #: Absent from older servers (read it as false: ``record.get("refined", False)``).
     refined: bool
     cancelReason: str  # present only when a cancel gave a reason
+    #: The tokens its settle reported (``None`` when it reported none).
+    #: Absent from servers older than usage (read them with ``.get``).
+    inputTokens: Optional[int]
+    outputTokens: Optional[int]
     ignoredFields: List[str]  # on a begin's answer only: the request's fields the server ignored
 
 
@@ -245,6 +265,10 @@ _AggregateBase = TypedDict(
 class Aggregate(_AggregateBase, total=False):
     #: Of ``successes``, records that never started (absent from older servers).
     successesUnstarted: int
+    #: The sums of the usage its records' settles reported (absent from
+    #: servers older than usage).
+    inputTokens: int
+    outputTokens: int
 
 
 class SnapshotWarning(TypedDict):
@@ -304,6 +328,7 @@ TYPES = {
         BeginRequest,
         StartRequest,
         SettleRequest,
+        SettleUsage,
         CancelRequest,
         RefineRequest,
         RegisterOwnerRequest,
