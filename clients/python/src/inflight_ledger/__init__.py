@@ -5,9 +5,10 @@
     ledger = Ledger("http://127.0.0.1:7878")
     with ledger.activity(service="knowledge-base", provider="ollama", class_="embedding") as call:
         ...  # the provider call: success, failure or cancelled by how the block exits
+        call.report_usage(input_tokens=12)  # the tokens its settle carries
 """
 
-from ._common import ActivityContext, ContextBlock, Lifecycle, retry_after_ms
+from ._common import ActivityContext, ContextBlock, Lifecycle, Usage, UsageExtractor, retry_after_ms, usage_of
 from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
 from .errors import (
     ConflictError,
@@ -81,9 +82,12 @@ __all__ = [
     "TYPES",
     "UnauthorizedError",
     "UnavailableError",
+    "Usage",
+    "UsageExtractor",
     "WaitCancelledError",
     "WaitTimeoutError",
     "error_for",
     "field_names",
     "retry_after_ms",
+    "usage_of",
 ]

@@ -9,6 +9,7 @@ import errno
 import json
 import logging
 import math
+import operator
 import os
 import random
 import re
@@ -42,11 +43,14 @@ from .wire import (
     RETRY_AFTER_MS_MIN,
     ROUTES,
     SERVER_ERROR_CODES,
+    TOKENS_MAX,
+    TOKENS_MIN,
     ActivityRecord,
     BeginRequest,
     FailureStage,
     Priority,
     SettleRequest,
+    SettleUsage,
 )
 
 #: Where the client logs what the server let pass (a begin's ignored fields).
@@ -135,8 +139,10 @@ def settle_body(
     failure_stage: Optional[FailureStage],
     completed_at: Any,
     retry_after_ms: Optional[int],
+    usage: Optional["Usage"] = None,
 ) -> SettleRequest:
-    """A settle's body; the fields left ``None`` are not sent."""
+    """A settle's body; the fields left ``None`` are not sent (nor a usage
+    with neither count)."""
     body: SettleRequest = {"success": success}
     if failure_stage is not None:
         body["failureStage"] = failure_stage
@@ -144,7 +150,206 @@ def settle_body(
         body["completedAt"] = wire_time(completed_at)
     if retry_after_ms is not None:
         body["retryAfterMs"] = retry_after_ms
+    if usage is not None:
+        if not isinstance(usage, Usage):
+            raise TypeError(
+                f"settle: usage must be an inflight_ledger.Usage, not {type(usage).__name__} "
+                "(Usage(input_tokens=..., output_tokens=...))"
+            )
+        wire = usage.wire()
+        if wire:
+            body["usage"] = wire
     return body
+
+
+# ---- token usage -----------------------------------------------------------
+
+
+def _tokens(name: str, value: Any) -> Optional[int]:
+    """A count of ``Usage``, checked as the server checks it: a whole number
+    from 0 to 1000000000 (an ``int``, or anything with ``__index__`` but a
+    ``bool``), or ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"usage: invalid {name}: must be a whole number, not a bool ({value!r})")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"usage: invalid {name}: must be a whole number (int), not {type(value).__name__} ({value!r})"
+        ) from None
+    if not TOKENS_MIN <= count <= TOKENS_MAX:
+        raise ValueError(f"usage: invalid {name}: must be from {TOKENS_MIN} to {TOKENS_MAX}, not {count}")
+    return count
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The tokens a provider reported for one call, sent with its settle:
+    ``Usage(input_tokens=12, output_tokens=40)``. Each count is optional
+    (``None``: not reported) and, when given, a whole number from 0 to
+    1000000000; anything else raises here, before any request, naming the
+    field: ``TypeError`` for a ``bool``, a ``float``, a string, ...,
+    ``ValueError`` for a number out of range."""
+
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("input_tokens", "output_tokens"):
+            object.__setattr__(self, name, _tokens(name, getattr(self, name)))
+
+    def wire(self) -> SettleUsage:
+        """The settle's ``usage``, with the counts that are set."""
+        wire: SettleUsage = {}
+        if self.input_tokens is not None:
+            wire["inputTokens"] = self.input_tokens
+        if self.output_tokens is not None:
+            wire["outputTokens"] = self.output_tokens
+        return wire
+
+
+#: Reads a provider's answer and returns its ``Usage``, or ``None`` when it has none.
+UsageExtractor = Callable[[Any], Optional[Usage]]
+
+
+def _get(source: Any, name: str) -> Any:
+    """``source[name]`` for a mapping (a JSON answer), else the attribute
+    (an SDK's object); ``None`` when absent."""
+    if isinstance(source, Mapping):
+        return source.get(name)
+    return getattr(source, name, None)
+
+
+def _count(value: Any) -> Optional[int]:
+    """A count of a provider's answer: an ``int`` (not a ``bool``) from 0 to
+    1000000000, else ``None``."""
+    if isinstance(value, int) and not isinstance(value, bool) and TOKENS_MIN <= value <= TOKENS_MAX:
+        return int(value)
+    return None
+
+
+def _pair(source: Any, input_name: str, output_name: str) -> Optional[Usage]:
+    if source is None:
+        return None
+    input_tokens, output_tokens = _count(_get(source, input_name)), _count(_get(source, output_name))
+    if input_tokens is None and output_tokens is None:
+        return None
+    return Usage(input_tokens, output_tokens)
+
+
+def usage_of(result: Any) -> Optional[Usage]:
+    """The token usage a provider's answer reports, or ``None``. Recognised,
+    as JSON (a mapping) and as an SDK's objects (attributes):
+
+    - OpenAI chat completions (and completions): ``usage.prompt_tokens``,
+      ``usage.completion_tokens``;
+    - OpenAI's Responses API: ``usage.input_tokens``, ``usage.output_tokens``;
+    - Ollama (``/api/chat``, ``/api/generate``, ``/api/embed``, the
+      ``ollama`` package): ``prompt_eval_count``, ``eval_count``;
+    - Gemini: ``usage_metadata.prompt_token_count``,
+      ``usage_metadata.candidates_token_count`` (the ``google-genai``
+      package), ``usageMetadata.promptTokenCount``,
+      ``usageMetadata.candidatesTokenCount`` (the REST API's JSON).
+
+    A count that is not a whole number from 0 to 1000000000 (a ``bool``, a
+    ``float``, a negative, a string) is left out; an answer with neither
+    count is ``None``. It never raises."""
+    try:
+        usage = _get(result, "usage")
+        found = _pair(usage, "prompt_tokens", "completion_tokens") or _pair(usage, "input_tokens", "output_tokens")
+        found = found or _pair(result, "prompt_eval_count", "eval_count")
+        found = found or _pair(_get(result, "usage_metadata"), "prompt_token_count", "candidates_token_count")
+        return found or _pair(_get(result, "usageMetadata"), "promptTokenCount", "candidatesTokenCount")
+    except Exception:  # noqa: BLE001 - an answer of an unknown shape has no usage
+        return None
+
+
+class UsageReport:
+    """The usage a handle (``Activity``, ``AsyncActivity``) sends with its
+    settle: reported with ``report_usage``, or read from a provider's answer
+    with ``report_usage_of``. No I/O here."""
+
+    id: str
+    record: ActivityRecord
+
+    def _init_usage(self, extractor: Optional[UsageExtractor] = usage_of) -> None:
+        self._usage: Optional[Usage] = None
+        self._usage_explicit = False
+        #: What ``report_usage_of`` reads an answer with (``None``: it reads nothing).
+        self.usage_extractor = extractor
+
+    @property
+    def usage(self) -> Optional[Usage]:
+        """The usage the settle will carry (reported or read from an answer), or ``None``."""
+        return self._usage
+
+    def _before_settle(self, what: str) -> None:
+        if has_ended(self.record):
+            raise RuntimeError(
+                f"{what}: activity {self.id} has already ended ({self.record['state']}); "
+                "report the usage before the settle, or pass usage= to it"
+            )
+
+    def report_usage(
+        self,
+        usage: Optional[Usage] = None,
+        *,
+        input_tokens: Optional[int] = None,
+        output_tokens: Optional[int] = None,
+    ) -> Optional[Usage]:
+        """Sets the usage the record's settle carries (the block's, or
+        ``succeed``/``fail``/``settle`` without ``usage=``): a ``Usage``, or
+        its counts as ``input_tokens``/``output_tokens``. Checked here (see
+        ``Usage``). It wins over ``report_usage_of``, called before or after;
+        a second report replaces the first. Nothing given (``None``, as
+        ``report_usage(usage_of(answer))`` gives for an answer with no usage)
+        reports nothing. ``RuntimeError`` once the record has ended. Returns
+        the usage the settle will carry."""
+        if usage is None:
+            if input_tokens is None and output_tokens is None:
+                return self._usage
+            usage = Usage(input_tokens, output_tokens)
+        elif input_tokens is not None or output_tokens is not None:
+            raise TypeError("report_usage: give a Usage or input_tokens/output_tokens, not both")
+        elif not isinstance(usage, Usage):
+            raise TypeError(
+                f"report_usage: usage must be an inflight_ledger.Usage, not {type(usage).__name__}"
+            )
+        self._before_settle("report_usage")
+        self._usage = usage
+        self._usage_explicit = True
+        return usage
+
+    def report_usage_of(self, result: Any) -> Optional[Usage]:
+        """Reads the usage of a provider's answer with ``usage_extractor``
+        (``usage_of`` unless the block was given another; ``None`` reads
+        nothing) for the settle to carry, unless ``report_usage`` reported
+        one (it wins). An answer with no usage changes nothing; a second
+        answer's replaces the first's. An extractor that raises, or returns
+        something other than a ``Usage`` or ``None``, is warned about
+        (``RuntimeWarning``) and read as no usage: the call's outcome
+        stands. Returns the usage the settle will carry."""
+        extractor = self.usage_extractor
+        if extractor is None or self._usage_explicit:
+            return self._usage
+        try:
+            found = extractor(result)
+            if found is not None and not isinstance(found, Usage):
+                raise TypeError(f"it returned {type(found).__name__}, not a Usage or None")
+        except Exception as err:  # noqa: BLE001 - the call's outcome stands without its usage
+            warnings.warn(
+                f"inflight: the usage extractor {getattr(extractor, '__name__', extractor)!r} failed on "
+                f"activity {self.id} ({err}); its settle carries no usage from the answer",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self._usage
+        if found is not None:
+            self._before_settle("report_usage_of")
+            self._usage = found
+        return self._usage
 
 
 def now_ms() -> int:
@@ -730,6 +935,9 @@ __all__ = [
     "InflightError",
     "Instead",
     "Lifecycle",
+    "Usage",
+    "UsageExtractor",
+    "UsageReport",
     "WAIT_CODES",
     "begin_anew",
     "build_spec",
@@ -749,6 +957,7 @@ __all__ = [
     "retryable",
     "settle_body",
     "unavailable",
+    "usage_of",
     "wait_cancelled",
     "wait_param",
     "wait_timeout",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import time
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, Type, TypeVar, Union, cast
 
 import httpx
 
@@ -18,6 +19,9 @@ from ._common import (
     IgnoredFieldsLog,
     Instead,
     Lifecycle,
+    Usage,
+    UsageExtractor,
+    UsageReport,
     begin_anew,
     build_spec,
     call_hook,
@@ -35,6 +39,7 @@ from ._common import (
     retryable,
     settle_body,
     unavailable,
+    usage_of,
     wait_param,
     wait_timeout,
     wire_time,
@@ -43,6 +48,7 @@ from .errors import InflightError
 from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, RefineRequest, Snapshot
 
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 class AsyncLedger(Attributed):
@@ -55,7 +61,9 @@ class AsyncLedger(Attributed):
     ``timeout=``, the block (waiting and executing) is cancelled after that
     many seconds, the record is settled ``cancelled`` and ``TimeoutError`` is
     raised. The block's value is the record's ``AsyncActivity``: ``await
-    call.refine(model)`` names the model once the call is dispatched.
+    call.refine(model)`` names the model once the call is dispatched,
+    ``call.report_usage(...)`` (or ``call.report_usage_of(answer)``, no
+    ``await``: no I/O) the tokens the settle carries.
     """
 
     def __init__(
@@ -216,15 +224,19 @@ class AsyncLedger(Attributed):
         timeout: Optional[float] = None,
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
         lifecycle: Optional[Lifecycle] = None,
+        usage_extractor: Optional[UsageExtractor] = usage_of,
         **fields: Any,
     ) -> "AsyncActivityBlock":
         """A block that is one provider call (see the class's doc and
         ``Ledger.activity``): it waits in line through a full lane and a lane
         cooling down alike, up to ``max_wait``; an exception carrying a
         provider's 429 or 503 answer with ``Retry-After`` settles the failure
-        with it."""
+        with it. ``usage_extractor``: what ``call.report_usage_of(answer)``
+        reads the answer's token usage with (default ``usage_of``; ``None``
+        reads nothing)."""
         return AsyncActivityBlock(
-            self, build_spec(spec, fields, None), max_wait, wait_step, timeout, failure_stage, lifecycle
+            self, build_spec(spec, fields, None), max_wait, wait_step, timeout, failure_stage, lifecycle,
+            usage_extractor,
         )
 
     def observe_unqueued(
@@ -233,12 +245,47 @@ class AsyncLedger(Attributed):
         *,
         timeout: Optional[float] = None,
         lifecycle: Optional[Lifecycle] = None,
+        usage_extractor: Optional[UsageExtractor] = usage_of,
         **fields: Any,
     ) -> "AsyncActivityBlock":
         """A block for a call with no queue (admission ``direct``)."""
         body = build_spec(spec, fields, None)
         body["admission"] = "direct"
-        return AsyncActivityBlock(self, body, None, 10.0, timeout, "provider", lifecycle)
+        return AsyncActivityBlock(self, body, None, 10.0, timeout, "provider", lifecycle, usage_extractor)
+
+    def tracked(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        max_wait: Optional[float] = None,
+        wait_step: float = 10.0,
+        timeout: Optional[float] = None,
+        failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
+        lifecycle: Optional[Lifecycle] = None,
+        usage_extractor: Optional[UsageExtractor] = usage_of,
+        **fields: Any,
+    ) -> Callable[[F], F]:
+        """A decorator of a coroutine function: each call is one provider
+        call, awaited inside ``activity(spec, ..., **fields)`` with these
+        options, and the token usage of what it returns, read with
+        ``usage_extractor`` (default ``usage_of``; ``None`` reads nothing),
+        is sent with the success (see ``Ledger.tracked``)."""
+
+        def decorate(fn: F) -> F:
+            @functools.wraps(fn)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                block = self.activity(
+                    spec, max_wait=max_wait, wait_step=wait_step, timeout=timeout, failure_stage=failure_stage,
+                    lifecycle=lifecycle, usage_extractor=usage_extractor, **fields,
+                )
+                async with block as call:
+                    result = await fn(*args, **kwargs)
+                    call.report_usage_of(result)
+                return result
+
+            return cast(F, wrapper)
+
+        return decorate
 
     async def join_as_owner(
         self,
@@ -261,16 +308,18 @@ class AsyncLedger(Attributed):
         return lease
 
 
-class AsyncActivity:
+class AsyncActivity(UsageReport):
     """One record: ``await start()``, then ``await settle()``, or ``await
     cancel()``; ``await refine(model)`` while it is in flight (see
-    ``Activity.refine``). ``async with ledger.activity(...) as call:`` gives
-    the block this handle."""
+    ``Activity.refine``); ``report_usage(...)`` or ``report_usage_of(answer)``
+    (not awaited) for the settle to carry the call's tokens. ``async with
+    ledger.activity(...) as call:`` gives the block this handle."""
 
     def __init__(self, ledger: AsyncLedger, record: ActivityRecord) -> None:
         self.ledger = ledger
         self.record = record
         self.id: str = record["activityId"]
+        self._init_usage()
 
     @property
     def ended(self) -> bool:
@@ -314,17 +363,25 @@ class AsyncActivity:
         failure_stage: Optional[FailureStage] = None,
         completed_at: Any = None,
         retry_after_ms: Optional[int] = None,
+        usage: Optional[Usage] = None,
     ) -> ActivityRecord:
         """``retry_after_ms``: with a failure, the provider's ``Retry-After``
-        in milliseconds (see ``Activity.settle``)."""
-        body = settle_body(success, failure_stage, completed_at, retry_after_ms)
+        in milliseconds; ``usage``: the call's tokens, else those reported
+        with ``report_usage``/``report_usage_of`` (see ``Activity.settle``)."""
+        body = settle_body(success, failure_stage, completed_at, retry_after_ms, self.usage if usage is None else usage)
         return self._update(await self.ledger.request("settle", id=self.id, body=body))
 
-    async def succeed(self) -> ActivityRecord:
-        return await self.settle(True)
+    async def succeed(self, *, usage: Optional[Usage] = None) -> ActivityRecord:
+        return await self.settle(True, usage=usage)
 
-    async def fail(self, failure_stage: FailureStage = "provider", *, retry_after_ms: Optional[int] = None) -> ActivityRecord:
-        return await self.settle(False, failure_stage=failure_stage, retry_after_ms=retry_after_ms)
+    async def fail(
+        self,
+        failure_stage: FailureStage = "provider",
+        *,
+        retry_after_ms: Optional[int] = None,
+        usage: Optional[Usage] = None,
+    ) -> ActivityRecord:
+        return await self.settle(False, failure_stage=failure_stage, retry_after_ms=retry_after_ms, usage=usage)
 
     async def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
         return self._update(
@@ -356,9 +413,11 @@ class AsyncActivityBlock:
         timeout: Optional[float],
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]],
         lifecycle: Optional[Lifecycle],
+        usage_extractor: Optional[UsageExtractor] = usage_of,
     ) -> None:
         self.ledger = ledger
         self.spec = dict(spec)
+        self.usage_extractor = usage_extractor
         self.max_wait = max_wait
         self.wait_step = wait_step
         self.timeout = timeout
@@ -407,6 +466,7 @@ class AsyncActivityBlock:
         except asyncio.CancelledError:
             begin.add_done_callback(_cancel_when_begun)
             raise
+        activity.usage_extractor = self.usage_extractor
         self.activity = activity
         call_hook(self.hooks, "on_enqueued", activity.record)
         if self.timeout is not None:

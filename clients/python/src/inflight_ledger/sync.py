@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Type, TypeVar, Union, cast
 
 import httpx
 
@@ -18,6 +19,9 @@ from ._common import (
     IgnoredFieldsLog,
     Instead,
     Lifecycle,
+    Usage,
+    UsageExtractor,
+    UsageReport,
     begin_anew,
     build_spec,
     call_hook,
@@ -35,6 +39,7 @@ from ._common import (
     retryable,
     settle_body,
     unavailable,
+    usage_of,
     wait_cancelled,
     wait_param,
     wait_timeout,
@@ -44,6 +49,7 @@ from .errors import InflightError, WaitCancelledError
 from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, RefineRequest, Snapshot
 
 LedgerErrorHook = Callable[[BaseException, ActivityRecord], None]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Ledger(Attributed):
@@ -54,7 +60,8 @@ class Ledger(Attributed):
     the block exits: normally, success; by an exception, failure; by
     ``KeyboardInterrupt`` (or any other ``BaseException``), ``cancelled``.
     The block's value is the record's ``Activity``: ``call.refine(model)``
-    names the model once the call is dispatched.
+    names the model once the call is dispatched, ``call.report_usage(...)``
+    (or ``call.report_usage_of(answer)``) the tokens the settle carries.
     """
 
     def __init__(
@@ -236,6 +243,7 @@ class Ledger(Attributed):
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
         lifecycle: Optional[Lifecycle] = None,
         cancel: Optional[threading.Event] = None,
+        usage_extractor: Optional[UsageExtractor] = usage_of,
         **fields: Any,
     ) -> "ActivityBlock":
         """A block that is one provider call (see the class's doc).
@@ -253,19 +261,67 @@ class Ledger(Attributed):
         line (or before), ``WaitCancelledError`` is raised at once and the
         record is cancelled; once the block runs, an exception leaving it
         while the event is set records ``cancelled`` rather than ``failed``
-        (the block itself watches the event for its own work)."""
+        (the block itself watches the event for its own work).
+        ``usage_extractor``: what ``call.report_usage_of(answer)`` reads the
+        answer's token usage with (default ``usage_of``; ``None`` reads
+        nothing)."""
         return ActivityBlock(
-            self, build_spec(spec, fields, None), max_wait, wait_step, failure_stage, lifecycle, cancel
+            self, build_spec(spec, fields, None), max_wait, wait_step, failure_stage, lifecycle, cancel,
+            usage_extractor,
         )
 
     def observe_unqueued(
-        self, spec: Optional[Mapping[str, Any]] = None, *, lifecycle: Optional[Lifecycle] = None, **fields: Any
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        lifecycle: Optional[Lifecycle] = None,
+        usage_extractor: Optional[UsageExtractor] = usage_of,
+        **fields: Any,
     ) -> "ActivityBlock":
         """A block for a call with no queue (admission ``direct``: observed,
         never counted in a lane nor refused), settled like ``activity``."""
         body = build_spec(spec, fields, None)
         body["admission"] = "direct"
-        return ActivityBlock(self, body, None, 10.0, "provider", lifecycle, None)
+        return ActivityBlock(self, body, None, 10.0, "provider", lifecycle, None, usage_extractor)
+
+    def tracked(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        max_wait: Optional[float] = None,
+        wait_step: float = 10.0,
+        failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
+        lifecycle: Optional[Lifecycle] = None,
+        cancel: Optional[threading.Event] = None,
+        usage_extractor: Optional[UsageExtractor] = usage_of,
+        **fields: Any,
+    ) -> Callable[[F], F]:
+        """A decorator: each call of the function is one provider call, run
+        inside ``activity(spec, ..., **fields)`` with these options (settled
+        by how it returns or raises), and its return value's token usage,
+        read with ``usage_extractor`` (default ``usage_of``; ``None`` reads
+        nothing), is sent with the success::
+
+            @ledger.tracked(service="assistant", provider="openai", class_="chat")
+            def answer(messages):
+                return client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        """
+
+        def decorate(fn: F) -> F:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                block = self.activity(
+                    spec, max_wait=max_wait, wait_step=wait_step, failure_stage=failure_stage,
+                    lifecycle=lifecycle, cancel=cancel, usage_extractor=usage_extractor, **fields,
+                )
+                with block as call:
+                    result = fn(*args, **kwargs)
+                    call.report_usage_of(result)
+                return result
+
+            return cast(F, wrapper)
+
+        return decorate
 
     def join_as_owner(
         self,
@@ -290,17 +346,20 @@ class Ledger(Attributed):
         return lease
 
 
-class Activity:
+class Activity(UsageReport):
     """One record, for code that has its own queue: ``start()``, then
-    ``settle()``, or ``cancel()``; ``refine(model)`` while it is in flight.
-    Every transition is idempotent, so each is retried. ``with
-    ledger.activity(...) as call:`` gives the block this handle."""
+    ``settle()``, or ``cancel()``; ``refine(model)`` while it is in flight;
+    ``report_usage(...)`` or ``report_usage_of(answer)`` for the settle to
+    carry the call's tokens. Every transition is idempotent, so each is
+    retried. ``with ledger.activity(...) as call:`` gives the block this
+    handle."""
 
     def __init__(self, ledger: Ledger, record: ActivityRecord) -> None:
         self.ledger = ledger
         #: The record as the server last answered it.
         self.record = record
         self.id: str = record["activityId"]
+        self._init_usage()
 
     @property
     def ended(self) -> bool:
@@ -384,22 +443,35 @@ class Activity:
         failure_stage: Optional[FailureStage] = None,
         completed_at: Any = None,
         retry_after_ms: Optional[int] = None,
+        usage: Optional[Usage] = None,
     ) -> ActivityRecord:
         """``retry_after_ms``: with a failure, the provider's ``Retry-After``
         in milliseconds (1 to 3600000; ``inflight_ledger.retry_after_ms(response)``
         reads it from an answer): the lane admits nothing new until it has
         passed (at most the server's ``max_cooldown``). The server refuses it
-        with a success (``InvalidRequestError`` naming ``retryAfterMs``)."""
-        body = settle_body(success, failure_stage, completed_at, retry_after_ms)
+        with a success (``InvalidRequestError`` naming ``retryAfterMs``).
+
+        ``usage``: the call's tokens, ``Usage(input_tokens=..., output_tokens=...)``,
+        with a success or a failure; when left ``None``, the usage reported
+        with ``report_usage``/``report_usage_of``, if any. ``TypeError`` for
+        anything but a ``Usage``, before any request."""
+        body = settle_body(success, failure_stage, completed_at, retry_after_ms, self.usage if usage is None else usage)
         return self._update(self.ledger.request("settle", id=self.id, body=body))
 
-    def succeed(self) -> ActivityRecord:
-        return self.settle(True)
+    def succeed(self, *, usage: Optional[Usage] = None) -> ActivityRecord:
+        """A success; ``usage``: its tokens (see ``settle``)."""
+        return self.settle(True, usage=usage)
 
-    def fail(self, failure_stage: FailureStage = "provider", *, retry_after_ms: Optional[int] = None) -> ActivityRecord:
+    def fail(
+        self,
+        failure_stage: FailureStage = "provider",
+        *,
+        retry_after_ms: Optional[int] = None,
+        usage: Optional[Usage] = None,
+    ) -> ActivityRecord:
         """A failure at ``failure_stage``; ``retry_after_ms``: the provider's
-        ``Retry-After`` (see ``settle``)."""
-        return self.settle(False, failure_stage=failure_stage, retry_after_ms=retry_after_ms)
+        ``Retry-After``; ``usage``: its tokens (see ``settle``)."""
+        return self.settle(False, failure_stage=failure_stage, retry_after_ms=retry_after_ms, usage=usage)
 
     def cancel(self, reason: Optional[str] = None) -> ActivityRecord:
         """Records an abort the caller observed: ``cancelled``. Repeating it is harmless."""
@@ -474,9 +546,11 @@ class ActivityBlock:
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]],
         lifecycle: Optional[Lifecycle],
         cancel: Optional[threading.Event],
+        usage_extractor: Optional[UsageExtractor] = usage_of,
     ) -> None:
         self.ledger = ledger
         self.cancel = cancel
+        self.usage_extractor = usage_extractor
         self.spec = dict(spec)
         self.max_wait = max_wait
         self.wait_step = wait_step
@@ -502,6 +576,7 @@ class ActivityBlock:
             spec, {}, start_now=False, wait=None,
             instead=in_line(None if direct else self.max_wait, self.cancel),
         )
+        activity.usage_extractor = self.usage_extractor
         self.activity = activity
         call_hook(self.hooks, "on_enqueued", activity.record)
         if not direct:
