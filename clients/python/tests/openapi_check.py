@@ -118,6 +118,7 @@ def compare_with_document(doc: Dict[str, Any]) -> List[str]:
         ("BeginRequest", request_body("begin")),
         ("StartRequest", request_body("start")),
         ("SettleRequest", request_body("settle")),
+        ("SettleUsage", (request_body("settle"), "usage")),
         ("CancelRequest", request_body("cancel")),
         ("RefineRequest", request_body("refine")),
         ("RegisterOwnerRequest", request_body("register_owner")),

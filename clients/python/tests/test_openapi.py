@@ -104,3 +104,21 @@ def test_the_check_notices_an_older_servers_document_without_cooldowns(document)
     )
     assert "error codes: the client has lane_cooling, the document does not" in problems
     assert "expects ByPriority (nativeAdmission.additionalProperties.byPriority)" in problems
+
+
+def test_the_check_notices_an_older_servers_document_without_usage(document):
+    older = copy.deepcopy(document)
+    for schema in (older.get("components") or {}).get("schemas", {}).values():
+        for field in ("usage", "inputTokens", "outputTokens"):
+            (schema.get("properties") or {}).pop(field, None)
+    problems = "\n".join(compare_with_document(older))
+    assert "SettleRequest fields: the client has usage, the document does not" in problems
+    assert "ActivityRecord fields: the client has inputTokens, outputTokens, the document does not" in problems
+    assert "Aggregate (aggregates.items) fields: the client has inputTokens, outputTokens, the document does not" in problems
+    assert "the document has no schema where the client expects SettleUsage (usage)" in problems
+    # And a count the client does not send is noticed too.
+    newer = copy.deepcopy(document)
+    newer["components"]["schemas"]["Usage"]["properties"]["cachedTokens"] = {"type": "integer"}
+    assert "SettleUsage (usage) fields: the document has cachedTokens, the client does not" in "\n".join(
+        compare_with_document(newer)
+    )
