@@ -200,7 +200,8 @@ export type LaneByPriority = Record<Priority, LanePriorityCounts>;
 /**
  * One lane of native admission, over its `queued` records. The fields of
  * cooldowns and ranked lanes (`coolingUntil`, `effectiveCap`, `cooldowns`,
- * `byPriority`) are absent from servers older than them.
+ * `byPriority`) and `tokensLastMinute` are absent from servers older than
+ * them.
  */
 export interface Lane {
   service: string;
@@ -224,6 +225,8 @@ export interface Lane {
   cooldowns?: number;
   /** `executing` and `waiting` by priority. */
   byPriority?: LaneByPriority;
+  /** The tokens the lane's calls reported in the last minute (by the second of their settle). */
+  tokensLastMinute?: number;
 }
 
 /** The counters of one combination of labels. */
@@ -350,6 +353,7 @@ export const FIELDS = {
   Lane: fields<Lane>()([
     "service", "provider", "cap", "executing", "waiting", "reaped", "reapedOwnerLost", "lateSettles",
     "resurrections", "longestWaitMs", "coolingUntil", "effectiveCap", "cooldowns", "byPriority",
+    "tokensLastMinute",
   ]),
   LaneByPriority: fields<LaneByPriority>()(PRIORITIES),
   LanePriorityCounts: fields<LanePriorityCounts>()(["executing", "waiting"]),

@@ -202,6 +202,13 @@ pub struct Lane {
     pub cooldowns: i64,
     /// Executing and waiting records by `priority`.
     pub by_priority: ByPriority,
+    /// The tokens its calls reported in the last minute, by the second of
+    /// their settle (so a call counts at most a second longer); late
+    /// settles count at their record's `reapedAt`. (Absent, as 0, from
+    /// servers older than usage.)
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub tokens_last_minute: i64,
 }
 
 /// A lane's executing and waiting records by `priority`.

@@ -485,6 +485,7 @@ mod tests {
             cooling_until: None,
             cooldowns: 0,
             by_priority: ByPriority::default(),
+            tokens_last_minute: 0,
         };
         let executing = ActivityRecord {
             started_at: Some(at("19:57:00.000")),

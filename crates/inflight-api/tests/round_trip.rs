@@ -121,6 +121,7 @@ fn snapshot() -> Snapshot {
             },
             unknown: PriorityCounts::default(),
         },
+        tokens_last_minute: 1_240,
     };
     let uncapped = Lane {
         provider: "openai".to_owned(),

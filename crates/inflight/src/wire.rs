@@ -109,6 +109,7 @@ impl ToApi for inflight::Snapshot {
                 cooling_until: lane.cooling_until,
                 cooldowns: lane.cooldowns,
                 by_priority: lane.by_priority,
+                tokens_last_minute: lane.tokens_last_minute,
             };
             (key.clone(), lane)
         });

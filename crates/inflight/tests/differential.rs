@@ -635,6 +635,7 @@ struct LaneObs {
     cooldowns: i64,
     /// Executing and waiting, by interactive, batch, unknown.
     by_priority: [(i64, i64); 3],
+    tokens_last_minute: i64,
 }
 
 type AggKey = (String, String, String, String, String, Priority, Admission);
@@ -769,6 +770,10 @@ struct Model {
     keyed_begins: Vec<BeginSpec>,
     /// Completions per minute of `completedAt` (absolute minutes).
     minutes: BTreeMap<i64, i64>,
+    /// Tokens charged to a lane's window (section 8): when (relative), the
+    /// lane, how many. Kept apart from the records, which a short
+    /// retention prunes while their second is still in the window.
+    charges: Vec<(i64, String, i64)>,
     /// The ranked lane's interactive grants in a row while batch work
     /// waited.
     overtakes: u32,
@@ -1315,9 +1320,14 @@ impl Model {
                     let seen = now.min(at.max(rec.enqueued_at));
                     let rec = self.rec_mut(r);
                     rec.late_settle = true;
-                    // The call ran: what it reports was spent (section 8).
+                    // The call ran: what it reports was spent (section 8),
+                    // charged at its reap.
                     if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
                         rec.usage = usage;
+                    }
+                    let charge = (rec.reaped_at.unwrap(), lane_key(rec), usage.total());
+                    if charge.2 > 0 {
+                        self.charges.push(charge);
                     }
                     let tot = self.tot(r);
                     tot.late_settles += 1;
@@ -1353,6 +1363,10 @@ impl Model {
         rec.usage = usage;
         let execution = rec.execution_ms;
         let wait = rec.queue_wait_ms;
+        let lane = lane_key(rec);
+        if usage.total() > 0 {
+            self.charges.push((at, lane, usage.total()));
+        }
         let tot = self.tot(r);
         tot.in_flight -= 1;
         tot.spent(usage);
@@ -1563,6 +1577,7 @@ impl Model {
             cooling_until: None,
             cooldowns: 0,
             by_priority: [(0, 0); 3],
+            tokens_last_minute: 0,
         };
         lanes.insert(CAPPED_LANE.to_owned(), empty(Some(CAP as u32)));
         lanes.insert(RANKED_LANE.to_owned(), empty(Some(RANKED_CAP as u32)));
@@ -1622,6 +1637,17 @@ impl Model {
                 let reap_in = (rec.reapable_at.unwrap() - now).max(0);
                 lane.next_waiting_reap_in_ms =
                     Some(lane.next_waiting_reap_in_ms.map_or(reap_in, |ms| ms.min(reap_in)));
+            }
+        }
+        // A second counts while any of it is within the last minute.
+        let second = |rel: i64| (T0 + rel).as_millis().div_euclid(1_000);
+        let first_second = second(now - MINUTE);
+        for (at, key, tokens) in &self.charges {
+            if second(*at) >= first_second {
+                lanes
+                    .entry(key.clone())
+                    .or_insert_with(|| empty(None))
+                    .tokens_last_minute += tokens;
             }
         }
         for (key, lane) in &mut lanes {
@@ -2190,6 +2216,7 @@ impl Subject {
                                 lane.by_priority.unknown,
                             ]
                             .map(|counts| (counts.executing, counts.waiting)),
+                            tokens_last_minute: lane.tokens_last_minute,
                         },
                     )
                 })

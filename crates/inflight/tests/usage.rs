@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, embedding, snapshot, Backend, Harness, MIN};
+use common::{config, embedding, snapshot, Backend, Harness, LANE, MIN};
 use inflight::{ErrorKind, FailureStage, Outcome, Settlement, State, Usage};
 
 fn usage(input: Option<i64>, output: Option<i64>) -> Usage {
@@ -121,7 +121,104 @@ async fn a_late_settle_counts_its_usage_once(backend: Backend) {
     assert_eq!(summed(&h).await, (40, 2));
 }
 
+/// The lane's `tokensLastMinute`.
+async fn last_minute(h: &Harness) -> i64 {
+    snapshot(&h.ledger)
+        .await
+        .lane(LANE)
+        .map_or(0, |lane| lane.tokens_last_minute)
+}
+
+async fn a_lane_shows_the_tokens_of_the_last_minute_by_the_second_of_each_settle(backend: Backend) {
+    let h = Harness::new(backend, config());
+    let settle = |tokens: i64| {
+        let ledger = h.ledger.clone();
+        async move {
+            let permit = ledger.try_admit(embedding()).await.unwrap();
+            permit
+                .settle_with(Settlement::new(Outcome::Success).usage(usage(Some(tokens), Some(1))))
+                .await
+                .unwrap()
+        }
+    };
+    // T0 is a whole second: the first settle counts in the second from T0,
+    // the next one in the second after it.
+    h.clock.advance(Duration::from_millis(500));
+    settle(99).await;
+    h.clock.advance(Duration::from_secs(1));
+    settle(199).await;
+    assert_eq!(last_minute(&h).await, 300);
+    // Another lane's tokens are its own.
+    let other = h
+        .ledger
+        .try_admit(inflight::ActivitySpec::new("chat", "openai").class("chat"))
+        .await
+        .unwrap();
+    other
+        .settle_with(Settlement::new(Outcome::Success).usage(usage(None, Some(5))))
+        .await
+        .unwrap();
+    assert_eq!(
+        snapshot(&h.ledger)
+            .await
+            .lane("chat::openai")
+            .unwrap()
+            .tokens_last_minute,
+        5
+    );
+    assert_eq!(last_minute(&h).await, 300);
+    // A second counts while any of it is within the last minute: the first
+    // one (T0 .. T0 + 1 s) until T0 + 61 s, the next until T0 + 62 s.
+    h.clock.advance(Duration::from_millis(59_499));
+    assert_eq!(
+        last_minute(&h).await,
+        300,
+        "at T0 + 60.999 s the first second still counts"
+    );
+    h.clock.advance(Duration::from_millis(1));
+    assert_eq!(last_minute(&h).await, 200);
+    h.clock.advance(Duration::from_secs(1));
+    assert_eq!(last_minute(&h).await, 0);
+    // A prune forgets the seconds out of the window and nothing else.
+    h.ledger.prune().await.unwrap();
+    assert_eq!(last_minute(&h).await, 0);
+    assert_eq!(summed(&h).await, (298, 7));
+}
+
+async fn a_late_settle_charges_its_tokens_at_its_reap(backend: Backend) {
+    let h = Harness::new(backend, config());
+    let id = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
+    h.ledger.start(id, None).await.unwrap();
+    h.clock.advance(30 * MIN);
+    h.ledger.reap().await.unwrap();
+    h.clock.advance(Duration::from_secs(30));
+    h.ledger
+        .settle(
+            id,
+            Settlement::new(Outcome::Success).usage(usage(Some(40), Some(2))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(last_minute(&h).await, 42, "charged at the reap, 30 s ago");
+    h.clock.advance(Duration::from_secs(31));
+    assert_eq!(last_minute(&h).await, 0, "the reap's second left the window");
+    // A late settle long after its reap charges nothing to the window.
+    let id = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
+    h.ledger.start(id, None).await.unwrap();
+    h.clock.advance(30 * MIN);
+    h.ledger.reap().await.unwrap();
+    h.clock.advance(2 * MIN);
+    h.ledger
+        .settle(id, Settlement::new(Outcome::Success).usage(usage(Some(7), None)))
+        .await
+        .unwrap();
+    assert_eq!(last_minute(&h).await, 0);
+    assert_eq!(summed(&h).await, (47, 2), "the aggregates count both");
+}
+
 against_every_store!(
+    a_lane_shows_the_tokens_of_the_last_minute_by_the_second_of_each_settle,
+    a_late_settle_charges_its_tokens_at_its_reap,
     a_settle_keeps_its_usage_and_the_aggregate_sums_it,
     a_count_out_of_range_refuses_the_settle_and_changes_nothing,
     a_late_settle_counts_its_usage_once,

@@ -224,7 +224,8 @@ class _LaneBase(TypedDict):
 
 class Lane(_LaneBase, total=False):
     """A lane of the snapshot's ``nativeAdmission``. The fields below are
-    absent from servers older than cooldowns (read them with ``.get``)."""
+    absent from servers older than cooldowns, and ``tokensLastMinute`` from
+    servers older than usage (read them with ``.get``)."""
 
     #: When the lane's cooldown ends (RFC 3339), or ``None`` when it is not cooling down.
     coolingUntil: Optional[str]
@@ -234,6 +235,9 @@ class Lane(_LaneBase, total=False):
     #: How many cooldowns the lane ever started.
     cooldowns: int
     byPriority: ByPriority
+    #: The tokens the lane's calls reported in the last minute (by the second
+    #: of their settle).
+    tokensLastMinute: int
 
 
 _AggregateBase = TypedDict(

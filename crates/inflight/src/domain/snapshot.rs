@@ -130,6 +130,9 @@ pub struct SnapshotParts {
     /// What each lane that ever needed one remembers: its cooldown and
     /// adaptive cap.
     pub lane_states: Vec<(LaneKey, LaneState)>,
+    /// The tokens each lane's calls charged in the last minute
+    /// ([`usage::first_second_at`](super::usage::first_second_at)).
+    pub tokens_last_minute: Vec<(LaneKey, i64)>,
 }
 
 // Whether the ledger has seen leaks lately: the wire's own enum.
@@ -167,6 +170,9 @@ pub struct LaneView {
     pub cooldowns: i64,
     /// Executing and waiting records by priority.
     pub by_priority: ByPriority,
+    /// The tokens its calls reported within the last minute (by the
+    /// second of their settle, so at most a second longer).
+    pub tokens_last_minute: i64,
     /// How long until the first of its waiting records is reaped
     /// `abandoned` unless it starts; `None` when none waits. Not on the
     /// wire: `/metrics` reads it.
@@ -293,6 +299,7 @@ impl Snapshot {
                 cooling_until: None,
                 cooldowns: 0,
                 by_priority: ByPriority::default(),
+                tokens_last_minute: 0,
                 next_waiting_reap_in_ms: None,
             }
         };
@@ -334,6 +341,14 @@ impl Snapshot {
             if let Some(settings) = lanes_declared.get(key) {
                 view.effective_cap = settings.cap_in(state);
             }
+        }
+
+        // A lane that spent tokens is shown, whatever its admission.
+        for (key, tokens) in &parts.tokens_last_minute {
+            lanes
+                .entry(key.clone())
+                .or_insert_with(|| lane(key))
+                .tokens_last_minute = *tokens;
         }
 
         let (in_flight, in_flight_truncated) = truncate(parts.in_flight, limit);

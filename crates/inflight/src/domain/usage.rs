@@ -3,7 +3,10 @@
 
 use serde::Serialize;
 
+use super::effect::Effect;
+use super::record::ActivityRecord;
 use super::refusal::Refusal;
+use super::timestamp::Timestamp;
 
 /// The most tokens one count of a settle may report (10^9): beyond any
 /// call, and small enough that a lifetime of sums stays far from overflow.
@@ -43,6 +46,11 @@ impl Usage {
         Ok(self)
     }
 
+    /// Both counts, 0 for one not reported.
+    pub fn total(&self) -> i64 {
+        self.input_tokens.unwrap_or(0) + self.output_tokens.unwrap_or(0)
+    }
+
     /// What the counters add for it: each count, 0 when not reported. Only
     /// for a checked usage, whose counts fit.
     pub(crate) fn tokens(self) -> Tokens {
@@ -52,6 +60,49 @@ impl Usage {
             output: count(self.output_tokens),
         }
     }
+}
+
+/// The span of a lane's token window: the last minute.
+pub const WINDOW_MS: i64 = 60_000;
+
+/// The tokens `record` charged to its lane's window, and when: what its
+/// settle reported, at its `completedAt`, or at its `reapedAt` when a late
+/// settle reported it. `None` when it reported nothing.
+pub fn charge(record: &ActivityRecord) -> Option<(Timestamp, i64)> {
+    if record.usage.is_empty() {
+        return None;
+    }
+    let at = record.completed_at.or(record.reaped_at)?;
+    Some((at, record.usage.total()))
+}
+
+/// What `effect`, just applied to `record`, moved into its lane's window:
+/// the second the tokens count in, and how many. Kept per second
+/// ([`second_of`]): the stores add these up, and
+/// [`charge`] is what they must add up to.
+pub fn moved(record: &ActivityRecord, effect: &Effect) -> Option<(i64, i64)> {
+    match *effect {
+        Effect::Settled { at, tokens, .. } => counted(at, tokens),
+        Effect::LateSettle { tokens, .. } => counted(record.reaped_at?, tokens),
+        _ => None,
+    }
+}
+
+fn counted(at: Timestamp, tokens: Tokens) -> Option<(i64, i64)> {
+    let total = i64::from(tokens.input) + i64::from(tokens.output);
+    (total > 0).then(|| (second_of(at), total))
+}
+
+/// The second of the window that tokens charged at `at` count in.
+pub fn second_of(at: Timestamp) -> i64 {
+    at.as_millis().div_euclid(1_000)
+}
+
+/// The first second whose tokens still count at `now`: a second counts
+/// while any of it is within the last [`WINDOW_MS`], so a charge leaves the
+/// window at most a second late, never early.
+pub fn first_second_at(now: Timestamp) -> i64 {
+    (now.as_millis() - WINDOW_MS).div_euclid(1_000)
 }
 
 /// Tokens an effect adds to the counters: a checked [`Usage`] in eight
@@ -67,6 +118,17 @@ pub struct Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_counts_while_any_of_it_is_in_the_window() {
+        let at = |ms| Timestamp::from_millis(ms);
+        assert_eq!(second_of(at(1_786_000_000_999)), 1_786_000_000);
+        // At 61.5 s, seconds 1..=61 hold charges from 1.0 s on: the second
+        // starting at 1.0 s still has 1.5..2.0 s within the last minute.
+        assert_eq!(first_second_at(at(61_500)), 1);
+        assert_eq!(first_second_at(at(61_000)), 1);
+        assert_eq!(first_second_at(at(60_999)), 0);
+    }
 
     #[test]
     fn counts_out_of_range_are_refused_naming_the_field() {

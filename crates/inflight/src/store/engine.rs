@@ -20,6 +20,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Prio
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, Transition};
+use crate::domain::usage;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply, StoreStats};
@@ -68,6 +69,9 @@ pub(crate) trait Txn: Questions {
     /// Adds one to the completion counter of `minute`
     /// ([`query::completion_minute`]), for `record`'s completion.
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
+    /// Charges `tokens` to `lane` in `second` ([`usage::moved`]), at once:
+    /// a later command of the transaction reads it.
+    fn spend(&mut self, lane: &LaneKey, second: i64, tokens: i64) -> Result<(), LedgerError>;
     /// `effect` landed for `record` (after [`Txn::add_totals`]), changing
     /// its lane's capacity by `capacity`: the store shows it to this
     /// process's statistics, reap log and capacity watchers
@@ -112,6 +116,11 @@ pub(crate) trait Questions {
     fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError>;
     /// Deletes the completion counters of minutes before `minute`.
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError>;
+    /// The tokens charged to each lane in `second` and every later one
+    /// ([`usage::moved`]), by lane, in lane order; lanes with none left out.
+    fn tokens_since(&mut self, second: i64) -> Result<Vec<(LaneKey, i64)>, LedgerError>;
+    /// Deletes the tokens charged in seconds before `second`.
+    fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError>;
     /// How many records are stored.
     fn stored_records(&mut self) -> Result<i64, LedgerError>;
     /// The owner with `id`.
@@ -212,7 +221,7 @@ pub(crate) fn execute(
             if let Some(key) = &idempotency {
                 txn.claim_key(key, &record)?;
             }
-            add_totals(txn, config, &record, &applied.effects)?;
+            add_totals(txn, config, now, &record, &applied.effects)?;
             if let Some((lane, state)) = granted {
                 txn.put_lane_state(&lane, state)?;
             }
@@ -255,7 +264,7 @@ pub(crate) fn execute(
                     !effects.is_empty()
                 })?
                 .ok_or_else(|| not_found(id))?;
-            add_totals(txn, config, &record, &effects)?;
+            add_totals(txn, config, now, &record, &effects)?;
             applied?;
             // Stored only once the start landed (even if the record was
             // then reaped at once): a start refused after its admission
@@ -283,7 +292,7 @@ pub(crate) fn execute(
             let window = Window {
                 since: options.since().resolve(now),
             };
-            let parts = snapshot_parts(txn, window, options.limit())?;
+            let parts = snapshot_parts(txn, window, options.limit(), now)?;
             Ok(Reply::Snapshot(Box::new(Snapshot::assemble(
                 parts,
                 config.lanes(),
@@ -294,7 +303,7 @@ pub(crate) fn execute(
         }
         Command::Prune { limit } => {
             let keep = i64::try_from(config.retention().as_millis()).unwrap_or(i64::MAX);
-            Ok(Reply::Pruned(prune(txn, Retention::at(now, keep), limit)?))
+            Ok(Reply::Pruned(prune(txn, Retention::at(now, keep), limit, now)?))
         }
         Command::Stats => Ok(Reply::Stats(StoreStats {
             stored_records: txn.stored_records()?,
@@ -334,7 +343,7 @@ pub(crate) fn execute(
                 }
                 for (record, effects) in cancelled {
                     txn.update(&record)?;
-                    add_totals(txn, config, &record, &effects)?;
+                    add_totals(txn, config, now, &record, &effects)?;
                 }
                 txn.put_owner(&owner)?;
             }
@@ -411,9 +420,9 @@ fn refine(
         .iter()
         .any(|effect| matches!(effect, Effect::JoinedAggregate { .. }))
     {
-        add_totals(txn, config, &before, &[Effect::LeftAggregate])?;
+        add_totals(txn, config, now, &before, &[Effect::LeftAggregate])?;
     }
-    add_totals(txn, config, &record, &effects)?;
+    add_totals(txn, config, now, &record, &effects)?;
     refined?;
     Ok(record)
 }
@@ -444,7 +453,12 @@ fn replay(
 
 /// Everything a snapshot reports, for `window`, each list at most
 /// `limit + 1` long so that the snapshot can say it was truncated.
-fn snapshot_parts(txn: &mut dyn Txn, window: Window, limit: usize) -> Result<SnapshotParts, LedgerError> {
+fn snapshot_parts(
+    txn: &mut dyn Txn,
+    window: Window,
+    limit: usize,
+    now: Timestamp,
+) -> Result<SnapshotParts, LedgerError> {
     let fetch = limit.saturating_add(1);
     let plan = window.completion_count_plan();
     let mut aggregates = txn.aggregates()?;
@@ -464,17 +478,25 @@ fn snapshot_parts(txn: &mut dyn Txn, window: Window, limit: usize) -> Result<Sna
         reaped: txn.reaped(window, fetch)?,
         owners: txn.listed_owners(window)?,
         lane_states: txn.lane_states()?,
+        tokens_last_minute: txn.tokens_since(usage::first_second_at(now))?,
     })
 }
 
 /// Deletes at most `limit` records that `retention` prunes, oldest first,
-/// then the owners and the per-minute counters it prunes; returns how many
-/// records it deleted. The aggregate counters are never touched.
-fn prune(txn: &mut dyn Txn, retention: Retention, limit: usize) -> Result<usize, LedgerError> {
+/// then the owners and the per-minute counters it prunes, and the token
+/// seconds out of the window at `now`; returns how many records it
+/// deleted. The aggregate counters are never touched.
+fn prune(
+    txn: &mut dyn Txn,
+    retention: Retention,
+    limit: usize,
+    now: Timestamp,
+) -> Result<usize, LedgerError> {
     let doomed = txn.prunable(retention, limit)?;
     let deleted = txn.delete(&doomed)?;
     txn.prune_owners(retention)?;
     txn.delete_minutes_before(retention.first_kept_minute())?;
+    txn.delete_token_seconds_before(usage::first_second_at(now))?;
     Ok(deleted)
 }
 
@@ -608,7 +630,7 @@ fn lose(
             }
             owner.reaped_records += 1;
             txn.update(&record)?;
-            add_totals(txn, config, &record, &[effect])?;
+            add_totals(txn, config, now, &record, &[effect])?;
         }
     }
     txn.put_owner(&owner)?;
@@ -719,6 +741,7 @@ fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
 fn add_totals(
     txn: &mut dyn Txn,
     config: &LedgerConfig,
+    now: Timestamp,
     record: &ActivityRecord,
     effects: &[Effect],
 ) -> Result<(), LedgerError> {
@@ -726,6 +749,13 @@ fn add_totals(
     for effect in effects {
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(record, query::completion_minute(*at))?;
+        }
+        // Tokens charged to a second already out of the window change
+        // nothing anyone reads: not written.
+        if let Some((second, tokens)) = usage::moved(record, effect) {
+            if second >= usage::first_second_at(now) {
+                txn.spend(&record.lane(), second, tokens)?;
+            }
         }
         let capped = || *capped.get_or_insert_with(|| config.is_capped(&record.labels));
         txn.landed(record, effect, capacity::change(record, effect, capped));
@@ -749,7 +779,7 @@ fn reap_one(
     }
     if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
         txn.update(&record)?;
-        add_totals(txn, config, &record, &[effect])?;
+        add_totals(txn, config, now, &record, &[effect])?;
     }
     Ok(record)
 }
@@ -772,7 +802,7 @@ pub(crate) fn reap_due(
                     counts.count(disposition);
                 }
                 txn.update(&record)?;
-                add_totals(txn, config, &record, &[effect])?;
+                add_totals(txn, config, now, &record, &[effect])?;
             }
         }
         if found < REAP_BATCH {

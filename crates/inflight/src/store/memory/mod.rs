@@ -115,6 +115,8 @@ struct MemoryState {
     lane_states: HashMap<LaneKey, LaneState>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
+    /// Tokens charged per second and lane ([`usage::moved`]).
+    token_seconds: BTreeMap<i64, HashMap<LaneKey, i64>>,
     /// The call histograms and the running command's reaps: kept under
     /// the store's own lock, so a start or settle pays no other.
     calls: CallStats,
@@ -531,6 +533,16 @@ impl Txn for MemoryState {
         Ok(())
     }
 
+    fn spend(&mut self, lane: &LaneKey, second: i64, tokens: i64) -> Result<(), LedgerError> {
+        *self
+            .token_seconds
+            .entry(second)
+            .or_default()
+            .entry(lane.clone())
+            .or_default() += tokens;
+        Ok(())
+    }
+
     fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
         self.calls.land(record.activity_id, &record.labels, effect);
         if let Some(change) = capacity {
@@ -569,6 +581,22 @@ impl Questions for MemoryState {
 
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError> {
         self.completions_by_minute = self.completions_by_minute.split_off(&minute);
+        Ok(())
+    }
+
+    fn tokens_since(&mut self, second: i64) -> Result<Vec<(LaneKey, i64)>, LedgerError> {
+        let mut by_lane: BTreeMap<&LaneKey, i64> = BTreeMap::new();
+        for (lane, tokens) in self.token_seconds.range(second..).flat_map(|(_, lanes)| lanes) {
+            *by_lane.entry(lane).or_default() += tokens;
+        }
+        Ok(by_lane
+            .into_iter()
+            .map(|(lane, tokens)| (lane.clone(), tokens))
+            .collect())
+    }
+
+    fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError> {
+        self.token_seconds = self.token_seconds.split_off(&second);
         Ok(())
     }
 

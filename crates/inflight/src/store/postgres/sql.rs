@@ -33,6 +33,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0008_succeeded_unstarted.sql"),
     include_str!("migrations/0009_lane_states.sql"),
     include_str!("migrations/0010_usage.sql"),
+    include_str!("migrations/0011_token_seconds.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).
@@ -172,6 +173,12 @@ pub(super) const WRITE_GROUP: &str = concat!(
      AND (SELECT COUNT(*) FROM m) = $61 THEN 0 ELSE inflight_write_missed() END"
 );
 
+/// Charges `$5` tokens to the lane `$2::$3` in the second `$1`, in this
+/// writer's row (`$4`, its shard).
+pub(super) const SPEND: &str = "INSERT INTO token_seconds AS t (second, service, provider, shard, tokens) \
+     VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (second, service, provider, shard) DO UPDATE SET tokens = t.tokens + excluded.tokens";
+
 pub(super) const DELETE_RECORDS: &str = "DELETE FROM activities WHERE activity_id = ANY($1)";
 /// The idempotency keys of records pruned (`idempotency_keys_activity`).
 pub(super) const DELETE_KEYS: &str = "DELETE FROM idempotency_keys WHERE activity_id = ANY($1)";
@@ -231,6 +238,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("LOCK_LANE", LOCK_LANE, Reach::Indexed),
     ("ADD_LANE", ADD_LANE, Reach::Indexed),
     ("AGGREGATE_KNOWN", AGGREGATE_KNOWN, Reach::Indexed),
+    ("SPEND", SPEND, Reach::Indexed),
     ("NOTIFY", NOTIFY, Reach::Control),
     ("SEED_RECORDS", SEED_RECORDS, Reach::WalksHistory),
     ("ANALYZE", ANALYZE, Reach::Control),

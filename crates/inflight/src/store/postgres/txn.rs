@@ -591,6 +591,12 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
+    fn spend(&mut self, lane: &LaneKey, second: i64, tokens: i64) -> Result<(), LedgerError> {
+        let (service, provider, shard) = (lane.service.as_str(), lane.provider.as_str(), self.conn.shard);
+        self.execute_other(sql::SPEND, &[&second, &service, &provider, &shard, &tokens])
+            .map(drop)
+    }
+
     fn count_completion(&mut self, _record: &ActivityRecord, minute: i64) -> Result<(), LedgerError> {
         self.counts.complete(minute);
         Ok(())

@@ -274,6 +274,12 @@ pub(crate) fn owner_values(owner: &Owner) -> [Value<'_>; OWNER_COLUMNS] {
     ]
 }
 
+/// The lane of a row's first two columns, `service` and `provider`.
+pub(crate) fn lane_from(row: &dyn Columns) -> Result<LaneKey, LedgerError> {
+    LaneKey::parse(&format!("{}::{}", text(row, 0)?, text(row, 1)?))
+        .map_err(|err| LedgerError::new(ErrorKind::Storage, format!("a stored lane: {err}")))
+}
+
 /// A lane's state from the columns of `lane_state_columns!`, the first at
 /// `first`.
 pub(crate) fn lane_state_from_at(row: &dyn Columns, first: usize) -> Result<LaneState, LedgerError> {

@@ -30,8 +30,8 @@ pub(crate) enum Reads {
     Counters,
     /// Which aggregates exist: what earlier commands stored.
     Aggregates,
-    /// Owners, idempotency keys and lane states, which are written at
-    /// once.
+    /// Owners, idempotency keys, lane states and token seconds, which are
+    /// written at once.
     Owners,
 }
 
@@ -155,6 +155,17 @@ impl<D: Driver> Questions for D {
             .map(drop)
     }
 
+    fn tokens_since(&mut self, second: i64) -> Result<Vec<(LaneKey, i64)>, LedgerError> {
+        rows(self, Reads::Owners, sql::TOKENS_SINCE, &[second.into()], |row| {
+            Ok((codec::lane_from(row)?, codec::int(row, 2)?))
+        })
+    }
+
+    fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError> {
+        self.execute(Reads::Owners, sql::DELETE_TOKEN_SECONDS_BEFORE, &[second.into()])
+            .map(drop)
+    }
+
     fn stored_records(&mut self) -> Result<i64, LedgerError> {
         one(self, Reads::Records, sql::STORED_RECORDS, &[], count)
     }
@@ -255,9 +266,7 @@ impl<D: Driver> Questions for D {
 
     fn lane_states(&mut self) -> Result<Vec<(LaneKey, LaneState)>, LedgerError> {
         rows(self, Reads::Owners, sql::LANE_STATES, &[], |row| {
-            let lane = LaneKey::parse(&format!("{}::{}", codec::text(row, 0)?, codec::text(row, 1)?))
-                .map_err(|err| LedgerError::new(ErrorKind::Storage, format!("a stored lane: {err}")))?;
-            Ok((lane, codec::lane_state_from_at(row, 2)?))
+            Ok((codec::lane_from(row)?, codec::lane_state_from_at(row, 2)?))
         })
     }
 

@@ -137,6 +137,14 @@ statements! {
 
     DELETE_MINUTES_BEFORE: Indexed = "DELETE FROM completion_minutes WHERE minute < $1";
 
+    /// The tokens charged per lane from the second `$1` on
+    /// (`domain::usage::first_second_at`): the window's rows only.
+    TOKENS_SINCE: Indexed =
+        "SELECT service, provider, CAST(SUM(tokens) AS BIGINT) FROM token_seconds WHERE second >= $1 \
+         GROUP BY service, provider ORDER BY service, provider";
+
+    DELETE_TOKEN_SECONDS_BEFORE: Indexed = "DELETE FROM token_seconds WHERE second < $1";
+
     /// Walks every record: `Command::Stats`, never on a hot path.
     STORED_RECORDS: WalksHistory = "SELECT COUNT(*) FROM activities";
 

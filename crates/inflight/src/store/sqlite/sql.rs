@@ -71,6 +71,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0012_usage.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0013_token_seconds.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -157,6 +161,11 @@ pub(super) const INSERT_AGGREGATE: &str = concat!(
      ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"
 );
 
+/// Charges `?4` tokens to the lane `?2::?3` in the second `?1`.
+pub(super) const SPEND: &str = "INSERT INTO token_seconds (second, service, provider, tokens) \
+     VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (second, service, provider) DO UPDATE SET tokens = tokens + excluded.tokens";
+
 pub(super) const COUNT_COMPLETIONS: &str =
     "INSERT INTO completion_minutes (minute, completions) VALUES (?1, ?2) \
      ON CONFLICT (minute) DO UPDATE SET completions = completions + excluded.completions";
@@ -200,6 +209,7 @@ pub(super) const STATEMENTS: &[(&str, &str, Reach)] = &[
     ("ADD_TO_AGGREGATE", ADD_TO_AGGREGATE, Reach::Indexed),
     ("INSERT_AGGREGATE", INSERT_AGGREGATE, Reach::Indexed),
     ("COUNT_COMPLETIONS", COUNT_COMPLETIONS, Reach::Indexed),
+    ("SPEND", SPEND, Reach::Indexed),
     ("COMPLETED_AT_ALL", COMPLETED_AT_ALL, Reach::WalksHistory),
     ("SEED_RECORD", SEED_RECORD, Reach::WalksHistory),
 ];

@@ -8,7 +8,7 @@ use crate::domain::capacity::Capacity;
 use crate::domain::counters::Totals;
 use crate::domain::idempotency::Idempotency;
 use crate::domain::labels::ActivityLabels;
-use crate::domain::record::{ActivityId, ActivityRecord, Admission, Priority};
+use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
 use crate::domain::transition::Effect;
 use crate::error::LedgerError;
 use crate::store::engine::Txn;
@@ -282,6 +282,16 @@ impl Txn for SqliteTxn<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    fn spend(&mut self, lane: &LaneKey, second: i64, tokens: i64) -> Result<(), LedgerError> {
+        let params = [
+            second.into(),
+            lane.service.as_str().into(),
+            lane.provider.as_str().into(),
+            tokens.into(),
+        ];
+        self.execute(Reads::Owners, sql::SPEND, &params).map(drop)
     }
 
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError> {
