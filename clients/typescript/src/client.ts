@@ -33,7 +33,7 @@ import type {
   Usage,
 } from "./wire.js";
 import { retryAfterOfError, settleRetryAfterMs } from "./retry-after.js";
-import { checkUsage, extractedUsage, usageOf } from "./usage.js";
+import { checkMaxTokens, checkUsage, extractedUsage, usageOf } from "./usage.js";
 import { IDEMPOTENCY_KEY_HEADER, ROUTES, SERVER_ERROR_CODES } from "./wire.js";
 
 /**
@@ -492,7 +492,10 @@ export class InflightClient {
   /**
    * Begins a record (`waiting`, or `executing` when `startedAt` is given).
    * Inside `withContext`, the context fills the spec's missing `service`,
-   * `operationStage` and `priority`.
+   * `operationStage` and `priority`. A spec's `maxTokens` (the tokens the
+   * call is estimated to spend) that is not a whole number from 0 to
+   * 1000000000 rejects with a `TypeError` naming it, and nothing is sent
+   * (so with `admit`, `run` and `observeUnqueued`).
    *
    * The begin carries a fresh `Idempotency-Key` (a random UUID), and is
    * retried like `settle` (after no answer, a reset, a timeout, or a 5xx)
@@ -548,6 +551,7 @@ export class InflightClient {
     options: { signal?: AbortSignal | undefined; startNow?: boolean | undefined; waitMs?: number | undefined },
     instead: (record: ActivityRecord, elapsedMs: number) => unknown,
   ): Promise<Activity> {
+    checkMaxTokens(spec.maxTokens, "begin");
     const filled = withContextFields(spec, this.attribution.getStore());
     // `service` may still be missing: the server refuses that, naming the field.
     const body: ActivitySpec = {

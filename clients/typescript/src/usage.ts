@@ -45,6 +45,16 @@ export function checkUsage(usage: unknown, where: string): Usage | undefined {
 }
 
 /**
+ * A begin's `maxTokens` as given, checked as the server checks it:
+ * `undefined`, `null` (none: the class's default) or a whole number from 0
+ * to `MAX_USAGE_TOKENS`. Throws a `TypeError` naming `maxTokens` otherwise.
+ */
+export function checkMaxTokens(value: unknown, where: string): void {
+  if (value === undefined || value === null || isTokenCount(value)) return;
+  throw new TypeError(`${where}: invalid maxTokens: must be a whole number from 0 to ${MAX_USAGE_TOKENS}, not ${describe(value)}`);
+}
+
+/**
  * The usage of two counts read from an answer: `undefined` when neither is
  * present, or when one present is not a whole number from 0 to
  * `MAX_USAGE_TOKENS` (an answer with a count that makes no sense is not

@@ -57,6 +57,15 @@ export interface BeginRequest {
   startedAt?: TimestampInput;
   deadlineMs?: number;
   ownerId?: string;
+  /**
+   * The tokens the call is estimated to spend (prompt and answer), a whole
+   * number from 0 to `MAX_USAGE_TOKENS`: executing, it reserves them in its
+   * lane's token window (`Lane.tokensReserved`); ended without reported
+   * usage after running, it is charged them. Left out (or `null`): the
+   * class's configured `tokens`, else none. A server older than estimates
+   * ignores it (and names it in `ignoredFields`).
+   */
+  maxTokens?: number | null;
 }
 
 /** `POST /v1/activities/{id}/start`. */
@@ -162,6 +171,11 @@ export interface ActivityRecord {
    */
   inputTokens?: number | null;
   outputTokens?: number | null;
+  /**
+   * The estimate in force: the begin's `maxTokens`, else its class's
+   * `tokens`; `null` when neither. Absent from servers older than estimates.
+   */
+  maxTokens?: number | null;
   /** Present only when a cancel gave a reason. */
   cancelReason?: string;
   /** On a begin's answer only: the request's top-level fields this server does not know, and ignored. */
@@ -200,8 +214,8 @@ export type LaneByPriority = Record<Priority, LanePriorityCounts>;
 /**
  * One lane of native admission, over its `queued` records. The fields of
  * cooldowns and ranked lanes (`coolingUntil`, `effectiveCap`, `cooldowns`,
- * `byPriority`) and `tokensLastMinute` are absent from servers older than
- * them.
+ * `byPriority`), `tokensLastMinute` and `tokensReserved` are absent from
+ * servers older than them.
  */
 export interface Lane {
   service: string;
@@ -227,6 +241,8 @@ export interface Lane {
   byPriority?: LaneByPriority;
   /** The tokens the lane's calls reported in the last minute (by the second of their settle). */
   tokensLastMinute?: number;
+  /** The `maxTokens` estimates of the lane's executing calls. */
+  tokensReserved?: number;
 }
 
 /** The counters of one combination of labels. */
@@ -325,7 +341,8 @@ const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
   "activityId", "service", "provider", "class", "operationStage", "model", "priority", "admission",
   "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
   "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
-  "lateSettle", "unstartedSuccess", "refined", "inputTokens", "outputTokens", "cancelReason", "ignoredFields",
+  "lateSettle", "unstartedSuccess", "refined", "inputTokens", "outputTokens", "maxTokens", "cancelReason",
+  "ignoredFields",
 ]);
 const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 
@@ -336,7 +353,7 @@ const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 export const FIELDS = {
   BeginRequest: fields<BeginRequest>()([
     "service", "provider", "class", "operationStage", "model", "priority", "admission", "enqueuedAt",
-    "startedAt", "deadlineMs", "ownerId",
+    "startedAt", "deadlineMs", "ownerId", "maxTokens",
   ]),
   StartRequest: fields<StartRequest>()(["startedAt"]),
   SettleRequest: fields<SettleRequest>()(["success", "failureStage", "completedAt", "retryAfterMs", "usage"]),
@@ -353,7 +370,7 @@ export const FIELDS = {
   Lane: fields<Lane>()([
     "service", "provider", "cap", "executing", "waiting", "reaped", "reapedOwnerLost", "lateSettles",
     "resurrections", "longestWaitMs", "coolingUntil", "effectiveCap", "cooldowns", "byPriority",
-    "tokensLastMinute",
+    "tokensLastMinute", "tokensReserved",
   ]),
   LaneByPriority: fields<LaneByPriority>()(PRIORITIES),
   LanePriorityCounts: fields<LanePriorityCounts>()(["executing", "waiting"]),
