@@ -28,9 +28,10 @@ export function freePort() {
 /**
  * `lanes`: {"service::provider": cap}. `token`: a bearer token, or none.
  * `config`: more TOML for the config file. `tls`: {cert, key, ca} files, to
- * serve https. Returns {url, token, dir, stop()}.
+ * serve https. `store`: a store URL (`memory:`), else a temp SQLite file.
+ * Returns {url, token, dir, stop()}.
  */
-export async function startServer({ lanes = {}, token, config: extra = "", tls } = {}) {
+export async function startServer({ lanes = {}, token, config: extra = "", tls, store } = {}) {
   if (!existsSync(BIN)) {
     throw new Error(`no inflight binary at ${BIN}: run \`cargo build --bin inflight\` or set INFLIGHT_BIN`);
   }
@@ -44,7 +45,7 @@ export async function startServer({ lanes = {}, token, config: extra = "", tls }
   );
   const port = await freePort();
   const url = `${tls ? "https" : "http"}://127.0.0.1:${port}`;
-  const args = ["serve", "--config", config, "--listen", `127.0.0.1:${port}`, "--store", `sqlite://${join(dir, "inflight.db")}`];
+  const args = ["serve", "--config", config, "--listen", `127.0.0.1:${port}`, "--store", store ?? `sqlite://${join(dir, "inflight.db")}`];
   if (token) args.push("--token", token);
   if (tls) args.push("--tls-cert", tls.cert, "--tls-key", tls.key);
   const log = openSync(join(dir, "server.log"), "w");
