@@ -546,8 +546,12 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
         ),
     ];
     for (name, bounds) in policy.classes() {
+        let estimate = bounds
+            .tokens()
+            .map(|tokens| format!(", an estimate of {tokens} tokens"))
+            .unwrap_or_default();
         lines.push(format!(
-            "class {name}: deadline {}, max queue wait {}",
+            "class {name}: deadline {}, max queue wait {}{estimate}",
             inflight_api::human_duration(bounds.deadline_ms()),
             inflight_api::human_duration(bounds.max_queue_wait_ms())
         ));

@@ -58,6 +58,13 @@ pub struct BeginRequest {
     /// The `ownerId` of a registered, live owner, as registration returned it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_id: Option<String>,
+    /// The tokens the call is estimated to spend, prompt and answer, 0 to
+    /// 1,000,000,000: executing, it reserves them in its lane's token
+    /// window; ended without reported usage after running, it charges
+    /// them. Default: its class's `tokens`, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 1_000_000_000))]
+    pub max_tokens: Option<i64>,
 }
 
 impl BeginRequest {

@@ -105,6 +105,15 @@ pub struct ActivityRecord {
         schema(required = true, minimum = 0, maximum = 1_000_000_000)
     )]
     pub output_tokens: Option<i64>,
+    /// The tokens it was estimated to spend: its begin's `maxTokens`, else
+    /// its class's `tokens`; unset when neither. (Absent, as unset, from
+    /// servers older than estimates.)
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(required = true, minimum = 0, maximum = 1_000_000_000)
+    )]
+    pub max_tokens: Option<i64>,
     /// Why the caller cancelled, when it said so (redacted like models);
     /// left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,6 +218,11 @@ pub struct Lane {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub tokens_last_minute: i64,
+    /// The `maxTokens` estimates of its calls executing. (Absent, as 0,
+    /// from servers older than estimates.)
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub tokens_reserved: i64,
 }
 
 /// A lane's executing and waiting records by `priority`.

@@ -415,6 +415,7 @@ mod tests {
             refined: false,
             input_tokens: None,
             output_tokens: None,
+            max_tokens: None,
             cancel_reason: None,
             ignored_fields: Vec::new(),
         }
@@ -486,6 +487,7 @@ mod tests {
             cooldowns: 0,
             by_priority: ByPriority::default(),
             tokens_last_minute: 0,
+            tokens_reserved: 0,
         };
         let executing = ActivityRecord {
             started_at: Some(at("19:57:00.000")),

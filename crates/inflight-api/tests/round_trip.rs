@@ -61,6 +61,7 @@ fn record(state: State) -> ActivityRecord {
         refined: true,
         input_tokens: Some(12),
         output_tokens: None,
+        max_tokens: Some(400),
         cancel_reason: None,
         ignored_fields: Vec::new(),
     }
@@ -122,6 +123,7 @@ fn snapshot() -> Snapshot {
             unknown: PriorityCounts::default(),
         },
         tokens_last_minute: 1_240,
+        tokens_reserved: 800,
     };
     let uncapped = Lane {
         provider: "openai".to_owned(),
@@ -225,9 +227,11 @@ fn requests_round_trip_full_and_minimal() {
         started_at: Some(at(-1_000)),
         deadline_ms: Some(1_000),
         owner_id: Some("0d9c4c57-2f43-4c1e-9a0e-6b7a2d3c1f55".to_owned()),
+        max_tokens: Some(2_000),
         ..BeginRequest::new("knowledge-base", "ollama")
     };
     let json = round_trip(&full);
+    assert_eq!(json["maxTokens"], 2_000);
     assert_eq!(json["operationStage"], "kb-tenant-ingestion-embedding");
     assert_eq!(json["enqueuedAt"], "2026-08-13T11:59:58.000Z");
     assert_eq!(json["deadlineMs"], 1_000);
@@ -345,14 +349,14 @@ fn the_record_writes_every_documented_field_in_order() {
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:20:02.000Z","queueWaitMs":2000,"executionMs":null,"#,
             r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":true,"#,
-            r#""inputTokens":12,"outputTokens":null}"#
+            r#""inputTokens":12,"outputTokens":null,"maxTokens":400}"#
         )
     );
     let mut cancelled = record(State::Cancelled);
     cancelled.cancel_reason = Some("bye".to_owned());
     assert!(serde_json::to_string(&cancelled)
         .unwrap()
-        .ends_with(r#""lateSettle":false,"unstartedSuccess":false,"refined":true,"inputTokens":12,"outputTokens":null,"cancelReason":"bye"}"#));
+        .ends_with(r#""lateSettle":false,"unstartedSuccess":false,"refined":true,"inputTokens":12,"outputTokens":null,"maxTokens":400,"cancelReason":"bye"}"#));
 }
 
 #[test]

@@ -595,6 +595,18 @@ async fn begin_refuses_each_invalid_input_with_400_and_records_nothing() {
             json!({"service": "kb", "provider": "o", "deadlineMs": 0}).to_string(),
         ),
         (
+            "negative estimate",
+            json!({"service": "kb", "provider": "o", "maxTokens": -1}).to_string(),
+        ),
+        (
+            "estimate past 10^9",
+            json!({"service": "kb", "provider": "o", "maxTokens": 1_000_000_001_i64}).to_string(),
+        ),
+        (
+            "estimate as a fraction",
+            json!({"service": "kb", "provider": "o", "maxTokens": 1.5}).to_string(),
+        ),
+        (
             "deadline as text",
             json!({"service": "kb", "provider": "o", "deadlineMs": "5m"}).to_string(),
         ),

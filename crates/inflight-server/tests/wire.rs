@@ -151,7 +151,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""state":"waiting","disposition":null,"reapReason":null,"ownerId":"<owner>","#,
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":null,"completedAt":null,"reapedAt":null,"#,
             r#""deadlineMs":300000,"reapableAt":"2026-08-13T12:20:00.000Z","queueWaitMs":null,"#,
-            r#""executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
+            r#""executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null}"#
         ),
     );
 
@@ -168,7 +168,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:20:02.000Z","queueWaitMs":2000,"executionMs":null,"#,
-            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
+            r#""success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null}"#
         ),
     );
 
@@ -198,7 +198,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T11:59:59.000Z","startedAt":"2026-08-13T12:00:01.000Z","#,
             r#""completedAt":"2026-08-13T12:00:02.000Z","reapedAt":null,"deadlineMs":1000,"#,
             r#""reapableAt":null,"queueWaitMs":2000,"executionMs":1000,"success":false,"#,
-            r#""failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
+            r#""failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null}"#
         ),
     );
 
@@ -228,7 +228,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:00:02.000Z","startedAt":null,"#,
             r#""completedAt":"2026-08-13T12:00:02.000Z","reapedAt":null,"deadlineMs":600000,"#,
             r#""reapableAt":null,"queueWaitMs":null,"executionMs":null,"success":null,"#,
-            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"cancelReason":"client went away"}"#
+            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null,"cancelReason":"client went away"}"#
         ),
     );
 
@@ -272,7 +272,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:00:00.000Z","startedAt":"2026-08-13T12:00:02.000Z","#,
             r#""completedAt":null,"reapedAt":"2026-08-13T12:00:31.000Z","deadlineMs":300000,"#,
             r#""reapableAt":null,"queueWaitMs":2000,"executionMs":null,"success":null,"#,
-            r#""failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}"#
+            r#""failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null}"#
         ),
     );
 
@@ -289,7 +289,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""cap":4,"executing":1,"waiting":0,"reaped":{"abandoned":1,"unsettled":1},"#,
             r#""reapedOwnerLost":1,"lateSettles":1,"resurrections":0,"longestWaitMs":0,"effectiveCap":4,"#,
             r#""coolingUntil":null,"cooldowns":0,"byPriority":{"interactive":{"executing":0,"waiting":0},"#,
-            r#""batch":{"executing":0,"waiting":0},"unknown":{"executing":1,"waiting":0}},"tokensLastMinute":0}},"#,
+            r#""batch":{"executing":0,"waiting":0},"unknown":{"executing":1,"waiting":0}},"tokensLastMinute":0,"tokensReserved":0}},"#,
             r#""totalActivities":5,"totalSucceeded":0,"totalSucceededUnstarted":0,"totalFailed":1,"totalCancelled":1,"totalInFlight":1,"totalRecentCompletions":2,"totalReaped":2,"#,
             r#""totalReapedOwnerLost":1,"totalLateSettles":1,"totalResurrections":0,"#,
             r#""reapedThisRead":{"abandoned":0,"unsettled":0},"inFlight":[{"activityId":"<e>","#,
@@ -299,33 +299,33 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""enqueuedAt":"2026-08-13T12:21:00.000Z","startedAt":"2026-08-13T12:21:00.000Z","#,
             r#""completedAt":null,"reapedAt":null,"deadlineMs":300000,"#,
             r#""reapableAt":"2026-08-13T12:41:00.000Z","queueWaitMs":0,"executionMs":null,"success":null,"#,
-            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"elapsedMs":31000}],"#,
+            r#""failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null,"elapsedMs":31000}],"#,
             r#""recentCompletions":[{"activityId":"<c>","service":"knowledge-base","provider":"ollama","#,
             r#""class":"unknown","operationStage":"unknown","model":"redacted","priority":"unknown","#,
             r#""admission":"queued","state":"cancelled","disposition":null,"reapReason":null,"#,
             r#""ownerId":null,"enqueuedAt":"2026-08-13T12:00:02.000Z","startedAt":null,"#,
             r#""completedAt":"2026-08-13T12:00:02.000Z","reapedAt":null,"deadlineMs":600000,"#,
             r#""reapableAt":null,"queueWaitMs":null,"executionMs":null,"success":null,"failureStage":null,"#,
-            r#""lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"cancelReason":"client went away"},{"activityId":"<b>","service":"bot","#,
+            r#""lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null,"cancelReason":"client went away"},{"activityId":"<b>","service":"bot","#,
             r#""provider":"openai","class":"chat","operationStage":"unknown","model":"unknown","#,
             r#""priority":"unknown","admission":"direct","state":"failed","disposition":null,"#,
             r#""reapReason":null,"ownerId":null,"enqueuedAt":"2026-08-13T11:59:59.000Z","#,
             r#""startedAt":"2026-08-13T12:00:01.000Z","completedAt":"2026-08-13T12:00:02.000Z","#,
             r#""reapedAt":null,"deadlineMs":1000,"reapableAt":null,"queueWaitMs":2000,"executionMs":1000,"#,
-            r#""success":false,"failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null}],"#,
+            r#""success":false,"failureStage":"provider","lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null}],"#,
             r#""reaped":[{"activityId":"<d>","service":"knowledge-base","provider":"ollama","#,
             r#""class":"embedding","operationStage":"unknown","model":"unknown","priority":"unknown","#,
             r#""admission":"queued","state":"reaped","disposition":"abandoned","reapReason":"deadline","#,
             r#""ownerId":null,"enqueuedAt":"2026-08-13T12:00:02.000Z","startedAt":null,"completedAt":null,"#,
             r#""reapedAt":"2026-08-13T12:21:31.000Z","deadlineMs":300000,"reapableAt":null,"#,
-            r#""queueWaitMs":null,"executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"#,
+            r#""queueWaitMs":null,"executionMs":null,"success":null,"failureStage":null,"lateSettle":false,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null,"#,
             r#""ageMs":1289000},{"activityId":"<a>","service":"knowledge-base","provider":"ollama","#,
             r#""class":"embedding","operationStage":"kb-ingest","model":"nomic-embed-text","#,
             r#""priority":"batch","admission":"queued","state":"reaped","disposition":"unsettled","#,
             r#""reapReason":"owner-lost","ownerId":"<owner>","enqueuedAt":"2026-08-13T12:00:00.000Z","#,
             r#""startedAt":"2026-08-13T12:00:02.000Z","completedAt":null,"#,
             r#""reapedAt":"2026-08-13T12:00:31.000Z","deadlineMs":300000,"reapableAt":null,"#,
-            r#""queueWaitMs":2000,"executionMs":null,"success":null,"failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"#,
+            r#""queueWaitMs":2000,"executionMs":null,"success":null,"failureStage":null,"lateSettle":true,"unstartedSuccess":false,"refined":false,"inputTokens":null,"outputTokens":null,"maxTokens":null,"#,
             r#""ageMs":1291000}],"inFlightTruncated":false,"recentCompletionsTruncated":false,"#,
             r#""reapedTruncated":false,"aggregates":[{"service":"bot","operationStage":"unknown","#,
             r#""class":"chat","provider":"openai","model":"unknown","priority":"unknown","#,

@@ -571,6 +571,7 @@ struct RawRetention {
 struct RawClass {
     deadline: Option<toml::Value>,
     max_queue_wait: Option<toml::Value>,
+    tokens: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -762,6 +763,10 @@ impl Settings {
                         .map(|v| parse_duration(&format!("{key}.max_queue_wait"), v, &mut warnings))
                         .transpose()?;
                     let bounds = ClassBounds::new(deadline, max_queue_wait)
+                        .and_then(|bounds| match class.tokens {
+                            Some(tokens) => bounds.with_tokens(tokens),
+                            None => Ok(bounds),
+                        })
                         .map_err(|err| ConfigError::new(format!("{key}.{}", err.field), err.problem))?;
                     classes.insert(name, bounds);
                 }
@@ -1005,7 +1010,7 @@ cap = 4
             ("[labels]\nservice = \"kb\"\n", "labels.service: invalid type: string \"kb\", expected an array (line 2)"),
             ("[labels]\nservice = [\"kb\", 3]\n", "labels.service[1]: invalid type: integer `3`, expected a string (line 2)"),
             ("[metrics]\naggregates = \"yes\"\n", "metrics.aggregates: invalid type: string \"yes\", expected a boolean (line 2)"),
-            ("[classes.chat]\ndeadline = \"1m\"\ndedline = \"1m\"\n", "classes.chat.dedline: unknown field `dedline`, expected `deadline` or `max_queue_wait` (line 3)"),
+            ("[classes.chat]\ndeadline = \"1m\"\ndedline = \"1m\"\n", "classes.chat.dedline: unknown field `dedline`, expected one of `deadline`, `max_queue_wait`, `tokens` (line 3)"),
         ] {
             let err = Settings::from_toml(text).unwrap_err();
             assert_eq!(err.to_string(), said, "{text}");
@@ -1078,6 +1083,14 @@ cap = 4
             ("[classes.chat]\ndeadline = 0", "classes.chat.deadline"),
             ("[classes.chat]\ndeadline = \"soon\"", "classes.chat.deadline"),
             ("[classes.chat]\n", "classes.chat.deadline"),
+            (
+                "[classes.chat]\ndeadline = \"1m\"\ntokens = -1",
+                "classes.chat.tokens",
+            ),
+            (
+                "[classes.chat]\ndeadline = \"1m\"\ntokens = 1000000001",
+                "classes.chat.tokens",
+            ),
             ("[classes]\n", "classes"),
             ("[lanes.\"no-separator\"]\ncap = 1", "lanes.\"no-separator\""),
             ("[lanes.\"a::b\"]\ncap = 0", "lanes.\"a::b\".cap"),

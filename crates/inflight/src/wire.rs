@@ -64,6 +64,7 @@ impl ToApi for inflight::ActivityRecord {
             refined: self.refined,
             input_tokens: self.usage.input_tokens,
             output_tokens: self.usage.output_tokens,
+            max_tokens: self.max_tokens,
             cancel_reason: self.cancel_reason.clone(),
             ignored_fields: Vec::new(),
         }
@@ -110,6 +111,7 @@ impl ToApi for inflight::Snapshot {
                 cooldowns: lane.cooldowns,
                 by_priority: lane.by_priority,
                 tokens_last_minute: lane.tokens_last_minute,
+                tokens_reserved: lane.tokens_reserved,
             };
             (key.clone(), lane)
         });
@@ -221,6 +223,9 @@ pub fn activity_spec(request: api::BeginRequest) -> ActivitySpec {
     // owner id is checked against the registered owners.
     if let Some(deadline_ms) = request.deadline_ms {
         spec = spec.deadline_ms(deadline_ms);
+    }
+    if let Some(tokens) = request.max_tokens {
+        spec = spec.max_tokens(tokens);
     }
     if let Some(owner) = request.owner_id {
         spec = spec.owner_spelled(owner);

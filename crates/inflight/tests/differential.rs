@@ -144,6 +144,8 @@ const RETENTION: i64 = MINUTE;
 const CLASSES: [(&str, i64, i64); 2] = [("embedding", 20 * SEC, 20 * SEC), ("chat", 30 * SEC, 5 * SEC)];
 /// The classes records are begun with: two configured, one unconfigured,
 /// and none (`unknown`).
+/// The `chat` class's token estimate (`[classes.chat] tokens`).
+const CHAT_TOKENS: i64 = 300;
 const CLASS_CHOICES: [Option<&str>; 4] = [Some("embedding"), Some("chat"), Some("rerank"), None];
 /// The lanes; the first one is capped.
 const LANES: [(&str, &str); 3] = [("kb", "ollama"), ("kb", "openai"), ("mc", "ollama")];
@@ -196,6 +198,10 @@ fn config() -> LedgerConfig {
         .iter()
         .map(|(name, deadline, wait)| {
             let bounds = ClassBounds::new(millis(*deadline), Some(millis(*wait))).unwrap();
+            let bounds = match class_tokens(name) {
+                Some(tokens) => bounds.with_tokens(tokens).unwrap(),
+                None => bounds,
+            };
             (name.to_string(), bounds)
         })
         .collect();
@@ -215,6 +221,11 @@ fn config() -> LedgerConfig {
 /// The widest raw deadline or queue wait of any class.
 fn widest_raw() -> i64 {
     CLASSES.iter().map(|(_, d, w)| *d.max(w)).max().unwrap()
+}
+
+/// The token estimate of a call of `class` that declares none.
+fn class_tokens(class: &str) -> Option<i64> {
+    (class == "chat").then_some(CHAT_TOKENS)
 }
 
 fn class_bounds(class: &str) -> Option<(i64, i64)> {
@@ -304,6 +315,8 @@ struct BeginOp {
     /// `startedAt` as an offset from `enqueuedAt` (or now).
     started: Option<i64>,
     deadline: Option<i64>,
+    /// A declared estimate (`maxTokens`).
+    max_tokens: Option<u32>,
     owner: OwnerPick,
     /// Orders the new id among the others (ties are broken by id).
     id_key: u8,
@@ -401,6 +414,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
         owner_pick(),
         any::<u8>(),
         prop::option::weighted(0.03, recent()),
+        prop::option::weighted(0.3, 0..2_000u32),
     )
         .prop_map(
             |(
@@ -411,6 +425,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
                 owner,
                 id_key,
                 duplicate,
+                max_tokens,
             )| {
                 BeginOp {
                     lane,
@@ -421,6 +436,7 @@ fn begin_op() -> impl Strategy<Value = BeginOp> {
                     enqueued,
                     started,
                     deadline,
+                    max_tokens,
                     owner,
                     id_key,
                     duplicate,
@@ -519,6 +535,8 @@ struct BeginSpec {
     enqueued: Option<i64>,
     started: Option<i64>,
     deadline: Option<i64>,
+    /// A declared estimate (`maxTokens`).
+    max_tokens: Option<u32>,
     owner: OwnerRef,
     key: Option<&'static str>,
 }
@@ -589,6 +607,7 @@ struct Rec {
     cancel_reason: Option<String>,
     refined: bool,
     usage: Usage,
+    max_tokens: Option<i64>,
 }
 
 impl Rec {
@@ -636,6 +655,7 @@ struct LaneObs {
     /// Executing and waiting, by interactive, batch, unknown.
     by_priority: [(i64, i64); 3],
     tokens_last_minute: i64,
+    tokens_reserved: i64,
 }
 
 type AggKey = (String, String, String, String, String, Priority, Admission);
@@ -770,10 +790,14 @@ struct Model {
     keyed_begins: Vec<BeginSpec>,
     /// Completions per minute of `completedAt` (absolute minutes).
     minutes: BTreeMap<i64, i64>,
-    /// Tokens charged to a lane's window (section 8): when (relative), the
-    /// lane, how many. Kept apart from the records, which a short
-    /// retention prunes while their second is still in the window.
-    charges: Vec<(i64, String, i64)>,
+    /// Tokens charged to each lane's window (section 8), by absolute second
+    /// and lane; a running call's estimate in the second `RESERVED`. Kept
+    /// apart from the records, which a short retention prunes while their
+    /// second is still in the window, and moved by how each step changes
+    /// each record's charge (`charge_of`).
+    token_seconds: BTreeMap<(i64, String), i64>,
+    /// What each record charged when last synced (`sync_tokens`).
+    charged: Vec<Option<(i64, i64)>>,
     /// The ranked lane's interactive grants in a row while batch work
     /// waited.
     overtakes: u32,
@@ -804,6 +828,35 @@ fn key_of(rec: &Rec) -> AggKey {
 
 fn minute_of(rel: i64) -> i64 {
     (T0 + rel).as_millis().div_euclid(MINUTE)
+}
+
+/// The second a charge at `rel` (relative ms) counts in.
+fn second_of(rel: i64) -> i64 {
+    (T0 + rel).as_millis().div_euclid(1_000)
+}
+
+/// The second of a running call's reservation: in every window.
+const RESERVED: i64 = i64::MAX;
+
+/// What `rec` charges to its lane's token window (section 8), written
+/// from the rule's words: running, its estimate, reserved; ended after it
+/// ran (started, or settled with an outcome), its reported tokens, else
+/// its estimate, at its end (`completedAt`, else `reapedAt`); a late
+/// settle's usage counts even for a record that never ran.
+fn charge_of(rec: &Rec) -> Option<(i64, i64)> {
+    let estimate = rec.max_tokens.unwrap_or(0);
+    let reported = (rec.usage.input_tokens.is_some() || rec.usage.output_tokens.is_some())
+        .then(|| rec.usage.input_tokens.unwrap_or(0) + rec.usage.output_tokens.unwrap_or(0));
+    let (second, tokens) = match rec.state {
+        State::Waiting => return None,
+        State::Executing => (RESERVED, estimate),
+        _ => {
+            let ran = rec.started_at.is_some() || rec.success.is_some();
+            let tokens = reported.unwrap_or(if ran { estimate } else { 0 });
+            (second_of(rec.completed_at.or(rec.reaped_at)?), tokens)
+        }
+    };
+    (tokens > 0).then_some((second, tokens))
 }
 
 fn lane_key(rec: &Rec) -> String {
@@ -1066,7 +1119,35 @@ impl Model {
         Err(ErrorKind::LaneFull)
     }
 
+    /// `step` applied, with its moves in the token windows.
     fn apply(&mut self, step: &Step) -> Obs {
+        let obs = self.apply_step(step);
+        self.sync_tokens();
+        obs
+    }
+
+    /// Moves each record's charge in the token windows from what it
+    /// charged when last seen to what it charges now (a record a prune
+    /// removed leaves its seconds as they were).
+    fn sync_tokens(&mut self) {
+        self.charged.resize(self.recs.len(), None);
+        for r in 0..self.recs.len() {
+            let Some(rec) = self.rec(r) else { continue };
+            let (lane, is) = (lane_key(rec), charge_of(rec));
+            let was = std::mem::replace(&mut self.charged[r], is);
+            if was == is {
+                continue;
+            }
+            if let Some((second, tokens)) = was {
+                *self.token_seconds.entry((second, lane.clone())).or_default() -= tokens;
+            }
+            if let Some((second, tokens)) = is {
+                *self.token_seconds.entry((second, lane)).or_default() += tokens;
+            }
+        }
+    }
+
+    fn apply_step(&mut self, step: &Step) -> Obs {
         let result = match step {
             Step::Begin(r, spec) => self.begin(*r, spec),
             Step::Start(r, at) => self.transition(*r, true, |m, r| m.start(r, *at)),
@@ -1203,6 +1284,7 @@ impl Model {
             cancel_reason: None,
             refined: false,
             usage: Usage::default(),
+            max_tokens: spec.max_tokens.map(i64::from).or_else(|| class_tokens(class)),
         };
         rec.reapable_at = bound_of(&rec);
         let granted = if rec.state == State::Executing {
@@ -1320,14 +1402,9 @@ impl Model {
                     let seen = now.min(at.max(rec.enqueued_at));
                     let rec = self.rec_mut(r);
                     rec.late_settle = true;
-                    // The call ran: what it reports was spent (section 8),
-                    // charged at its reap.
+                    // The call ran: what it reports was spent (section 8).
                     if usage.input_tokens.is_some() || usage.output_tokens.is_some() {
                         rec.usage = usage;
-                    }
-                    let charge = (rec.reaped_at.unwrap(), lane_key(rec), usage.total());
-                    if charge.2 > 0 {
-                        self.charges.push(charge);
                     }
                     let tot = self.tot(r);
                     tot.late_settles += 1;
@@ -1363,10 +1440,6 @@ impl Model {
         rec.usage = usage;
         let execution = rec.execution_ms;
         let wait = rec.queue_wait_ms;
-        let lane = lane_key(rec);
-        if usage.total() > 0 {
-            self.charges.push((at, lane, usage.total()));
-        }
         let tot = self.tot(r);
         tot.in_flight -= 1;
         tot.spent(usage);
@@ -1554,6 +1627,7 @@ impl Model {
 
     fn snapshot(&mut self, since: Since, limit: usize) -> Snap {
         let reaped_this_read = self.reap_all();
+        self.sync_tokens();
         let now = self.now;
         let since = match since {
             Since::Ago(ago) => now - ago.as_millis() as i64,
@@ -1578,6 +1652,7 @@ impl Model {
             cooldowns: 0,
             by_priority: [(0, 0); 3],
             tokens_last_minute: 0,
+            tokens_reserved: 0,
         };
         lanes.insert(CAPPED_LANE.to_owned(), empty(Some(CAP as u32)));
         lanes.insert(RANKED_LANE.to_owned(), empty(Some(RANKED_CAP as u32)));
@@ -1640,14 +1715,15 @@ impl Model {
             }
         }
         // A second counts while any of it is within the last minute.
-        let second = |rel: i64| (T0 + rel).as_millis().div_euclid(1_000);
-        let first_second = second(now - MINUTE);
-        for (at, key, tokens) in &self.charges {
-            if second(*at) >= first_second {
-                lanes
-                    .entry(key.clone())
-                    .or_insert_with(|| empty(None))
-                    .tokens_last_minute += tokens;
+        let first_second = second_of(now - MINUTE);
+        for ((second, key), tokens) in &self.token_seconds {
+            if *second >= first_second && *tokens != 0 {
+                let lane = lanes.entry(key.clone()).or_insert_with(|| empty(None));
+                if *second == RESERVED {
+                    lane.tokens_reserved += tokens;
+                } else {
+                    lane.tokens_last_minute += tokens;
+                }
             }
         }
         for (key, lane) in &mut lanes {
@@ -1868,6 +1944,7 @@ impl Model {
                         enqueued,
                         started,
                         deadline: b.deadline,
+                        max_tokens: b.max_tokens,
                         owner: self.owner_ref(b.owner),
                         key: b.key.map(|k| KEYS[k]),
                     },
@@ -1998,6 +2075,7 @@ impl Subject {
                         enqueued_at: abs(spec.enqueued),
                         started_at: abs(spec.started),
                         deadline_ms: spec.deadline,
+                        max_tokens: spec.max_tokens,
                         owner_id: self.owner_string(spec.owner),
                         // Any stable function of the request will do.
                         idempotency: spec.key.map(|key| {
@@ -2122,6 +2200,7 @@ impl Subject {
             cancel_reason: record.cancel_reason.clone(),
             refined: record.refined,
             usage: record.usage,
+            max_tokens: record.max_tokens,
         }
     }
 
@@ -2217,6 +2296,7 @@ impl Subject {
                             ]
                             .map(|counts| (counts.executing, counts.waiting)),
                             tokens_last_minute: lane.tokens_last_minute,
+                            tokens_reserved: lane.tokens_reserved,
                         },
                     )
                 })

@@ -33,12 +33,11 @@ fn instances_starting_together_migrate_once() {
         .query_one("SELECT COUNT(*) FROM inflight_schema", &[])
         .unwrap()
         .get(0);
-    // Eleven migrations: the schema, owner-lost reaps split by disposition,
+    // Ten migrations: the schema, owner-lost reaps split by disposition,
     // one index fewer on records in flight, counter rows per writer, the
     // check that fails a group's writes when one missed, refinement,
-    // idempotency keys, successes without a start, lane states, usage, and
-    // token seconds.
-    assert_eq!(versions, 11, "each migration recorded once");
+    // idempotency keys, successes without a start, lane states, and tokens.
+    assert_eq!(versions, 10, "each migration recorded once");
 }
 
 #[test]

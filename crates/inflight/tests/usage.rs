@@ -223,3 +223,118 @@ against_every_store!(
     a_count_out_of_range_refuses_the_settle_and_changes_nothing,
     a_late_settle_counts_its_usage_once,
 );
+
+/// The lane's `tokensReserved`.
+async fn reserved(h: &Harness) -> i64 {
+    snapshot(&h.ledger)
+        .await
+        .lane(LANE)
+        .map_or(0, |lane| lane.tokens_reserved)
+}
+
+async fn an_executing_call_reserves_its_estimate_and_charges_it_when_it_reports_none(backend: Backend) {
+    let h = Harness::new(backend, config());
+    // Begun started, and started later: both reserve while they run.
+    let now = h.ledger.now();
+    let started = h
+        .ledger
+        .begin_record(embedding().max_tokens(400).started_at(now))
+        .await
+        .unwrap();
+    assert_eq!(started.max_tokens, Some(400));
+    let waiting = h.ledger.begin_record(embedding().max_tokens(100)).await.unwrap();
+    assert_eq!(
+        (reserved(&h).await, last_minute(&h).await),
+        (400, 0),
+        "a waiting call reserves nothing"
+    );
+    h.ledger.start(waiting.activity_id, None).await.unwrap();
+    assert_eq!(reserved(&h).await, 500);
+    // Reported usage replaces the estimate; none reported charges it.
+    h.ledger
+        .settle(
+            started.activity_id,
+            Settlement::new(Outcome::Success).usage(usage(Some(30), Some(20))),
+        )
+        .await
+        .unwrap();
+    assert_eq!((reserved(&h).await, last_minute(&h).await), (100, 50));
+    h.ledger
+        .settle(waiting.activity_id, Settlement::new(Outcome::Success))
+        .await
+        .unwrap();
+    assert_eq!((reserved(&h).await, last_minute(&h).await), (0, 150));
+    // A call cancelled before it started charges nothing.
+    let cancelled = h.ledger.begin_record(embedding().max_tokens(900)).await.unwrap();
+    h.ledger.cancel(cancelled.activity_id, None).await.unwrap();
+    assert_eq!((reserved(&h).await, last_minute(&h).await), (0, 150));
+}
+
+async fn a_reaped_unsettled_call_charges_its_estimate_at_its_reap_until_a_late_settle_replaces_it(
+    backend: Backend,
+) {
+    let h = Harness::new(backend, config());
+    let id = h
+        .ledger
+        .begin_record(embedding().max_tokens(400))
+        .await
+        .unwrap()
+        .activity_id;
+    h.ledger.start(id, None).await.unwrap();
+    h.clock.advance(30 * MIN);
+    assert_eq!(h.ledger.reap().await.unwrap().unsettled, 1);
+    assert_eq!((reserved(&h).await, last_minute(&h).await), (0, 400));
+    h.clock.advance(Duration::from_secs(10));
+    h.ledger
+        .settle(
+            id,
+            Settlement::new(Outcome::Success).usage(usage(Some(40), Some(2))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        last_minute(&h).await,
+        42,
+        "the late settle's usage replaces the estimate"
+    );
+}
+
+async fn a_class_estimate_applies_when_a_begin_declares_none_and_a_bad_one_is_refused(backend: Backend) {
+    let classes = std::collections::BTreeMap::from([(
+        "embedding".to_owned(),
+        inflight::domain::ClassBounds::new(5 * MIN, None)
+            .unwrap()
+            .with_tokens(250)
+            .unwrap(),
+    )]);
+    let config = inflight::LedgerConfig::new(inflight::domain::ReapPolicy::new(classes, 4.0).unwrap());
+    let h = Harness::new(backend, config);
+    let record = h.ledger.begin_record(embedding()).await.unwrap();
+    assert_eq!(record.max_tokens, Some(250));
+    let own = h.ledger.begin_record(embedding().max_tokens(7)).await.unwrap();
+    assert_eq!(own.max_tokens, Some(7), "a declared estimate wins");
+    for bad in [-1, 1_000_000_001] {
+        let err = h
+            .ledger
+            .begin_record(embedding().max_tokens(bad))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("maxTokens"), "{err}");
+    }
+    assert_eq!(
+        snapshot(&h.ledger).await.total_activities,
+        2,
+        "a refused begin writes nothing"
+    );
+}
+
+mod estimates {
+    use super::*;
+
+    against_every_store!(
+        an_executing_call_reserves_its_estimate_and_charges_it_when_it_reports_none,
+        a_reaped_unsettled_call_charges_its_estimate_at_its_reap_until_a_late_settle_replaces_it,
+        a_class_estimate_applies_when_a_begin_declares_none_and_a_bad_one_is_refused,
+    );
+}

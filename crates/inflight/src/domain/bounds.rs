@@ -15,6 +15,9 @@ use super::timestamp::Timestamp;
 pub struct ClassBounds {
     deadline_ms: i64,
     max_queue_wait_ms: i64,
+    /// The tokens a call of the class is estimated to spend, when its begin
+    /// declares none (`maxTokens`).
+    tokens: Option<i64>,
 }
 
 impl ClassBounds {
@@ -33,7 +36,35 @@ impl ClassBounds {
         Ok(Self {
             deadline_ms,
             max_queue_wait_ms,
+            tokens: None,
         })
+    }
+
+    /// The class with `tokens` as the estimate of a call that declares
+    /// none (`[classes.NAME] tokens`).
+    ///
+    /// # Errors
+    /// A count outside 0 to [`MAX_TOKENS`](super::usage::MAX_TOKENS), naming
+    /// `tokens`.
+    pub fn with_tokens(self, tokens: i64) -> Result<Self, BoundsError> {
+        if !(0..=super::usage::MAX_TOKENS).contains(&tokens) {
+            return Err(BoundsError {
+                field: "tokens",
+                problem: format!(
+                    "must be a whole number from 0 to {}, got {tokens}",
+                    super::usage::MAX_TOKENS
+                ),
+            });
+        }
+        Ok(Self {
+            tokens: Some(tokens),
+            ..self
+        })
+    }
+
+    /// The estimate of a call of the class that declares none.
+    pub fn tokens(&self) -> Option<i64> {
+        self.tokens
     }
 
     /// The execution deadline, in milliseconds.
@@ -100,6 +131,7 @@ struct ResolvedClass {
     deadline_ms: i64,
     /// `max_queue_wait_ms`, factor applied.
     scaled_queue_wait_ms: i64,
+    tokens: Option<i64>,
 }
 
 /// Past this many classes, the resolved list is searched by bisection.
@@ -165,6 +197,7 @@ impl ReapPolicy {
                 name: name.as_str().into(),
                 deadline_ms: bounds.deadline_ms,
                 scaled_queue_wait_ms: policy.scale(bounds.max_queue_wait_ms),
+                tokens: bounds.tokens,
             })
             .collect();
         Ok(policy)
@@ -209,6 +242,13 @@ impl ReapPolicy {
             Some(resolved) => resolved.deadline_ms,
             None => self.widest_raw_ms,
         }
+    }
+
+    /// The tokens a call is estimated to spend: its begin's `maxTokens`,
+    /// else its class's `tokens`, else none (it reserves nothing, and its
+    /// reported usage is what counts).
+    pub fn estimate(&self, class: &str, declared: Option<i64>) -> Option<i64> {
+        declared.or_else(|| self.class(class).and_then(|resolved| resolved.tokens))
     }
 
     /// Whether the class `name` is configured: a call of any other gets

@@ -116,6 +116,11 @@ pub struct ActivityRecord {
     /// The tokens its settle reported (`inputTokens`, `outputTokens`).
     #[serde(flatten)]
     pub usage: Usage,
+    /// The tokens it was estimated to spend: its begin's `maxTokens`, else
+    /// its class's `tokens` ([`ReapPolicy::estimate`](super::bounds::ReapPolicy::estimate)).
+    /// Executing, it reserves them in its lane's token window; ended
+    /// without reported usage after running, it charges them.
+    pub max_tokens: Option<i64>,
 }
 
 impl ActivityRecord {

@@ -130,9 +130,20 @@ pub struct SnapshotParts {
     /// What each lane that ever needed one remembers: its cooldown and
     /// adaptive cap.
     pub lane_states: Vec<(LaneKey, LaneState)>,
-    /// The tokens each lane's calls charged in the last minute
-    /// ([`usage::first_second_at`](super::usage::first_second_at)).
-    pub tokens_last_minute: Vec<(LaneKey, i64)>,
+    /// What each lane's calls charged to its token window in the last
+    /// minute, and what its executing calls reserve.
+    pub lane_tokens: Vec<LaneTokens>,
+}
+
+/// A lane's token window ([`usage::charge`](super::usage::charge)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneTokens {
+    /// The lane.
+    pub lane: LaneKey,
+    /// Charged by calls that ended within the last minute.
+    pub charged: i64,
+    /// Reserved by the estimates of its calls executing.
+    pub reserved: i64,
 }
 
 // Whether the ledger has seen leaks lately: the wire's own enum.
@@ -170,9 +181,12 @@ pub struct LaneView {
     pub cooldowns: i64,
     /// Executing and waiting records by priority.
     pub by_priority: ByPriority,
-    /// The tokens its calls reported within the last minute (by the
-    /// second of their settle, so at most a second longer).
+    /// The tokens its calls charged within the last minute: reported, or
+    /// estimated for a call that ran and reported none (by the second of
+    /// their end, so at most a second longer).
     pub tokens_last_minute: i64,
+    /// The estimates of its calls executing.
+    pub tokens_reserved: i64,
     /// How long until the first of its waiting records is reaped
     /// `abandoned` unless it starts; `None` when none waits. Not on the
     /// wire: `/metrics` reads it.
@@ -300,6 +314,7 @@ impl Snapshot {
                 cooldowns: 0,
                 by_priority: ByPriority::default(),
                 tokens_last_minute: 0,
+                tokens_reserved: 0,
                 next_waiting_reap_in_ms: None,
             }
         };
@@ -344,11 +359,12 @@ impl Snapshot {
         }
 
         // A lane that spent tokens is shown, whatever its admission.
-        for (key, tokens) in &parts.tokens_last_minute {
-            lanes
-                .entry(key.clone())
-                .or_insert_with(|| lane(key))
-                .tokens_last_minute = *tokens;
+        for tokens in &parts.lane_tokens {
+            let view = lanes
+                .entry(tokens.lane.clone())
+                .or_insert_with(|| lane(&tokens.lane));
+            view.tokens_last_minute = tokens.charged;
+            view.tokens_reserved = tokens.reserved;
         }
 
         let (in_flight, in_flight_truncated) = truncate(parts.in_flight, limit);

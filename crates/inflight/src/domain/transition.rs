@@ -55,6 +55,10 @@ pub struct NewActivity {
     pub deadline_ms: Option<i64>,
     /// The owner (process lease) it belongs to.
     pub owner_id: Option<String>,
+    /// The tokens it expects to spend (`maxTokens`), if it says, checked
+    /// ([`usage::estimate`](super::usage::estimate)): four bytes, so that
+    /// a begin command stays small.
+    pub max_tokens: Option<u32>,
     /// Its idempotency key, if the caller sent one (boxed: most begins
     /// have none, and every command carries the room).
     pub idempotency: Option<Box<Idempotency>>,
@@ -82,6 +86,7 @@ impl NewActivity {
             started_at: None,
             deadline_ms: None,
             owner_id: None,
+            max_tokens: None,
             idempotency: None,
         }
     }
@@ -188,6 +193,7 @@ pub fn begin(new: NewActivity, now: Timestamp, policy: &ReapPolicy) -> Result<Ap
             )));
         }
     }
+    let max_tokens = policy.estimate(new.labels.class.as_str(), new.max_tokens.map(i64::from));
     let mut record = ActivityRecord {
         activity_id: new.activity_id,
         deadline_ms: policy.effective_deadline_ms(new.labels.class.as_str(), new.deadline_ms),
@@ -216,6 +222,7 @@ pub fn begin(new: NewActivity, now: Timestamp, policy: &ReapPolicy) -> Result<Ap
         cancel_reason: None,
         refined: false,
         usage: Usage::default(),
+        max_tokens,
     };
     record.derive_durations();
     record.reapable_at = policy.reapable_at(&record);

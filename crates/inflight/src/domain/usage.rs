@@ -3,8 +3,7 @@
 
 use serde::Serialize;
 
-use super::effect::Effect;
-use super::record::ActivityRecord;
+use super::record::{ActivityRecord, State};
 use super::refusal::Refusal;
 use super::timestamp::Timestamp;
 
@@ -62,35 +61,69 @@ impl Usage {
     }
 }
 
+/// A begin's `maxTokens`, when it is a whole number from 0 to
+/// [`MAX_TOKENS`].
+///
+/// # Errors
+/// [`Refusal::Invalid`] naming `maxTokens`.
+pub fn estimate(declared: Option<i64>) -> Result<Option<u32>, Refusal> {
+    let Some(tokens) = declared else {
+        return Ok(None);
+    };
+    match u32::try_from(tokens) {
+        Ok(small) if tokens <= MAX_TOKENS => Ok(Some(small)),
+        _ => Err(Refusal::Invalid(format!(
+            "maxTokens must be a whole number from 0 to {MAX_TOKENS}, got {tokens}"
+        ))),
+    }
+}
+
 /// The span of a lane's token window: the last minute.
 pub const WINDOW_MS: i64 = 60_000;
 
-/// The tokens `record` charged to its lane's window, and when: what its
-/// settle reported, at its `completedAt`, or at its `reapedAt` when a late
-/// settle reported it. `None` when it reported nothing.
-pub fn charge(record: &ActivityRecord) -> Option<(Timestamp, i64)> {
-    if record.usage.is_empty() {
-        return None;
-    }
-    let at = record.completed_at.or(record.reaped_at)?;
-    Some((at, record.usage.total()))
+/// The second that a reservation counts in: every window, until the call
+/// ends.
+pub const RESERVED: i64 = i64::MAX;
+
+/// What `record` charges to its lane's token window, and in which second
+/// ([`second_of`]); `None` for nothing:
+/// - executing, its estimate (`maxTokens`), reserved ([`RESERVED`]);
+/// - ended after it ran (it started, or settled with an outcome): the
+///   tokens its settle reported, else its estimate, at its `completedAt`,
+///   or at its `reapedAt` when it was reaped (a late settle's usage
+///   replaces the estimate there);
+/// - waiting, or ended without running: what a late settle reported, else
+///   nothing.
+pub fn charge(record: &ActivityRecord) -> Option<(i64, i64)> {
+    let estimate = record.max_tokens.unwrap_or(0);
+    let (second, tokens) = match record.state {
+        State::Waiting => return None,
+        State::Executing => (RESERVED, estimate),
+        _ => {
+            let ran = record.started_at.is_some() || record.success.is_some();
+            let tokens = if !record.usage.is_empty() {
+                record.usage.total()
+            } else if ran {
+                estimate
+            } else {
+                0
+            };
+            (second_of(record.completed_at.or(record.reaped_at)?), tokens)
+        }
+    };
+    (tokens > 0).then_some((second, tokens))
 }
 
-/// What `effect`, just applied to `record`, moved into its lane's window:
-/// the second the tokens count in, and how many. Kept per second
-/// ([`second_of`]): the stores add these up, and
-/// [`charge`] is what they must add up to.
-pub fn moved(record: &ActivityRecord, effect: &Effect) -> Option<(i64, i64)> {
-    match *effect {
-        Effect::Settled { at, tokens, .. } => counted(at, tokens),
-        Effect::LateSettle { tokens, .. } => counted(record.reaped_at?, tokens),
-        _ => None,
+/// What a change of a record from charging `before` to charging `after`
+/// ([`charge`]) moves in its lane's window: at most two `(second, tokens)`
+/// changes. The stores add these up per second, so that what they hold is
+/// always the sum of their records' charges.
+pub fn moves(before: Option<(i64, i64)>, after: Option<(i64, i64)>) -> [Option<(i64, i64)>; 2] {
+    match (before, after) {
+        (before, after) if before == after => [None, None],
+        (Some((was, old)), Some((is, new))) if was == is => [Some((is, new - old)), None],
+        (before, after) => [before.map(|(second, tokens)| (second, -tokens)), after],
     }
-}
-
-fn counted(at: Timestamp, tokens: Tokens) -> Option<(i64, i64)> {
-    let total = i64::from(tokens.input) + i64::from(tokens.output);
-    (total > 0).then(|| (second_of(at), total))
 }
 
 /// The second of the window that tokens charged at `at` count in.
@@ -118,6 +151,19 @@ pub struct Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moves_take_the_old_charge_out_and_put_the_new_one_in() {
+        assert_eq!(moves(None, None), [None, None]);
+        assert_eq!(moves(Some((RESERVED, 5)), Some((RESERVED, 5))), [None, None]);
+        assert_eq!(moves(None, Some((RESERVED, 5))), [None, Some((RESERVED, 5))]);
+        assert_eq!(
+            moves(Some((RESERVED, 5)), Some((7, 3))),
+            [Some((RESERVED, -5)), Some((7, 3))]
+        );
+        assert_eq!(moves(Some((7, 5)), Some((7, 3))), [Some((7, -2)), None]);
+        assert_eq!(moves(Some((7, 5)), None), [Some((7, -5)), None]);
+    }
 
     #[test]
     fn a_second_counts_while_any_of_it_is_in_the_window() {

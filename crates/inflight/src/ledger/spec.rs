@@ -11,7 +11,7 @@ use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, Admission, FailureStage, LaneKey, Priority};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{NewActivity, Transition};
-use crate::domain::usage::Usage;
+use crate::domain::usage::{self, Usage};
 use crate::error::LedgerError;
 
 /// What a caller says about a call when it begins it.
@@ -34,6 +34,7 @@ pub struct ActivitySpec {
     enqueued_at: Option<Timestamp>,
     started_at: Option<Timestamp>,
     deadline_ms: Option<i64>,
+    max_tokens: Option<i64>,
     owner_id: Option<String>,
     idempotency_key: Option<String>,
     /// The fingerprint of the request as its caller made it (`seal`), kept
@@ -131,7 +132,7 @@ impl ActivitySpec {
             number(self.started_at.map(Timestamp::as_millis)),
             number(self.deadline_ms),
         );
-        Fingerprint::default()
+        let fingerprint = Fingerprint::default()
             .field(Some(how.as_bytes()))
             .field(Some(self.service.as_bytes()))
             .field(Some(self.provider.as_bytes()))
@@ -143,8 +144,13 @@ impl ActivitySpec {
             .field(enqueued.as_ref().map(|b| &b[..]))
             .field(started.as_ref().map(|b| &b[..]))
             .field(deadline.as_ref().map(|b| &b[..]))
-            .field(text(self.owner_id.as_deref()))
-            .finish()
+            .field(text(self.owner_id.as_deref()));
+        // Mixed in only when given, so that a key stored before estimates
+        // existed still matches its retry.
+        match number(self.max_tokens) {
+            Some(tokens) => fingerprint.field(Some(&tokens[..])).finish(),
+            None => fingerprint.finish(),
+        }
     }
 
     /// Sets or clears the start: `Ledger::begin_started` begins with it
@@ -162,6 +168,16 @@ impl ActivitySpec {
     /// this ledger joined as, if any.
     pub fn owner(mut self, owner: &OwnerId) -> Self {
         self.owner_id = Some(owner.to_string());
+        self
+    }
+
+    /// The tokens the call is estimated to spend (`maxTokens`), whole, from
+    /// 0 to [`MAX_TOKENS`](crate::domain::usage::MAX_TOKENS) (checked when
+    /// it begins). Executing, it reserves them in its lane's token window;
+    /// a call that ends without reporting usage charges them. Without it,
+    /// its class's `tokens` apply, if set.
+    pub fn max_tokens(mut self, tokens: i64) -> Self {
+        self.max_tokens = Some(tokens);
         self
     }
 
@@ -253,6 +269,7 @@ impl ActivitySpec {
             enqueued_at: self.enqueued_at,
             started_at: self.started_at,
             deadline_ms: self.deadline_ms,
+            max_tokens: usage::estimate(self.max_tokens)?,
             owner_id: self.owner_id.clone(),
             idempotency: match &self.idempotency_key {
                 None => None,

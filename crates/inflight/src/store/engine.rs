@@ -17,7 +17,7 @@ use crate::domain::labels::{self, ActivityLabels, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
-use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
+use crate::domain::snapshot::{LaneLoad, LaneTokens, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, Transition};
 use crate::domain::usage;
@@ -69,7 +69,7 @@ pub(crate) trait Txn: Questions {
     /// Adds one to the completion counter of `minute`
     /// ([`query::completion_minute`]), for `record`'s completion.
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
-    /// Charges `tokens` to `lane` in `second` ([`usage::moved`]), at once:
+    /// Charges `tokens` to `lane` in `second` ([`usage::moves`]), at once:
     /// a later command of the transaction reads it.
     fn spend(&mut self, lane: &LaneKey, second: i64, tokens: i64) -> Result<(), LedgerError>;
     /// `effect` landed for `record` (after [`Txn::add_totals`]), changing
@@ -116,9 +116,10 @@ pub(crate) trait Questions {
     fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError>;
     /// Deletes the completion counters of minutes before `minute`.
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError>;
-    /// The tokens charged to each lane in `second` and every later one
-    /// ([`usage::moved`]), by lane, in lane order; lanes with none left out.
-    fn tokens_since(&mut self, second: i64) -> Result<Vec<(LaneKey, i64)>, LedgerError>;
+    /// The tokens charged to each lane in `second` and every later one, and
+    /// those reserved ([`usage::charge`]), in lane order; lanes with
+    /// neither left out.
+    fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError>;
     /// Deletes the tokens charged in seconds before `second`.
     fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError>;
     /// How many records are stored.
@@ -221,7 +222,7 @@ pub(crate) fn execute(
             if let Some(key) = &idempotency {
                 txn.claim_key(key, &record)?;
             }
-            add_totals(txn, config, now, &record, &applied.effects)?;
+            add_totals(txn, config, now, None, &record, &applied.effects)?;
             if let Some((lane, state)) = granted {
                 txn.put_lane_state(&lane, state)?;
             }
@@ -254,17 +255,19 @@ pub(crate) fn execute(
             let mut effects = Effects::new();
             let mut transition = Some(transition);
             let mut applied = Ok(());
+            let mut charged = None;
             // Persisted even when the request is refused: time still passed,
             // and a record past its bound is reaped whatever was asked of it.
             let record = txn
                 .modify(id, &mut |record| {
                     if let Some(transition) = transition.take() {
+                        charged = usage::charge(record);
                         applied = transition::apply(record, transition, now, policy, &mut effects);
                     }
                     !effects.is_empty()
                 })?
                 .ok_or_else(|| not_found(id))?;
-            add_totals(txn, config, now, &record, &effects)?;
+            add_totals(txn, config, now, charged, &record, &effects)?;
             applied?;
             // Stored only once the start landed (even if the record was
             // then reaped at once): a start refused after its admission
@@ -334,16 +337,17 @@ pub(crate) fn execute(
                         at: None,
                     };
                     let mut effects = Effects::new();
+                    let charged = usage::charge(&record);
                     let changed = Arc::make_mut(&mut record);
                     transition::apply(changed, cancel, now, config.policy(), &mut effects)?;
                     if changed.state == State::Cancelled {
                         owner.cancelled_records += 1;
                     }
-                    cancelled.push((record, effects));
+                    cancelled.push((record, charged, effects));
                 }
-                for (record, effects) in cancelled {
+                for (record, charged, effects) in cancelled {
                     txn.update(&record)?;
-                    add_totals(txn, config, now, &record, &effects)?;
+                    add_totals(txn, config, now, charged, &record, &effects)?;
                 }
                 txn.put_owner(&owner)?;
             }
@@ -408,9 +412,11 @@ fn refine(
     let mut effects = Effects::new();
     let mut refined = Ok(false);
     let mut labels = Some(labels);
+    let mut charged = None;
     let record = txn
         .modify(id, &mut |record| {
             if let Some(labels) = labels.take() {
+                charged = usage::charge(record);
                 refined = transition::refine(record, labels, now, &mut effects);
             }
             matches!(refined, Ok(true)) || !effects.is_empty()
@@ -420,9 +426,17 @@ fn refine(
         .iter()
         .any(|effect| matches!(effect, Effect::JoinedAggregate { .. }))
     {
-        add_totals(txn, config, now, &before, &[Effect::LeftAggregate])?;
+        // The lane is the same: nothing moves in its token window.
+        add_totals(
+            txn,
+            config,
+            now,
+            usage::charge(&before),
+            &before,
+            &[Effect::LeftAggregate],
+        )?;
     }
-    add_totals(txn, config, now, &record, &effects)?;
+    add_totals(txn, config, now, charged, &record, &effects)?;
     refined?;
     Ok(record)
 }
@@ -478,7 +492,7 @@ fn snapshot_parts(
         reaped: txn.reaped(window, fetch)?,
         owners: txn.listed_owners(window)?,
         lane_states: txn.lane_states()?,
-        tokens_last_minute: txn.tokens_since(usage::first_second_at(now))?,
+        lane_tokens: txn.tokens_since(usage::first_second_at(now))?,
     })
 }
 
@@ -620,6 +634,7 @@ fn lose(
     let mut counts = ReapedCounts::default();
     owner.lose(now);
     for mut record in txn.owner_in_flight(&owner.owner_id)? {
+        let charged = usage::charge(&record);
         // A record already past its deadline bound is reaped for that.
         let changed = Arc::make_mut(&mut record);
         let effect =
@@ -630,7 +645,7 @@ fn lose(
             }
             owner.reaped_records += 1;
             txn.update(&record)?;
-            add_totals(txn, config, now, &record, &[effect])?;
+            add_totals(txn, config, now, charged, &record, &[effect])?;
         }
     }
     txn.put_owner(&owner)?;
@@ -737,25 +752,28 @@ fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
 }
 
 /// Counts `effects` of `record` and hands each to the store to publish,
-/// with the capacity it changed ([`capacity::change`]).
+/// with the capacity it changed ([`capacity::change`]); moves its token
+/// charge from `charged`, what it charged before the command.
 fn add_totals(
     txn: &mut dyn Txn,
     config: &LedgerConfig,
     now: Timestamp,
+    charged: Option<(i64, i64)>,
     record: &ActivityRecord,
     effects: &[Effect],
 ) -> Result<(), LedgerError> {
+    // What the record charged to its lane's token window before the
+    // command, and what it charges now. A second already out of the
+    // window changes nothing anyone reads: not written.
+    for (second, tokens) in usage::moves(charged, usage::charge(record)).into_iter().flatten() {
+        if second >= usage::first_second_at(now) {
+            txn.spend(&record.lane(), second, tokens)?;
+        }
+    }
     let mut capped = None;
     for effect in effects {
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(record, query::completion_minute(*at))?;
-        }
-        // Tokens charged to a second already out of the window change
-        // nothing anyone reads: not written.
-        if let Some((second, tokens)) = usage::moved(record, effect) {
-            if second >= usage::first_second_at(now) {
-                txn.spend(&record.lane(), second, tokens)?;
-            }
         }
         let capped = || *capped.get_or_insert_with(|| config.is_capped(&record.labels));
         txn.landed(record, effect, capacity::change(record, effect, capped));
@@ -777,9 +795,10 @@ fn reap_one(
     if !transition::is_due(&record, now) {
         return Ok(record);
     }
+    let charged = usage::charge(&record);
     if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
         txn.update(&record)?;
-        add_totals(txn, config, now, &record, &[effect])?;
+        add_totals(txn, config, now, charged, &record, &[effect])?;
     }
     Ok(record)
 }
@@ -797,12 +816,13 @@ pub(crate) fn reap_due(
         let due = txn.due(now, REAP_BATCH)?;
         let found = due.len();
         for mut record in due {
+            let charged = usage::charge(&record);
             if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
                 if let Effect::Reaped { disposition, .. } = effect {
                     counts.count(disposition);
                 }
                 txn.update(&record)?;
-                add_totals(txn, config, now, &record, &[effect])?;
+                add_totals(txn, config, now, charged, &record, &[effect])?;
             }
         }
         if found < REAP_BATCH {

@@ -180,6 +180,7 @@ impl Packed {
             cancel_reason,
             refined,
             usage,
+            max_tokens,
         } = record;
         let (queue_wait, execution) = record.implied_durations()?;
         if (*reapable_at, *queue_wait_ms, *execution_ms) != (None, queue_wait, execution) {
@@ -188,15 +189,18 @@ impl Packed {
         Some(Self {
             labels: labels.clone(),
             owner_id: owner_id.as_deref().map(Box::from),
-            rare: (cancel_reason.is_some() || declared_deadline_ms.is_some() || !usage.is_empty()).then(
-                || {
-                    Box::new(Rare {
-                        cancel_reason: cancel_reason.clone(),
-                        declared_deadline_ms: *declared_deadline_ms,
-                        usage: *usage,
-                    })
-                },
-            ),
+            rare: (cancel_reason.is_some()
+                || declared_deadline_ms.is_some()
+                || !usage.is_empty()
+                || max_tokens.is_some())
+            .then(|| {
+                Box::new(Rare {
+                    cancel_reason: cancel_reason.clone(),
+                    declared_deadline_ms: *declared_deadline_ms,
+                    usage: *usage,
+                    max_tokens: *max_tokens,
+                })
+            }),
             enqueued_at: *enqueued_at,
             deadline_ms: u32::try_from(*deadline_ms).ok()?,
             started_at: After::pack(*started_at, *enqueued_at)?,
@@ -238,6 +242,7 @@ impl Packed {
             cancel_reason: self.rare.as_ref().and_then(|rare| rare.cancel_reason.clone()),
             refined: self.marks & Self::REFINED != 0,
             usage: self.rare.as_ref().map(|rare| rare.usage).unwrap_or_default(),
+            max_tokens: self.rare.as_ref().and_then(|rare| rare.max_tokens),
         };
         // Packing checked that these exist.
         record.derive_durations();
@@ -252,6 +257,7 @@ struct Rare {
     cancel_reason: Option<String>,
     declared_deadline_ms: Option<i64>,
     usage: Usage,
+    max_tokens: Option<i64>,
 }
 
 #[cfg(test)]
@@ -294,6 +300,7 @@ mod tests {
                 input_tokens: Some(12),
                 output_tokens: None,
             },
+            max_tokens: Some(400),
         }
     }
 
@@ -308,6 +315,7 @@ mod tests {
             cancel_reason: None,
             refined: false,
             usage: Usage::default(),
+            max_tokens: None,
             started_at: None,
             queue_wait_ms: None,
             execution_ms: None,

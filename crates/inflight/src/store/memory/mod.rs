@@ -17,9 +17,10 @@ use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
-use crate::domain::snapshot::LaneLoad;
+use crate::domain::snapshot::{LaneLoad, LaneTokens};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
+use crate::domain::usage;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
@@ -584,14 +585,26 @@ impl Questions for MemoryState {
         Ok(())
     }
 
-    fn tokens_since(&mut self, second: i64) -> Result<Vec<(LaneKey, i64)>, LedgerError> {
-        let mut by_lane: BTreeMap<&LaneKey, i64> = BTreeMap::new();
-        for (lane, tokens) in self.token_seconds.range(second..).flat_map(|(_, lanes)| lanes) {
-            *by_lane.entry(lane).or_default() += tokens;
+    fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError> {
+        let mut by_lane: BTreeMap<&LaneKey, (i64, i64)> = BTreeMap::new();
+        for (&at, lanes) in self.token_seconds.range(second..) {
+            for (lane, tokens) in lanes {
+                let sums = by_lane.entry(lane).or_default();
+                if at == usage::RESERVED {
+                    sums.1 += tokens;
+                } else {
+                    sums.0 += tokens;
+                }
+            }
         }
         Ok(by_lane
             .into_iter()
-            .map(|(lane, tokens)| (lane.clone(), tokens))
+            .filter(|(_, sums)| *sums != (0, 0))
+            .map(|(lane, (charged, reserved))| LaneTokens {
+                lane: lane.clone(),
+                charged,
+                reserved,
+            })
             .collect())
     }
 

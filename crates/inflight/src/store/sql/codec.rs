@@ -191,6 +191,7 @@ pub(crate) fn record_with(row: &dyn Columns, last: &mut LastLabels) -> Result<Ac
             input_tokens: row.int(24)?,
             output_tokens: row.int(25)?,
         },
+        max_tokens: row.int(26)?,
     };
     // Not stored: implied by the instants.
     record.derive_durations();
@@ -227,6 +228,7 @@ pub(crate) fn record_values<'a>(record: &'a ActivityRecord, id: &'a str) -> [Val
         record.refined.into(),
         record.usage.input_tokens.into(),
         record.usage.output_tokens.into(),
+        record.max_tokens.into(),
     ]
 }
 

@@ -10,8 +10,9 @@ use crate::domain::labels::LabelSet;
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
-use crate::domain::snapshot::LaneLoad;
+use crate::domain::snapshot::{LaneLoad, LaneTokens};
 use crate::domain::timestamp::Timestamp;
+use crate::domain::usage;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine::Questions;
 
@@ -155,9 +156,14 @@ impl<D: Driver> Questions for D {
             .map(drop)
     }
 
-    fn tokens_since(&mut self, second: i64) -> Result<Vec<(LaneKey, i64)>, LedgerError> {
-        rows(self, Reads::Owners, sql::TOKENS_SINCE, &[second.into()], |row| {
-            Ok((codec::lane_from(row)?, codec::int(row, 2)?))
+    fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError> {
+        let params = [usage::RESERVED.into(), second.into()];
+        rows(self, Reads::Owners, sql::TOKENS_SINCE, &params, |row| {
+            Ok(LaneTokens {
+                lane: codec::lane_from(row)?,
+                charged: codec::int(row, 2)?,
+                reserved: codec::int(row, 3)?,
+            })
         })
     }
 

@@ -91,7 +91,7 @@ statements! {
     /// as a conflict (an error would abort a transaction a group shares).
     INSERT_RECORD: Indexed =
         "INSERT INTO activities (", record_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
+         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
          ON CONFLICT (activity_id) DO NOTHING";
 
     /// Writes what a transition, a reap or a rebound can change
@@ -137,11 +137,15 @@ statements! {
 
     DELETE_MINUTES_BEFORE: Indexed = "DELETE FROM completion_minutes WHERE minute < $1";
 
-    /// The tokens charged per lane from the second `$1` on
-    /// (`domain::usage::first_second_at`): the window's rows only.
+    /// The tokens charged per lane from the second `$2` on
+    /// (`domain::usage::first_second_at`), and those reserved (the second
+    /// `$1`, `usage::RESERVED`): the window's rows only.
     TOKENS_SINCE: Indexed =
-        "SELECT service, provider, CAST(SUM(tokens) AS BIGINT) FROM token_seconds WHERE second >= $1 \
-         GROUP BY service, provider ORDER BY service, provider";
+        "SELECT service, provider, CAST(COALESCE(SUM(tokens) FILTER (WHERE second < $1), 0) AS BIGINT), \
+         CAST(COALESCE(SUM(tokens) FILTER (WHERE second = $1), 0) AS BIGINT) \
+         FROM token_seconds WHERE second >= $2 GROUP BY service, provider \
+         HAVING SUM(tokens) FILTER (WHERE second < $1) <> 0 OR SUM(tokens) FILTER (WHERE second = $1) <> 0 \
+         ORDER BY service, provider";
 
     DELETE_TOKEN_SECONDS_BEFORE: Indexed = "DELETE FROM token_seconds WHERE second < $1";
 
