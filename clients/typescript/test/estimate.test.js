@@ -1,11 +1,6 @@
 // A begin's token estimate (`maxTokens`): refused by the client when out of
 // range, against a scripted fetch (no server); then the record and the
 // lane's `tokensReserved` of the real server, with each store.
-//
-// The SQLite store of the server this was written against keeps the record's
-// `maxTokens` but neither reserves it in the lane nor charges it to
-// `tokensLastMinute` (the memory store does both): with it those tests are
-// todos until the server fixes that, reported without failing the run.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
@@ -54,10 +49,7 @@ describe("maxTokens, the requests (a scripted fetch)", () => {
   });
 });
 
-for (const [store, todo] of [
-  ["memory:", false],
-  [undefined, "the SQLite store does not reserve nor charge estimates yet"],
-]) describe(`maxTokens against the real server (${store ?? "sqlite"})`, () => {
+for (const store of ["memory:", undefined]) describe(`maxTokens against the real server (${store ?? "sqlite"})`, () => {
   let server;
   let client;
 
@@ -72,7 +64,7 @@ for (const [store, todo] of [
 
   const lane = async () => (await client.snapshot({ limit: 10 })).nativeAdmission[LANE];
 
-  test("the record carries the estimate; the lane reserves it while the call executes", { todo }, async () => {
+  test("the record carries the estimate; the lane reserves it while the call executes", async () => {
     const call = await client.begin({ service: "est", provider: "openai", maxTokens: 1500 });
     assert.equal(call.record.maxTokens, 1500);
     assert.equal(call.record.ignoredFields, undefined, "the server knows maxTokens");
@@ -87,7 +79,7 @@ for (const [store, todo] of [
     assert.equal(settled.tokensLastMinute, 300, "reported usage counts, not the estimate");
   });
 
-  test("no estimate: maxTokens is null and nothing is reserved; one with no usage is charged its estimate", { todo }, async () => {
+  test("no estimate: maxTokens is null and nothing is reserved; one with no usage is charged its estimate", async () => {
     const plain = await client.begin({ service: "est", provider: "openai" }, { startNow: true });
     assert.equal(plain.record.maxTokens, null);
     assert.equal((await lane()).tokensReserved, 0);
