@@ -69,6 +69,7 @@ _SNAKE_TO_WIRE = {
     "started_at": "startedAt",
     "deadline_ms": "deadlineMs",
     "owner_id": "ownerId",
+    "max_tokens": "maxTokens",
 }
 
 Hook = Callable[[ActivityRecord], None]
@@ -165,22 +166,23 @@ def settle_body(
 # ---- token usage -----------------------------------------------------------
 
 
-def _tokens(name: str, value: Any) -> Optional[int]:
-    """A count of ``Usage``, checked as the server checks it: a whole number
-    from 0 to 1000000000 (an ``int``, or anything with ``__index__`` but a
-    ``bool``), or ``None``."""
+def _tokens(name: str, value: Any, what: str = "usage") -> Optional[int]:
+    """A count of tokens (of ``Usage``, or a begin's ``max_tokens``), checked
+    as the server checks it: a whole number from 0 to 1000000000 (an ``int``,
+    or anything with ``__index__`` but a ``bool``), or ``None``. The errors
+    start with ``what`` and name the field."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise TypeError(f"usage: invalid {name}: must be a whole number, not a bool ({value!r})")
+        raise TypeError(f"{what}: invalid {name}: must be a whole number, not a bool ({value!r})")
     try:
         count = operator.index(value)
     except TypeError:
         raise TypeError(
-            f"usage: invalid {name}: must be a whole number (int), not {type(value).__name__} ({value!r})"
+            f"{what}: invalid {name}: must be a whole number (int), not {type(value).__name__} ({value!r})"
         ) from None
     if not TOKENS_MIN <= count <= TOKENS_MAX:
-        raise ValueError(f"usage: invalid {name}: must be from {TOKENS_MIN} to {TOKENS_MAX}, not {count}")
+        raise ValueError(f"{what}: invalid {name}: must be from {TOKENS_MIN} to {TOKENS_MAX}, not {count}")
     return count
 
 
@@ -498,7 +500,9 @@ def build_spec(
     context: Optional[ActivityContext] = None,
 ) -> BeginRequest:
     """A begin's body from a mapping (wire names) and keyword arguments (snake
-    case), with ``context``'s values for the attribution fields it leaves out."""
+    case), with ``context``'s values for the attribution fields it leaves out.
+    Its ``maxTokens`` (``max_tokens``) is checked like a count of ``Usage``:
+    ``TypeError`` or ``ValueError`` naming it, before any request."""
     body: Dict[str, Any] = dict(spec or {})
     for key, value in fields.items():
         body[_SNAKE_TO_WIRE.get(key, key)] = value
@@ -509,6 +513,8 @@ def build_spec(
             body[key] = wire_time(body[key])
     if body.get("ownerId") is None and owner_id is not None:
         body["ownerId"] = owner_id
+    if body.get("maxTokens") is not None:
+        body["maxTokens"] = _tokens("max_tokens", body["maxTokens"], "begin")
     body = {k: v for k, v in body.items() if v is not None}
     return body  # type: ignore[return-value]
 

@@ -56,6 +56,9 @@ _BeginOptional = TypedDict(
         "startedAt": TimestampInput,
         "deadlineMs": int,
         "ownerId": str,
+        # The tokens the call is estimated to spend (prompt and answer),
+        # TOKENS_MIN to TOKENS_MAX: executing, it reserves them in its lane.
+        "maxTokens": int,
     },
     total=False,
 )
@@ -78,7 +81,8 @@ RETRY_AFTER_MS_MIN = 1
 RETRY_AFTER_MS_MAX = 3_600_000
 
 
-#: The bounds of each count of a settle's ``usage`` (whole numbers).
+#: The bounds of each count of a settle's ``usage`` and of a begin's
+#: ``maxTokens`` (whole numbers).
 TOKENS_MIN = 0
 TOKENS_MAX = 1_000_000_000
 
@@ -167,6 +171,10 @@ class ActivityRecord(_ActivityRecordBase, total=False):
     #: Absent from servers older than usage (read them with ``.get``).
     inputTokens: Optional[int]
     outputTokens: Optional[int]
+    #: The tokens it is estimated to spend: its begin's ``maxTokens``, else
+    #: its class's ``tokens``; ``None`` when neither. Absent from servers
+    #: older than estimates (read it with ``.get``).
+    maxTokens: Optional[int]
     ignoredFields: List[str]  # on a begin's answer only: the request's fields the server ignored
 
 
@@ -224,8 +232,9 @@ class _LaneBase(TypedDict):
 
 class Lane(_LaneBase, total=False):
     """A lane of the snapshot's ``nativeAdmission``. The fields below are
-    absent from servers older than cooldowns, and ``tokensLastMinute`` from
-    servers older than usage (read them with ``.get``)."""
+    absent from servers older than cooldowns, ``tokensLastMinute`` from
+    servers older than usage, and ``tokensReserved`` from servers older than
+    estimates (read them with ``.get``)."""
 
     #: When the lane's cooldown ends (RFC 3339), or ``None`` when it is not cooling down.
     coolingUntil: Optional[str]
@@ -236,8 +245,11 @@ class Lane(_LaneBase, total=False):
     cooldowns: int
     byPriority: ByPriority
     #: The tokens the lane's calls reported in the last minute (by the second
-    #: of their settle).
+    #: of their settle), and the estimates (``maxTokens``) of its calls that
+    #: ran and reported no usage.
     tokensLastMinute: int
+    #: The estimates (``maxTokens``) of the lane's calls executing.
+    tokensReserved: int
 
 
 _AggregateBase = TypedDict(
