@@ -122,3 +122,14 @@ def test_the_check_notices_an_older_servers_document_without_usage(document):
     assert "SettleUsage (usage) fields: the document has cachedTokens, the client does not" in "\n".join(
         compare_with_document(newer)
     )
+
+
+def test_the_check_notices_an_older_servers_document_without_estimates(document):
+    older = copy.deepcopy(document)
+    for schema in (older.get("components") or {}).get("schemas", {}).values():
+        for field in ("maxTokens", "tokensReserved"):
+            (schema.get("properties") or {}).pop(field, None)
+    problems = "\n".join(compare_with_document(older))
+    assert "BeginRequest fields: the client has maxTokens, the document does not" in problems
+    assert "ActivityRecord fields: the client has maxTokens, the document does not" in problems
+    assert "Lane (nativeAdmission.additionalProperties) fields: the client has tokensReserved, the document does not" in problems
