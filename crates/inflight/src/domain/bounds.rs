@@ -122,6 +122,9 @@ pub struct ReapPolicy {
     /// the deadline of a record of an unconfigured class.
     widest_raw_ms: i64,
     widest_ms: i64,
+    /// Whether any class sets `tokens`: without one, a begin that declares
+    /// no estimate looks no class up for it.
+    class_tokens: bool,
 }
 
 /// A class as the hot path reads it.
@@ -188,7 +191,9 @@ impl ReapPolicy {
             whole_factor,
             widest_raw_ms: widest_raw,
             widest_ms: 0,
+            class_tokens: false,
         };
+        policy.class_tokens = policy.classes.values().any(|bounds| bounds.tokens.is_some());
         policy.widest_ms = policy.scale(widest_raw);
         policy.resolved = policy
             .classes
@@ -248,7 +253,11 @@ impl ReapPolicy {
     /// else its class's `tokens`, else none (it reserves nothing, and its
     /// reported usage is what counts).
     pub fn estimate(&self, class: &str, declared: Option<i64>) -> Option<i64> {
-        declared.or_else(|| self.class(class).and_then(|resolved| resolved.tokens))
+        match declared {
+            Some(tokens) => Some(tokens),
+            None if self.class_tokens => self.class(class).and_then(|resolved| resolved.tokens),
+            None => None,
+        }
     }
 
     /// Whether the class `name` is configured: a call of any other gets

@@ -94,7 +94,16 @@ pub const RESERVED: i64 = i64::MAX;
 ///   replaces the estimate there);
 /// - waiting, or ended without running: what a late settle reported, else
 ///   nothing.
+#[inline]
 pub fn charge(record: &ActivityRecord) -> Option<(i64, i64)> {
+    // Most calls carry neither an estimate nor usage: nothing to look at.
+    if record.max_tokens.is_none() && record.usage.is_empty() {
+        return None;
+    }
+    charge_of(record)
+}
+
+fn charge_of(record: &ActivityRecord) -> Option<(i64, i64)> {
     let estimate = record.max_tokens.unwrap_or(0);
     let (second, tokens) = match record.state {
         State::Waiting => return None,

@@ -762,13 +762,9 @@ fn add_totals(
     record: &ActivityRecord,
     effects: &[Effect],
 ) -> Result<(), LedgerError> {
-    // What the record charged to its lane's token window before the
-    // command, and what it charges now. A second already out of the
-    // window changes nothing anyone reads: not written.
-    for (second, tokens) in usage::moves(charged, usage::charge(record)).into_iter().flatten() {
-        if second >= usage::first_second_at(now) {
-            txn.spend(&record.lane(), second, tokens)?;
-        }
+    let charge = usage::charge(record);
+    if charge != charged {
+        spend(txn, now, record, charged, charge)?;
     }
     let mut capped = None;
     for effect in effects {
@@ -782,6 +778,26 @@ fn add_totals(
         return Ok(());
     }
     txn.add_totals(record, effects)
+}
+
+/// Moves `record`'s charge in its lane's token window from `charged`, what
+/// it charged before the command, to `charge`. A second already out of the
+/// window changes nothing anyone reads: not written. Out of line: most
+/// commands charge nothing.
+#[inline(never)]
+fn spend(
+    txn: &mut dyn Txn,
+    now: Timestamp,
+    record: &ActivityRecord,
+    charged: Option<(i64, i64)>,
+    charge: Option<(i64, i64)>,
+) -> Result<(), LedgerError> {
+    for (second, tokens) in usage::moves(charged, charge).into_iter().flatten() {
+        if second >= usage::first_second_at(now) {
+            txn.spend(&record.lane(), second, tokens)?;
+        }
+    }
+    Ok(())
 }
 
 /// Reaps `record` if it is past its bound, persisting the change.
