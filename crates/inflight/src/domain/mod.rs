@@ -21,6 +21,7 @@ pub mod timestamp;
 pub mod transition;
 pub mod usage;
 pub mod warnings;
+pub mod window;
 
 pub use bounds::{ClassBounds, ReapPolicy};
 pub use cardinality::{Cardinality, Overflow, Vocabularies};

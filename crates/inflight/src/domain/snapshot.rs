@@ -135,7 +135,7 @@ pub struct SnapshotParts {
     pub lane_tokens: Vec<LaneTokens>,
 }
 
-/// A lane's token window ([`usage::charge`](super::usage::charge)).
+/// A lane's token window ([`window::charge`](super::window::charge)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneTokens {
     /// The lane.

@@ -20,7 +20,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Prio
 use crate::domain::snapshot::{LaneLoad, LaneTokens, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, Transition};
-use crate::domain::usage;
+use crate::domain::window;
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply, StoreStats};
@@ -69,7 +69,7 @@ pub(crate) trait Txn: Questions {
     /// Adds one to the completion counter of `minute`
     /// ([`query::completion_minute`]), for `record`'s completion.
     fn count_completion(&mut self, record: &ActivityRecord, minute: i64) -> Result<(), LedgerError>;
-    /// Charges `tokens` to `lane` in `second` ([`usage::moves`]), at once:
+    /// Charges `tokens` to `lane` in `second` ([`window::moves`]), at once:
     /// a later command of the transaction reads it.
     fn spend(&mut self, lane: &LaneKey, second: i64, tokens: i64) -> Result<(), LedgerError>;
     /// `effect` landed for `record` (after [`Txn::add_totals`]), changing
@@ -117,7 +117,7 @@ pub(crate) trait Questions {
     /// Deletes the completion counters of minutes before `minute`.
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError>;
     /// The tokens charged to each lane in `second` and every later one, and
-    /// those reserved ([`usage::charge`]), in lane order; lanes with
+    /// those reserved ([`window::charge`]), in lane order; lanes with
     /// neither left out.
     fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError>;
     /// Deletes the tokens charged in seconds before `second`.
@@ -261,7 +261,7 @@ pub(crate) fn execute(
             let record = txn
                 .modify(id, &mut |record| {
                     if let Some(transition) = transition.take() {
-                        charged = usage::charge(record);
+                        charged = window::charge(record);
                         applied = transition::apply(record, transition, now, policy, &mut effects);
                     }
                     !effects.is_empty()
@@ -337,7 +337,7 @@ pub(crate) fn execute(
                         at: None,
                     };
                     let mut effects = Effects::new();
-                    let charged = usage::charge(&record);
+                    let charged = window::charge(&record);
                     let changed = Arc::make_mut(&mut record);
                     transition::apply(changed, cancel, now, config.policy(), &mut effects)?;
                     if changed.state == State::Cancelled {
@@ -416,7 +416,7 @@ fn refine(
     let record = txn
         .modify(id, &mut |record| {
             if let Some(labels) = labels.take() {
-                charged = usage::charge(record);
+                charged = window::charge(record);
                 refined = transition::refine(record, labels, now, &mut effects);
             }
             matches!(refined, Ok(true)) || !effects.is_empty()
@@ -431,7 +431,7 @@ fn refine(
             txn,
             config,
             now,
-            usage::charge(&before),
+            window::charge(&before),
             &before,
             &[Effect::LeftAggregate],
         )?;
@@ -492,7 +492,7 @@ fn snapshot_parts(
         reaped: txn.reaped(window, fetch)?,
         owners: txn.listed_owners(window)?,
         lane_states: txn.lane_states()?,
-        lane_tokens: txn.tokens_since(usage::first_second_at(now))?,
+        lane_tokens: txn.tokens_since(window::first_second_at(now))?,
     })
 }
 
@@ -510,7 +510,7 @@ fn prune(
     let deleted = txn.delete(&doomed)?;
     txn.prune_owners(retention)?;
     txn.delete_minutes_before(retention.first_kept_minute())?;
-    txn.delete_token_seconds_before(usage::first_second_at(now))?;
+    txn.delete_token_seconds_before(window::first_second_at(now))?;
     Ok(deleted)
 }
 
@@ -634,7 +634,7 @@ fn lose(
     let mut counts = ReapedCounts::default();
     owner.lose(now);
     for mut record in txn.owner_in_flight(&owner.owner_id)? {
-        let charged = usage::charge(&record);
+        let charged = window::charge(&record);
         // A record already past its deadline bound is reaped for that.
         let changed = Arc::make_mut(&mut record);
         let effect =
@@ -762,7 +762,7 @@ fn add_totals(
     record: &ActivityRecord,
     effects: &[Effect],
 ) -> Result<(), LedgerError> {
-    let charge = usage::charge(record);
+    let charge = window::charge(record);
     if charge != charged {
         spend(txn, now, record, charged, charge)?;
     }
@@ -792,8 +792,8 @@ fn spend(
     charged: Option<(i64, i64)>,
     charge: Option<(i64, i64)>,
 ) -> Result<(), LedgerError> {
-    for (second, tokens) in usage::moves(charged, charge).into_iter().flatten() {
-        if second >= usage::first_second_at(now) {
+    for (second, tokens) in window::moves(charged, charge).into_iter().flatten() {
+        if second >= window::first_second_at(now) {
             txn.spend(&record.lane(), second, tokens)?;
         }
     }
@@ -811,7 +811,7 @@ fn reap_one(
     if !transition::is_due(&record, now) {
         return Ok(record);
     }
-    let charged = usage::charge(&record);
+    let charged = window::charge(&record);
     if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
         txn.update(&record)?;
         add_totals(txn, config, now, charged, &record, &[effect])?;
@@ -832,7 +832,7 @@ pub(crate) fn reap_due(
         let due = txn.due(now, REAP_BATCH)?;
         let found = due.len();
         for mut record in due {
-            let charged = usage::charge(&record);
+            let charged = window::charge(&record);
             if let Some(effect) = transition::reap_if_due(Arc::make_mut(&mut record), now) {
                 if let Effect::Reaped { disposition, .. } = effect {
                     counts.count(disposition);

@@ -20,7 +20,7 @@ use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Prio
 use crate::domain::snapshot::{LaneLoad, LaneTokens};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
-use crate::domain::usage;
+use crate::domain::window;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
@@ -116,7 +116,7 @@ struct MemoryState {
     lane_states: HashMap<LaneKey, LaneState>,
     /// Completions per minute (`completedAt / 60 000`).
     completions_by_minute: BTreeMap<i64, i64>,
-    /// Tokens charged per second and lane ([`usage::moved`]).
+    /// Tokens charged per second and lane ([`window::moves`]).
     token_seconds: BTreeMap<i64, HashMap<LaneKey, i64>>,
     /// The call histograms and the running command's reaps: kept under
     /// the store's own lock, so a start or settle pays no other.
@@ -590,7 +590,7 @@ impl Questions for MemoryState {
         for (&at, lanes) in self.token_seconds.range(second..) {
             for (lane, tokens) in lanes {
                 let sums = by_lane.entry(lane).or_default();
-                if at == usage::RESERVED {
+                if at == window::RESERVED {
                     sums.1 += tokens;
                 } else {
                     sums.0 += tokens;

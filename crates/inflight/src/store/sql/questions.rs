@@ -12,7 +12,7 @@ use crate::domain::query::{LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::{LaneLoad, LaneTokens};
 use crate::domain::timestamp::Timestamp;
-use crate::domain::usage;
+use crate::domain::window;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine::Questions;
 
@@ -157,7 +157,7 @@ impl<D: Driver> Questions for D {
     }
 
     fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError> {
-        let params = [usage::RESERVED.into(), second.into()];
+        let params = [window::RESERVED.into(), second.into()];
         rows(self, Reads::Owners, sql::TOKENS_SINCE, &params, |row| {
             Ok(LaneTokens {
                 lane: codec::lane_from(row)?,

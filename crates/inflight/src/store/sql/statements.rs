@@ -138,8 +138,8 @@ statements! {
     DELETE_MINUTES_BEFORE: Indexed = "DELETE FROM completion_minutes WHERE minute < $1";
 
     /// The tokens charged per lane from the second `$2` on
-    /// (`domain::usage::first_second_at`), and those reserved (the second
-    /// `$1`, `usage::RESERVED`): the window's rows only.
+    /// (`domain::window::first_second_at`), and those reserved (the second
+    /// `$1`, `window::RESERVED`): the window's rows only.
     TOKENS_SINCE: Indexed =
         "SELECT service, provider, CAST(COALESCE(SUM(tokens) FILTER (WHERE second < $1), 0) AS BIGINT), \
          CAST(COALESCE(SUM(tokens) FILTER (WHERE second = $1), 0) AS BIGINT) \

@@ -7,9 +7,9 @@ ALTER TABLE activities ADD COLUMN input_tokens BIGINT, ADD COLUMN output_tokens 
 ALTER TABLE aggregates ADD COLUMN input_tokens_sum BIGINT NOT NULL DEFAULT 0,
     ADD COLUMN output_tokens_sum BIGINT NOT NULL DEFAULT 0;
 
--- What each lane's calls charge to its token window (`domain::usage::charge`),
+-- What each lane's calls charge to its token window (`domain::window::charge`),
 -- per second of the charge; a running call's estimate in the second
--- `usage::RESERVED`. A row per writer (`shard`), as the counters have, so
+-- `window::RESERVED`. A row per writer (`shard`), as the counters have, so
 -- that two writers never wait on one row; written at once by the command
 -- that charges them; seconds that left the window are pruned.
 CREATE TABLE token_seconds (

@@ -13,9 +13,9 @@ ALTER TABLE journal ADD COLUMN max_tokens INTEGER;
 ALTER TABLE journal ADD COLUMN input_tokens_sum INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE journal ADD COLUMN output_tokens_sum INTEGER NOT NULL DEFAULT 0;
 
--- What each lane's calls charge to its token window (`domain::usage::charge`),
+-- What each lane's calls charge to its token window (`domain::window::charge`),
 -- per second of the charge; a running call's estimate in the second
--- `usage::RESERVED`. Written at once by the command that charges them,
+-- `window::RESERVED`. Written at once by the command that charges them,
 -- never ahead; seconds that left the window are pruned.
 CREATE TABLE token_seconds (
     second   INTEGER NOT NULL,
