@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, NamedTuple, Optional
+from typing import Dict, Iterator, List, NamedTuple, Optional
 
 import httpx
 import pytest
@@ -150,3 +150,27 @@ def lane_counts(snapshot: dict, lane: str) -> Dict[str, int]:
 
 EMPTY = {"executing": 0, "waiting": 0, "inFlight": 0}
 
+
+class Counting(httpx.HTTPTransport):
+    """The real transport, keeping each request it sends as "METHOD path"
+    (``sent``): a test sees what reached the server, and what did not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: List[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(f"{request.method} {request.url.path}")
+        return super().handle_request(request)
+
+
+class ACounting(httpx.AsyncHTTPTransport):
+    """``Counting`` for the asyncio client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: List[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(f"{request.method} {request.url.path}")
+        return await super().handle_async_request(request)

@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import TOKEN
+from conftest import ACounting, Counting, TOKEN
 from inflight_ledger import AsyncLedger, InvalidRequestError, Ledger, Lifecycle, Usage
 from inflight_ledger.wire import TOKENS_MAX, TOKENS_MIN
 
@@ -24,28 +24,6 @@ def service(name):
 
 def lane(snapshot, name, provider="openai"):
     return snapshot["nativeAdmission"][f"{name}::{provider}"]
-
-
-class Counting(httpx.HTTPTransport):
-    """The real transport, counting the requests it sends."""
-
-    def __init__(self):
-        super().__init__()
-        self.sent = []
-
-    def handle_request(self, request):
-        self.sent.append(f"{request.method} {request.url.path}")
-        return super().handle_request(request)
-
-
-class ACounting(httpx.AsyncHTTPTransport):
-    def __init__(self):
-        super().__init__()
-        self.sent = []
-
-    async def handle_async_request(self, request):
-        self.sent.append(f"{request.method} {request.url.path}")
-        return await super().handle_async_request(request)
 
 
 #: Each bad estimate, the exception and the words it raises with.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import Server
+from conftest import Counting, Server
 from inflight_ledger import Activity, AsyncLedger, ForbiddenError, InflightError, Ledger
 
 ADMIN = "py-scopes-admin"  # the config's single `token`: write, every service
@@ -41,16 +41,6 @@ def admin(scoped_server):
         yield ledger
 
 
-class Counting(httpx.HTTPTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = []
-
-    def handle_request(self, request):
-        self.calls.append(f"{request.method} {request.url.path}")
-        return super().handle_request(request)
-
-
 def assert_forbidden(err, *words):
     assert isinstance(err, ForbiddenError) and isinstance(err, InflightError)
     assert (err.code, err.status, err.from_server) == ("forbidden", 403, True)
@@ -68,7 +58,7 @@ def test_a_read_token_reads_and_every_write_is_forbidden_never_retried(scoped_se
         scrape = httpx.get(scoped_server.url + "/metrics", headers={"authorization": f"Bearer {READ}"})
         assert scrape.status_code == 200, "a scrape takes a read token"
 
-        transport.calls.clear()
+        transport.sent.clear()
         ran = False
         with pytest.raises(ForbiddenError) as caught:
             with reader.activity(service="kb", provider="p"):
@@ -85,7 +75,7 @@ def test_a_read_token_reads_and_every_write_is_forbidden_never_retried(scoped_se
             handle.cancel()
         with pytest.raises(ForbiddenError):
             reader.reap()
-    assert transport.calls == [
+    assert transport.sent == [
         "POST /v1/activities",
         f"GET /v1/activities/{waiting.id}",
         f"POST /v1/activities/{waiting.id}/start",
@@ -103,12 +93,12 @@ def test_a_write_token_bound_to_kb_is_refused_other_services_records(scoped_serv
             pass
         assert kb.get_activity(call.id)["state"] == "succeeded"
 
-        transport.calls.clear()
+        transport.sent.clear()
         with pytest.raises(ForbiddenError) as caught:
             with kb.activity(service="assistant", provider="openai"):
                 pytest.fail("a refused begin runs nothing")
         assert_forbidden(caught.value, "assistant")
-        assert transport.calls == ["POST /v1/activities"], "not retried"
+        assert transport.sent == ["POST /v1/activities"], "not retried"
 
         # Another service's record: kb's token reads it, but can neither
         # start, settle nor cancel it.

@@ -13,7 +13,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import TOKEN
+from conftest import ACounting, Counting, TOKEN
 from inflight_ledger import AsyncLedger, InvalidRequestError, Ledger, Lifecycle, Usage
 from inflight_ledger.wire import TOKENS_MAX, TOKENS_MIN
 
@@ -21,28 +21,6 @@ from inflight_ledger.wire import TOKENS_MAX, TOKENS_MIN
 def service(name):
     """A service of this test alone, so the aggregates it reads are its own."""
     return f"usage-{name}-{uuid.uuid4().hex[:8]}"
-
-
-class Counting(httpx.HTTPTransport):
-    """The real transport, counting the requests it sends."""
-
-    def __init__(self):
-        super().__init__()
-        self.sent = []
-
-    def handle_request(self, request):
-        self.sent.append(f"{request.method} {request.url.path}")
-        return super().handle_request(request)
-
-
-class ACounting(httpx.AsyncHTTPTransport):
-    def __init__(self):
-        super().__init__()
-        self.sent = []
-
-    async def handle_async_request(self, request):
-        self.sent.append(f"{request.method} {request.url.path}")
-        return await super().handle_async_request(request)
 
 
 @pytest.fixture

@@ -89,15 +89,19 @@ async fn a_count_out_of_range_refuses_the_settle_and_changes_nothing(backend: Ba
     assert_eq!(summed(&h).await, (0, 1_000_000_000));
 }
 
+/// A call of `spec` started, then past its bound (an embedding's 5 min
+/// deadline, times the factor) reaped `unsettled`.
+async fn reaped_unsettled(h: &Harness, spec: inflight::ActivitySpec) -> inflight::ActivityId {
+    let id = h.ledger.begin_record(spec).await.unwrap().activity_id;
+    h.ledger.start(id, None).await.unwrap();
+    h.clock.advance(30 * MIN);
+    assert_eq!(h.ledger.reap().await.unwrap().unsettled, 1);
+    id
+}
+
 async fn a_late_settle_counts_its_usage_once(backend: Backend) {
     let h = Harness::new(backend, config());
-    let id = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
-    h.ledger.start(id, None).await.unwrap();
-    // Past its bound (an embedding's 5 min deadline, times the factor), it
-    // is reaped unsettled.
-    h.clock.advance(30 * MIN);
-    let reaped = h.ledger.reap().await.unwrap();
-    assert_eq!(reaped.unsettled, 1);
+    let id = reaped_unsettled(&h, embedding()).await;
     let late = h
         .ledger
         .settle(
@@ -187,10 +191,7 @@ async fn a_lane_shows_the_tokens_of_the_last_minute_by_the_second_of_each_settle
 
 async fn a_late_settle_charges_its_tokens_at_its_reap(backend: Backend) {
     let h = Harness::new(backend, config());
-    let id = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
-    h.ledger.start(id, None).await.unwrap();
-    h.clock.advance(30 * MIN);
-    h.ledger.reap().await.unwrap();
+    let id = reaped_unsettled(&h, embedding()).await;
     h.clock.advance(Duration::from_secs(30));
     h.ledger
         .settle(
@@ -203,10 +204,7 @@ async fn a_late_settle_charges_its_tokens_at_its_reap(backend: Backend) {
     h.clock.advance(Duration::from_secs(31));
     assert_eq!(last_minute(&h).await, 0, "the reap's second left the window");
     // A late settle long after its reap charges nothing to the window.
-    let id = h.ledger.begin_record(embedding()).await.unwrap().activity_id;
-    h.ledger.start(id, None).await.unwrap();
-    h.clock.advance(30 * MIN);
-    h.ledger.reap().await.unwrap();
+    let id = reaped_unsettled(&h, embedding()).await;
     h.clock.advance(2 * MIN);
     h.ledger
         .settle(id, Settlement::new(Outcome::Success).usage(usage(Some(7), None)))
@@ -274,15 +272,7 @@ async fn a_reaped_unsettled_call_charges_its_estimate_at_its_reap_until_a_late_s
     backend: Backend,
 ) {
     let h = Harness::new(backend, config());
-    let id = h
-        .ledger
-        .begin_record(embedding().max_tokens(400))
-        .await
-        .unwrap()
-        .activity_id;
-    h.ledger.start(id, None).await.unwrap();
-    h.clock.advance(30 * MIN);
-    assert_eq!(h.ledger.reap().await.unwrap().unsettled, 1);
+    let id = reaped_unsettled(&h, embedding().max_tokens(400)).await;
     assert_eq!((reserved(&h).await, last_minute(&h).await), (0, 400));
     h.clock.advance(Duration::from_secs(10));
     h.ledger
