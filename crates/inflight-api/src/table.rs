@@ -204,8 +204,9 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                 "OWNER LOST",
                 "LONGEST WAIT",
                 "COOLING",
+                "TOKENS/MIN",
             ],
-            vec![1, 2, 3, 4, 5, 6, 7, 8],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
         );
         for (key, lane) in &snapshot.native_admission {
             table.rows.push(vec![
@@ -230,6 +231,12 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                     || "-".to_owned(),
                     |until| human_duration(until.millis_since(snapshot.at).max(0)),
                 ),
+                // Charged in the last minute, and what running calls reserve.
+                match (lane.tokens_last_minute, lane.tokens_reserved) {
+                    (0, 0) => "-".to_owned(),
+                    (charged, 0) => charged.to_string(),
+                    (charged, reserved) => format!("{charged} +{reserved} reserved"),
+                },
             ]);
         }
         table.render(&mut out);
@@ -486,8 +493,8 @@ mod tests {
             cooling_until: None,
             cooldowns: 0,
             by_priority: ByPriority::default(),
-            tokens_last_minute: 0,
-            tokens_reserved: 0,
+            tokens_last_minute: 1_176,
+            tokens_reserved: 2_000,
         };
         let executing = ActivityRecord {
             started_at: Some(at("19:57:00.000")),
@@ -525,6 +532,8 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("status: degraded"), "{table}");
+        assert!(table.contains("TOKENS/MIN"), "{table}");
+        assert!(table.contains("1176 +2000 reserved"), "{table}");
         assert!(table.contains("89abcdef  knowledge-base"), "{table}");
         assert!(table.contains("2m"), "{table}");
         assert!(table.contains("18m"), "{table}");
