@@ -396,6 +396,7 @@ function laneRow(key) {
   r.bar = makeBar(["executing", "waiting"], true);
   r.load.appendChild(r.bar);
   r.priority = r.load.appendChild(el("div", undefined, "by-priority"));
+  r.tokens = r.load.appendChild(el("div", undefined, "tokens"));
   r.time = r.last.appendChild(el("time"));
   for (const cell of [r.failed, r.reaped]) {
     cell.appendChild(el("span", undefined, "recent"));
@@ -441,6 +442,7 @@ function updateLaneRow(entry, nowMs) {
     );
     setText(r.longestWait, lane.waiting ? duration(lane.longestWaitMs) : "");
     updatePriority(r.priority, lane.byPriority);
+    updateTokens(r.tokens, lane);
   } else {
     // A lane only `direct` calls use: no admission, so no cap or wait.
     setText(r.cap, "direct");
@@ -450,6 +452,7 @@ function updateLaneRow(entry, nowMs) {
     setText(r.waiting, "");
     r.bar.update([0, 0], null, null, null);
     updatePriority(r.priority, null);
+    updateTokens(r.tokens, null);
     setText(r.longestWait, "");
   }
   counts(r.failed, entry.failedRecent, entry.failedEver);
@@ -473,6 +476,29 @@ function updatePriority(node, byPriority) {
   const title = shown
     ? "by priority, executing/waiting: " +
       counts.map((c) => `${c.name} ${c.executing} executing, ${c.waiting} waiting`).join("; ")
+    : "";
+  if (node.title !== title) node.title = title;
+}
+
+// Thousands separated, whatever the reader's locale: "1,176".
+const COUNT = new Intl.NumberFormat("en-US");
+
+// "1,176 tokens/min · 2,000 reserved": what the lane's calls charged in the
+// last minute, then the estimates of its calls executing now, as the CLI's
+// TOKENS/MIN column says it. Blank for a lane with neither (most lanes),
+// and from a server older than the two fields.
+function updateTokens(node, lane) {
+  const charged = (lane && Number.isFinite(lane.tokensLastMinute) && lane.tokensLastMinute) || 0;
+  const reserved = (lane && Number.isFinite(lane.tokensReserved) && lane.tokensReserved) || 0;
+  const any = charged > 0 || reserved > 0;
+  const text = any
+    ? `${COUNT.format(charged)}\u00a0tokens/min` + (reserved > 0 ? ` · ${COUNT.format(reserved)}\u00a0reserved` : "")
+    : "";
+  setText(node, text);
+  const title = any
+    ? `${COUNT.format(charged)} tokens charged in the last minute by the lane's calls (what each reported at ` +
+      `settle, else the estimate of a call that ran)` +
+      (reserved > 0 ? `; ${COUNT.format(reserved)} reserved: the maxTokens estimates of its calls executing now` : "")
     : "";
   if (node.title !== title) node.title = title;
 }
