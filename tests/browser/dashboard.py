@@ -17,6 +17,8 @@ the page and checks:
   failures and reaps per lane;
 - a cooling lane says so and for how long, its lowered cap reads "2 of 4"
   with the bar's cap tick at 2, and a lane's records show by priority;
+- a lane that spent tokens reads "1,176 tokens/min · 2,000 reserved" under
+  its bar, and a lane without shows no such line;
 - a snapshot from a server older than those fields still renders;
 - the reaped records are listed, and the status badge explains itself;
 - idle lanes fold away under a toggle, the quiet time set by `?idle=`;
@@ -64,6 +66,9 @@ IDLE = ["aaa::idle", "batch::ollama"]
 # Declared, never called, one edit from the saturated lane: a snapshot warning.
 MISSPELLED = "kb::olama"
 MARKUP = '<img src=x onerror="window.__pwned=1">'
+# Spends tokens: a call settled with 1,000 + 176 tokens of usage, and one
+# executing with 2,000 reserved (its maxTokens).
+SPENDING = "summarize::anthropic"
 
 
 def free_port():
@@ -111,10 +116,10 @@ class Server:
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read() or b"null")
 
-    def begin(self, **fields):
+    def begin(self, query="", **fields):
         body = {"service": "kb", "provider": "ollama", "class": "embedding", "model": "nomic-embed-text"}
         body.update(fields)
-        status, record = self.call("POST", "/v1/activities", body)
+        status, record = self.call("POST", "/v1/activities" + query, body)
         assert status == 201, (status, record)
         return record["activityId"]
 
@@ -158,6 +163,14 @@ def seed(server):
         assert server.call("POST", f"/v1/activities/{activity}/settle",
                            {"success": success, "failureStage": "provider"} if not success
                            else {"success": True})[0] == 200
+    # Tokens: 1,176 charged in the last minute (a settle's usage), and
+    # 2,000 reserved by a call executing with that estimate.
+    spent = server.begin("?start=now", service="summarize", provider="anthropic", **{"class": "chat"})
+    status, body = server.call("POST", f"/v1/activities/{spent}/settle",
+                               {"success": True, "usage": {"inputTokens": 1000, "outputTokens": 176}})
+    assert status == 200, (status, body)
+    reserving = server.begin("?start=now", service="summarize", provider="anthropic", maxTokens=2000,
+                             **{"class": "chat"})
     # Leaked calls: started two hours ago with a one-second deadline, so the
     # next read reaps them (unsettled, deadline).
     two_hours_ago = rfc3339(now - timedelta(hours=2))
@@ -191,7 +204,7 @@ def seed(server):
     assert changed == 1, "the markup record was not found in the store"
     assert counted == 1, "the markup record's counters were not found in the store"
     time.sleep(0.2)  # past worker-b's lease
-    return executing, marked
+    return executing, marked, reserving
 
 
 def lane_row(page, lane):
@@ -235,7 +248,7 @@ def main():
 
 
 def run(server, seeded, args):
-    executing, marked = seeded
+    executing, marked, reserving = seeded
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -271,7 +284,7 @@ def run(server, seeded, args):
         kb = lane_row(page, LANE)
         expect(kb).to_have_count(1)
         active = lane_order(page, "lanes-active")
-        expected = [COOLED, LANE, MARKUP + "::ollama", FAILING, LEAKED, ORPHANED]
+        expected = [COOLED, LANE, MARKUP + "::ollama", FAILING, LEAKED, ORPHANED, SPENDING]
         assert active == expected, f"lanes in the order {active}, not {expected}"
         expect(kb).to_have_attribute("data-trouble", "saturated")
         expect(kb).to_have_class("trouble saturated")
@@ -306,6 +319,18 @@ def run(server, seeded, args):
         assert abs(ticks["declared"] - 1) < 0.02, f"the declared cap's tick is not at 4 of 4: {ticks}"
         expect(page.locator(".key")).to_contain_text("COOLING")
         expect(page.locator(".key")).to_contain_text("2 of 4")
+
+        # Tokens, under the bar: charged in the last minute, then reserved;
+        # nothing for the lanes that spent none.
+        spending = lane_row(page, SPENDING)
+        expect(cell(spending, "load").locator(".tokens")).to_have_text("1,176 tokens/min · 2,000 reserved")
+        expect(cell(spending, "load").locator(".tokens")).to_be_visible()
+        expect(cell(spending, "load").locator(".tokens")).to_have_attribute("title", re.compile(
+            r"^1,176 tokens charged in the last minute .*; 2,000 reserved: "))
+        for lane in (LANE, COOLED, FAILING, LEAKED):
+            expect(cell(lane_row(page, lane), "load").locator(".tokens")).to_have_text("")
+            expect(cell(lane_row(page, lane), "load").locator(".tokens")).to_be_hidden()
+        expect(page.locator(".key")).to_contain_text("tokens/min")
 
         # Failures and reaps per lane.
         failing = lane_row(page, FAILING)
@@ -352,7 +377,7 @@ def run(server, seeded, args):
         expect(page.locator("#reap-chart")).to_have_attribute("data-total", "4")
         assert page.locator("#reap-chart svg rect.unsettled-deadline").count() >= 1
         # The oldest in flight, with their ages and bounds; the owners.
-        expect(page.locator("#in-flight tbody tr")).to_have_count(7)
+        expect(page.locator("#in-flight tbody tr")).to_have_count(8)
         expect(page.locator("#owners tbody tr")).to_have_count(2)
         live = page.locator('#owners tbody tr[data-state="live"]')
         expect(live.locator("td").nth(1)).to_have_text("worker-a")
@@ -399,13 +424,25 @@ def run(server, seeded, args):
         expect(page.locator("#reap-chart")).to_have_attribute("data-total", "5", timeout=10_000)
         expect(page.locator("#status-text")).to_contain_text("5 records reaped")
         assert int(page.evaluate("() => document.body.dataset.refreshes")) > refreshes
+        # The reserving call ends without usage: its estimate is charged, and
+        # nothing is reserved any more (2,000 alone if the seeded 1,176 has
+        # left the minute on a slow machine).
+        status, body = server.call("POST", f"/v1/activities/{reserving}/settle", {"success": True})
+        assert status == 200, (status, body)
+        expect(cell(spending, "load").locator(".tokens")).to_have_text(
+            re.compile(r"^(3,176|2,000)\stokens/min$"), timeout=10_000)
         assert page.evaluate(f"() => document.querySelector('#lanes tr[data-lane=\"{LANE}\"]').__kept") is True, \
             "the lane's row was rebuilt"
 
-        # A server older than effectiveCap, coolingUntil, cooldowns and
-        # byPriority: the cooled lane reads as a plain one, without errors.
+        # A server older than effectiveCap, coolingUntil, cooldowns,
+        # byPriority and the token fields: the cooled lane reads as a plain
+        # one, without errors.
         old = page.evaluate(OLDER_SERVER, COOLED)
-        assert old == {"cap": "4", "trouble": "waiting failing", "left": "", "priority": "", "declared": True}, old
+        assert old == {"cap": "4", "trouble": "waiting failing", "left": "", "priority": "", "declared": True,
+                       "tokens": ""}, old
+        # Without tokensLastMinute and tokensReserved, no tokens line.
+        old = page.evaluate(OLDER_SERVER, SPENDING)
+        assert old["tokens"] == "", old
 
         # Hundreds of lanes: a refresh stays fast, and rows are reused.
         timing = page.evaluate(MANY_LANES)
@@ -453,6 +490,7 @@ OLDER_SERVER = """(lane) => {
   const older = JSON.parse(JSON.stringify(last));
   for (const entry of Object.values(older.nativeAdmission)) {
     delete entry.effectiveCap; delete entry.coolingUntil; delete entry.cooldowns; delete entry.byPriority;
+    delete entry.tokensLastMinute; delete entry.tokensReserved;
   }
   render(older);
   const row = document.querySelector(`#lanes tr[data-lane="${lane}"]`);
@@ -462,6 +500,7 @@ OLDER_SERVER = """(lane) => {
     left: row.querySelector(".cooling-left").textContent,
     priority: row.querySelector(".by-priority").textContent,
     declared: row.querySelector(".bar b.declared-cap").hidden,
+    tokens: row.querySelector(".tokens").textContent,
   };
   render(last);
   return seen;
