@@ -60,6 +60,7 @@ fuzz_target!(|data: &[u8]| {
         enqueued_at: (enqueued & 2 == 0).then_some(Timestamp::from_millis(enqueued)),
         started_at: (started & 2 == 0).then_some(Timestamp::from_millis(started)),
         deadline_ms: (deadline & 4 == 0).then_some(deadline),
+        max_tokens: None,
         owner_id: None,
         idempotency: None,
     };
