@@ -125,12 +125,17 @@ async fn a_late_settle_counts_its_usage_once(backend: Backend) {
     assert_eq!(summed(&h).await, (40, 2));
 }
 
-/// The lane's `tokensLastMinute`.
-async fn last_minute(h: &Harness) -> i64 {
+/// The lane's token window: `tokensLastMinute` and `tokensReserved`.
+async fn window(h: &Harness) -> (i64, i64) {
     snapshot(&h.ledger)
         .await
         .lane(LANE)
-        .map_or(0, |lane| lane.tokens_last_minute)
+        .map_or((0, 0), |lane| (lane.tokens_last_minute, lane.tokens_reserved))
+}
+
+/// The lane's `tokensLastMinute`.
+async fn last_minute(h: &Harness) -> i64 {
+    window(h).await.0
 }
 
 async fn a_lane_shows_the_tokens_of_the_last_minute_by_the_second_of_each_settle(backend: Backend) {
@@ -224,10 +229,7 @@ against_every_store!(
 
 /// The lane's `tokensReserved`.
 async fn reserved(h: &Harness) -> i64 {
-    snapshot(&h.ledger)
-        .await
-        .lane(LANE)
-        .map_or(0, |lane| lane.tokens_reserved)
+    window(h).await.1
 }
 
 async fn an_executing_call_reserves_its_estimate_and_charges_it_when_it_reports_none(backend: Backend) {
