@@ -17,6 +17,18 @@ fn usage(input: Option<i64>, output: Option<i64>) -> Usage {
     }
 }
 
+/// Settles `id` with success, reporting `spent`.
+async fn settle_reporting(
+    h: &Harness,
+    id: inflight::ActivityId,
+    spent: Usage,
+) -> std::sync::Arc<inflight::ActivityRecord> {
+    h.ledger
+        .settle(id, Settlement::new(Outcome::Success).usage(spent))
+        .await
+        .unwrap()
+}
+
 /// The tokens summed over every aggregate of the snapshot.
 async fn summed(h: &Harness) -> (i64, i64) {
     let snapshot = snapshot(&h.ledger).await;
@@ -51,13 +63,7 @@ async fn a_settle_keeps_its_usage_and_the_aggregate_sums_it(backend: Backend) {
         usage(Some(120), Some(30))
     );
     // A retry of the same settle is harmless and counts nothing again.
-    h.ledger
-        .settle(
-            record.activity_id,
-            Settlement::new(Outcome::Success).usage(usage(Some(120), Some(30))),
-        )
-        .await
-        .unwrap();
+    settle_reporting(&h, record.activity_id, usage(Some(120), Some(30))).await;
     assert_eq!(summed(&h).await, (127, 30));
 }
 
@@ -102,25 +108,14 @@ async fn reaped_unsettled(h: &Harness, spec: inflight::ActivitySpec) -> inflight
 async fn a_late_settle_counts_its_usage_once(backend: Backend) {
     let h = Harness::new(backend, config());
     let id = reaped_unsettled(&h, embedding()).await;
-    let late = h
-        .ledger
-        .settle(
-            id,
-            Settlement::new(Outcome::Success).usage(usage(Some(40), Some(2))),
-        )
-        .await
-        .unwrap();
+    let late = settle_reporting(&h, id, usage(Some(40), Some(2))).await;
     assert!(late.late_settle);
     assert_eq!(late.state, State::Reaped);
     assert_eq!(late.usage, usage(Some(40), Some(2)));
     assert_eq!(summed(&h).await, (40, 2));
     // Only the first late settle counts.
     h.clock.advance(Duration::from_secs(1));
-    let again = h
-        .ledger
-        .settle(id, Settlement::new(Outcome::Success).usage(usage(Some(99), None)))
-        .await
-        .unwrap();
+    let again = settle_reporting(&h, id, usage(Some(99), None)).await;
     assert_eq!(again.usage, usage(Some(40), Some(2)));
     assert_eq!(summed(&h).await, (40, 2));
 }
@@ -198,23 +193,14 @@ async fn a_late_settle_charges_its_tokens_at_its_reap(backend: Backend) {
     let h = Harness::new(backend, config());
     let id = reaped_unsettled(&h, embedding()).await;
     h.clock.advance(Duration::from_secs(30));
-    h.ledger
-        .settle(
-            id,
-            Settlement::new(Outcome::Success).usage(usage(Some(40), Some(2))),
-        )
-        .await
-        .unwrap();
+    settle_reporting(&h, id, usage(Some(40), Some(2))).await;
     assert_eq!(last_minute(&h).await, 42, "charged at the reap, 30 s ago");
     h.clock.advance(Duration::from_secs(31));
     assert_eq!(last_minute(&h).await, 0, "the reap's second left the window");
     // A late settle long after its reap charges nothing to the window.
     let id = reaped_unsettled(&h, embedding()).await;
     h.clock.advance(2 * MIN);
-    h.ledger
-        .settle(id, Settlement::new(Outcome::Success).usage(usage(Some(7), None)))
-        .await
-        .unwrap();
+    settle_reporting(&h, id, usage(Some(7), None)).await;
     assert_eq!(last_minute(&h).await, 0);
     assert_eq!(summed(&h).await, (47, 2), "the aggregates count both");
 }
@@ -251,13 +237,7 @@ async fn an_executing_call_reserves_its_estimate_and_charges_it_when_it_reports_
     h.ledger.start(waiting.activity_id, None).await.unwrap();
     assert_eq!(reserved(&h).await, 500);
     // Reported usage replaces the estimate; none reported charges it.
-    h.ledger
-        .settle(
-            started.activity_id,
-            Settlement::new(Outcome::Success).usage(usage(Some(30), Some(20))),
-        )
-        .await
-        .unwrap();
+    settle_reporting(&h, started.activity_id, usage(Some(30), Some(20))).await;
     assert_eq!((reserved(&h).await, last_minute(&h).await), (100, 50));
     h.ledger
         .settle(waiting.activity_id, Settlement::new(Outcome::Success))
@@ -277,13 +257,7 @@ async fn a_reaped_unsettled_call_charges_its_estimate_at_its_reap_until_a_late_s
     let id = reaped_unsettled(&h, embedding().max_tokens(400)).await;
     assert_eq!((reserved(&h).await, last_minute(&h).await), (0, 400));
     h.clock.advance(Duration::from_secs(10));
-    h.ledger
-        .settle(
-            id,
-            Settlement::new(Outcome::Success).usage(usage(Some(40), Some(2))),
-        )
-        .await
-        .unwrap();
+    settle_reporting(&h, id, usage(Some(40), Some(2))).await;
     assert_eq!(
         last_minute(&h).await,
         42,

@@ -16,6 +16,7 @@ use super::owner::Owner;
 use super::record::{ActivityRecord, Admission, LaneKey};
 use super::timestamp::Timestamp;
 use super::warnings::{Seen, Warning};
+use super::window;
 
 /// The most records a snapshot lists per section.
 pub const MAX_LIMIT: usize = 10_000;
@@ -132,18 +133,7 @@ pub struct SnapshotParts {
     pub lane_states: Vec<(LaneKey, LaneState)>,
     /// What each lane's calls charged to its token window in the last
     /// minute, and what its executing calls reserve.
-    pub lane_tokens: Vec<LaneTokens>,
-}
-
-/// A lane's token window ([`window::charge`](super::window::charge)).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaneTokens {
-    /// The lane.
-    pub lane: LaneKey,
-    /// Charged by calls that ended within the last minute.
-    pub charged: i64,
-    /// Reserved by the estimates of its calls executing.
-    pub reserved: i64,
+    pub lane_tokens: Vec<window::LaneTokens>,
 }
 
 // Whether the ledger has seen leaks lately: the wire's own enum.

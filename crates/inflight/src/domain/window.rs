@@ -1,7 +1,9 @@
 //! A lane's token window: what each record charges to it, and when a
 //! second of it still counts (`docs/semantics.md` §8, "Tokens").
 
-use super::record::{ActivityRecord, State};
+use std::collections::BTreeMap;
+
+use super::record::{ActivityRecord, LaneKey, State};
 use super::timestamp::Timestamp;
 
 /// The span of a lane's token window: the last minute.
@@ -59,6 +61,45 @@ pub fn moves(before: Option<(i64, i64)>, after: Option<(i64, i64)>) -> [Option<(
         (Some((was, old)), Some((is, new))) if was == is => [Some((is, new - old)), None],
         (before, after) => [before.map(|(second, tokens)| (second, -tokens)), after],
     }
+}
+
+/// A lane's token window, as a snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneTokens {
+    /// The lane.
+    pub lane: LaneKey,
+    /// Charged by calls that ended within the window.
+    pub charged: i64,
+    /// Reserved by the estimates of its calls executing ([`RESERVED`]).
+    pub reserved: i64,
+}
+
+/// The reference of `Questions::tokens_since`: the `(second, lane,
+/// tokens)` charges of the seconds from `first` on, summed per lane into
+/// what was charged and what is reserved, in lane order; a lane with
+/// neither left out.
+pub fn lane_tokens<'a>(
+    seconds: impl IntoIterator<Item = (i64, &'a LaneKey, i64)>,
+    first: i64,
+) -> Vec<LaneTokens> {
+    let mut by_lane: BTreeMap<&LaneKey, (i64, i64)> = BTreeMap::new();
+    for (second, lane, tokens) in seconds.into_iter().filter(|(second, _, _)| *second >= first) {
+        let sums = by_lane.entry(lane).or_default();
+        if second == RESERVED {
+            sums.1 += tokens;
+        } else {
+            sums.0 += tokens;
+        }
+    }
+    by_lane
+        .into_iter()
+        .filter(|(_, sums)| *sums != (0, 0))
+        .map(|(lane, (charged, reserved))| LaneTokens {
+            lane: lane.clone(),
+            charged,
+            reserved,
+        })
+        .collect()
 }
 
 /// The second of the window that tokens charged at `at` count in.

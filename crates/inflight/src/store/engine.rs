@@ -17,10 +17,10 @@ use crate::domain::labels::{self, ActivityLabels, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
-use crate::domain::snapshot::{LaneLoad, LaneTokens, Snapshot, SnapshotParts};
+use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::{self, Effect, Effects, Transition};
-use crate::domain::window;
+use crate::domain::window::{self, LaneTokens};
 use crate::error::{ErrorKind, LedgerError};
 
 use super::{Command, Reply, StoreStats};
@@ -116,9 +116,8 @@ pub(crate) trait Questions {
     fn completion_minutes_from(&mut self, minute: i64) -> Result<i64, LedgerError>;
     /// Deletes the completion counters of minutes before `minute`.
     fn delete_minutes_before(&mut self, minute: i64) -> Result<(), LedgerError>;
-    /// The tokens charged to each lane in `second` and every later one, and
-    /// those reserved ([`window::charge`]), in lane order; lanes with
-    /// neither left out.
+    /// [`window::lane_tokens`] of the seconds from `second` on: what each
+    /// lane's calls charged, and what they reserve.
     fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError>;
     /// Deletes the tokens charged in seconds before `second`.
     fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError>;

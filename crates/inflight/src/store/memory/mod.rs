@@ -17,10 +17,11 @@ use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{self, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
-use crate::domain::snapshot::{LaneLoad, LaneTokens};
+use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
 use crate::domain::transition::Effect;
 use crate::domain::window;
+use crate::domain::window::LaneTokens;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
@@ -586,26 +587,11 @@ impl Questions for MemoryState {
     }
 
     fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError> {
-        let mut by_lane: BTreeMap<&LaneKey, (i64, i64)> = BTreeMap::new();
-        for (&at, lanes) in self.token_seconds.range(second..) {
-            for (lane, tokens) in lanes {
-                let sums = by_lane.entry(lane).or_default();
-                if at == window::RESERVED {
-                    sums.1 += tokens;
-                } else {
-                    sums.0 += tokens;
-                }
-            }
-        }
-        Ok(by_lane
-            .into_iter()
-            .filter(|(_, sums)| *sums != (0, 0))
-            .map(|(lane, (charged, reserved))| LaneTokens {
-                lane: lane.clone(),
-                charged,
-                reserved,
-            })
-            .collect())
+        let seconds = self
+            .token_seconds
+            .range(second..)
+            .flat_map(|(&at, lanes)| lanes.iter().map(move |(lane, &tokens)| (at, lane, tokens)));
+        Ok(window::lane_tokens(seconds, second))
     }
 
     fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError> {

@@ -10,9 +10,10 @@ use crate::domain::labels::LabelSet;
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::query::{LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
-use crate::domain::snapshot::{LaneLoad, LaneTokens};
+use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
 use crate::domain::window;
+use crate::domain::window::LaneTokens;
 use crate::error::{ErrorKind, LedgerError};
 use crate::store::engine::Questions;
 
