@@ -90,6 +90,9 @@ pub struct LedgerConfig {
     /// `[providers.NAME] shared_cooldown = true`: a cooldown on one lane
     /// of these providers holds for all of its lanes.
     shared_cooldown: BTreeSet<String>,
+    /// `[providers.NAME] tokens_per_minute`: a token budget shared by
+    /// every lane of the provider.
+    provider_budgets: BTreeMap<String, u32>,
     /// Whether any lane is adaptive ([`LedgerConfig::any_adaptive`]).
     any_adaptive: bool,
     cardinality: Cardinality,
@@ -123,6 +126,7 @@ impl LedgerConfig {
             lanes: BTreeMap::new(),
             admission: AdmissionDefaults::default(),
             shared_cooldown: BTreeSet::new(),
+            provider_budgets: BTreeMap::new(),
             any_adaptive: false,
             cardinality: Cardinality::default(),
         }
@@ -272,6 +276,57 @@ impl LedgerConfig {
         Ok(self)
     }
 
+    /// `[lanes."S::P"] tokens_per_minute`: the lane `"service::provider"`
+    /// (declared, if it was not) starts a call only while the tokens its
+    /// calls spent in the last minute, the estimates of those executing
+    /// and the call's own estimate fit in `tokens_per_minute`
+    /// (`docs/semantics.md` §8).
+    ///
+    /// # Errors
+    /// A malformed lane key or a budget of 0.
+    pub fn with_lane_budget(mut self, lane: &str, tokens_per_minute: i64) -> Result<Self, ConfigError> {
+        let key = parse_lane(lane)?;
+        let budget = whole(&format!("lanes.{lane:?}.tokens_per_minute"), tokens_per_minute, 1)?;
+        self.lanes.entry(key).or_default().tokens_per_minute = Some(budget);
+        Ok(self)
+    }
+
+    /// `[providers.NAME] tokens_per_minute`: a token budget shared by every
+    /// lane of `provider`, declared or not, since a provider's token limit
+    /// belongs to its account. A lane's own budget holds as well.
+    ///
+    /// # Errors
+    /// A malformed provider name or a budget of 0.
+    pub fn with_provider_budget(
+        mut self,
+        provider: &str,
+        tokens_per_minute: i64,
+    ) -> Result<Self, ConfigError> {
+        Label::new("provider", provider)
+            .map_err(|err| ConfigError::new(format!("providers.{provider}"), err.problem))?;
+        let budget = whole(
+            &format!("providers.{provider}.tokens_per_minute"),
+            tokens_per_minute,
+            1,
+        )?;
+        self.provider_budgets.insert(provider.to_owned(), budget);
+        Ok(self)
+    }
+
+    /// `[providers.NAME] tokens_per_minute`: each provider's token budget.
+    pub fn provider_budgets(&self) -> &BTreeMap<String, u32> {
+        &self.provider_budgets
+    }
+
+    /// The token budget `provider`'s lanes share, if it has one.
+    #[inline]
+    pub fn provider_budget(&self, provider: &str) -> Option<u32> {
+        if self.provider_budgets.is_empty() {
+            return None;
+        }
+        self.provider_budgets.get(provider).copied()
+    }
+
     /// The capped lanes a cooldown on `lane` holds for: `lane`, and every
     /// other capped lane of its provider when the provider shares them.
     pub fn cooled_with(&self, lane: &LaneKey) -> Vec<LaneKey> {
@@ -345,26 +400,29 @@ impl LedgerConfig {
 
     /// The cap of `lane`, if one is declared.
     pub fn cap(&self, lane: &LaneKey) -> Option<u32> {
-        self.rules_for(&lane.service, &lane.provider)
-            .map(|rules| rules.cap)
+        self.settings_for(&lane.service, &lane.provider)
+            .and_then(|settings| settings.cap)
     }
 
-    /// The rules of `lane`, if it has a cap.
+    /// The rules of `lane`, if it is governed: a cap, or a token budget
+    /// of its own or its provider's.
     pub fn lane_rules(&self, lane: &LaneKey) -> Option<LaneRules> {
         self.rules_for(&lane.service, &lane.provider)
     }
 
-    /// The rules of the lane of a call with `labels`, if it has a cap.
+    /// The rules of the lane of a call with `labels`, if it is governed.
     pub fn rules_of(&self, labels: &LabelSet) -> Option<LaneRules> {
         self.rules_for(&labels.service, &labels.provider)
     }
 
-    /// Whether the lane of a call with `labels` has a cap: what a start
-    /// and every counted effect ask, without resolving the lane's rules.
+    /// Whether the lane of a call with `labels` is governed (a cap or a
+    /// token budget): what a start and every counted effect ask, without
+    /// resolving the lane's rules.
     #[inline]
-    pub fn is_capped(&self, labels: &LabelSet) -> bool {
+    pub fn is_governed(&self, labels: &LabelSet) -> bool {
         self.settings_for(&labels.service, &labels.provider)
-            .is_some_and(|settings| settings.cap.is_some())
+            .is_some_and(|settings| settings.cap.is_some() || settings.tokens_per_minute.is_some())
+            || self.provider_budget(labels.provider.as_str()).is_some()
     }
 
     /// Whether any lane has an adaptive cap, which every settle then
@@ -376,8 +434,14 @@ impl LedgerConfig {
     }
 
     fn rules_for(&self, service: &Label, provider: &Label) -> Option<LaneRules> {
-        self.settings_for(service, provider)
-            .and_then(|settings| settings.rules(&self.admission))
+        let provider_budget = self.provider_budget(provider.as_str());
+        match self.settings_for(service, provider) {
+            Some(settings) => settings.rules(&self.admission, provider_budget),
+            // An undeclared lane is governed by its provider's budget only.
+            None => {
+                provider_budget.and_then(|_| LaneSettings::default().rules(&self.admission, provider_budget))
+            }
+        }
     }
 
     /// Found without building a [`LaneKey`]: this runs on every start, and
@@ -582,6 +646,7 @@ struct RawLane {
     max_overtakes: Option<i64>,
     max_cooldown: Option<toml::Value>,
     adaptive: Option<bool>,
+    tokens_per_minute: Option<i64>,
 }
 
 /// `[admission]`: defaults for every lane with a cap.
@@ -597,6 +662,7 @@ struct RawAdmission {
 #[serde(deny_unknown_fields)]
 struct RawProvider {
     shared_cooldown: Option<bool>,
+    tokens_per_minute: Option<i64>,
 }
 
 /// Reads a duration written as a humantime string (`"300ms"`, `"5m"`) or
@@ -802,9 +868,15 @@ impl Settings {
             if settings.shared_cooldown == Some(true) {
                 ledger = ledger.with_shared_cooldown(&provider)?;
             }
+            if let Some(budget) = settings.tokens_per_minute {
+                ledger = ledger.with_provider_budget(&provider, budget)?;
+            }
         }
         for (lane, settings) in raw.lanes.unwrap_or_default() {
             ledger = ledger.declare_lane(&lane, settings.cap)?;
+            if let Some(budget) = settings.tokens_per_minute {
+                ledger = ledger.with_lane_budget(&lane, budget)?;
+            }
             if settings.batch_cap.is_some() || settings.max_overtakes.is_some() {
                 let batch_cap = settings
                     .batch_cap
@@ -1018,6 +1090,48 @@ cap = 4
     }
 
     #[test]
+    fn token_budgets_are_read_for_lanes_and_providers_and_bad_ones_named() {
+        let settings = Settings::from_toml(
+            "[lanes.\"kb::openai\"]\ntokens_per_minute = 1000\n\
+             [providers.ollama]\ntokens_per_minute = 90000\n",
+        )
+        .unwrap();
+        let ledger = &settings.ledger;
+        let lane = LaneKey::parse("kb::openai").unwrap();
+        let rules = ledger.lane_rules(&lane).expect("a budget alone governs the lane");
+        assert_eq!(
+            (rules.budget, rules.provider_budget, rules.cap),
+            (Some(1_000), None, u32::MAX)
+        );
+        assert_eq!(ledger.cap(&lane), None, "no cap of its own");
+        // Every lane of a budgeted provider is governed, declared or not.
+        let undeclared = LaneKey::parse("chat::ollama").unwrap();
+        assert_eq!(
+            ledger.lane_rules(&undeclared).unwrap().provider_budget,
+            Some(90_000)
+        );
+        assert_eq!(ledger.lane_rules(&LaneKey::parse("chat::gemini").unwrap()), None);
+        for (text, key) in [
+            (
+                "[lanes.\"a::b\"]\ntokens_per_minute = 0\n",
+                "lanes.\"a::b\".tokens_per_minute",
+            ),
+            (
+                "[providers.ollama]\ntokens_per_minute = -5\n",
+                "providers.ollama.tokens_per_minute",
+            ),
+            (
+                "[providers.ollama]\ntokens_per_minute = 5000000000\n",
+                "providers.ollama.tokens_per_minute",
+            ),
+        ] {
+            let err = Settings::from_toml(text).unwrap_err();
+            assert_eq!(err.key, key, "{text}");
+            assert!(err.problem.contains("at least 1"), "{text}: {err}");
+        }
+    }
+
+    #[test]
     fn a_store_url_is_checked_as_serve_opens_it() {
         for (text, says) in [
             ("store = \"sqlit://x.db\"\n", "unsupported store URL"),
@@ -1060,7 +1174,7 @@ cap = 4
         let ledger = Settings::from_toml(text).unwrap().ledger;
         let rules = |lane: &str| {
             let lane = LaneKey::parse(lane).unwrap();
-            ledger.lanes()[&lane].rules(ledger.admission())
+            ledger.lanes()[&lane].rules(ledger.admission(), None)
         };
         assert_eq!(
             rules("kb::ollama"),

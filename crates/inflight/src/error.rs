@@ -27,6 +27,10 @@ pub enum ErrorKind {
     /// The lane is cooling down after a provider's refusal (its
     /// `Retry-After`); [`LedgerError::retry_after`] says for how long.
     LaneCooling,
+    /// The lane's token budget, or its provider's, has no room for the
+    /// call's estimate in the last minute's window;
+    /// [`LedgerError::retry_after`] says when it rolls off enough.
+    BudgetExhausted,
     /// The ledger was shut down.
     Closed,
     /// The store failed (disk, database). The details are in the source.
@@ -48,6 +52,7 @@ impl ErrorKind {
             Self::IdempotencyConflict => "idempotency_conflict",
             Self::LaneFull => "lane_full",
             Self::LaneCooling => "lane_cooling",
+            Self::BudgetExhausted => "budget_exhausted",
             Self::Closed => "closed",
             Self::Storage => "storage",
             Self::Unavailable => "unavailable",
@@ -149,8 +154,7 @@ impl LedgerError {
         &self.0.message
     }
 
-    /// The lane a [`ErrorKind::LaneFull`] or [`ErrorKind::LaneCooling`]
-    /// refusal is about.
+    /// The lane a refusal ([`LedgerError::is_refusal`]) is about.
     pub fn lane(&self) -> Option<&LaneKey> {
         self.0.lane.as_ref()
     }
@@ -178,16 +182,33 @@ impl LedgerError {
         err
     }
 
+    /// A [`ErrorKind::BudgetExhausted`] refusal on `lane`, whose window
+    /// makes room in `retry_after`, of the record at `place` in its line.
+    pub(crate) fn budget_exhausted(
+        lane: LaneKey,
+        place: Option<LineSpot>,
+        retry_after: std::time::Duration,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut err = Self::lane_cooling(lane, place, retry_after, message);
+        err.0.kind = ErrorKind::BudgetExhausted;
+        err
+    }
+
     /// How long the cooldown behind a [`ErrorKind::LaneCooling`] refusal
-    /// had left when it was decided.
+    /// had left when it was decided, or how long until the window of a
+    /// [`ErrorKind::BudgetExhausted`] one makes room.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         self.0.retry_after
     }
 
-    /// Whether it is a refusal of a lane's admission (full or cooling),
-    /// which waiting in line may outlast.
+    /// Whether it is a refusal of a lane's admission (full, cooling or
+    /// out of budget), which waiting in line may outlast.
     pub fn is_refusal(&self) -> bool {
-        matches!(self.0.kind, ErrorKind::LaneFull | ErrorKind::LaneCooling)
+        matches!(
+            self.0.kind,
+            ErrorKind::LaneFull | ErrorKind::LaneCooling | ErrorKind::BudgetExhausted
+        )
     }
 
     /// Where the record a refusal is about stands in its lane's line.

@@ -167,15 +167,19 @@ pub enum Rejection {
     /// Refused at once: the lane was cooling down after a provider's
     /// `Retry-After`.
     LaneCooling,
+    /// Refused at once: the lane's token budget, or its provider's, had
+    /// no room for the call's estimate.
+    BudgetExhausted,
 }
 
 impl Rejection {
-    /// `lane_full`, `wait_timeout` or `lane_cooling`.
+    /// `lane_full`, `wait_timeout`, `lane_cooling` or `budget_exhausted`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::LaneFull => "lane_full",
             Self::WaitTimeout => "wait_timeout",
             Self::LaneCooling => "lane_cooling",
+            Self::BudgetExhausted => "budget_exhausted",
         }
     }
 }

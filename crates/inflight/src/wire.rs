@@ -112,6 +112,8 @@ impl ToApi for inflight::Snapshot {
                 by_priority: lane.by_priority,
                 tokens_last_minute: lane.tokens_last_minute,
                 tokens_reserved: lane.tokens_reserved,
+                tokens_per_minute: lane.tokens_per_minute,
+                provider_tokens_per_minute: lane.provider_tokens_per_minute,
             };
             (key.clone(), lane)
         });

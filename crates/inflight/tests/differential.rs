@@ -160,6 +160,11 @@ const MAX_OVERTAKES: u32 = 1;
 /// The ranked lane is adaptive too, with a short `max_cooldown`; the plain
 /// capped lane keeps the default of a minute.
 const RANKED_MAX_COOLDOWN: i64 = 10 * SEC;
+/// The plain capped lane's token budget, and the `openai` provider's,
+/// which holds for the ranked lane (`docs/semantics.md` §8, "Budgets").
+const LANE_BUDGET: i64 = 1_500;
+const BUDGETED_PROVIDER: &str = "openai";
+const PROVIDER_BUDGET: i64 = 1_200;
 const MAX_COOLDOWN: i64 = 60 * SEC;
 /// The priorities begins carry; `unknown` ranks as batch.
 const PRIORITIES: [Priority; 3] = [Priority::Interactive, Priority::Batch, Priority::Unknown];
@@ -213,6 +218,10 @@ fn config() -> LedgerConfig {
         .with_lane_ranking(RANKED_LANE, Some(RANKED_BATCH_CAP as u32), Some(MAX_OVERTAKES))
         .unwrap()
         .with_lane_cooldown(RANKED_LANE, Some(millis(RANKED_MAX_COOLDOWN)), true)
+        .unwrap()
+        .with_lane_budget(CAPPED_LANE, LANE_BUDGET)
+        .unwrap()
+        .with_provider_budget(BUDGETED_PROVIDER, PROVIDER_BUDGET)
         .unwrap()
         .with_retention(millis(RETENTION))
         .unwrap()
@@ -1049,6 +1058,8 @@ impl Model {
             return Ok(None);
         }
         self.reap_all();
+        // A reap charges its estimate at once: the window below reads it.
+        self.sync_tokens();
         let lane = lane_key(rec);
         let me = (rec.enqueued_at, id);
         let batch = |p: Priority| p != Priority::Interactive;
@@ -1058,6 +1069,7 @@ impl Model {
             (me.0, if newcomer { 1 } else { 0 }, id),
             batch(rec.priority),
             true,
+            0,
         )];
         for r in self.in_flight() {
             let other = self.rec(r).unwrap();
@@ -1069,9 +1081,12 @@ impl Model {
                     executing += 1;
                     executing_batch += usize::from(batch(other.priority));
                 }
-                State::Waiting => {
-                    line.push(((other.enqueued_at, 0, self.ids[r]), batch(other.priority), false))
-                }
+                State::Waiting => line.push((
+                    (other.enqueued_at, 0, self.ids[r]),
+                    batch(other.priority),
+                    false,
+                    other.max_tokens.unwrap_or(0),
+                )),
                 _ => {}
             }
         }
@@ -1080,16 +1095,39 @@ impl Model {
         if state.cooling_until.is_some_and(|until| self.now < until) {
             return Err(ErrorKind::LaneCooling);
         }
+        let own = rec.max_tokens.unwrap_or(0);
+        // The estimates waiting ahead that the lane serves first: on the
+        // ranked lane, an interactive record waits for interactive ones
+        // only.
+        let at = line.iter().position(|(_, _, me, _)| *me).unwrap();
+        let tokens_ahead = |only_interactive: bool| -> i64 {
+            line[..at]
+                .iter()
+                .filter(|(_, b, _, _)| !(only_interactive && *b))
+                .map(|(_, _, _, tokens)| tokens)
+                .sum()
+        };
         if lane == CAPPED_LANE {
-            let ahead = line.iter().position(|(_, _, me)| *me).unwrap();
-            if executing + ahead >= CAP as usize {
+            if executing + at >= CAP as usize {
                 return Err(ErrorKind::LaneFull);
+            }
+            if self.window_holds(|key| key == CAPPED_LANE) + tokens_ahead(false) + own > LANE_BUDGET {
+                return Err(ErrorKind::BudgetExhausted);
             }
             return Ok(None);
         }
+        let provider_tokens_ahead = tokens_ahead(!batch(rec.priority));
         // The ranked lane's order, one free slot at a time.
-        let mut interactive: Vec<bool> = line.iter().filter(|(_, b, _)| !b).map(|(_, _, me)| *me).collect();
-        let mut batches: Vec<bool> = line.iter().filter(|(_, b, _)| *b).map(|(_, _, me)| *me).collect();
+        let mut interactive: Vec<bool> = line
+            .iter()
+            .filter(|(_, b, _, _)| !b)
+            .map(|(_, _, me, _)| *me)
+            .collect();
+        let mut batches: Vec<bool> = line
+            .iter()
+            .filter(|(_, b, _, _)| *b)
+            .map(|(_, _, me, _)| *me)
+            .collect();
         let others_batch = batches.iter().filter(|me| !**me).count();
         let mut run = self.overtakes;
         let cap = state.effective_cap.unwrap_or(RANKED_CAP);
@@ -1107,6 +1145,12 @@ impl Model {
                 break;
             };
             if served {
+                let provider = format!("::{BUDGETED_PROVIDER}");
+                if self.window_holds(|key| key.ends_with(&provider)) + provider_tokens_ahead + own
+                    > PROVIDER_BUDGET
+                {
+                    return Err(ErrorKind::BudgetExhausted);
+                }
                 let after = if batch(rec.priority) || others_batch == 0 {
                     0
                 } else {
@@ -1117,6 +1161,17 @@ impl Model {
             free -= 1;
         }
         Err(ErrorKind::LaneFull)
+    }
+
+    /// What the token windows of the lanes `of` hold now: charged in the
+    /// last minute, and reserved.
+    fn window_holds(&self, of: impl Fn(&str) -> bool) -> i64 {
+        let first_second = second_of(self.now - MINUTE);
+        self.token_seconds
+            .iter()
+            .filter(|((second, key), _)| *second >= first_second && of(key))
+            .map(|(_, tokens)| tokens)
+            .sum()
     }
 
     /// `step` applied, with its moves in the token windows.
@@ -1287,6 +1342,16 @@ impl Model {
             max_tokens: spec.max_tokens.map(i64::from).or_else(|| class_tokens(class)),
         };
         rec.reapable_at = bound_of(&rec);
+        let budget = match lane_key(&rec).as_str() {
+            CAPPED_LANE => Some(LANE_BUDGET),
+            RANKED_LANE => Some(PROVIDER_BUDGET),
+            _ => None,
+        };
+        if rec.admission == Admission::Queued
+            && budget.is_some_and(|budget| rec.max_tokens.is_some_and(|estimate| estimate > budget))
+        {
+            return Err(ErrorKind::InvalidInput);
+        }
         let granted = if rec.state == State::Executing {
             self.admit(&rec, self.ids[r], true)?
         } else {

@@ -7,6 +7,7 @@
 //! `docs/semantics.md` §6 states the rules; this module is their one
 //! definition.
 
+use super::budget::Scope;
 use super::record::Priority;
 use super::timestamp::Timestamp;
 
@@ -38,10 +39,12 @@ impl Rank {
     }
 }
 
-/// What a capped lane admits by.
+/// What a governed lane admits by: one with a cap, a token budget, or a
+/// provider's token budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneRules {
-    /// At most this many records executing.
+    /// At most this many records executing; `u32::MAX` on a lane governed
+    /// by a token budget alone.
     pub cap: u32,
     /// At most this many of them batch work (below `cap`): the rest is
     /// headroom only interactive work may take. `None`: no such limit.
@@ -55,6 +58,10 @@ pub struct LaneRules {
     pub max_cooldown_ms: i64,
     /// Whether a provider's refusal halves the lane's effective cap.
     pub adaptive: bool,
+    /// The lane's own tokens per minute (`tokens_per_minute`).
+    pub budget: Option<u32>,
+    /// Its provider's tokens per minute, shared by every lane of it.
+    pub provider_budget: Option<u32>,
 }
 
 impl LaneRules {
@@ -67,7 +74,25 @@ impl LaneRules {
             max_overtakes: 0,
             max_cooldown_ms: DEFAULT_MAX_COOLDOWN_MS,
             adaptive: false,
+            budget: None,
+            provider_budget: None,
         }
+    }
+
+    /// The budget, the lane's own or its provider's, that an `estimate`
+    /// alone exceeds: a call that could never start.
+    pub fn over_budget(&self, estimate: i64) -> Option<(Scope, u32)> {
+        let over = |budget: Option<u32>| budget.filter(|budget| estimate > i64::from(*budget));
+        over(self.budget)
+            .map(|budget| (Scope::Lane, budget))
+            .or_else(|| over(self.provider_budget).map(|budget| (Scope::Provider, budget)))
+    }
+
+    /// Whether a token budget governs the lane: its own or its
+    /// provider's.
+    #[inline]
+    pub fn budgeted(&self) -> bool {
+        self.budget.is_some() || self.provider_budget.is_some()
     }
 
     /// The cap in force for a lane in `state`: the configured one, or an
@@ -103,6 +128,8 @@ pub struct LaneSettings {
     pub max_cooldown_ms: Option<i64>,
     /// `adaptive`: a provider's refusal halves the lane's cap for a while.
     pub adaptive: bool,
+    /// `tokens_per_minute`: the lane's token budget.
+    pub tokens_per_minute: Option<u32>,
 }
 
 /// `[admission]`: what a capped lane takes when it sets nothing itself.
@@ -127,21 +154,28 @@ impl LaneSettings {
     /// The cap in force for a lane with these settings in `state`
     /// ([`LaneRules::cap_in`]); `None` without a cap.
     pub fn cap_in(&self, state: &LaneState) -> Option<u32> {
-        self.rules(&AdmissionDefaults::default())
+        self.cap?;
+        self.rules(&AdmissionDefaults::default(), None)
             .map(|rules| rules.cap_in(state))
     }
 
     /// The rules a lane with these settings admits by, what it does not
-    /// set taken from `defaults`; `None` for a lane without cap, which
-    /// admits everything.
+    /// set taken from `defaults`, under its provider's token budget
+    /// `provider_budget`; `None` for a lane with neither a cap nor a
+    /// budget, which admits everything.
     #[inline]
-    pub fn rules(&self, defaults: &AdmissionDefaults) -> Option<LaneRules> {
+    pub fn rules(&self, defaults: &AdmissionDefaults, provider_budget: Option<u32>) -> Option<LaneRules> {
+        if self.cap.is_none() && self.tokens_per_minute.is_none() && provider_budget.is_none() {
+            return None;
+        }
         Some(LaneRules {
-            cap: self.cap?,
+            cap: self.cap.unwrap_or(u32::MAX),
             batch_cap: self.batch_cap,
             max_overtakes: self.max_overtakes.unwrap_or(defaults.max_overtakes),
             max_cooldown_ms: self.max_cooldown_ms.unwrap_or(defaults.max_cooldown_ms),
             adaptive: self.adaptive,
+            budget: self.tokens_per_minute,
+            provider_budget,
         })
     }
 }
@@ -157,6 +191,9 @@ pub struct LanePosition {
     /// The same, told apart by rank, when the lane's rules rank
     /// ([`LaneRules::ranked`]).
     pub ranks: Option<RankedPosition>,
+    /// On a budgeted lane, the estimates of the records waiting ahead
+    /// that the lane serves first ([`LaneQuery::tokens`](super::query::LaneQuery::tokens)).
+    pub tokens_ahead: i64,
 }
 
 /// [`LanePosition`] told apart by rank.
@@ -275,7 +312,7 @@ pub enum Decision {
 /// use inflight::domain::admission::{decide, Decision, LanePosition, LaneRules, LaneState};
 /// use inflight::domain::{Priority, Timestamp};
 /// let now = Timestamp::from_millis(1_786_000_000_000);
-/// let third_in_line = LanePosition { executing: 0, waiting_ahead: 2, ranks: None };
+/// let third_in_line = LanePosition { executing: 0, waiting_ahead: 2, ranks: None, tokens_ahead: 0 };
 /// let state = LaneState::default();
 /// assert_eq!(
 ///     decide(&LaneRules::capped(2), Priority::Unknown, &third_in_line, state, now),
@@ -430,6 +467,7 @@ mod tests {
                 interactive_waiting: others(Rank::Interactive),
                 batch_waiting: others(Rank::Batch),
             }),
+            tokens_ahead: 0,
         }
     }
 
@@ -660,6 +698,7 @@ mod tests {
             executing: 0,
             waiting_ahead: 2,
             ranks: None,
+            tokens_ahead: 0,
         };
         let state = LaneState::default();
         assert_eq!(

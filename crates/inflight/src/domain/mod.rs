@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod bounds;
+pub mod budget;
 pub mod capacity;
 pub mod cardinality;
 pub mod counters;

@@ -84,6 +84,20 @@ pub struct LaneQuery {
     pub newcomer: bool,
     /// Whether the answer tells ranks apart.
     pub ranked: bool,
+    /// On a budgeted lane, whose estimates ahead of it the answer sums
+    /// ([`LanePosition::tokens_ahead`]).
+    pub tokens: Option<Ahead>,
+}
+
+/// Whose estimates a record waits for in a budgeted lane's line: those of
+/// the records waiting ahead of it that the lane serves first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ahead {
+    /// Every record ahead of it in line order.
+    All,
+    /// Only the interactive ones: an interactive record on a lane that
+    /// lets interactive work overtake (`max_overtakes > 0`).
+    Interactive,
 }
 
 impl LaneQuery {
@@ -95,7 +109,15 @@ impl LaneQuery {
             enqueued_at: record.enqueued_at,
             newcomer,
             ranked,
+            tokens: None,
         }
+    }
+
+    /// The same question, also summing the estimates `ahead` of it.
+    #[must_use]
+    pub fn with_tokens(mut self, ahead: Ahead) -> Self {
+        self.tokens = Some(ahead);
+        self
     }
 
     /// How `other` counts in the answer, if at all.
@@ -137,6 +159,9 @@ impl LaneQuery {
                 }
                 InLine::Waiting { ahead } => {
                     position.waiting_ahead += i64::from(ahead);
+                    if ahead && self.tokens.is_some_and(|rule| rule == Ahead::All || !batch) {
+                        position.tokens_ahead += other.max_tokens.unwrap_or(0);
+                    }
                     let (waiting, counted_ahead) = if batch {
                         (&mut ranks.batch_waiting, &mut ranks.batch_ahead)
                     } else {

@@ -177,6 +177,11 @@ pub struct LaneView {
     pub tokens_last_minute: i64,
     /// The estimates of its calls executing.
     pub tokens_reserved: i64,
+    /// Its own token budget (`tokens_per_minute`), if it has one.
+    pub tokens_per_minute: Option<u32>,
+    /// Its provider's token budget, shared by every lane of it, if it has
+    /// one.
+    pub provider_tokens_per_minute: Option<u32>,
     /// How long until the first of its waiting records is reaped
     /// `abandoned` unless it starts; `None` when none waits. Not on the
     /// wire: `/metrics` reads it.
@@ -280,6 +285,7 @@ impl Snapshot {
     pub fn assemble(
         parts: SnapshotParts,
         lanes_declared: &BTreeMap<LaneKey, LaneSettings>,
+        provider_budgets: &BTreeMap<String, u32>,
         options: SnapshotOptions,
         now: Timestamp,
         reaped_this_read: ReapedCounts,
@@ -305,6 +311,10 @@ impl Snapshot {
                 by_priority: ByPriority::default(),
                 tokens_last_minute: 0,
                 tokens_reserved: 0,
+                tokens_per_minute: lanes_declared
+                    .get(key)
+                    .and_then(|settings| settings.tokens_per_minute),
+                provider_tokens_per_minute: provider_budgets.get(key.provider.as_str()).copied(),
                 next_waiting_reap_in_ms: None,
             }
         };

@@ -315,12 +315,18 @@ impl Ledger {
                     humantime::format_duration(wait)
                 );
                 // Answered with the limit that held it last.
-                Err(match err.retry_after() {
-                    Some(left) if err.kind() == ErrorKind::LaneCooling => LedgerError::lane_cooling(
+                Err(match (err.kind(), err.retry_after()) {
+                    (ErrorKind::LaneCooling, Some(left)) => LedgerError::lane_cooling(
                         lane,
                         place,
                         left,
                         format!("{message} (the lane is cooling down)"),
+                    ),
+                    (ErrorKind::BudgetExhausted, Some(left)) => LedgerError::budget_exhausted(
+                        lane,
+                        place,
+                        left,
+                        format!("{message} (its token budget has no room)"),
                     ),
                     _ => LedgerError::lane_full(lane, place, message),
                 })
@@ -362,7 +368,8 @@ impl Ledger {
                 Err(err) if err.is_refusal() => {
                     if let (Some(lane), Some(left)) = (err.lane(), err.retry_after()) {
                         // Capacity comes back with time: the line is woken
-                        // when the cooldown ends, as by a freed slot.
+                        // when the cooldown ends or the window rolls off,
+                        // as by a freed slot.
                         self.wake_line_after(lane, left);
                     }
                     let in_line = match (&mut in_line, err.lane(), err.line_place()) {

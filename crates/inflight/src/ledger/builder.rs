@@ -107,7 +107,13 @@ impl LedgerBuilder {
         let weak = Arc::downgrade(&ledger.inner);
         ledger.inner.store.watch_capacity(Arc::new(move |lane| {
             if let Some(inner) = weak.upgrade() {
-                inner.capacity_changed.capacity_freed(lane);
+                // Room in a provider's token budget is room for every lane
+                // of it.
+                let shared =
+                    lane.is_some_and(|lane| inner.config.provider_budget(lane.provider.as_str()).is_some());
+                inner
+                    .capacity_changed
+                    .capacity_freed(if shared { None } else { lane });
             }
         }));
         Ok(ledger)

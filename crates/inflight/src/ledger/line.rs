@@ -744,6 +744,7 @@ mod loom_tests {
                 executing: i64::from(self.free == 0),
                 waiting_ahead: ranks.interactive_ahead + ranks.batch_ahead,
                 ranks: Some(ranks),
+                tokens_ahead: 0,
             };
             let priority = match self.ranks[&record] {
                 Rank::Interactive => Priority::Interactive,

@@ -272,6 +272,7 @@ impl Ledger {
                 // Refused at once by a cooldown: counted as that.
                 let why = match (why, err.kind()) {
                     (Rejection::LaneFull, ErrorKind::LaneCooling) => Rejection::LaneCooling,
+                    (Rejection::LaneFull, ErrorKind::BudgetExhausted) => Rejection::BudgetExhausted,
                     _ => why,
                 };
                 self.inner.stats.rejected(lane.clone(), why);
@@ -281,7 +282,8 @@ impl Ledger {
     }
 
     /// Wakes this ledger's waiters on `lane` in `after` (a cooldown's
-    /// end), as a freed slot would: capacity that comes back with time.
+    /// end, or a budget's window rolling off), as a freed slot would:
+    /// capacity that comes back with time.
     /// One timer a lane at a time; a later cooldown arms it again.
     pub(crate) fn wake_line_after(&self, lane: &LaneKey, after: Duration) {
         let at = tokio::time::Instant::now() + after;

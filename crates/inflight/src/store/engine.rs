@@ -7,15 +7,16 @@
 use std::sync::Arc;
 
 use crate::config::LedgerConfig;
-use crate::domain::admission::{self, Decision, LanePosition, LaneState, Rank};
+use crate::domain::admission::{self, Decision, LanePosition, LaneRules, LaneState, Rank};
 use crate::domain::bounds::ReapPolicy;
+use crate::domain::budget::{self, Exhausted, Scope, WindowUse};
 use crate::domain::capacity::{self, Capacity};
 use crate::domain::cardinality::Census;
 use crate::domain::counters::{AggregateKey, ReapedCounts, Totals};
 use crate::domain::idempotency::Idempotency;
-use crate::domain::labels::{self, ActivityLabels, LabelSet};
+use crate::domain::labels::{self, ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{self, Owner, OwnerId};
-use crate::domain::query::{self, LaneQuery, Retention, Window};
+use crate::domain::query::{self, Ahead, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority, State};
 use crate::domain::snapshot::{LaneLoad, Snapshot, SnapshotParts};
 use crate::domain::timestamp::Timestamp;
@@ -103,6 +104,14 @@ pub(crate) trait Txn: Questions {
     fn lock_lane(&mut self, _lane: &LaneKey) -> Result<(), LedgerError> {
         Ok(())
     }
+
+    /// Takes `provider`'s admission lock, after its lane's
+    /// ([`Txn::lock_lane`]), before a decision reads the provider's token
+    /// window: decisions on the lanes of a provider with a token budget
+    /// then take turns.
+    fn lock_provider(&mut self, _provider: &Label) -> Result<(), LedgerError> {
+        Ok(())
+    }
 }
 
 /// The questions a store answers inside a transaction, each exactly as the
@@ -119,6 +128,9 @@ pub(crate) trait Questions {
     /// [`window::lane_tokens`] of the seconds from `second` on: what each
     /// lane's calls charged, and what they reserve.
     fn tokens_since(&mut self, second: i64) -> Result<Vec<LaneTokens>, LedgerError>;
+    /// [`budget::windows`] of the seconds from `first` on: the token
+    /// window of `lane`, and of its provider.
+    fn window_use(&mut self, lane: &LaneKey, first: i64) -> Result<(WindowUse, WindowUse), LedgerError>;
     /// Deletes the tokens charged in seconds before `second`.
     fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError>;
     /// How many records are stored.
@@ -206,7 +218,9 @@ pub(crate) fn execute(
                 owner.check_live()?;
             }
             bound_labels(txn, config, &mut new.labels, new.priority, new.admission)?;
+            let declared = new.max_tokens.is_some();
             let mut applied = transition::begin(new, now, policy)?;
+            fits_a_budget(config, &applied.record, declared)?;
             let granted = if applied.record.state == State::Executing {
                 admit(txn, config, &applied.record, true, now)?
             } else {
@@ -298,6 +312,7 @@ pub(crate) fn execute(
             Ok(Reply::Snapshot(Box::new(Snapshot::assemble(
                 parts,
                 config.lanes(),
+                config.provider_budgets(),
                 options,
                 now,
                 reaped_this_read,
@@ -550,7 +565,17 @@ fn admit(
     // see every decision on this lane that committed before.
     txn.lock_lane(&lane)?;
     reap_all(txn, config, now)?;
-    let position = txn.lane_position(&LaneQuery::of(record, newcomer, rules.ranked()))?;
+    let mut query = LaneQuery::of(record, newcomer, rules.ranked());
+    if rules.budgeted() {
+        query = query.with_tokens(
+            if rules.max_overtakes > 0 && Rank::of(record.priority) == Rank::Interactive {
+                Ahead::Interactive
+            } else {
+                Ahead::All
+            },
+        );
+    }
+    let position = txn.lane_position(&query)?;
     let state = txn.lane_state(&lane)?;
     let place = Some((
         rules.ranked().then(|| Rank::of(record.priority)),
@@ -563,13 +588,24 @@ fn admit(
         )
     };
     let refused = match admission::decide(&rules, record.priority, &position, state, now) {
-        Decision::Admit(next) => return Ok((next != state).then_some((lane, next))),
+        Decision::Admit(next) => {
+            if rules.budgeted() {
+                if let Err(exhausted) = within_budget(txn, &rules, record, &position, now)? {
+                    let left = exhausted
+                        .until
+                        .map_or(WINDOW, |until| millis(until.millis_since(now)));
+                    let message = keeps(budget_refusal(&lane, record, position.tokens_ahead, &exhausted));
+                    return Err(LedgerError::budget_exhausted(lane, place, left, message));
+                }
+            }
+            return Ok((next != state).then_some((lane, next)));
+        }
         Decision::LaneFull { cap } => format!("lane {lane} is full (cap {cap})"),
         Decision::BatchFull { batch_cap } => {
             format!("lane {lane} runs all the batch work it may (batch_cap {batch_cap})")
         }
         Decision::Cooling { until } => {
-            let left = std::time::Duration::from_millis(u64::try_from(until.millis_since(now)).unwrap_or(0));
+            let left = millis(until.millis_since(now));
             let message = keeps(format!(
                 "lane {lane} is cooling down after a provider's Retry-After until {until}"
             ));
@@ -577,6 +613,100 @@ fn admit(
         }
     };
     Err(LedgerError::lane_full(lane, place, keeps(refused)))
+}
+
+/// How long a refusal says to wait when no roll-off of the window makes
+/// room: the window's length, by which a settle that comes now will have
+/// rolled off too. A settle wakes the line before then.
+const WINDOW: std::time::Duration = std::time::Duration::from_millis(window::WINDOW_MS as u64);
+
+fn millis(ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// Whether `record`, which the lane's slots admit at `position`, fits in
+/// its lane's token budget and its provider's ([`budget::check`]). The
+/// provider's lock is taken first when it has a budget, so that the
+/// decisions of its lanes take turns.
+fn within_budget(
+    txn: &mut dyn Txn,
+    rules: &LaneRules,
+    record: &ActivityRecord,
+    position: &LanePosition,
+    now: Timestamp,
+) -> Result<Result<(), Exhausted>, LedgerError> {
+    let lane = record.lane();
+    let estimate = record.max_tokens.unwrap_or(0);
+    if rules.provider_budget.is_some() {
+        txn.lock_provider(&lane.provider)?;
+    }
+    let (own, provider) = txn.window_use(&lane, window::first_second_at(now))?;
+    let check = |scope, budget: Option<u32>, window: &WindowUse| {
+        budget.map_or(Ok(()), |budget| {
+            budget::check(scope, budget, window, position.tokens_ahead, estimate, now)
+        })
+    };
+    Ok(check(Scope::Lane, rules.budget, &own)
+        .and_then(|()| check(Scope::Provider, rules.provider_budget, &provider)))
+}
+
+/// Refuses a queued call whose estimate alone exceeds its lane's whole
+/// token budget or its provider's ([`LaneRules::over_budget`]): it could
+/// never start. `declared`: the estimate is the begin's `maxTokens`, not
+/// its class's `tokens`.
+fn fits_a_budget(config: &LedgerConfig, record: &ActivityRecord, declared: bool) -> Result<(), LedgerError> {
+    let (Some(estimate), Admission::Queued) = (record.max_tokens, record.admission) else {
+        return Ok(());
+    };
+    let Some((scope, budget)) = config
+        .rules_of(&record.labels)
+        .and_then(|rules| rules.over_budget(estimate))
+    else {
+        return Ok(());
+    };
+    let lane = record.lane();
+    let whose = match scope {
+        Scope::Lane => format!("lanes.\"{lane}\".tokens_per_minute = {budget}"),
+        Scope::Provider => format!("providers.{}.tokens_per_minute = {budget}", lane.provider),
+    };
+    let what = if declared {
+        "maxTokens".to_owned()
+    } else {
+        format!("class {}'s tokens", record.labels.class)
+    };
+    Err(LedgerError::invalid(format!(
+        "{what} {estimate} exceeds the whole token budget ({whose}): the call could never start"
+    )))
+}
+
+/// What a refusal for budget says: whose budget, what its window holds,
+/// what waits ahead, the estimate that does not fit, and when room comes.
+fn budget_refusal(lane: &LaneKey, record: &ActivityRecord, ahead: i64, exhausted: &Exhausted) -> String {
+    let whose = match exhausted.scope {
+        Scope::Lane => format!(
+            "lane {lane} has no room in its token budget (tokens_per_minute {})",
+            exhausted.tokens_per_minute
+        ),
+        Scope::Provider => format!(
+            "provider {} has no room in its token budget (tokens_per_minute {}, shared by its lanes)",
+            lane.provider, exhausted.tokens_per_minute
+        ),
+    };
+    let ahead = if ahead > 0 {
+        format!(", {ahead} are estimated by calls ahead in line")
+    } else {
+        String::new()
+    };
+    let when = match exhausted.until {
+        Some(until) => format!("room comes back at {until}, as the window rolls off"),
+        None => "only a settle of a call executing or ahead in line makes room".to_owned(),
+    };
+    format!(
+        "{whose}: {} tokens were spent in the last minute or are reserved by calls executing{ahead}, \
+         and the estimate of {} does not fit; {when}",
+        exhausted.used,
+        record.max_tokens.unwrap_or(0),
+    )
 }
 
 fn load_owner(txn: &mut dyn Txn, id: &OwnerId) -> Result<Owner, LedgerError> {
@@ -742,12 +872,13 @@ fn started(effects: &[Effect]) -> bool {
         .any(|effect| matches!(effect, Effect::Started { .. }))
 }
 
-/// Whether a start of `record` asks for a slot of a capped lane: it would
-/// start ([`transition::would_start`]), it is queued, and its lane has a cap.
+/// Whether a start of `record` asks for admission: it would start
+/// ([`transition::would_start`]), it is queued, and its lane is governed
+/// (a cap or a token budget).
 fn needs_admission(config: &LedgerConfig, record: &ActivityRecord) -> bool {
     transition::would_start(record)
         && record.admission == Admission::Queued
-        && config.is_capped(&record.labels)
+        && config.is_governed(&record.labels)
 }
 
 /// Counts `effects` of `record` and hands each to the store to publish,
@@ -770,7 +901,7 @@ fn add_totals(
         if let Effect::Settled { at, .. } = effect {
             txn.count_completion(record, query::completion_minute(*at))?;
         }
-        let capped = || *capped.get_or_insert_with(|| config.is_capped(&record.labels));
+        let capped = || *capped.get_or_insert_with(|| config.is_governed(&record.labels));
         txn.landed(record, effect, capacity::change(record, effect, capped));
     }
     if effects.is_empty() {

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::admission::{LanePosition, LaneState};
+use crate::domain::budget::{self, WindowUse};
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::idempotency::Idempotency;
@@ -592,6 +593,20 @@ impl Questions for MemoryState {
             .range(second..)
             .flat_map(|(&at, lanes)| lanes.iter().map(move |(lane, &tokens)| (at, lane, tokens)));
         Ok(window::lane_tokens(seconds, second))
+    }
+
+    fn window_use(&mut self, lane: &LaneKey, first: i64) -> Result<(WindowUse, WindowUse), LedgerError> {
+        let seconds = self.token_seconds.range(first..).map(|(&second, lanes)| {
+            let (mut own, mut provider) = (0, 0);
+            for (other, &tokens) in lanes.iter().filter(|(other, _)| other.provider == lane.provider) {
+                provider += tokens;
+                if other.service == lane.service {
+                    own += tokens;
+                }
+            }
+            (second, own, provider)
+        });
+        Ok(budget::windows(seconds))
     }
 
     fn delete_token_seconds_before(&mut self, second: i64) -> Result<(), LedgerError> {

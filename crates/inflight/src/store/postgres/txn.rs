@@ -19,7 +19,7 @@ use smallvec::SmallVec;
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::AggregateKey;
 use crate::domain::idempotency::Idempotency;
-use crate::domain::labels::ActivityLabels;
+use crate::domain::labels::{ActivityLabels, Label};
 use crate::domain::record::{ActivityId, ActivityRecord, Admission, LaneKey, Priority};
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
@@ -445,6 +445,20 @@ impl<'c> PgTxn<'c> {
         result.map_err(|err| self.failed("cannot read", err))
     }
 
+    /// Locks the `lanes` row `service::provider` until the transaction
+    /// ends, adding it the first time.
+    fn lock_lanes_row(&mut self, service: &str, provider: &str) -> Result<(), LedgerError> {
+        if self
+            .query_other(sql::LOCK_LANE, &[&service, &provider])?
+            .is_empty()
+        {
+            // The lane's first decision: its row, then its lock.
+            self.execute_other(sql::ADD_LANE, &[&service, &provider])?;
+            self.query_other(sql::LOCK_LANE, &[&service, &provider])?;
+        }
+        Ok(())
+    }
+
     /// Like [`PgTxn::query_other`], for a statement that returns no rows.
     fn execute_other(
         &mut self,
@@ -631,16 +645,13 @@ impl Txn for PgTxn<'_> {
     }
 
     fn lock_lane(&mut self, lane: &LaneKey) -> Result<(), LedgerError> {
-        let (service, provider) = (lane.service.as_str(), lane.provider.as_str());
-        if self
-            .query_other(sql::LOCK_LANE, &[&service, &provider])?
-            .is_empty()
-        {
-            // The lane's first decision: its row, then its lock.
-            self.execute_other(sql::ADD_LANE, &[&service, &provider])?;
-            self.query_other(sql::LOCK_LANE, &[&service, &provider])?;
-        }
-        Ok(())
+        self.lock_lanes_row(lane.service.as_str(), lane.provider.as_str())
+    }
+
+    fn lock_provider(&mut self, provider: &Label) -> Result<(), LedgerError> {
+        // The provider's lock is the `lanes` row of no service: no label is
+        // empty, so it is no lane's.
+        self.lock_lanes_row("", provider.as_str())
     }
 }
 

@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use crate::domain::admission::{LanePosition, LaneState, RankedPosition};
+use crate::domain::budget::{self, WindowUse};
 use crate::domain::counters::{AggregateKey, Totals};
 use crate::domain::labels::LabelSet;
 use crate::domain::owner::{Owner, OwnerId};
-use crate::domain::query::{LaneQuery, Retention, Window};
+use crate::domain::query::{Ahead, LaneQuery, Retention, Window};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::LaneLoad;
 use crate::domain::timestamp::Timestamp;
@@ -126,6 +127,57 @@ fn limit_of(limit: usize) -> Value<'static> {
     Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))
 }
 
+/// Where a record stands among the lane's slots and line ([`LanePosition`]
+/// less its `tokens_ahead`).
+fn slot_position<D: Driver + ?Sized>(driver: &mut D, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
+    let id = query.activity_id.to_string();
+    let (service, provider) = (query.lane.service.as_str(), query.lane.provider.as_str());
+    if query.ranked {
+        let params = [
+            query.enqueued_at.into(),
+            query.newcomer.into(),
+            id.as_str().into(),
+            service.into(),
+            provider.into(),
+        ];
+        return one(
+            driver,
+            Reads::Records,
+            sql::LANE_POSITION_RANKED,
+            &params,
+            |row| {
+                Ok(LanePosition {
+                    executing: codec::int(row, 0)?,
+                    waiting_ahead: codec::int(row, 1)?,
+                    ranks: Some(RankedPosition {
+                        executing_batch: codec::int(row, 2)?,
+                        interactive_ahead: codec::int(row, 3)?,
+                        batch_ahead: codec::int(row, 4)?,
+                        interactive_waiting: codec::int(row, 5)?,
+                        batch_waiting: codec::int(row, 6)?,
+                    }),
+                    tokens_ahead: 0,
+                })
+            },
+        );
+    }
+    let params = [
+        service.into(),
+        provider.into(),
+        id.as_str().into(),
+        query.enqueued_at.into(),
+        query.newcomer.into(),
+    ];
+    one(driver, Reads::Records, sql::LANE_POSITION, &params, |row| {
+        Ok(LanePosition {
+            executing: codec::int(row, 0)?,
+            waiting_ahead: codec::int(row, 1)?,
+            ranks: None,
+            tokens_ahead: 0,
+        })
+    })
+}
+
 /// The statement, or its locking twin where the store locks.
 fn locking<D: Driver>(plain: &'static str, locked: &'static str) -> &'static str {
     if D::LOCKS {
@@ -212,44 +264,34 @@ impl<D: Driver> Questions for D {
     }
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
-        let id = query.activity_id.to_string();
-        let (service, provider) = (query.lane.service.as_str(), query.lane.provider.as_str());
-        if query.ranked {
+        let mut position = slot_position(self, query)?;
+        if let Some(ahead) = query.tokens {
+            let id = query.activity_id.to_string();
             let params = [
                 query.enqueued_at.into(),
                 query.newcomer.into(),
                 id.as_str().into(),
-                service.into(),
-                provider.into(),
+                query.lane.service.as_str().into(),
+                query.lane.provider.as_str().into(),
+                (ahead == Ahead::All).into(),
             ];
-            return one(self, Reads::Records, sql::LANE_POSITION_RANKED, &params, |row| {
-                Ok(LanePosition {
-                    executing: codec::int(row, 0)?,
-                    waiting_ahead: codec::int(row, 1)?,
-                    ranks: Some(RankedPosition {
-                        executing_batch: codec::int(row, 2)?,
-                        interactive_ahead: codec::int(row, 3)?,
-                        batch_ahead: codec::int(row, 4)?,
-                        interactive_waiting: codec::int(row, 5)?,
-                        batch_waiting: codec::int(row, 6)?,
-                    }),
-                })
-            });
+            position.tokens_ahead = one(self, Reads::Records, sql::TOKENS_AHEAD, &params, |row| {
+                codec::int(row, 0)
+            })?;
         }
+        Ok(position)
+    }
+
+    fn window_use(&mut self, lane: &LaneKey, first: i64) -> Result<(WindowUse, WindowUse), LedgerError> {
         let params = [
-            service.into(),
-            provider.into(),
-            id.as_str().into(),
-            query.enqueued_at.into(),
-            query.newcomer.into(),
+            lane.service.as_str().into(),
+            first.into(),
+            lane.provider.as_str().into(),
         ];
-        one(self, Reads::Records, sql::LANE_POSITION, &params, |row| {
-            Ok(LanePosition {
-                executing: codec::int(row, 0)?,
-                waiting_ahead: codec::int(row, 1)?,
-                ranks: None,
-            })
-        })
+        let seconds = rows(self, Reads::Owners, sql::WINDOW_USE, &params, |row| {
+            Ok((codec::int(row, 0)?, codec::int(row, 1)?, codec::int(row, 2)?))
+        })?;
+        Ok(budget::windows(seconds))
     }
 
     fn lane_state(&mut self, lane: &LaneKey) -> Result<LaneState, LedgerError> {

@@ -200,6 +200,24 @@ statements! {
          FROM activities WHERE service = $4 AND provider = $5 AND admission IN ('queued', 'external') \
          AND ", in_flight!(), " AND activity_id <> $3";
 
+    /// `LaneQuery::answer`'s `tokens_ahead`: the estimates of the records
+    /// waiting ahead of the one asking ($1 its `enqueuedAt`, $2 whether it
+    /// is a newcomer, $3 its id) in the lane $4::$5; of batch records too
+    /// when $6. Run only on a budgeted lane.
+    TOKENS_AHEAD: Indexed =
+        "SELECT CAST(COALESCE(SUM(max_tokens), 0) AS BIGINT) FROM activities WHERE ", ahead!(), " \
+         AND service = $4 AND provider = $5 AND ", in_line!(), " AND ", in_flight!(), " AND activity_id <> $3 \
+         AND ($6 OR priority = 'interactive')";
+
+    /// The token windows a budgeted decision reads (`budget::windows`):
+    /// each second's charge to the lane `$1::$3` and to its whole provider
+    /// $3, from the window's first second $2 on, seconds ascending (the
+    /// reserved second, `window::RESERVED`, last).
+    WINDOW_USE: Indexed =
+        "SELECT second, CAST(COALESCE(SUM(tokens) FILTER (WHERE service = $1), 0) AS BIGINT), \
+         CAST(SUM(tokens) AS BIGINT) FROM token_seconds WHERE second >= $2 AND provider = $3 \
+         GROUP BY second ORDER BY second";
+
     /// What the lane `$1::$2` remembers between admission decisions.
     LANE_STATE: Indexed =
         "SELECT ", lane_state_columns!(), " FROM lane_states WHERE service = $1 AND provider = $2";
