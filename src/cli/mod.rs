@@ -560,7 +560,10 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
         let mut line = settings
             .cap
             .map_or_else(|| "no cap".to_owned(), |cap| format!("cap {cap}"));
-        if let Some(rules) = settings.rules(ledger.admission()) {
+        if let Some(rules) = settings
+            .rules(ledger.admission(), None)
+            .filter(|_| settings.cap.is_some())
+        {
             if let Some(batch_cap) = rules.batch_cap {
                 line.push_str(&format!(", batch_cap {batch_cap}"));
             }
@@ -575,7 +578,15 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
                 line.push_str(", adaptive");
             }
         }
+        if let Some(budget) = settings.tokens_per_minute {
+            line.push_str(&format!(", tokens_per_minute {budget}"));
+        }
         lines.push(format!("lane {lane}: {line}"));
+    }
+    for (provider, budget) in ledger.provider_budgets() {
+        lines.push(format!(
+            "provider {provider}: tokens_per_minute {budget}, shared by its lanes"
+        ));
     }
     lines.join("\n")
 }

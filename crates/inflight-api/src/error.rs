@@ -63,6 +63,10 @@ wire_enum! {
         /// 429: the lane is cooling down after a provider's `Retry-After`;
         /// retry after the `Retry-After` seconds.
         LaneCooling => "lane_cooling",
+        /// 429: the lane's token budget, or its provider's, has no room
+        /// for the call's estimate in the last minute; retry after the
+        /// `Retry-After` seconds, when enough of the window rolls off.
+        BudgetExhausted => "budget_exhausted",
         /// 500: the store failed; the details are in the server's log.
         Internal => "internal",
         /// 503: the server is at a limit (connections, requests in
@@ -84,7 +88,7 @@ impl ErrorCode {
             Self::RequestTimeout => 408,
             Self::Conflict | Self::IdempotencyConflict => 409,
             Self::PayloadTooLarge => 413,
-            Self::LaneFull | Self::LaneCooling => 429,
+            Self::LaneFull | Self::LaneCooling | Self::BudgetExhausted => 429,
             Self::Internal => 500,
             Self::Unavailable => 503,
         }

@@ -223,6 +223,16 @@ pub struct Lane {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub tokens_reserved: i64,
+    /// The lane's own token budget (`tokens_per_minute`); `null` when it
+    /// has none. (Absent, as `null`, from servers older than budgets.)
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub tokens_per_minute: Option<u32>,
+    /// Its provider's token budget, shared by every lane of the provider;
+    /// `null` when it has none.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub provider_tokens_per_minute: Option<u32>,
 }
 
 /// A lane's executing and waiting records by `priority`.

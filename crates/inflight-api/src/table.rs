@@ -231,11 +231,18 @@ pub fn render_snapshot(snapshot: &Snapshot) -> String {
                     || "-".to_owned(),
                     |until| human_duration(until.millis_since(snapshot.at).max(0)),
                 ),
-                // Charged in the last minute, and what running calls reserve.
-                match (lane.tokens_last_minute, lane.tokens_reserved) {
-                    (0, 0) => "-".to_owned(),
-                    (charged, 0) => charged.to_string(),
-                    (charged, reserved) => format!("{charged} +{reserved} reserved"),
+                // Charged in the last minute, what running calls reserve,
+                // and the lane's own budget.
+                {
+                    let used = match (lane.tokens_last_minute, lane.tokens_reserved) {
+                        (0, 0) if lane.tokens_per_minute.is_none() => "-".to_owned(),
+                        (charged, 0) => charged.to_string(),
+                        (charged, reserved) => format!("{charged} +{reserved} reserved"),
+                    };
+                    match lane.tokens_per_minute {
+                        Some(budget) => format!("{used} of {budget}"),
+                        None => used,
+                    }
                 },
             ]);
         }
@@ -495,6 +502,8 @@ mod tests {
             by_priority: ByPriority::default(),
             tokens_last_minute: 1_176,
             tokens_reserved: 2_000,
+            tokens_per_minute: Some(10_000),
+            provider_tokens_per_minute: None,
         };
         let executing = ActivityRecord {
             started_at: Some(at("19:57:00.000")),

@@ -124,6 +124,8 @@ fn snapshot() -> Snapshot {
         },
         tokens_last_minute: 1_240,
         tokens_reserved: 800,
+        tokens_per_minute: Some(5_000),
+        provider_tokens_per_minute: Some(90_000),
     };
     let uncapped = Lane {
         provider: "openai".to_owned(),

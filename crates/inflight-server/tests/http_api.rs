@@ -888,6 +888,109 @@ async fn a_settle_carries_usage_and_bad_usage_is_a_400_naming_the_field_that_cha
     );
 }
 
+/// The issue's scenario over HTTP: `tokens_per_minute = 1000`, three
+/// begins of `maxTokens` 400; the third start is a 429 `budget_exhausted`
+/// with its `Retry-After`, and keeps its place; an estimate over the whole
+/// budget is a 400 naming it, recording nothing.
+#[tokio::test]
+async fn a_start_over_the_token_budget_is_429_budget_exhausted_with_retry_after() {
+    let config = LedgerConfig::default()
+        .with_lane_budget("kb::openai", 1_000)
+        .unwrap();
+    let api = api_with(config, None);
+    let call = json!({"service": "kb", "provider": "openai", "class": "chat", "maxTokens": 400});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(api.begin(call.clone()).await);
+    }
+    for id in &ids[..2] {
+        let started = api.post(&format!("/v1/activities/{id}/start"), "").await;
+        assert_eq!(started.status, StatusCode::OK, "{}", started.body);
+    }
+    let refused = api.post(&format!("/v1/activities/{}/start", ids[2]), "").await;
+    refused.assert_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "budget_exhausted",
+        "the third start",
+    );
+    assert_eq!(
+        refused
+            .headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("60"),
+        "only a settle makes room: a window's length"
+    );
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tokens_per_minute 1000"), "{message}");
+    let third = api.get(&format!("/v1/activities/{}", ids[2])).await.body;
+    assert_eq!(third["state"], "waiting");
+    let lane = api.snapshot().await["nativeAdmission"]["kb::openai"].clone();
+    assert_eq!(
+        (
+            lane["tokensReserved"].clone(),
+            lane["tokensPerMinute"].clone(),
+            lane["cap"].clone()
+        ),
+        (json!(800), json!(1000), Value::Null)
+    );
+
+    // The first spends 100: room comes back at once, and the window then
+    // names when the rest rolls off.
+    api.clock.advance(std::time::Duration::from_millis(500));
+    let settled = api
+        .post(
+            &format!("/v1/activities/{}/settle", ids[0]),
+            r#"{"success": true, "usage": {"inputTokens": 80, "outputTokens": 20}}"#,
+        )
+        .await;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+    let started = api.post(&format!("/v1/activities/{}/start", ids[2]), "").await;
+    assert_eq!(started.status, StatusCode::OK, "{}", started.body);
+    let fourth = api
+        .begin(json!({"service": "kb", "provider": "openai", "maxTokens": 200}))
+        .await;
+    let refused = api.post(&format!("/v1/activities/{fourth}/start"), "").await;
+    refused.assert_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "budget_exhausted",
+        "the fourth start",
+    );
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(": 900 tokens were spent"),
+        "100 charged and 800 reserved: {message}"
+    );
+    // Charged at 0.5 s into its second: it leaves the window 60.5 s later.
+    assert_eq!(
+        refused
+            .headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("61")
+    );
+
+    let before = api.snapshot().await["totalActivities"].clone();
+    let over = api
+        .post(
+            "/v1/activities",
+            &json!({"service": "kb", "provider": "openai", "maxTokens": 1001}).to_string(),
+        )
+        .await;
+    over.assert_error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "an estimate over the budget",
+    );
+    let message = over.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tokens_per_minute = 1000"), "{message}");
+    assert_eq!(
+        api.snapshot().await["totalActivities"],
+        before,
+        "nothing recorded"
+    );
+}
+
 #[tokio::test]
 async fn refine_sets_the_model_once_folds_a_second_to_unknown_and_409s_when_ended() {
     let api = api();

@@ -140,14 +140,19 @@ impl From<LedgerError> for ApiError {
             // 409 `idempotency_conflict`: a key first sent with another request.
             ErrorKind::IdempotencyConflict => Self::new(ErrorCode::IdempotencyConflict, err.message()),
             ErrorKind::LaneFull => Self::lane_full(err.message()),
-            ErrorKind::LaneCooling => {
+            kind @ (ErrorKind::LaneCooling | ErrorKind::BudgetExhausted) => {
                 // The seconds left, rounded up: asked again then, the lane
-                // grants.
+                // grants (its cooldown over, or its window rolled off).
                 let left = err.retry_after().unwrap_or_default();
                 let secs = left.as_millis().div_ceil(1000).max(1);
+                let code = if kind == ErrorKind::LaneCooling {
+                    ErrorCode::LaneCooling
+                } else {
+                    ErrorCode::BudgetExhausted
+                };
                 Self {
                     retry_after_secs: Some(u64::try_from(secs).unwrap_or(u64::MAX)),
-                    ..Self::new(ErrorCode::LaneCooling, err.message())
+                    ..Self::new(code, err.message())
                 }
             }
             ErrorKind::Unavailable => {

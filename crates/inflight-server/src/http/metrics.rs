@@ -138,10 +138,11 @@ struct AggregateReap {
 
 const DISPOSITIONS: [Disposition; 2] = [Disposition::Abandoned, Disposition::Unsettled];
 const REASONS: [ReapReason; 2] = [ReapReason::Deadline, ReapReason::OwnerLost];
-const REJECTIONS: [Rejection; 3] = [
+const REJECTIONS: [Rejection; 4] = [
     Rejection::LaneFull,
     Rejection::WaitTimeout,
     Rejection::LaneCooling,
+    Rejection::BudgetExhausted,
 ];
 
 fn count(value: i64) -> u64 {
@@ -429,7 +430,7 @@ fn register_counters(registry: &mut Registry, snapshot: &Snapshot, stats: &Stats
     }
     registry.register(
         "admission_rejected",
-        "Admissions this instance refused on the lane, by reason (lane_full or lane_cooling: at once; wait_timeout: after waiting in line)",
+        "Admissions this instance refused on the lane, by reason (lane_full, lane_cooling or budget_exhausted: at once; wait_timeout: after waiting in line)",
         rejected,
     );
 }
