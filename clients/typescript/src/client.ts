@@ -15,6 +15,7 @@ import {
   UnavailableError,
   WaitTimeoutError,
 } from "./errors.js";
+import type { ErrorCode } from "./errors.js";
 import type {
   ActivityRecord,
   BeginRequest,
@@ -182,6 +183,8 @@ const IDEMPOTENT: ReadonlySet<RouteName> = new Set<RouteName>([
 ]);
 const SERVER_CODES: ReadonlySet<string> = new Set(SERVER_ERROR_CODES);
 const MAX_WAIT_STEP_MS = 30_000;
+/** The refusals of a start that `admit` keeps waiting through: the record keeps its place in line. */
+const WAITED_THROUGH: ReadonlySet<ErrorCode> = new Set<ErrorCode>(["lane_full", "lane_cooling", "budget_exhausted"]);
 
 /**
  * Whether a failed request may be sent again. An idempotent one (a begin is,
@@ -508,12 +511,16 @@ export class InflightClient {
    * With `startNow`, the server begins it started on its own clock
    * (`?start=now`): a lifecycle in two requests, this and the settle. On a
    * full lane that is `LaneFullError` (on a lane cooling down,
-   * `LaneCoolingError`, whose `retryAfterMs` says for how long), with
-   * nothing holding a slot or a place in line. With `waitMs` too (at most
-   * 30 s), the server holds the request until the lane admits the record or
-   * the wait ends, through a cooldown too; then the record is cancelled and
-   * the answer is `LaneFullError`, or `LaneCoolingError` if the lane was
-   * still cooling down. A repeat that finds its
+   * `LaneCoolingError`, whose `retryAfterMs` says for how long; when the
+   * call's `maxTokens` does not fit in a token budget,
+   * `BudgetExhaustedError`), with nothing holding a slot or a place in
+   * line. With `waitMs` too (at most 30 s), the server holds the request
+   * until the lane admits the record or the wait ends, through a cooldown
+   * or a used-up budget too; then the record is cancelled and the answer is
+   * `LaneFullError`, or `LaneCoolingError` if the lane was still cooling
+   * down, or `BudgetExhaustedError` if the tokens still did not fit. A
+   * `maxTokens` larger than a whole budget is `InvalidRequestError` (it
+   * could never start), whether or not `startNow` is given. A repeat that finds its
    * record cancelled is the same `LaneFullError` once `waitMs` has passed;
    * before, the begin is made anew (a new key) for the wait that is left.
    */
@@ -880,7 +887,9 @@ export class Activity {
 
   /**
    * Starts it: admitted at once, or `LaneFullError` (or `LaneCoolingError`
-   * on a lane cooling down; the record keeps its place in line either way). With `waitMs` (at most 30 s), the server holds the
+   * on a lane cooling down, or `BudgetExhaustedError` when its `maxTokens`
+   * does not fit in a token budget; the record keeps its place in line
+   * each way). With `waitMs` (at most 30 s), the server holds the
    * request until its turn comes or the wait ends.
    */
   start(options: { waitMs?: number; startedAt?: TimestampInput; signal?: AbortSignal } = {}): Promise<ActivityRecord> {
@@ -899,10 +908,16 @@ export class Activity {
 
   /**
    * Waits in line with bounded `?wait=` requests until admitted, through a
-   * full lane (`lane_full`) and a lane cooling down (`lane_cooling`) alike.
-   * After a `lane_cooling` with `Retry-After`, it asks again no sooner than
-   * that; when that is past `maxWaitMs`, it gives up at once
-   * (`WaitTimeoutError`, with the refusal's `retryAfterMs`).
+   * full lane (`lane_full`), a lane cooling down (`lane_cooling`) and a
+   * token budget used up (`budget_exhausted`) alike. After a
+   * `lane_cooling` with `Retry-After`, it asks again no sooner than that;
+   * when that is past `maxWaitMs`, it gives up at once (`WaitTimeoutError`,
+   * with the refusal's `retryAfterMs`). A `budget_exhausted`'s
+   * `Retry-After` is only the latest the window makes room by itself: a
+   * settle that reports less than its call's estimate makes room sooner, and
+   * the server's held `?wait=` wakes for it. So after one it asks again at
+   * once, as after a `lane_full`, and waits until `maxWaitMs` whatever the
+   * `Retry-After` (which its `WaitTimeoutError` carries).
    */
   async admit(options: AdmitOptions = {}): Promise<ActivityRecord> {
     const step = Math.min(MAX_WAIT_STEP_MS, options.waitStepMs ?? 10_000);
@@ -912,13 +927,16 @@ export class Activity {
       try {
         return await this.start({ waitMs: Math.max(0, Math.min(step, left)), ...(options.signal ? { signal: options.signal } : {}) });
       } catch (err) {
-        if (!isInflightError(err, "lane_full") && !isInflightError(err, "lane_cooling")) throw err;
+        if (!isInflightError(err) || !WAITED_THROUGH.has(err.code)) throw err;
         const cooling = err.code === "lane_cooling";
         const now = Date.now();
         // A cooling lane grants nothing before its Retry-After: asking sooner is a wasted request.
         const notBefore = cooling && err.retryAfterMs !== undefined ? now + err.retryAfterMs : now;
         if (now >= deadline || notBefore > deadline) {
-          const why = cooling ? " (the lane is cooling down after a provider's refusal)" : "";
+          const why =
+            cooling ? " (the lane is cooling down after a provider's refusal)"
+            : err.code === "budget_exhausted" ? " (its tokens did not fit in the token budget)"
+            : "";
           throw new WaitTimeoutError(
             "wait_timeout",
             `activity ${this.id} was not admitted on ${this.record.service}::${this.record.provider} within ${options.maxWaitMs} ms${why}`,

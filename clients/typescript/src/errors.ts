@@ -60,9 +60,22 @@ export class LaneCoolingError extends InflightError {
   override name = "LaneCoolingError";
 }
 /**
+ * 429 `budget_exhausted`: the call's `maxTokens` estimate does not fit in
+ * its lane's token budget (`tokens_per_minute`) or its provider's, beside
+ * the tokens of the last minute and of the calls executing. `retryAfterMs`
+ * is the server's `Retry-After` (whole seconds): when enough of the
+ * last-minute window rolls off, or 60 s when only a settle can make room;
+ * a settle that reports less than its call's estimate can make room sooner.
+ * The record keeps its place in line, as with `lane_full`.
+ */
+export class BudgetExhaustedError extends InflightError {
+  override name = "BudgetExhaustedError";
+}
+/**
  * The call waited in line longer than it was allowed (`maxWaitMs`); the
- * record was cancelled. Its `cause` is the last refusal (`LaneFullError` or
- * `LaneCoolingError`), and its `retryAfterMs` that refusal's.
+ * record was cancelled. Its `cause` is the last refusal (`LaneFullError`,
+ * `LaneCoolingError` or `BudgetExhaustedError`), and its `retryAfterMs`
+ * that refusal's.
  */
 export class WaitTimeoutError extends InflightError {
   override name = "WaitTimeoutError";
@@ -121,6 +134,7 @@ export class TLSError extends UnavailableError {
 const CLASSES: Partial<Record<ErrorCode, typeof InflightError>> = {
   lane_full: LaneFullError,
   lane_cooling: LaneCoolingError,
+  budget_exhausted: BudgetExhaustedError,
   wait_timeout: WaitTimeoutError,
   not_found: NotFoundError,
   invalid_request: InvalidRequestError,

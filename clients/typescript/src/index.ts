@@ -18,6 +18,7 @@ export type {
   RunOptions,
 } from "./client.js";
 export {
+  BudgetExhaustedError,
   ConflictError,
   errorFor,
   ForbiddenError,

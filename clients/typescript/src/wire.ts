@@ -38,6 +38,7 @@ export const SERVER_ERROR_CODES = [
   "payload_too_large",
   "lane_full",
   "lane_cooling",
+  "budget_exhausted",
   "idempotency_conflict",
   "internal",
   "unavailable",
@@ -214,8 +215,8 @@ export type LaneByPriority = Record<Priority, LanePriorityCounts>;
 /**
  * One lane of native admission, over its `queued` records. The fields of
  * cooldowns and ranked lanes (`coolingUntil`, `effectiveCap`, `cooldowns`,
- * `byPriority`), `tokensLastMinute` and `tokensReserved` are absent from
- * servers older than them.
+ * `byPriority`), `tokensLastMinute`, `tokensReserved`, `tokensPerMinute`
+ * and `providerTokensPerMinute` are absent from servers older than them.
  */
 export interface Lane {
   service: string;
@@ -243,6 +244,17 @@ export interface Lane {
   tokensLastMinute?: number;
   /** The `maxTokens` estimates of the lane's executing calls. */
   tokensReserved?: number;
+  /**
+   * The lane's own token budget (`tokens_per_minute` in the server's
+   * configuration); `null` when it has none. A start that would take the
+   * lane past it is refused `budget_exhausted` (`BudgetExhaustedError`).
+   */
+  tokensPerMinute?: number | null;
+  /**
+   * Its provider's token budget, shared by every lane of the provider;
+   * `null` when it has none. It refuses a start as the lane's own does.
+   */
+  providerTokensPerMinute?: number | null;
 }
 
 /** The counters of one combination of labels. */
@@ -370,7 +382,7 @@ export const FIELDS = {
   Lane: fields<Lane>()([
     "service", "provider", "cap", "executing", "waiting", "reaped", "reapedOwnerLost", "lateSettles",
     "resurrections", "longestWaitMs", "coolingUntil", "effectiveCap", "cooldowns", "byPriority",
-    "tokensLastMinute", "tokensReserved",
+    "tokensLastMinute", "tokensReserved", "tokensPerMinute", "providerTokensPerMinute",
   ]),
   LaneByPriority: fields<LaneByPriority>()(PRIORITIES),
   LanePriorityCounts: fields<LanePriorityCounts>()(["executing", "waiting"]),
