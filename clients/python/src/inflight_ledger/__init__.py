@@ -11,6 +11,7 @@
 from ._common import ActivityContext, ContextBlock, Lifecycle, Usage, UsageExtractor, retry_after_ms, usage_of
 from .aio import AsyncActivity, AsyncActivityBlock, AsyncLedger, AsyncOwnerLease
 from .errors import (
+    BudgetExhaustedError,
     ConflictError,
     ForbiddenError,
     IdempotencyConflictError,
@@ -56,6 +57,7 @@ __all__ = [
     "AsyncLedger",
     "AsyncOwnerLease",
     "BeginRequest",
+    "BudgetExhaustedError",
     "ConflictError",
     "ContextBlock",
     "ForbiddenError",

@@ -787,8 +787,9 @@ def retryable(route: str, err: InflightError) -> bool:
 
 
 #: The refusals a wait in line keeps waiting through: the lane at its cap,
-#: and the lane cooling down after a provider's ``Retry-After``.
-WAIT_CODES: Tuple[str, ...] = ("lane_full", "lane_cooling")
+#: the lane cooling down after a provider's ``Retry-After``, and the call's
+#: tokens not fitting in a token budget.
+WAIT_CODES: Tuple[str, ...] = ("lane_full", "lane_cooling", "budget_exhausted")
 
 
 def pause_before_asking(err: InflightError, deadline: Optional[float], now: float) -> float:
@@ -797,7 +798,10 @@ def pause_before_asking(err: InflightError, deadline: Optional[float], now: floa
     (the server admits nothing before), but never past ``deadline`` (a
     ``time.monotonic()`` value, ``None`` for none); else none (a
     ``?wait=`` request is held by the server, so asking again at once does
-    not spin)."""
+    not spin). ``budget_exhausted``'s ``Retry-After`` is no such bound, only
+    when the window makes room by itself (60 s when only a settle can): a
+    settle reporting less than its estimate makes room sooner, and the
+    server's held ``?wait=`` wakes for it, so after it too none."""
     if err.code != "lane_cooling" or not err.retry_after or err.retry_after <= 0:
         return 0.0
     pause = float(err.retry_after)

@@ -156,10 +156,12 @@ class AsyncLedger(Attributed):
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
         a full lane that is ``LaneFullError`` (``LaneCoolingError``, its
-        subclass, on a lane cooling down), with nothing holding a slot or a
-        place in line. With ``wait`` seconds too (at most 30), the server holds
-        the request until the lane admits the record or the wait ends, through
-        a cooldown too; then the record is cancelled and the answer is the
+        subclass, on a lane cooling down; ``BudgetExhaustedError``, its
+        subclass too, when the call's ``maxTokens`` does not fit in a token
+        budget), with nothing holding a slot or a place in line. With ``wait``
+        seconds too (at most 30), the server holds the request until the lane
+        admits the record or the wait ends, through a cooldown or a used-up
+        budget too; then the record is cancelled and the answer is the
         error of the limit that held it last (``LaneFullError`` when a repeat
         finds it cancelled once ``wait`` has passed)."""
         if wait is not None and not start_now:
@@ -228,10 +230,10 @@ class AsyncLedger(Attributed):
         **fields: Any,
     ) -> "AsyncActivityBlock":
         """A block that is one provider call (see the class's doc and
-        ``Ledger.activity``): it waits in line through a full lane and a lane
-        cooling down alike, up to ``max_wait``; an exception carrying a
-        provider's 429 or 503 answer with ``Retry-After`` settles the failure
-        with it. ``usage_extractor``: what ``call.report_usage_of(answer)``
+        ``Ledger.activity``): it waits in line through a full lane, a lane
+        cooling down and a used-up token budget alike, up to ``max_wait``; an
+        exception carrying a provider's 429 or 503 answer with ``Retry-After``
+        settles the failure with it. ``usage_extractor``: what ``call.report_usage_of(answer)``
         reads the answer's token usage with (default ``usage_of``; ``None``
         reads nothing)."""
         return AsyncActivityBlock(
@@ -339,9 +341,10 @@ class AsyncActivity(UsageReport):
 
     async def admit(self, *, max_wait: Optional[float] = None, wait_step: float = 10.0) -> ActivityRecord:
         """Waits in line with bounded ``?wait=`` requests until admitted,
-        through a full lane and a lane cooling down alike (see ``Activity.admit``:
-        after ``lane_cooling`` with a ``Retry-After``, the next request waits
-        until then, never past ``max_wait``)."""
+        through a full lane, a lane cooling down and a used-up token budget
+        alike (see ``Activity.admit``: after ``lane_cooling`` with a
+        ``Retry-After``, the next request waits until then, never past
+        ``max_wait``; after ``budget_exhausted``, at once)."""
         deadline = None if max_wait is None else time.monotonic() + max_wait
         while True:
             left = wait_step if deadline is None else min(wait_step, max(0.0, deadline - time.monotonic()))

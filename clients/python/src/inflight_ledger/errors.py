@@ -8,7 +8,8 @@ from typing import Dict, Optional, Type
 class InflightError(Exception):
     """An error from the ledger.
 
-    ``code`` is the server's code (``lane_full``, ``lane_cooling``, ``not_found``,
+    ``code`` is the server's code (``lane_full``, ``lane_cooling``,
+    ``budget_exhausted``, ``not_found``,
     ``invalid_request``, ``conflict``, ``unauthorized``, ``unavailable``,
     ...) or the client's own ``wait_timeout`` (the call waited in line longer
     than its ``max_wait``) and ``wait_cancelled`` (its ``cancel`` event was
@@ -52,6 +53,18 @@ class LaneCoolingError(LaneFullError):
     record keeps its place in line. A subclass of ``LaneFullError``, so code
     that already takes a full lane as "not now" takes a cooling one so too;
     its class (or ``code``) tells them apart."""
+
+
+class BudgetExhaustedError(LaneFullError):
+    """429 ``budget_exhausted``: the call's ``maxTokens`` estimate does not
+    fit in its lane's token budget (``tokens_per_minute``) or its
+    provider's, beside the tokens of the last minute and of the calls
+    executing. ``retry_after`` is the server's ``Retry-After`` in seconds:
+    when enough of the last-minute window rolls off, or 60 when only a
+    settle can make room (a settle reporting less than its call's estimate
+    can make room sooner). The record keeps its place in line. A subclass
+    of ``LaneFullError``, as ``LaneCoolingError`` is, so code that takes a
+    full lane as "not now" takes a used-up budget so too."""
 
 
 class WaitTimeoutError(InflightError):
@@ -109,6 +122,7 @@ class TLSError(UnavailableError):
 _CLASSES: Dict[str, Type[InflightError]] = {
     "lane_full": LaneFullError,
     "lane_cooling": LaneCoolingError,
+    "budget_exhausted": BudgetExhaustedError,
     "wait_timeout": WaitTimeoutError,
     "wait_cancelled": WaitCancelledError,
     "not_found": NotFoundError,

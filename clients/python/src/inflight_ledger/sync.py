@@ -169,11 +169,15 @@ class Ledger(Attributed):
         With ``start_now``, the server begins it started on its own clock
         (``?start=now``): a lifecycle in two requests, this and the settle. On
         a full lane that is ``LaneFullError`` (``LaneCoolingError``, its
-        subclass, on a lane cooling down, with ``retry_after``), with nothing
-        holding a slot or a place in line. With ``wait`` seconds too (at most
-        30), the server holds the request until the lane admits the record or
-        the wait ends, through a cooldown too; then the record is cancelled and
-        the answer is the error of the limit that held it last. A repeat that
+        subclass, on a lane cooling down, with ``retry_after``;
+        ``BudgetExhaustedError``, its subclass too, when the call's
+        ``maxTokens`` does not fit in a token budget), with nothing holding a
+        slot or a place in line. With ``wait`` seconds too (at most 30), the
+        server holds the request until the lane admits the record or the wait
+        ends, through a cooldown or a used-up budget too; then the record is
+        cancelled and the answer is the error of the limit that held it last.
+        A ``maxTokens`` larger than a whole budget is ``InvalidRequestError``
+        (it could never start), with or without ``start_now``. A repeat that
         finds its record cancelled is the same ``LaneFullError`` once ``wait``
         has passed; before, the begin is made anew (a new key) for the wait
         that is left."""
@@ -250,7 +254,8 @@ class Ledger(Attributed):
 
         ``max_wait``: give up waiting in line after this many seconds with
         ``WaitTimeoutError`` (the record is cancelled); the wait goes on
-        through a full lane and a lane cooling down alike. ``failure_stage``:
+        through a full lane, a lane cooling down and a used-up token budget
+        alike. ``failure_stage``:
         where an exception happened (or a function of it). An exception that
         carries a provider's 429 or 503 answer with ``Retry-After`` (one whose
         ``response`` has ``status_code`` and ``headers``, as
@@ -371,9 +376,10 @@ class Activity(UsageReport):
 
     def start(self, *, wait: Optional[float] = None, started_at: Any = None) -> ActivityRecord:
         """Admitted at once, or ``LaneFullError`` (``LaneCoolingError`` while
-        the lane cools down); the record keeps its place. With ``wait`` seconds
-        (at most 30), the server holds the request until its turn comes or the
-        wait ends."""
+        the lane cools down, ``BudgetExhaustedError`` when its ``maxTokens``
+        does not fit in a token budget); the record keeps its place. With
+        ``wait`` seconds (at most 30), the server holds the request until its
+        turn comes or the wait ends."""
         body = {} if started_at is None else {"startedAt": wire_time(started_at)}
         param = wait_param(wait)
         return self._update(
@@ -384,9 +390,15 @@ class Activity(UsageReport):
         self, *, max_wait: Optional[float] = None, wait_step: float = 10.0, cancel: Optional[threading.Event] = None
     ) -> ActivityRecord:
         """Waits in line with bounded ``?wait=`` requests until admitted,
-        through a full lane and a lane cooling down alike. After
-        ``lane_cooling`` with a ``Retry-After``, the next request waits until
-        then (never past ``max_wait``).
+        through a full lane, a lane cooling down and a used-up token budget
+        (``budget_exhausted``) alike. After ``lane_cooling`` with a
+        ``Retry-After``, the next request waits until then (never past
+        ``max_wait``). After ``budget_exhausted`` it asks again at once, as
+        after ``lane_full``: its ``Retry-After`` is only when the window makes
+        room by itself, and a settle that reports less than its call's
+        estimate makes room sooner, which the server's held ``?wait=`` wakes
+        for. Past ``max_wait``, ``WaitTimeoutError`` is raised from the last
+        refusal (its ``__cause__``, with its ``retry_after``).
 
         ``cancel``: when another thread sets it, the record is cancelled and
         ``WaitCancelledError`` raised, at once (not at the end of a

@@ -38,6 +38,7 @@ SERVER_ERROR_CODES: Tuple[str, ...] = (
     "payload_too_large",
     "lane_full",
     "lane_cooling",
+    "budget_exhausted",
     "idempotency_conflict",
     "internal",
     "unavailable",
@@ -233,8 +234,9 @@ class _LaneBase(TypedDict):
 class Lane(_LaneBase, total=False):
     """A lane of the snapshot's ``nativeAdmission``. The fields below are
     absent from servers older than cooldowns, ``tokensLastMinute`` from
-    servers older than usage, and ``tokensReserved`` from servers older than
-    estimates (read them with ``.get``)."""
+    servers older than usage, ``tokensReserved`` from servers older than
+    estimates, and ``tokensPerMinute`` and ``providerTokensPerMinute`` from
+    servers older than token budgets (read them with ``.get``)."""
 
     #: When the lane's cooldown ends (RFC 3339), or ``None`` when it is not cooling down.
     coolingUntil: Optional[str]
@@ -250,6 +252,13 @@ class Lane(_LaneBase, total=False):
     tokensLastMinute: int
     #: The estimates (``maxTokens``) of the lane's calls executing.
     tokensReserved: int
+    #: The lane's own token budget (``tokens_per_minute`` in the server's
+    #: configuration), or ``None`` when it has none. A start whose estimate
+    #: does not fit is refused ``budget_exhausted`` (``BudgetExhaustedError``).
+    tokensPerMinute: Optional[int]
+    #: Its provider's token budget, shared by every lane of the provider, or
+    #: ``None`` when it has none; it refuses a start as the lane's own does.
+    providerTokensPerMinute: Optional[int]
 
 
 _AggregateBase = TypedDict(
