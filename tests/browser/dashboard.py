@@ -30,8 +30,15 @@ the page and checks:
 
 It saves a screenshot (`--screenshot PATH`; the README shows one).
 
+The binary embeds the page's files when built; `--dashboard-dir DIR` has
+the browser load index.html, dashboard.js and dashboard.css from DIR
+instead (the server's own headers kept, its Content-Security-Policy
+among them), to try a change to the page without rebuilding. CI leaves it
+unset, and so tests the files the binary serves.
+
 Usage: python3 tests/browser/dashboard.py [--bin target/debug/inflight]
            [--chromium /usr/bin/chromium] [--screenshot PATH]
+           [--dashboard-dir crates/inflight-server/src/http/dashboard]
 Needs: pip install playwright (no browser download: it drives the system's
 Chromium).
 """
@@ -49,6 +56,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
+from urllib.parse import urlparse
 
 from playwright.sync_api import expect, sync_playwright
 
@@ -231,11 +239,30 @@ def open_page(page, url):
     expect(page.locator("#token-form")).to_be_hidden()
 
 
+# The page's files, by their path on the server.
+PAGE_FILES = {"/": "index.html", "/dashboard.js": "dashboard.js", "/dashboard.css": "dashboard.css"}
+
+
+def serve_from(page, server, folder):
+    """Answers the page's files from `folder`, with the server's headers."""
+    def local(route):
+        response = route.fetch()
+        name = PAGE_FILES[urlparse(route.request.url).path]
+        with open(os.path.join(folder, name), "rb") as f:
+            body = f.read()
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "etag")}
+        route.fulfill(status=response.status, headers=headers, body=body)
+
+    page.route(lambda url: url.startswith(server.base) and urlparse(url).path in PAGE_FILES, local)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin", default=os.environ.get("INFLIGHT_BIN", "target/debug/inflight"))
     parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", "/usr/bin/chromium"))
     parser.add_argument("--screenshot", default=None)
+    parser.add_argument("--dashboard-dir", default=None,
+                        help="serve the page's files from this folder rather than from the binary")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="inflight-dashboard-") as workdir:
@@ -252,6 +279,8 @@ def run(server, seeded, args):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1200, "height": 900})
+        if args.dashboard_dir:
+            serve_from(page, server, args.dashboard_dir)
         outside = []
         page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(server.base) else None)
         errors = []
