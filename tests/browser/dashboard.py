@@ -19,7 +19,14 @@ the page and checks:
   with the bar's cap tick at 2, and a lane's records show by priority;
 - a lane that spent tokens reads "1,176 tokens/min · 2,000 reserved" under
   its bar, and a lane without shows no such line;
-- a snapshot from a server older than those fields still renders;
+- a lane with a token budget reads "800 of 1,000 tokens/min (800 reserved)"
+  over a thin bar ticked at the budget, and once a start is refused for
+  want of tokens, the line, the bar and the lane are marked full; a lane
+  of a provider with a budget reads the provider's use, summed over its
+  lanes, against it; a budget's window holding it all, or a provider's,
+  marks the lanes of it with calls, and a lane with room loses the mark;
+- a snapshot from a server older than those fields, or than budgets,
+  still renders;
 - the reaped records are listed, and the status badge explains itself;
 - idle lanes fold away under a toggle, the quiet time set by `?idle=`;
 - the lanes, counts, oldest records, owners and reaps render;
@@ -77,6 +84,14 @@ MARKUP = '<img src=x onerror="window.__pwned=1">'
 # Spends tokens: a call settled with 1,000 + 176 tokens of usage, and one
 # executing with 2,000 reserved (its maxTokens).
 SPENDING = "summarize::anthropic"
+# A token budget of 1,000 a minute: two calls of 400 executing hold 800, and
+# a third of 400 is refused (budget_exhausted), waiting.
+BUDGETED = "kb::openai"
+BUDGET = 1000
+# openai's budget, shared by its lanes: this lane has none of its own, and
+# reserves 500 of it with one call executing.
+SHARING = "translate::openai"
+PROVIDER_BUDGET = 3000
 
 
 def free_port():
@@ -96,6 +111,8 @@ class Server:
             f.write(f'[lanes."{COOLED}"]\ncap = 4\nadaptive = true\nmax_cooldown = "1h"\n')
             for lane in IDLE + [MISSPELLED]:
                 f.write(f'[lanes."{lane}"]\ncap = 4\n')
+            f.write(f'[lanes."{BUDGETED}"]\ntokens_per_minute = {BUDGET}\n')
+            f.write(f'[providers.openai]\ntokens_per_minute = {PROVIDER_BUDGET}\n')
         self.log = open(os.path.join(workdir, "server.log"), "w")
         self.process = subprocess.Popen(
             [binary, "serve", "--config", config, "--listen", f"127.0.0.1:{self.port}",
@@ -179,6 +196,20 @@ def seed(server):
     assert status == 200, (status, body)
     reserving = server.begin("?start=now", service="summarize", provider="anthropic", maxTokens=2000,
                              **{"class": "chat"})
+    # A lane's token budget: two calls of 400 fit in its 1,000 a minute, a
+    # third does not and waits; another lane of the provider reserves 500
+    # of the provider's budget.
+    budgeted = []
+    for _ in range(3):
+        activity = server.begin(service="kb", provider="openai", maxTokens=400, **{"class": "chat"})
+        budgeted.append(activity)
+    for activity in budgeted[:2]:
+        status, body = server.call("POST", f"/v1/activities/{activity}/start")
+        assert status == 200, (status, body)
+    status, body = server.call("POST", f"/v1/activities/{budgeted[2]}/start")
+    assert status == 429 and body["error"]["code"] == "budget_exhausted", (status, body)
+    assert f"lane {BUDGETED}" in body["error"]["message"], body
+    server.begin("?start=now", service="translate", provider="openai", maxTokens=500, **{"class": "chat"})
     # Leaked calls: started two hours ago with a one-second deadline, so the
     # next read reaps them (unsettled, deadline).
     two_hours_ago = rfc3339(now - timedelta(hours=2))
@@ -212,7 +243,7 @@ def seed(server):
     assert changed == 1, "the markup record was not found in the store"
     assert counted == 1, "the markup record's counters were not found in the store"
     time.sleep(0.2)  # past worker-b's lease
-    return executing, marked, reserving
+    return executing, marked, reserving, budgeted
 
 
 def lane_row(page, lane):
@@ -275,7 +306,7 @@ def main():
 
 
 def run(server, seeded, args):
-    executing, marked, reserving = seeded
+    executing, marked, reserving, budgeted = seeded
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -302,18 +333,19 @@ def run(server, seeded, args):
         assert page.get_attribute("#status", "title") == page.text_content("#status-text")
         expect(page.locator("#trouble")).to_contain_text(f"saturated: {LANE}")
         expect(page.locator("#trouble")).to_contain_text(f"cooling: {COOLED}")
+        expect(page.locator("#trouble")).to_contain_text(f"budget full: {BUDGETED}")
         expect(page.locator("#trouble")).to_contain_text(re.compile(f"failing: [^·]*{re.escape(FAILING)}"))
         warning = page.locator('#warnings li[data-code="lane_unused_near_miss"]')
         expect(warning).to_contain_text(MISSPELLED)
         expect(warning).to_contain_text(LANE)
 
-        # Trouble first: the cooling lane tops the table, then the saturated
-        # lane above lanes whose names sort before it, then the waiting,
-        # failing and reaped ones.
+        # Trouble first: the cooling lane tops the table, then the one whose
+        # budget is full, then the saturated lane above lanes whose names
+        # sort before it, then the waiting, failing and reaped ones.
         kb = lane_row(page, LANE)
         expect(kb).to_have_count(1)
         active = lane_order(page, "lanes-active")
-        expected = [COOLED, LANE, MARKUP + "::ollama", FAILING, LEAKED, ORPHANED, SPENDING]
+        expected = [COOLED, BUDGETED, LANE, MARKUP + "::ollama", FAILING, LEAKED, ORPHANED, SPENDING, SHARING]
         assert active == expected, f"lanes in the order {active}, not {expected}"
         expect(kb).to_have_attribute("data-trouble", "saturated")
         expect(kb).to_have_class("trouble saturated")
@@ -322,8 +354,8 @@ def run(server, seeded, args):
         expect(cell(kb, "executing")).to_have_text("2")
         expect(cell(kb, "waiting")).to_have_text("3")
         expect(cell(kb, "longest wait")).to_contain_text("2m3")
-        assert kb.locator(".bar b.cap").count() == 1, "the cap is not drawn"
-        expect(kb.locator(".bar b.declared-cap")).to_be_hidden()
+        assert kb.locator(".bar.slots b.cap").count() == 1, "the cap is not drawn"
+        expect(kb.locator(".bar.slots b.declared-cap")).to_be_hidden()
         expect(cell(kb, "load").locator(".by-priority")).to_have_text("interactive 2/0 · batch 0/3")
         expect(page.locator(".key")).to_contain_text("SATURATED")
         expect(page.locator(".key")).to_contain_text("cap")
@@ -360,6 +392,69 @@ def run(server, seeded, args):
             expect(cell(lane_row(page, lane), "load").locator(".tokens")).to_have_text("")
             expect(cell(lane_row(page, lane), "load").locator(".tokens")).to_be_hidden()
         expect(page.locator(".key")).to_contain_text("tokens/min")
+
+        # A token budget: what the lane's window holds (800 reserved by two
+        # calls of 400) against its 1,000, over a thin bar ticked at the
+        # budget. A third call of 400 was refused and waits: the budget has
+        # no room for it, so the line, the bar and the lane read full, and
+        # BUDGET FULL says why the record waits (no WAITING marker).
+        budget_row = lane_row(page, BUDGETED)
+        expect(budget_row).to_have_attribute("data-trouble", "budget")
+        expect(budget_row).to_have_class("trouble budget")
+        marker = cell(budget_row, "trouble").locator(".marker.budget")
+        expect(marker).to_have_text("BUDGET FULL")
+        expect(marker).to_have_attribute("title", re.compile(
+            r"^token budget full: the lane's \(800 of 1,000 tokens/min\)\. .*\(budget_exhausted\)"))
+        expect(cell(budget_row, "cap")).to_have_text("none")
+        expect(cell(budget_row, "executing")).to_have_text("2")
+        expect(cell(budget_row, "waiting")).to_have_text("1")
+        tokens = cell(budget_row, "load").locator(".tokens")
+        expect(tokens).to_have_text("800 of 1,000 tokens/min (800 reserved) · full")
+        expect(tokens).to_have_class("tokens budgeted full")
+        expect(tokens).to_have_attribute("title", re.compile(
+            r"^the lane's token budget: 800 of its 1,000 tokens a minute held, 0 charged in the last minute "
+            r"and 800 reserved .*; full: "))
+        bars = page.evaluate(TOKEN_BARS, BUDGETED)
+        assert bars["lane"]["shown"] and bars["lane"]["full"], bars
+        assert close(bars["lane"]["parts"], [0, 0.8]), f"the window's parts are not 0 and 800 of 1,000: {bars}"
+        assert close([bars["lane"]["tick"]], [1]), f"the budget's tick is not at 1,000: {bars}"
+        # Its provider's budget, shared: the window of openai's lanes summed
+        # (800 here, 500 on the other lane), this lane's share first.
+        shared = cell(budget_row, "load").locator(".shared-tokens")
+        expect(shared).to_have_text("1,300 of 3,000 tokens/min shared by openai's lanes · this lane 800")
+        expect(shared).to_have_class("shared-tokens")
+        expect(shared).to_have_attribute("title", re.compile(
+            r"^openai's token budget, shared by every lane of openai: 1,300 of its 3,000 tokens a minute held "
+            r"by its lanes .*, 800 of them by this lane$"))
+        assert bars["shared"]["shown"] and not bars["shared"]["full"], bars
+        assert close(bars["shared"]["parts"], [800 / 3000, 500 / 3000]), bars
+        assert close([bars["shared"]["tick"]], [1]), bars
+        # A lane of the provider without a budget of its own: today's line,
+        # then the provider's.
+        sharing = lane_row(page, SHARING)
+        expect(sharing).to_have_attribute("data-trouble", "")
+        expect(cell(sharing, "load").locator(".tokens")).to_have_text("0 tokens/min · 500 reserved")
+        expect(cell(sharing, "load").locator(".shared-tokens")).to_have_text(
+            "1,300 of 3,000 tokens/min shared by openai's lanes · this lane 500")
+        bars = page.evaluate(TOKEN_BARS, SHARING)
+        assert not bars["lane"]["shown"], bars
+        assert close(bars["shared"]["parts"], [500 / 3000, 800 / 3000]), bars
+        # No budget, no budget line or bar.
+        for lane in (LANE, SPENDING):
+            expect(cell(lane_row(page, lane), "load").locator(".shared-tokens")).to_be_hidden()
+            bars = page.evaluate(TOKEN_BARS, lane)
+            assert not bars["lane"]["shown"] and not bars["shared"]["shown"], (lane, bars)
+        expect(page.locator(".key")).to_contain_text("BUDGET FULL")
+        expect(page.locator(".key")).to_contain_text("shared by openai's lanes")
+        # Full by the window alone: it holds the whole budget (200 charged,
+        # 800 reserved), nothing waiting. A provider's budget held whole
+        # marks its lanes with calls, not one with none.
+        full = page.evaluate(FULL_BUDGETS, [BUDGETED, SHARING, LEAKED])
+        assert full[BUDGETED] == {"tokens": "1,000 of 1,000\u00a0tokens/min (800\u00a0reserved) · full",
+                                  "trouble": "budget"}, full
+        assert full[SHARING]["trouble"] == "budget", full
+        assert full[SHARING]["shared"].endswith(" · full"), full
+        assert "budget" not in full[LEAKED]["trouble"], full
 
         # Failures and reaps per lane.
         failing = lane_row(page, FAILING)
@@ -406,7 +501,7 @@ def run(server, seeded, args):
         expect(page.locator("#reap-chart")).to_have_attribute("data-total", "4")
         assert page.locator("#reap-chart svg rect.unsettled-deadline").count() >= 1
         # The oldest in flight, with their ages and bounds; the owners.
-        expect(page.locator("#in-flight tbody tr")).to_have_count(8)
+        expect(page.locator("#in-flight tbody tr")).to_have_count(12)
         expect(page.locator("#owners tbody tr")).to_have_count(2)
         live = page.locator('#owners tbody tr[data-state="live"]')
         expect(live.locator("td").nth(1)).to_have_text("worker-a")
@@ -462,16 +557,38 @@ def run(server, seeded, args):
             re.compile(r"^(3,176|2,000)\stokens/min$"), timeout=10_000)
         assert page.evaluate(f"() => document.querySelector('#lanes tr[data-lane=\"{LANE}\"]').__kept") is True, \
             "the lane's row was rebuilt"
+        # A budgeted call settles having spent 100: 500 held, and room for
+        # the 400 waiting, so the budget is no longer full, and the record
+        # waits for its caller (WAITING); started, it is admitted.
+        status, body = server.call("POST", f"/v1/activities/{budgeted[0]}/settle",
+                                   {"success": True, "usage": {"inputTokens": 60, "outputTokens": 40}})
+        assert status == 200, (status, body)
+        tokens = cell(lane_row(page, BUDGETED), "load").locator(".tokens")
+        expect(tokens).to_have_text("500 of 1,000 tokens/min (400 reserved)", timeout=10_000)
+        expect(tokens).to_have_class("tokens budgeted")
+        expect(lane_row(page, BUDGETED)).to_have_attribute("data-trouble", "waiting")
+        expect(cell(lane_row(page, BUDGETED), "load").locator(".shared-tokens")).to_have_text(
+            "1,000 of 3,000 tokens/min shared by openai's lanes · this lane 500")
+        status, body = server.call("POST", f"/v1/activities/{budgeted[2]}/start")
+        assert status == 200, (status, body)
+        expect(tokens).to_have_text("900 of 1,000 tokens/min (800 reserved)", timeout=10_000)
+        expect(lane_row(page, BUDGETED)).to_have_attribute("data-trouble", "")
 
         # A server older than effectiveCap, coolingUntil, cooldowns,
         # byPriority and the token fields: the cooled lane reads as a plain
         # one, without errors.
-        old = page.evaluate(OLDER_SERVER, COOLED)
+        old = page.evaluate(OLDER_SERVER, [COOLED, BEFORE_COOLDOWNS])
         assert old == {"cap": "4", "trouble": "waiting failing", "left": "", "priority": "", "declared": True,
-                       "tokens": ""}, old
+                       "tokens": "", "budgetBar": True, "shared": "", "sharedBar": True}, old
         # Without tokensLastMinute and tokensReserved, no tokens line.
-        old = page.evaluate(OLDER_SERVER, SPENDING)
+        old = page.evaluate(OLDER_SERVER, [SPENDING, BEFORE_COOLDOWNS])
         assert old["tokens"] == "", old
+        # A server older than budgets only: today's token line (the 100 of
+        # the settle above, unless it left the minute on a slow machine),
+        # no bars.
+        old = page.evaluate(OLDER_SERVER, [BUDGETED, BEFORE_BUDGETS])
+        assert re.fullmatch(r"(100|0)\u00a0tokens/min · 800\u00a0reserved", old["tokens"]), old
+        assert old["budgetBar"] and old["shared"] == "" and old["sharedBar"], old
 
         # Hundreds of lanes: a refresh stays fast, and rows are reused.
         timing = page.evaluate(MANY_LANES)
@@ -505,22 +622,25 @@ def run(server, seeded, args):
 
 # Where the cap ticks of a lane's bar sit, as fractions of the bar.
 TICKS = """(lane) => {
-  const bar = document.querySelector(`#lanes tr[data-lane="${lane}"] .bar`).getBoundingClientRect();
+  const bar = document.querySelector(`#lanes tr[data-lane="${lane}"] .bar.slots`).getBoundingClientRect();
   const at = (selector) => {
-    const tick = document.querySelector(`#lanes tr[data-lane="${lane}"] .bar ${selector}`).getBoundingClientRect();
+    const tick = document.querySelector(`#lanes tr[data-lane="${lane}"] .bar.slots ${selector}`).getBoundingClientRect();
     return (tick.left + 1 - bar.left) / bar.width;
   };
   return { cap: at("b.cap"), declared: at("b.declared-cap") };
 }"""
 
-# Renders the last snapshot without the fields a server older than the
-# cooldowns lacks, reads the lane's row, then renders the snapshot again.
-OLDER_SERVER = """(lane) => {
+# The lane fields a server older than the cooldowns lacks, and one older
+# than budgets.
+BEFORE_BUDGETS = ["tokensPerMinute", "providerTokensPerMinute"]
+BEFORE_COOLDOWNS = ["effectiveCap", "coolingUntil", "cooldowns", "byPriority",
+                    "tokensLastMinute", "tokensReserved"] + BEFORE_BUDGETS
+
+# Renders the last snapshot without the given fields of its lanes, reads
+# the lane's row, then renders the snapshot again.
+OLDER_SERVER = """([lane, fields]) => {
   const older = JSON.parse(JSON.stringify(last));
-  for (const entry of Object.values(older.nativeAdmission)) {
-    delete entry.effectiveCap; delete entry.coolingUntil; delete entry.cooldowns; delete entry.byPriority;
-    delete entry.tokensLastMinute; delete entry.tokensReserved;
-  }
+  for (const entry of Object.values(older.nativeAdmission)) for (const field of fields) delete entry[field];
   render(older);
   const row = document.querySelector(`#lanes tr[data-lane="${lane}"]`);
   const seen = {
@@ -528,12 +648,64 @@ OLDER_SERVER = """(lane) => {
     trouble: row.dataset.trouble,
     left: row.querySelector(".cooling-left").textContent,
     priority: row.querySelector(".by-priority").textContent,
-    declared: row.querySelector(".bar b.declared-cap").hidden,
+    declared: row.querySelector(".bar.slots b.declared-cap").hidden,
     tokens: row.querySelector(".tokens").textContent,
+    budgetBar: row.querySelector(".bar.token-bar").hidden,
+    shared: row.querySelector(".shared-tokens").textContent,
+    sharedBar: row.querySelectorAll(".bar.token-bar")[1].hidden,
   };
   render(last);
   return seen;
 }"""
+
+# A lane's two token bars, its own budget's and its provider's: shown or
+# not, full or not, each part's width and the budget tick's place, as
+# fractions of the bar.
+TOKEN_BARS = """(lane) => {
+  const [own, shared] = document.querySelectorAll(`#lanes tr[data-lane="${lane}"] .bar.token-bar`);
+  const read = (bar) => {
+    const box = bar.getBoundingClientRect();
+    const shown = !bar.hidden && box.width > 0;
+    const at = (node) => shown ? (node.getBoundingClientRect().left - box.left) / box.width : null;
+    return {
+      shown, full: bar.classList.contains("full"),
+      parts: Array.from(bar.querySelectorAll("i"), (i) => shown ? i.getBoundingClientRect().width / box.width : null),
+      tick: shown ? (bar.querySelector("b.cap").getBoundingClientRect().left + 1 - box.left) / box.width : null,
+    };
+  };
+  return { lane: read(own), shared: read(shared) };
+}"""
+
+# Renders the last snapshot with the first lane's window holding its whole
+# budget (200 charged beside its 800 reserved, nothing waiting) and
+# openai's budget lowered to what its lanes hold, reads the lanes' rows,
+# then renders the snapshot again.
+FULL_BUDGETS = """(lanes) => {
+  const full = JSON.parse(JSON.stringify(last));
+  const first = full.nativeAdmission[lanes[0]];
+  first.tokensLastMinute = 200;
+  first.waiting = 0;
+  first.byPriority.unknown.waiting = 0;
+  let held = 0;
+  for (const lane of Object.values(full.nativeAdmission))
+    if (lane.provider === "openai") held += (lane.tokensLastMinute || 0) + (lane.tokensReserved || 0);
+  for (const lane of Object.values(full.nativeAdmission))
+    if (lane.provider === "openai") lane.providerTokensPerMinute = held;
+  render(full);
+  const seen = {};
+  for (const lane of lanes) {
+    const row = document.querySelector(`#lanes tr[data-lane="${lane}"]`);
+    seen[lane] = lane === lanes[0]
+      ? { tokens: row.querySelector(".tokens").textContent, trouble: row.dataset.trouble }
+      : { shared: row.querySelector(".shared-tokens").textContent, trouble: row.dataset.trouble };
+  }
+  render(last);
+  return seen;
+}"""
+
+
+def close(seen, wanted, within=0.02):
+    return len(seen) == len(wanted) and all(a is not None and abs(a - b) <= within for a, b in zip(seen, wanted))
 
 # Renders the last snapshot with 500 more lanes, twice, in the page itself
 # (its functions are the page's globals), and times each render.

@@ -29,11 +29,13 @@ const SERIES = [
   { key: "abandoned-owner-lost", label: "abandoned, owner lost" },
   { key: "unsettled-owner-lost", label: "unsettled, owner lost" },
 ];
-// Trouble, worst first: a lane ranks by its worst marker. COOLING sits
-// above SATURATED: it is why a lane grants nothing, whatever its slots.
+// Trouble, worst first: a lane ranks by its worst marker. COOLING and
+// BUDGET FULL sit above SATURATED: each is why a lane grants nothing,
+// whatever its slots.
 const MARKERS = [
   { key: "over-cap", text: "OVER CAP" },
   { key: "cooling", text: "COOLING" },
+  { key: "budget", text: "BUDGET FULL" },
   { key: "saturated", text: "SATURATED" },
   { key: "waiting", text: "WAITING" },
   { key: "failing", text: "FAILING" },
@@ -266,6 +268,9 @@ function summarizeLanes(s) {
         lastCallMs: null,
         lastReapMs: null,
         coolingUntilMs: null,
+        // The smallest estimate of its records waiting, of those listed.
+        waitingEstimate: null,
+        budget: null,
       };
       lanes.set(key, lane);
     }
@@ -298,7 +303,14 @@ function summarizeLanes(s) {
     const entry = lanes.get(key);
     entry.reapedEver = Math.max(entry.reapedEver || 0, reaped);
   }
-  for (const record of s.inFlight || []) get(laneKey(record)).listedInFlight += 1;
+  for (const record of s.inFlight || []) {
+    const entry = get(laneKey(record));
+    entry.listedInFlight += 1;
+    if (record.state === "waiting") {
+      const estimate = tokensOf(record.maxTokens);
+      entry.waitingEstimate = entry.waitingEstimate === null ? estimate : Math.min(entry.waitingEstimate, estimate);
+    }
+  }
   for (const record of s.recentCompletions || []) {
     const entry = get(laneKey(record));
     if (record.state === "failed") entry.failedRecent += 1;
@@ -309,13 +321,83 @@ function summarizeLanes(s) {
     entry.reapedRecent += 1;
     entry.lastReapMs = latest(entry.lastReapMs, record.reapedAt);
   }
+  const providerUse = providerTokens(s);
   for (const entry of lanes.values()) {
     const queued = entry.native ? entry.native.executing + entry.native.waiting : 0;
     entry.inFlight = Math.max(queued, entry.aggInFlight, entry.listedInFlight);
     entry.direct = Math.max(0, entry.inFlight - queued);
+    entry.budget = budgetsOf(entry, providerUse);
     entry.markers = markersOf(entry);
   }
   return lanes;
+}
+
+// A token count from the snapshot, 0 when absent (a server older than the
+// field, or a record without an estimate).
+function tokensOf(value) {
+  return Number.isFinite(value) && value > 0 ? value : 0;
+}
+
+// A budget from the snapshot: a number, else null (none declared, or a
+// server older than budgets).
+function budgetOf(value) {
+  return Number.isFinite(value) && value >= 0 ? value : null;
+}
+
+// What a lane holds of its token window: charged in the last minute, and
+// reserved by its calls executing.
+function laneTokens(lane) {
+  const charged = tokensOf(lane && lane.tokensLastMinute);
+  const reserved = tokensOf(lane && lane.tokensReserved);
+  return { charged, reserved, used: charged + reserved };
+}
+
+function providerOf(key, lane) {
+  return lane && typeof lane.provider === "string" ? lane.provider : key.slice(key.lastIndexOf("::") + 2);
+}
+
+// Each provider's window, summed over its lanes in the snapshot: the use
+// its shared budget is judged by.
+function providerTokens(s) {
+  const use = new Map();
+  for (const [key, lane] of Object.entries(s.nativeAdmission || {})) {
+    const provider = providerOf(key, lane);
+    use.set(provider, (use.get(provider) || 0) + laneTokens(lane).used);
+  }
+  return use;
+}
+
+// A lane's token budgets, its own and its provider's (null each when none),
+// with what each holds. A budget is full when its window holds all of it,
+// or when it has no room for the smallest estimate of the lane's records
+// waiting: a start is refused (budget_exhausted) then, as the server admits
+// a start only while the window, the estimates ahead and its own fit.
+function budgetsOf(entry, providerUse) {
+  const lane = entry.native;
+  if (!lane) return null;
+  const own = budgetOf(lane.tokensPerMinute);
+  const shared = budgetOf(lane.providerTokensPerMinute);
+  if (own === null && shared === null) return null;
+  const tokens = laneTokens(lane);
+  const provider = providerOf(entry.key, lane);
+  const blocked = lane.waiting > 0 && entry.waitingEstimate !== null;
+  const full = (limit, used) => used >= limit || (blocked && used + entry.waitingEstimate > limit);
+  const budget = { tokens, provider, lane: null, shared: null };
+  if (own !== null) budget.lane = { limit: own, used: tokens.used, full: full(own, tokens.used) };
+  if (shared !== null) {
+    const used = providerUse.get(provider) || 0;
+    // A lane with nothing in flight and none of the window is not held by
+    // its provider's full budget, and is not marked for it.
+    const concerned = entry.inFlight > 0 || tokens.used > 0;
+    budget.shared = { limit: shared, used, full: full(shared, used), concerned };
+  }
+  return budget;
+}
+
+// Whether a budget refuses the lane's next start.
+function budgetFull(entry) {
+  const b = entry.budget;
+  return !!b && ((b.lane !== null && b.lane.full) || (b.shared !== null && b.shared.full && b.shared.concerned));
 }
 
 function markersOf(entry) {
@@ -328,9 +410,13 @@ function markersOf(entry) {
   const over = declared !== null && lane.executing > declared;
   if (over) markers.push("over-cap");
   if (entry.coolingUntilMs !== null) markers.push("cooling");
+  const budget = budgetFull(entry);
+  if (budget) markers.push("budget");
   if (!over && inForce !== null && lane.executing >= inForce && lane.waiting > 0) markers.push("saturated");
-  // A cooling lane's waiters wait for the cooldown, which COOLING says.
-  else if (!over && entry.coolingUntilMs === null && lane && lane.waiting > 0) markers.push("waiting");
+  // A cooling lane's waiters wait for the cooldown, which COOLING says;
+  // those of a lane whose budget is full wait for tokens, which BUDGET FULL
+  // says.
+  else if (!over && entry.coolingUntilMs === null && !budget && lane && lane.waiting > 0) markers.push("waiting");
   if (entry.failedRecent > 0) markers.push("failing");
   if (entry.reapedRecent > 0) markers.push("reaped");
   return markers;
@@ -350,12 +436,22 @@ function byTrouble(a, b) {
   if (kind === "over-cap") diff = b.native.executing - b.native.cap - (a.native.executing - a.native.cap);
   // The longest cooldown left first.
   if (kind === "cooling") diff = b.coolingUntilMs - a.coolingUntilMs;
-  if (!diff && (kind === "over-cap" || kind === "cooling" || kind === "saturated" || kind === "waiting"))
+  // The fullest budget first.
+  if (kind === "budget") diff = fullness(b) - fullness(a);
+  if (!diff && (kind === "over-cap" || kind === "cooling" || kind === "budget" || kind === "saturated" || kind === "waiting"))
     diff = b.native.longestWaitMs - a.native.longestWaitMs;
   if (kind === "failing") diff = b.failedRecent - a.failedRecent;
   if (kind === "reaped") diff = b.reapedRecent - a.reapedRecent;
   if (diff) return diff;
   return a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
+}
+
+// How much of its fuller budget a lane's window holds, as a fraction.
+function fullness(entry) {
+  const b = entry.budget;
+  if (!b) return 0;
+  const of = (x) => (x === null ? 0 : x.limit > 0 ? x.used / x.limit : x.used > 0 ? Infinity : 1);
+  return Math.max(of(b.lane), of(b.shared));
 }
 
 function isIdle(entry, nowMs) {
@@ -394,9 +490,15 @@ function laneRow(key) {
   r.markerList = r.markers.appendChild(el("span"));
   r.cooling = r.markers.appendChild(el("span", undefined, "cooling-left"));
   r.bar = makeBar(["executing", "waiting"], true);
+  r.bar.classList.add("slots");
   r.load.appendChild(r.bar);
   r.priority = r.load.appendChild(el("div", undefined, "by-priority"));
   r.tokens = r.load.appendChild(el("div", undefined, "tokens"));
+  // A budgeted lane's window against its budget, then against its
+  // provider's: a thin bar each, the tick at the budget, hidden without.
+  r.tokenBar = r.load.appendChild(tokenBar(["charged", "reserved"], "the lane's tokens_per_minute"));
+  r.shared = r.load.appendChild(el("div", undefined, "shared-tokens"));
+  r.sharedBar = r.load.appendChild(tokenBar(["lane-share", "others"], "the provider's tokens_per_minute"));
   r.time = r.last.appendChild(el("time"));
   for (const cell of [r.failed, r.reaped]) {
     cell.appendChild(el("span", undefined, "recent"));
@@ -419,6 +521,11 @@ function updateLaneRow(entry, nowMs) {
     );
   }
   updateCooling(r, entry, nowMs);
+  const budgetMarker = r.markerList.querySelector(".marker.budget");
+  if (budgetMarker) {
+    const title = budgetMarkerTitle(entry.budget);
+    if (budgetMarker.title !== title) budgetMarker.title = title;
+  }
   const direct = entry.direct ? ` +${entry.direct} direct` : "";
   if (lane) {
     const caps = capsOf(lane);
@@ -442,7 +549,12 @@ function updateLaneRow(entry, nowMs) {
     );
     setText(r.longestWait, lane.waiting ? duration(lane.longestWaitMs) : "");
     updatePriority(r.priority, lane.byPriority);
-    updateTokens(r.tokens, lane);
+    if (entry.budget && entry.budget.lane) updateLaneBudget(r, entry.budget);
+    else {
+      updateTokens(r.tokens, lane);
+      r.tokenBar.hidden = true;
+    }
+    updateSharedBudget(r, entry.budget);
   } else {
     // A lane only `direct` calls use: no admission, so no cap or wait.
     setText(r.cap, "direct");
@@ -453,6 +565,8 @@ function updateLaneRow(entry, nowMs) {
     r.bar.update([0, 0], null, null, null);
     updatePriority(r.priority, null);
     updateTokens(r.tokens, null);
+    r.tokenBar.hidden = true;
+    updateSharedBudget(r, null);
     setText(r.longestWait, "");
   }
   counts(r.failed, entry.failedRecent, entry.failedEver);
@@ -491,6 +605,7 @@ function updateTokens(node, lane) {
   const charged = (lane && Number.isFinite(lane.tokensLastMinute) && lane.tokensLastMinute) || 0;
   const reserved = (lane && Number.isFinite(lane.tokensReserved) && lane.tokensReserved) || 0;
   const any = charged > 0 || reserved > 0;
+  node.classList.remove("budgeted", "full");
   const text = any
     ? `${COUNT.format(charged)}\u00a0tokens/min` + (reserved > 0 ? ` · ${COUNT.format(reserved)}\u00a0reserved` : "")
     : "";
@@ -501,6 +616,101 @@ function updateTokens(node, lane) {
       (reserved > 0 ? `; ${COUNT.format(reserved)} reserved: the maxTokens estimates of its calls executing now` : "")
     : "";
   if (node.title !== title) node.title = title;
+}
+
+// Which budget is full, and by how much: the BUDGET FULL marker's title.
+function budgetMarkerTitle(budget) {
+  const full = [];
+  if (budget.lane && budget.lane.full)
+    full.push(`the lane's (${COUNT.format(budget.lane.used)} of ${COUNT.format(budget.lane.limit)} tokens/min)`);
+  if (budget.shared && budget.shared.full && budget.shared.concerned)
+    full.push(
+      `${budget.provider}'s, shared by its lanes (${COUNT.format(budget.shared.used)} of ` +
+        `${COUNT.format(budget.shared.limit)} tokens/min)`,
+    );
+  return (
+    `token budget full: ${full.join(" and ")}. A start whose estimate does not fit is refused ` +
+    `(budget_exhausted); records waiting keep their places until charges leave the minute or calls settle`
+  );
+}
+
+// A thin bar of a token window: its parts, and one tick at the budget.
+function tokenBar(classNames, budgetName) {
+  const bar = makeBar(classNames, true);
+  bar.classList.add("token-bar");
+  bar.querySelector("b.cap").title = `budget: ${budgetName}`;
+  bar.hidden = true;
+  return bar;
+}
+
+// Draws `parts` (tokens) against `limit` on a token bar, scaled to hold the
+// budget or the window, whichever is more; warning-styled when full.
+function updateTokenBar(bar, parts, limit, full) {
+  const scale = Math.max(1, limit, parts.reduce((a, b) => a + b, 0));
+  bar.update(parts.map((part) => part / scale), limit / scale, null, null);
+  bar.classList.toggle("full", full);
+  bar.hidden = false;
+}
+
+// "800 of 1,000 tokens/min (800 reserved)": the lane's window, charged in
+// the last minute and reserved by its calls executing, against its own
+// budget; " · full" when a start would be refused.
+function updateLaneBudget(r, budget) {
+  const { tokens } = budget;
+  const { limit, used, full } = budget.lane;
+  setText(
+    r.tokens,
+    `${COUNT.format(used)} of ${COUNT.format(limit)}\u00a0tokens/min` +
+      (tokens.reserved > 0 ? ` (${COUNT.format(tokens.reserved)}\u00a0reserved)` : "") +
+      (full ? " · full" : ""),
+  );
+  const title =
+    `the lane's token budget: ${COUNT.format(used)} of its ${COUNT.format(limit)} tokens a minute held, ` +
+    `${COUNT.format(tokens.charged)} charged in the last minute and ${COUNT.format(tokens.reserved)} reserved ` +
+    `by its calls executing` +
+    (full
+      ? `; full: a start whose estimate does not fit is refused (budget_exhausted) until charges leave ` +
+        `the minute or calls settle`
+      : "");
+  if (r.tokens.title !== title) r.tokens.title = title;
+  r.tokens.classList.add("budgeted");
+  r.tokens.classList.toggle("full", full);
+  updateTokenBar(r.tokenBar, [tokens.charged, tokens.reserved], limit, full);
+}
+
+// "1,300 of 3,000 tokens/min shared by openai's lanes · this lane 800": the
+// provider's window, summed over its lanes in the snapshot, against its
+// budget, and the lane's share of it. Blank for a lane whose provider has
+// no budget.
+function updateSharedBudget(r, budget) {
+  const shared = budget && budget.shared;
+  if (!shared) {
+    setText(r.shared, "");
+    if (r.shared.title) r.shared.title = "";
+    r.shared.classList.remove("full");
+    r.sharedBar.hidden = true;
+    return;
+  }
+  const { limit, used, full } = shared;
+  const share = budget.tokens.used;
+  const provider = budget.provider;
+  setText(
+    r.shared,
+    `${COUNT.format(used)} of ${COUNT.format(limit)}\u00a0tokens/min shared by ${provider}'s lanes · ` +
+      `this lane ${COUNT.format(share)}` +
+      (full ? " · full" : ""),
+  );
+  const title =
+    `${provider}'s token budget, shared by every lane of ${provider}: ${COUNT.format(used)} of its ` +
+    `${COUNT.format(limit)} tokens a minute held by its lanes (charged in the last minute and reserved), ` +
+    `${COUNT.format(share)} of them by this lane` +
+    (full
+      ? `; full: a start of this lane whose estimate does not fit is refused (budget_exhausted) until ` +
+        `charges leave the minute or calls settle`
+      : "");
+  if (r.shared.title !== title) r.shared.title = title;
+  r.shared.classList.toggle("full", full);
+  updateTokenBar(r.sharedBar, [share, Math.max(0, used - share)], limit, full);
 }
 
 // A cooling lane's time left, and the marker's title saying until when.
