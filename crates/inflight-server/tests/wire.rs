@@ -289,7 +289,7 @@ async fn every_answer_is_byte_for_byte_what_the_documentation_says() {
             r#""cap":4,"executing":1,"waiting":0,"reaped":{"abandoned":1,"unsettled":1},"#,
             r#""reapedOwnerLost":1,"lateSettles":1,"resurrections":0,"longestWaitMs":0,"effectiveCap":4,"#,
             r#""coolingUntil":null,"cooldowns":0,"byPriority":{"interactive":{"executing":0,"waiting":0},"#,
-            r#""batch":{"executing":0,"waiting":0},"unknown":{"executing":1,"waiting":0}},"tokensLastMinute":0,"tokensReserved":0}},"#,
+            r#""batch":{"executing":0,"waiting":0},"unknown":{"executing":1,"waiting":0}},"tokensLastMinute":0,"tokensReserved":0,"tokensPerMinute":null,"providerTokensPerMinute":null}},"#,
             r#""totalActivities":5,"totalSucceeded":0,"totalSucceededUnstarted":0,"totalFailed":1,"totalCancelled":1,"totalInFlight":1,"totalRecentCompletions":2,"totalReaped":2,"#,
             r#""totalReapedOwnerLost":1,"totalLateSettles":1,"totalResurrections":0,"#,
             r#""reapedThisRead":{"abandoned":0,"unsettled":0},"inFlight":[{"activityId":"<e>","#,
