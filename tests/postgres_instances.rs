@@ -45,6 +45,10 @@ cap = 1
 max_overtakes = 1
 [lanes."cooling::ollama"]
 cap = 1
+[lanes."metered::openai"]
+tokens_per_minute = 1000
+[providers.gemini]
+tokens_per_minute = 1500
 "#;
 
 /// A server on `store`, configured by `config`, on a free port.
@@ -128,6 +132,55 @@ async fn a_cap_holds_across_two_servers_under_concurrent_starts() {
             assert_eq!(status, 200, "{body}");
         }
     }
+}
+
+/// Two servers on one database never exceed a lane's token budget, nor a
+/// provider's shared by two lanes, under concurrent starts of calls
+/// estimated at 100 tokens: exactly as many are admitted as fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn token_budgets_hold_across_two_servers_under_concurrent_starts() {
+    let database = TestDatabase::new();
+    let config = config_file();
+    let servers = two_servers(&database, &config).await;
+    let mut starts = JoinSet::new();
+    for i in 0..48 {
+        let servers = Arc::clone(&servers);
+        starts.spawn(async move {
+            let now = now_ms();
+            let (service, provider) = match i % 3 {
+                0 => ("metered", "openai"),
+                1 => ("chat", "gemini"),
+                _ => ("search", "gemini"),
+            };
+            let body = json!({"service": service, "provider": provider, "class": "embedding",
+                              "maxTokens": 100, "enqueuedAt": now, "startedAt": now});
+            (provider, servers[i % 2].post("/v1/activities", body).await)
+        });
+    }
+    let (mut openai, mut gemini) = (0, 0);
+    while let Some(answer) = starts.join_next().await {
+        let (provider, (status, body)) = answer.unwrap();
+        match (status, body["error"]["code"].as_str()) {
+            (201, _) if provider == "openai" => openai += 1,
+            (201, _) => gemini += 1,
+            (429, Some("budget_exhausted")) => {}
+            other => panic!("unexpected {other:?}: {body}"),
+        }
+    }
+    assert_eq!((openai, gemini), (10, 15), "1000 / 100 and 1500 / 100");
+    let (status, snapshot) = servers[1].get("/v1/snapshot").await;
+    assert_eq!(status, 200);
+    let reserved = |lane: &str| {
+        snapshot["nativeAdmission"][lane]["tokensReserved"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    assert_eq!(reserved("metered::openai"), 1_000, "{snapshot}");
+    assert_eq!(
+        reserved("chat::gemini") + reserved("search::gemini"),
+        1_500,
+        "{snapshot}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
