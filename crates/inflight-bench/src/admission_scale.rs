@@ -1,5 +1,7 @@
 //! `admission_scale`: an admission decision's cost on a capped lane as the
-//! settled history grows.
+//! settled history grows; `budget_admission_scale`: the same on a lane
+//! with a token budget, whose decision also reads the token window and the
+//! estimates waiting ahead.
 
 use std::path::Path;
 use std::time::Instant;
@@ -20,6 +22,13 @@ use crate::Plan;
 const ADMISSION_LANE: &str = "knowledge-base::ollama";
 const ADMISSION_CAP: u32 = 1_000;
 const ADMISSION_IN_FLIGHT: usize = 1_000;
+/// Every record in flight is estimated at this many tokens. The budgeted
+/// ledger's cap leaves slots free, so its decision goes on to the budget:
+/// 500 reserved and 500 waiting ahead make 10,000, one more than its
+/// budget, so every sample is refused `budget_exhausted`.
+const ESTIMATE: i64 = 10;
+const BUDGET_CAP: u32 = 2_000;
+const BUDGET: i64 = 9_999;
 /// Pairs of decisions discarded before measuring, and the fewest measured
 /// pairs even once the time budget ran out.
 const ADMISSION_WARM_UP: usize = 5;
@@ -68,14 +77,15 @@ fn move_half_history_to_lane(path: &Path) -> Result<usize> {
 /// One side of `admission_scale`: `history` settled records (half on the
 /// capped lane, half on another), 500 records executing and 500 waiting on
 /// the capped lane, and the record whose start is measured, waiting behind
-/// them all. The ledger has the lane's cap and a clock stopped at `t0`, so
-/// nothing ever becomes due; the id is the measured record's.
+/// them all. Two ledgers on the file, each with a clock stopped at `t0`,
+/// so nothing ever becomes due: one with the lane's cap, one with a wider
+/// cap and a token budget; the id is the measured record's.
 fn admission_store(
     runtime: &tokio::runtime::Runtime,
     dir: &Path,
     history: usize,
     t0: i64,
-) -> Result<(TempDir, Ledger, ActivityId)> {
+) -> Result<(TempDir, Ledger, Ledger, ActivityId)> {
     let tmp = TempDir::new(dir, &format!("admission-{history}"))?;
     let path = tmp.file("ours.db");
     let loading = Instant::now();
@@ -93,12 +103,14 @@ fn admission_store(
     {
         let ledger = sqlite_ledger(&path, Some(FakeClock::at(inflight::Timestamp::from_millis(t0))))?;
         runtime.block_on(async {
-            populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, long_lived(t0)).await?;
+            let executing = move || long_lived(t0)().max_tokens(ESTIMATE);
+            populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, executing).await?;
             // Waiting since a second before the measured record.
             let waiting = move || {
                 spec()
                     .deadline(LONG_DEADLINE)
                     .enqueued_at(inflight::Timestamp::from_millis(t0 - 1_000))
+                    .max_tokens(ESTIMATE)
             };
             populate_in_flight(&ledger, ADMISSION_IN_FLIGHT / 2, waiting).await
         })?;
@@ -107,6 +119,14 @@ fn admission_store(
     let ledger = sqlite_ledger_with(
         &path,
         config,
+        Some(FakeClock::at(inflight::Timestamp::from_millis(t0))),
+    )?;
+    let budgeted = LedgerConfig::default()
+        .with_lane_cap(ADMISSION_LANE, BUDGET_CAP)?
+        .with_lane_budget(ADMISSION_LANE, BUDGET)?;
+    let budgeted = sqlite_ledger_with(
+        &path,
+        budgeted,
         Some(FakeClock::at(inflight::Timestamp::from_millis(t0))),
     )?;
     let asker = runtime.block_on(async {
@@ -134,7 +154,7 @@ fn admission_store(
         }
         Ok::<_, anyhow::Error>(record.activity_id)
     })?;
-    Ok((tmp, ledger, asker))
+    Ok((tmp, ledger, budgeted, asker))
 }
 
 /// One admission decision: a start of the waiting record `id`, refused
@@ -142,13 +162,89 @@ fn admission_store(
 /// cap), so nothing changes and every sample decides the same lane. Its
 /// time in microseconds.
 pub(crate) async fn refused_start(ledger: &Ledger, id: ActivityId) -> Result<f64> {
+    refused_as(ledger, id, ErrorKind::LaneFull).await
+}
+
+/// A start of `id` refused as `kind`: its time in microseconds.
+async fn refused_as(ledger: &Ledger, id: ActivityId, kind: ErrorKind) -> Result<f64> {
     let started = Instant::now();
     let decided = ledger.start(id, None).await;
     let elapsed = started.elapsed().as_secs_f64() * 1e6;
     match decided {
-        Err(err) if err.kind() == ErrorKind::LaneFull => Ok(elapsed),
+        Err(err) if err.kind() == kind => Ok(elapsed),
         Err(err) => Err(err.into()),
         Ok(record) => bail!("the start of {id} was admitted ({:?}), not refused", record.state),
+    }
+}
+
+/// Pairs of decisions (`pair` makes one: small, then large) until the
+/// plan's samples are taken, or its time budget ran out past the fewest
+/// pairs; the warm-up pairs left out.
+async fn sample_pairs<S, L>(plan: &Plan, pair: impl Fn() -> (S, L)) -> Result<(Vec<f64>, Vec<f64>)>
+where
+    S: std::future::Future<Output = Result<f64>>,
+    L: std::future::Future<Output = Result<f64>>,
+{
+    let (mut small_us, mut large_us) = (Vec::new(), Vec::new());
+    let sampling = Instant::now();
+    for round in 0..ADMISSION_WARM_UP + plan.admission_samples {
+        let (small, large) = pair();
+        let s = small.await?;
+        let l = large.await?;
+        if round >= ADMISSION_WARM_UP {
+            small_us.push(s);
+            large_us.push(l);
+            if small_us.len() >= ADMISSION_MIN_PAIRS && sampling.elapsed() >= plan.admission_budget {
+                break;
+            }
+        }
+    }
+    Ok((small_us, large_us))
+}
+
+/// The case `name` from the paired samples of a decision at `small` and
+/// `large` history rows.
+fn scale_case(
+    name: &str,
+    (small, large): (usize, usize),
+    small_us: &[f64],
+    large_us: &[f64],
+    refused: &str,
+    cut_short: &str,
+) -> Case {
+    let ratios: Vec<f64> = small_us.iter().zip(large_us).map(|(s, l)| l / s).collect();
+    let pairs = ratios.len();
+    let (s_min, small_med, s_max) = spread(small_us);
+    let (l_min, large_med, l_max) = spread(large_us);
+    let (r_min, ratio, r_max) = spread(&ratios);
+    eprintln!("  {name}: {small} history rows: median {small_med:.1} us (min {s_min:.1}, max {s_max:.1})");
+    eprintln!("  {name}: {large} history rows: median {large_med:.1} us (min {l_min:.1}, max {l_max:.1})");
+    eprintln!(
+        "  {name}: {pairs} pairs; per-pair ratio median {ratio:.2}x (min {r_min:.2}, max {r_max:.2}); \
+         ratio of medians {:.2}x",
+        large_med / small_med
+    );
+    Case {
+        name: name.into(),
+        ours: large_med,
+        baseline: Some(small_med),
+        unit: "us/decision",
+        target: Target::Bounded {
+            ratio: 1.5,
+            ceiling: 400.0,
+        },
+        paired_ratio: Some(ratio),
+        note: format!(
+            "{refused}; history {} (ours) vs {} (baseline) settled records, half on that lane; SQLite, \
+             fake clock; ratio = median of {pairs} interleaved pairs' ratios (ratio of medians {:.2}x){cut_short}",
+            human_count(large),
+            human_count(small),
+            large_med / small_med
+        ),
+        extra: serde_json::Map::from_iter([
+            ("pairs".to_owned(), json!(pairs)),
+            ("ratio_of_medians".to_owned(), json!(round(large_med / small_med))),
+        ]),
     }
 }
 
@@ -161,42 +257,30 @@ pub(crate) fn admission_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     // As in snapshot_scale: the seeded files written back before sampling.
     flush_page_cache();
     // Pairs of decisions, small then large, so both sides see the same
-    // machine; the ratio is the median of the pairs' ratios.
-    let (mut small_us, mut large_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    // machine; a ratio is the median of its pairs' ratios. The capped
+    // ledgers' pairs first, then the budgeted ones': a decision through the
+    // other ledger on a file costs the next one its connection's cache
+    // (about 2x, measured), so the two are never interleaved.
     let sampling = Instant::now();
-    runtime.block_on(async {
-        for round in 0..ADMISSION_WARM_UP + plan.admission_samples {
-            let s = refused_start(&small_store.1, small_store.2).await?;
-            let l = refused_start(&large_store.1, large_store.2).await?;
-            if round >= ADMISSION_WARM_UP {
-                small_us.push(s);
-                large_us.push(l);
-                ratios.push(l / s);
-                if ratios.len() >= ADMISSION_MIN_PAIRS && sampling.elapsed() >= plan.admission_budget {
-                    break;
-                }
-            }
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
-    let sampled = sampling.elapsed();
+    let (small_us, large_us) = runtime.block_on(sample_pairs(plan, || {
+        (
+            refused_start(&small_store.1, small_store.3),
+            refused_start(&large_store.1, large_store.3),
+        )
+    }))?;
+    let budget_exhausted = ErrorKind::BudgetExhausted;
+    let (small_budget_us, large_budget_us) = runtime.block_on(sample_pairs(plan, || {
+        (
+            refused_as(&small_store.2, small_store.3, budget_exhausted),
+            refused_as(&large_store.2, large_store.3, budget_exhausted),
+        )
+    }))?;
+    eprintln!(
+        "  admission_scale: sampled in {:.1}s",
+        sampling.elapsed().as_secs_f64()
+    );
     drop((small_store, large_store));
-    let pairs = ratios.len();
-    let (s_min, small_med, s_max) = spread(&small_us);
-    let (l_min, large_med, l_max) = spread(&large_us);
-    let (r_min, ratio, r_max) = spread(&ratios);
-    eprintln!(
-        "  admission_scale: {small} history rows: median {small_med:.1} us (min {s_min:.1}, max {s_max:.1})"
-    );
-    eprintln!(
-        "  admission_scale: {large} history rows: median {large_med:.1} us (min {l_min:.1}, max {l_max:.1})"
-    );
-    eprintln!(
-        "  admission_scale: {pairs} pairs in {:.1}s; per-pair ratio median {ratio:.2}x (min {r_min:.2}, \
-         max {r_max:.2}); ratio of medians {:.2}x",
-        sampled.as_secs_f64(),
-        large_med / small_med
-    );
+    let pairs = small_us.len();
     let cut_short = if pairs < plan.admission_samples {
         format!(
             "; stopped at the {:.0}s budget after {pairs} of {} pairs",
@@ -206,30 +290,30 @@ pub(crate) fn admission_scale(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     } else {
         String::new()
     };
-    Ok(vec![Case {
-        name: "admission_scale".into(),
-        ours: large_med,
-        baseline: Some(small_med),
-        unit: "us/decision",
-        target: Target::Bounded {
-            ratio: 1.5,
-            ceiling: 400.0,
-        },
-        paired_ratio: Some(ratio),
-        note: format!(
-            "a start refused lane_full on a lane capped at {} with {} executing and {} waiting ahead; \
-             history {} (ours) vs {} (baseline) settled records, half on that lane; SQLite, fake clock; \
-             ratio = median of {pairs} interleaved pairs' ratios (ratio of medians {:.2}x){cut_short}",
-            human_count(ADMISSION_CAP as usize),
-            ADMISSION_IN_FLIGHT / 2,
-            ADMISSION_IN_FLIGHT / 2,
-            human_count(large),
-            human_count(small),
-            large_med / small_med
+    let half = ADMISSION_IN_FLIGHT / 2;
+    Ok(vec![
+        scale_case(
+            "admission_scale",
+            (small, large),
+            &small_us,
+            &large_us,
+            &format!(
+                "a start refused lane_full on a lane capped at {} with {half} executing and {half} waiting ahead",
+                human_count(ADMISSION_CAP as usize)
+            ),
+            &cut_short,
         ),
-        extra: serde_json::Map::from_iter([
-            ("pairs".to_owned(), json!(pairs)),
-            ("ratio_of_medians".to_owned(), json!(round(large_med / small_med))),
-        ]),
-    }])
+        scale_case(
+            "budget_admission_scale",
+            (small, large),
+            &small_budget_us,
+            &large_budget_us,
+            &format!(
+                "a start refused budget_exhausted on a lane capped at {} with tokens_per_minute {BUDGET}, \
+                 {half} executing and {half} waiting ahead, each estimated at {ESTIMATE} tokens",
+                human_count(BUDGET_CAP as usize)
+            ),
+            &cut_short,
+        ),
+    ])
 }
