@@ -33,6 +33,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0008_succeeded_unstarted.sql"),
     include_str!("migrations/0009_lane_states.sql"),
     include_str!("migrations/0010_usage.sql"),
+    include_str!("migrations/0011_lane_index_covers_rank_and_estimate.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).

@@ -188,7 +188,7 @@ statements! {
     /// `interactive` is batch): $1 the asking record's `enqueuedAt`, $2
     /// whether it is a newcomer, $3 its id, $4 service, $5 provider. It
     /// reads every record of the lane in flight through `activities_lane`,
-    /// and each one's priority from its row.
+    /// which carries each one's priority (migrations 13 and 11).
     LANE_POSITION_RANKED: Indexed =
         "SELECT COUNT(*) FILTER (WHERE state = 'executing'), \
          COUNT(*) FILTER (WHERE ", in_line!(), " AND ", ahead!(), "), \
@@ -203,7 +203,8 @@ statements! {
     /// `LaneQuery::answer`'s `tokens_ahead`: the estimates of the records
     /// waiting ahead of the one asking ($1 its `enqueuedAt`, $2 whether it
     /// is a newcomer, $3 its id) in the lane $4::$5; of batch records too
-    /// when $6. Run only on a budgeted lane.
+    /// when $6. Run only on a budgeted lane; read from `activities_lane`,
+    /// which carries each record's estimate.
     TOKENS_AHEAD: Indexed =
         "SELECT CAST(COALESCE(SUM(max_tokens), 0) AS BIGINT) FROM activities WHERE ", ahead!(), " \
          AND service = $4 AND provider = $5 AND ", in_line!(), " AND ", in_flight!(), " AND activity_id <> $3 \

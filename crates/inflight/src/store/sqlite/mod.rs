@@ -357,6 +357,9 @@ mod tests {
              ALTER TABLE activities DROP COLUMN refined; DROP TABLE idempotency_keys; \
              ALTER TABLE aggregates DROP COLUMN succeeded_unstarted; DROP TABLE lane_states; \
              ALTER TABLE activities DROP COLUMN input_tokens; ALTER TABLE activities DROP COLUMN output_tokens; \
+             DROP INDEX activities_lane; CREATE INDEX activities_lane ON activities \
+             (service, provider, admission, state, enqueued_at, activity_id) \
+             WHERE state IN ('waiting', 'executing'); \
              ALTER TABLE activities DROP COLUMN max_tokens; \
              ALTER TABLE aggregates DROP COLUMN input_tokens_sum; \
              ALTER TABLE aggregates DROP COLUMN output_tokens_sum; DROP TABLE token_seconds; \

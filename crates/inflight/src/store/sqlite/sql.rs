@@ -71,6 +71,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0012_usage.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0013_lane_index_covers_rank_and_estimate.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
