@@ -265,7 +265,12 @@ impl<D: Driver> Questions for D {
 
     fn lane_position(&mut self, query: &LaneQuery) -> Result<LanePosition, LedgerError> {
         let mut position = slot_position(self, query)?;
-        if let Some(ahead) = query.tokens {
+        // Nothing waits ahead, the common case: no estimates to sum.
+        let none_ahead = |ahead: Ahead| match (ahead, position.ranks) {
+            (Ahead::Interactive, Some(ranks)) => ranks.interactive_ahead == 0,
+            _ => position.waiting_ahead == 0,
+        };
+        if let Some(ahead) = query.tokens.filter(|ahead| !none_ahead(*ahead)) {
             let id = query.activity_id.to_string();
             let params = [
                 query.enqueued_at.into(),
