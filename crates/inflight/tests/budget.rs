@@ -168,6 +168,39 @@ async fn the_window_rolls_off_and_releases_waiters_in_order(backend: Backend) {
     assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
 }
 
+/// The estimates waiting ahead follow the lane's order: on a plain lane
+/// a later interactive call waits for a batch call's estimate ahead of
+/// it; on a lane whose interactive work overtakes (`max_overtakes`), it
+/// counts only the interactive estimates ahead.
+async fn the_estimates_ahead_follow_the_lanes_order(backend: Backend) {
+    use inflight::Priority;
+    for (overtakes, interactive_first) in [(None, false), (Some(1), true)] {
+        let mut config = budgeted(1_000).with_lane_cap(LANE, 10).unwrap();
+        if let Some(max) = overtakes {
+            config = config.with_lane_ranking(LANE, None, Some(max)).unwrap();
+        }
+        let h = Harness::new(backend, config);
+        let batch = waiting(&h.ledger, estimated(600).priority(Priority::Batch)).await;
+        h.clock.advance(Duration::from_millis(1));
+        let interactive = waiting(&h.ledger, estimated(600).priority(Priority::Interactive)).await;
+        let asked = ask(&h.ledger, interactive).await;
+        assert_eq!(
+            asked.is_ok(),
+            interactive_first,
+            "max_overtakes {overtakes:?}: {asked:?}"
+        );
+        let other = if interactive_first { batch } else { interactive };
+        let first = if interactive_first { interactive } else { batch };
+        if !interactive_first {
+            ask(&h.ledger, first)
+                .await
+                .expect("the batch call is first in line");
+        }
+        let err = ask(&h.ledger, other).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BudgetExhausted, "{err}");
+    }
+}
+
 /// A reaped `unsettled` record counts its estimate at its `reapedAt`; a
 /// late settle's usage then replaces it there.
 async fn a_reaped_record_counts_its_estimate_until_a_late_settle_says_otherwise(backend: Backend) {
@@ -374,6 +407,7 @@ against_every_store!(
     a_third_call_of_400_waits_for_room_in_a_budget_of_1000,
     a_budget_is_never_exceeded_by_64_concurrent_starts,
     the_window_rolls_off_and_releases_waiters_in_order,
+    the_estimates_ahead_follow_the_lanes_order,
     a_reaped_record_counts_its_estimate_until_a_late_settle_says_otherwise,
     an_estimate_over_the_whole_budget_is_refused_at_begin,
     direct_and_external_calls_count_but_are_never_refused,
