@@ -28,6 +28,9 @@ max_queue_wait = "30s"
 deadline = "1m"
 [lanes."kb::ollama"]
 cap = 1
+tokens_per_minute = 100000
+[providers.openai]
+tokens_per_minute = 50000
 "#;
 
 struct Api {
@@ -201,6 +204,12 @@ async fn metrics_after_a_scripted_sequence_have_every_series_with_its_value() {
     expect(&format!("inflight_lane_cap{{{KB}}}"), "1");
     expect(&format!("inflight_lane_longest_wait_seconds{{{KB}}}"), "10.0");
     expect(&format!("inflight_lane_waiting_reap_in_seconds{{{KB}}}"), "50.0");
+    // The token window: a's 150 and c's late 5 have left the last minute.
+    expect(&format!("inflight_lane_tokens_last_minute{{{KB}}}"), "0");
+    expect(&format!("inflight_lane_tokens_reserved{{{KB}}}"), "0");
+    expect(&format!("inflight_lane_token_budget{{{KB}}}"), "100000");
+    expect(r#"inflight_provider_token_budget{provider="openai"}"#, "50000");
+    assert!(!text.contains(r#"inflight_provider_token_budget{provider="ollama"}"#));
     expect(r#"inflight_owners{state="live"}"#, "0");
     expect(r#"inflight_owners{state="lost"}"#, "1");
     expect(r#"inflight_owners{state="released"}"#, "0");

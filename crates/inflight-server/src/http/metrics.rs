@@ -61,6 +61,11 @@ impl Lane {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct Provider {
+    provider: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LaneState {
     #[prometheus(flatten)]
@@ -250,6 +255,12 @@ fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
     let effective_cap = Family::<Lane, Gauge>::default();
     let cooling = Family::<Lane, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let cooldowns = Family::<Lane, Counter>::default();
+    let (tokens_last_minute, tokens_reserved) =
+        (Family::<Lane, Gauge>::default(), Family::<Lane, Gauge>::default());
+    let (token_budget, provider_budget) = (
+        Family::<Lane, Gauge>::default(),
+        Family::<Provider, Gauge>::default(),
+    );
     for view in snapshot.native_admission.values() {
         let lane = Lane {
             service: view.service.clone(),
@@ -281,6 +292,21 @@ fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
         longest_wait
             .get_or_create(&lane)
             .set(seconds(view.longest_wait_ms));
+        // The token window a budget admits by: what the last minute charged
+        // and what executing calls reserve.
+        tokens_last_minute
+            .get_or_create(&lane)
+            .set(view.tokens_last_minute);
+        tokens_reserved.get_or_create(&lane).set(view.tokens_reserved);
+        if let Some(budget) = view.tokens_per_minute {
+            token_budget.get_or_create(&lane).set(i64::from(budget));
+        }
+        if let Some(budget) = view.provider_tokens_per_minute {
+            let provider = Provider {
+                provider: view.provider.clone(),
+            };
+            provider_budget.get_or_create(&provider).set(i64::from(budget));
+        }
         if let Some(ms) = view.next_waiting_reap_in_ms {
             reap_in.get_or_create(&lane).set(seconds(ms));
         }
@@ -305,6 +331,26 @@ fn register_lanes(registry: &mut Registry, snapshot: &Snapshot) {
         "cooldowns",
         "Cooldowns the lane began after a provider's Retry-After",
         cooldowns,
+    );
+    registry.register(
+        "lane_tokens_last_minute",
+        "Tokens the lane's calls charged in the last minute (reported, else the estimate of a call that ran)",
+        tokens_last_minute,
+    );
+    registry.register(
+        "lane_tokens_reserved",
+        "The token estimates of the lane's calls executing",
+        tokens_reserved,
+    );
+    registry.register(
+        "lane_token_budget",
+        "The lane's own token budget, tokens_per_minute (absent without one)",
+        token_budget,
+    );
+    registry.register(
+        "provider_token_budget",
+        "The provider's token budget, tokens_per_minute, shared by its lanes (absent without one)",
+        provider_budget,
     );
     registry.register(
         "lane_longest_wait_seconds",
