@@ -47,7 +47,10 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 /// and the names of its histograms.
 async fn exported() -> BTreeSet<String> {
     let clock = FakeClock::at(inflight::Timestamp::from_millis(1_786_622_400_000));
-    let settings = Settings::from_toml("[lanes.\"kb::ollama\"]\ncap = 1\n").unwrap();
+    let settings = Settings::from_toml(
+        "[lanes.\"kb::ollama\"]\ncap = 1\ntokens_per_minute = 1000\n[providers.ollama]\ntokens_per_minute = 5000\n",
+    )
+    .unwrap();
     let ledger = Ledger::builder(settings.ledger)
         .store_url("memory:")
         .clock(clock.clone())
