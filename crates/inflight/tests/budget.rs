@@ -63,6 +63,16 @@ async fn a_third_call_of_400_waits_for_room_in_a_budget_of_1000(backend: Backend
     // Only reservations hold it: no roll-off makes room, a settle must.
     assert_eq!(err.retry_after(), Some(MIN));
     assert_eq!(h.ledger.get(third).await.unwrap().state, State::Waiting);
+    // A begin already started has no place to keep: nothing is recorded.
+    let now = h.ledger.now();
+    let err = h
+        .ledger
+        .begin_record(estimated(400).started_at(now))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted, "{err}");
+    assert!(err.to_string().ends_with("nothing was recorded"), "{err}");
+    assert_eq!(snapshot(&h.ledger).await.total_activities, 3);
     let snap = snapshot(&h.ledger).await;
     let lane = snap.lane(LANE).unwrap();
     assert_eq!(

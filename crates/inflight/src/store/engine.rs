@@ -581,11 +581,17 @@ fn admit(
         rules.ranked().then(|| Rank::of(record.priority)),
         query::line_order(record),
     ));
+    // A newcomer (a begin already started) is refused before it is
+    // stored: it has no place in line to keep.
     let keeps = |refused: String| {
-        format!(
-            "{refused}; activity {} keeps its place in line",
-            record.activity_id
-        )
+        if newcomer {
+            format!("{refused}; nothing was recorded")
+        } else {
+            format!(
+                "{refused}; activity {} keeps its place in line",
+                record.activity_id
+            )
+        }
     };
     let refused = match admission::decide(&rules, record.priority, &position, state, now) {
         Decision::Admit(next) => {
