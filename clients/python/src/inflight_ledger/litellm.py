@@ -197,7 +197,32 @@ def _warn_refine(err: InflightError) -> None:
     warnings.warn(f"inflight: the answer's model was not recorded: {err}", RuntimeWarning, stacklevel=3)
 
 
-class LiteLLMCalls:
+class _CallSettings:
+    """What the SDK wrappers begin their calls with, sync or async alike."""
+
+    def __init__(
+        self,
+        *,
+        service: Optional[str] = None,
+        priority: Optional[str] = None,
+        provider: Optional[str] = None,
+        max_wait: Optional[float] = None,
+        wait_step: float = 10.0,
+    ) -> None:
+        self.service = service
+        self.priority = priority
+        self.provider = provider
+        self.max_wait = max_wait
+        self.wait_step = wait_step
+
+    def spec(self, call_type: str, model: str, kwargs: Dict[str, Any]) -> Any:
+        """The begin of a call of `call_type` with LiteLLM's `kwargs`."""
+        _refuse_stream(kwargs)
+        kwargs["model"] = model
+        return begin_spec(call_type, kwargs, service=self.service, priority=self.priority, provider=self.provider)
+
+
+class LiteLLMCalls(_CallSettings):
     """``litellm.completion`` and ``litellm.embedding`` through a ``Ledger``.
 
     ``service``, ``priority``: the calls' defaults (the call's ``metadata``
@@ -215,12 +240,9 @@ class LiteLLMCalls:
         max_wait: Optional[float] = None,
         wait_step: float = 10.0,
     ) -> None:
+        # Spelled out, not **kwargs: the signature is the API, typed.
+        super().__init__(service=service, priority=priority, provider=provider, max_wait=max_wait, wait_step=wait_step)
         self.ledger = ledger
-        self.service = service
-        self.priority = priority
-        self.provider = provider
-        self.max_wait = max_wait
-        self.wait_step = wait_step
 
     def completion(self, model: str, **kwargs: Any) -> Any:
         return self._call("completion", model, kwargs)
@@ -229,9 +251,7 @@ class LiteLLMCalls:
         return self._call("embedding", model, kwargs)
 
     def _call(self, call_type: str, model: str, kwargs: Dict[str, Any]) -> Any:
-        _refuse_stream(kwargs)
-        kwargs["model"] = model
-        spec = begin_spec(call_type, kwargs, service=self.service, priority=self.priority, provider=self.provider)
+        spec = self.spec(call_type, model, kwargs)
         fn = getattr(litellm, call_type)
         with self.ledger.activity(spec, max_wait=self.max_wait, wait_step=self.wait_step) as call:
             try:
@@ -255,7 +275,7 @@ class LiteLLMCalls:
             self.ledger.on_ledger_error(err, call.record)
 
 
-class AsyncLiteLLMCalls:
+class AsyncLiteLLMCalls(_CallSettings):
     """``litellm.acompletion`` and ``litellm.aembedding`` through an
     ``AsyncLedger`` (see ``LiteLLMCalls``). ``timeout``: seconds for the
     wait in line and the call together; past it the record is cancelled
@@ -273,12 +293,8 @@ class AsyncLiteLLMCalls:
         wait_step: float = 10.0,
         timeout: Optional[float] = None,
     ) -> None:
+        super().__init__(service=service, priority=priority, provider=provider, max_wait=max_wait, wait_step=wait_step)
         self.ledger = ledger
-        self.service = service
-        self.priority = priority
-        self.provider = provider
-        self.max_wait = max_wait
-        self.wait_step = wait_step
         self.timeout = timeout
 
     async def acompletion(self, model: str, **kwargs: Any) -> Any:
@@ -288,9 +304,7 @@ class AsyncLiteLLMCalls:
         return await self._call("aembedding", model, kwargs)
 
     async def _call(self, call_type: str, model: str, kwargs: Dict[str, Any]) -> Any:
-        _refuse_stream(kwargs)
-        kwargs["model"] = model
-        spec = begin_spec(call_type, kwargs, service=self.service, priority=self.priority, provider=self.provider)
+        spec = self.spec(call_type, model, kwargs)
         fn = getattr(litellm, call_type)
         block = self.ledger.activity(spec, max_wait=self.max_wait, wait_step=self.wait_step, timeout=self.timeout)
         async with block as call:
