@@ -105,10 +105,10 @@ pub(crate) trait Txn: Questions {
         Ok(())
     }
 
-    /// Takes `provider`'s admission lock, after its lane's
-    /// ([`Txn::lock_lane`]), before a decision reads the provider's token
-    /// window: decisions on the lanes of a provider with a token budget
-    /// then take turns.
+    /// Takes `provider`'s admission lock, before its lane's
+    /// ([`Txn::lock_lane`]), when the provider has a token budget:
+    /// decisions on its lanes then take turns, and take the two locks in
+    /// one order, so that no two groups of them deadlock.
     fn lock_provider(&mut self, _provider: &Label) -> Result<(), LedgerError> {
         Ok(())
     }
@@ -562,7 +562,12 @@ fn admit(
     };
     let lane = record.lane();
     // Locked before anything is read, so that the reap and the counts below
-    // see every decision on this lane that committed before.
+    // see every decision on this lane that committed before. A provider's
+    // budget lock comes first: every decision takes the two in one order,
+    // so two groups of decisions on its lanes never wait on each other.
+    if rules.provider_budget.is_some() {
+        txn.lock_provider(&lane.provider)?;
+    }
     txn.lock_lane(&lane)?;
     reap_all(txn, config, now)?;
     let mut query = LaneQuery::of(record, newcomer, rules.ranked());
@@ -631,9 +636,8 @@ fn millis(ms: i64) -> std::time::Duration {
 }
 
 /// Whether `record`, which the lane's slots admit at `position`, fits in
-/// its lane's token budget and its provider's ([`budget::check`]). The
-/// provider's lock is taken first when it has a budget, so that the
-/// decisions of its lanes take turns.
+/// its lane's token budget and its provider's ([`budget::check`]), read
+/// under the provider's lock when it has a budget ([`admit`]).
 fn within_budget(
     txn: &mut dyn Txn,
     rules: &LaneRules,
@@ -643,9 +647,6 @@ fn within_budget(
 ) -> Result<Result<(), Exhausted>, LedgerError> {
     let lane = record.lane();
     let estimate = record.max_tokens.unwrap_or(0);
-    if rules.provider_budget.is_some() {
-        txn.lock_provider(&lane.provider)?;
-    }
     let (own, provider) = txn.window_use(&lane, window::first_second_at(now))?;
     let check = |scope, budget: Option<u32>, window: &WindowUse| {
         budget.map_or(Ok(()), |budget| {
