@@ -11,9 +11,6 @@
 use super::timestamp::Timestamp;
 use super::window::{RESERVED, WINDOW_MS};
 
-/// The most tokens a minute a budget may allow.
-pub const MAX_TOKENS_PER_MINUTE: u32 = u32::MAX;
-
 /// Whose budget: a lane's own, or its provider's, shared by every lane of
 /// it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,13 +32,6 @@ pub struct WindowUse {
 }
 
 impl WindowUse {
-    /// The window of one scope from its `(second, tokens)` charges from
-    /// the window's first second on, in ascending order of second (the
-    /// reserved second, [`RESERVED`], last).
-    pub fn of(charges: impl IntoIterator<Item = (i64, i64)>) -> Self {
-        windows(charges.into_iter().map(|(second, tokens)| (second, tokens, 0))).0
-    }
-
     /// Every token the window holds now.
     pub fn used(&self) -> i64 {
         self.reserved + self.seconds.iter().map(|(_, tokens)| tokens).sum::<i64>()
@@ -139,6 +129,12 @@ mod tests {
     use crate::domain::window::first_second_at;
     use proptest::prelude::*;
 
+    /// One scope's window from its `(second, tokens)` charges, seconds
+    /// ascending.
+    fn window_of(charges: impl IntoIterator<Item = (i64, i64)>) -> WindowUse {
+        windows(charges.into_iter().map(|(second, tokens)| (second, tokens, 0))).0
+    }
+
     /// What the window holds at `at` of `charges` made in seconds: the
     /// reference of roll-off, from `window::first_second_at`.
     fn held_at(charges: &[(i64, i64)], at: Timestamp) -> i64 {
@@ -166,7 +162,7 @@ mod tests {
         ) {
             let now = Timestamp::from_millis(59_000 + offset);
             let charges: Vec<(i64, i64)> = charges.into_iter().collect();
-            let window = WindowUse::of(
+            let window = window_of(
                 charges.iter().copied().filter(|(s, _)| *s >= first_second_at(now)).chain([(RESERVED, reserved)]),
             );
             let fits_at = |at: Timestamp| held_at(&charges, at) + reserved + ahead + estimate <= i64::from(budget);
@@ -191,14 +187,14 @@ mod tests {
     #[test]
     fn a_start_fits_up_to_the_budget_exactly() {
         let now = Timestamp::from_millis(100_000);
-        let window = WindowUse::of([(90, 300), (RESERVED, 300)]);
+        let window = window_of([(90, 300), (RESERVED, 300)]);
         assert_eq!(window.used(), 600);
         assert!(check(Scope::Provider, 1_000, &window, 100, 300, now).is_ok());
         let refused = check(Scope::Provider, 1_000, &window, 100, 301, now).unwrap_err();
         assert_eq!(refused.scope, Scope::Provider);
         assert_eq!(refused.until, Some(Timestamp::from_millis(151_000)));
         // Reservations alone leave no room: no roll-off helps.
-        let reserved = WindowUse::of([(90, 300), (RESERVED, 900)]);
+        let reserved = window_of([(90, 300), (RESERVED, 900)]);
         assert_eq!(
             check(Scope::Lane, 1_000, &reserved, 0, 200, now)
                 .unwrap_err()
