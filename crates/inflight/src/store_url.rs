@@ -224,44 +224,59 @@ impl Tls {
                 ))
             }
         }
-        let mut roots = rustls::RootCertStore::empty();
-        match root_cert {
-            Some(path) => {
-                use rustls::pki_types::{pem::PemObject, CertificateDer};
-                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                    .and_then(Iterator::collect)
-                    .map_err(|err| {
-                        format!("sslrootcert {path:?} cannot be read as PEM certificates: {err}")
-                    })?;
-                if certs.is_empty() {
-                    return Err(format!("sslrootcert {path:?} holds no certificate"));
-                }
-                for cert in certs {
-                    roots.add(cert).map_err(|err| {
-                        format!("sslrootcert {path:?} holds a certificate that cannot be used: {err}")
-                    })?;
-                }
+        let config = client_tls("sslrootcert", root_cert.map(std::path::Path::new)).map_err(|err| {
+            if root_cert.is_none() {
+                format!("sslmode=require, and {err}")
+            } else {
+                err
             }
-            None => {
-                let found = rustls_native_certs::load_native_certs();
-                roots.add_parsable_certificates(found.certs);
-                if roots.is_empty() {
-                    return Err(
-                        "sslmode=require, and no sslrootcert is given and the system has no root \
-                                certificates: name the server's CA with sslrootcert=PATH"
-                            .to_owned(),
-                    );
-                }
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|err| format!("TLS cannot be set up: {err}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        })?;
         Ok(Self::On(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
     }
+}
+
+/// A TLS client's settings over ring: servers verified against the PEM
+/// certificates in `root_cert`, or the system's roots when `None`. `key` names
+/// the setting in errors (`sslrootcert`, `proxy.NAME.ca_file`). The
+/// PostgreSQL store and the server's proxy both connect with it.
+///
+/// # Errors
+/// A file that cannot be read or holds no usable certificate, or a system
+/// with no root certificates, naming `key`.
+#[cfg(feature = "postgres")]
+pub fn client_tls(key: &str, root_cert: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    match root_cert {
+        Some(path) => {
+            use rustls::pki_types::{pem::PemObject, CertificateDer};
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .and_then(Iterator::collect)
+                .map_err(|err| format!("{key} {path:?} cannot be read as PEM certificates: {err}"))?;
+            if certs.is_empty() {
+                return Err(format!("{key} {path:?} holds no certificate"));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|err| {
+                    format!("{key} {path:?} holds a certificate that cannot be used: {err}")
+                })?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(format!(
+                    "no {key} is given and the system has no root certificates: name the server's CA with {key}"
+                ));
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| format!("TLS cannot be set up: {err}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// Where and how to connect, from a store URL.

@@ -35,7 +35,64 @@ against_every_store!(
     unknown_owner_is_invalid_and_a_lost_owner_conflicts,
     snapshot_shows_longest_wait_and_owners,
     owner_id_in_any_spelling_is_stored_in_one,
+    admit_within_waits_its_bound_and_a_drop_records_the_specs_reason,
 );
+
+/// `admit_within` admits at once when there is room, waits in line up to its
+/// bound otherwise (then the record is cancelled and the answer is a
+/// refusal), and every drop, while waiting or holding the permit, records
+/// the spec's reason.
+async fn admit_within_waits_its_bound_and_a_drop_records_the_specs_reason(backend: Backend) {
+    let h = Harness::new(backend, capped(1));
+    let spec = || embedding().reason_if_dropped("client-disconnected");
+    let holder = h
+        .ledger
+        .admit_within(spec(), Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(holder.record().unwrap().state, State::Executing);
+
+    let refused = h
+        .ledger
+        .admit_within(spec(), Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LaneFull);
+    assert!(refused.message().contains("recorded cancelled"), "{refused}");
+
+    // A waiter in line whose future is dropped (a client gone).
+    let ledger = h.ledger.clone();
+    let waiter = tokio::spawn(async move { ledger.admit_within(spec(), Duration::from_secs(20)).await });
+    while lane_counts(&h.ledger).await != (1, 1) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    tokio::task::yield_now().await;
+    assert_eq!(lane_counts(&h.ledger).await, (1, 0));
+
+    let id = holder.id();
+    drop(holder);
+    tokio::task::yield_now().await;
+    let record = h.ledger.get(id).await.unwrap();
+    assert_eq!(record.state, State::Cancelled);
+    assert_eq!(record.cancel_reason.as_deref(), Some("client-disconnected"));
+    let snap = snapshot(&h.ledger).await;
+    let reasons: Vec<_> = snap
+        .recent_completions
+        .iter()
+        .map(|record| record.cancel_reason.as_deref().unwrap_or("-"))
+        .collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|reason| **reason == "client-disconnected")
+            .count(),
+        2,
+        "the holder and the dropped waiter: {reasons:?}"
+    );
+    assert_a_slot_is_free(&h.ledger).await;
+}
 
 async fn owner_id_in_any_spelling_is_stored_in_one(backend: Backend) {
     let h = Harness::new(backend, capped(2));

@@ -175,6 +175,34 @@ impl Ledger {
         Ok(Permit { handle })
     }
 
+    /// Begins a call started now, waiting in line up to `wait` for its lane
+    /// to admit it, as [`Ledger::begin_started`] does; returns its permit.
+    /// For a caller that holds the call while it runs (a proxy), with a
+    /// bound on its wait that [`Ledger::admit`] does not have.
+    ///
+    /// # Errors
+    /// As [`Ledger::begin_started`]: `LaneFull`, `LaneCooling` or
+    /// `BudgetExhausted` when the lane has not admitted it within `wait`.
+    ///
+    /// # Cancel safety
+    /// As [`Ledger::begin_started`]: a future dropped before it returns
+    /// leaves nothing holding a slot or a place in line, and the record it
+    /// submitted is recorded `cancelled` with the spec's
+    /// [`reason_if_dropped`](ActivitySpec::reason_if_dropped).
+    pub async fn admit_within(&self, spec: ActivitySpec, wait: Duration) -> Result<Permit, LedgerError> {
+        let dropped = spec.dropped_reason();
+        let record = self.begin_started(spec, wait).await?;
+        Ok(Permit {
+            handle: ActivityHandle {
+                ledger: self.clone(),
+                id: record.activity_id,
+                record: Some(record),
+                armed: true,
+                dropped,
+            },
+        })
+    }
+
     /// Begins a call started now, on this ledger's clock, waiting in line
     /// up to `wait` for its lane to admit it; returns the record, executing.
     /// For callers that settle it by id later (the HTTP API's
@@ -242,10 +270,12 @@ impl Ledger {
         // the start before it.
         let started = spec.enqueued_at_set().map_or(now, |enqueued| enqueued.max(now));
         spec.set_started_at(Some(started));
+        let dropped = spec.dropped_reason();
         let mut guard = super::BeginGuard {
             ledger: self,
             id: ActivityId::new(),
             armed: true,
+            dropped,
         };
         let at_once = self.begin_uncounted(&spec, guard.id).await;
         guard.armed = false;
@@ -256,7 +286,7 @@ impl Ledger {
                 if begun.replayed && begun.record.state == State::Waiting && !wait.is_zero() {
                     // A repeat of a begin still waiting in line: it waits
                     // for that record, never queueing a second.
-                    return self.wait_started(begun, wait).await;
+                    return self.wait_started(begun, wait, dropped).await;
                 }
                 return Ok(begun);
             }
@@ -268,6 +298,7 @@ impl Ledger {
             ledger: self,
             id: ActivityId::new(),
             armed: true,
+            dropped,
         };
         let record = self.begin_with_id(&spec, guard.id).await;
         guard.armed = false;
@@ -276,19 +307,25 @@ impl Ledger {
             // A repeat whose record already left the line.
             return Ok(begun);
         }
-        self.wait_started(begun, wait).await
+        self.wait_started(begun, wait, dropped).await
     }
 
     /// Waits up to `wait` for the lane to start `begun`'s record, which
     /// waits; cancels it if its turn does not come, so that it holds no
     /// place in line ahead of the caller's retry.
-    async fn wait_started(&self, begun: Begun, wait: Duration) -> Result<Begun, LedgerError> {
+    async fn wait_started(
+        &self,
+        begun: Begun,
+        wait: Duration,
+        dropped: &'static str,
+    ) -> Result<Begun, LedgerError> {
         let Begun { record, replayed } = begun;
         let mut handle = ActivityHandle {
             ledger: self.clone(),
             id: record.activity_id,
             record: Some(record),
             armed: true,
+            dropped,
         };
         match self.start_waiting(handle.id(), None, Some(wait)).await {
             Ok(record) => {

@@ -19,6 +19,8 @@ pub struct ActivityHandle {
     pub(crate) record: Option<Arc<ActivityRecord>>,
     /// Whether dropping the handle must still cancel the record.
     pub(super) armed: bool,
+    /// The cancel reason a drop records.
+    pub(super) dropped: &'static str,
 }
 
 impl fmt::Debug for ActivityHandle {
@@ -117,7 +119,7 @@ impl ActivityHandle {
 impl Drop for ActivityHandle {
     fn drop(&mut self) {
         if self.armed {
-            self.ledger.cancel_detached(self.id);
+            self.ledger.cancel_detached(self.id, self.dropped);
         }
     }
 }

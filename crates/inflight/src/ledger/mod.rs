@@ -186,10 +186,12 @@ impl Ledger {
         spec.seal(spec::BEGIN);
         // The guard exists before the record is submitted, so a future
         // dropped mid-flight still cancels what it began.
+        let dropped = spec.dropped_reason();
         let mut guard = BeginGuard {
             ledger: self,
             id: ActivityId::new(),
             armed: true,
+            dropped,
         };
         let begun = self.begin_with_id(&spec, guard.id).await;
         guard.armed = false;
@@ -200,6 +202,7 @@ impl Ledger {
             id: record.activity_id,
             record: Some(record),
             armed: true,
+            dropped,
         })
     }
 
@@ -615,11 +618,11 @@ impl Ledger {
         Ok(())
     }
 
-    pub(crate) fn cancel_detached(&self, id: ActivityId) {
+    pub(crate) fn cancel_detached(&self, id: ActivityId, reason: &str) {
         self.run_detached(Command::Transition {
             id,
             transition: Transition::Cancel {
-                reason: Some("handle dropped".to_owned()),
+                reason: Some(reason.to_owned()),
                 at: None,
             },
         });
@@ -651,12 +654,14 @@ struct BeginGuard<'a> {
     ledger: &'a Ledger,
     id: ActivityId,
     armed: bool,
+    /// The cancel reason a drop records.
+    dropped: &'static str,
 }
 
 impl Drop for BeginGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.ledger.cancel_detached(self.id);
+            self.ledger.cancel_detached(self.id, self.dropped);
         }
     }
 }

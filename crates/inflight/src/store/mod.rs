@@ -37,6 +37,8 @@ pub mod sqlite;
 
 // What a store URL says, apart from the stores so that `config` can check a
 // URL without depending on them; public here, where it always was.
+#[cfg(feature = "postgres")]
+pub use crate::store_url::client_tls;
 pub use crate::store_url::{check_url, redacted_url, Synchronous, DEFAULT_URL};
 
 pub use memory::MemoryStore;
