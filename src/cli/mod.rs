@@ -588,6 +588,17 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
             "provider {provider}: tokens_per_minute {budget}, shared by its lanes"
         ));
     }
+    for route in settings.proxies.iter() {
+        lines.push(format!(
+            "proxy /proxy/{}/ -> {}: provider {}, service {} unless a call says, max wait {}, bodies up to {} bytes",
+            route.name(),
+            route.upstream(),
+            route.provider(),
+            route.service(),
+            inflight_api::human_duration(i64::try_from(route.max_wait().as_millis()).unwrap_or(i64::MAX)),
+            route.max_body()
+        ));
+    }
     lines.join("\n")
 }
 

@@ -42,6 +42,9 @@ export const SERVER_ERROR_CODES = [
   "idempotency_conflict",
   "internal",
   "unavailable",
+  // The proxy's (`/proxy/NAME/...`); the client does not call it.
+  "upstream_unreachable",
+  "upstream_timeout",
 ] as const;
 export type ServerErrorCode = (typeof SERVER_ERROR_CODES)[number];
 

@@ -73,6 +73,12 @@ wire_enum! {
         /// flight) or its store cannot be reached; retry after the
         /// `Retry-After` seconds.
         Unavailable => "unavailable",
+        /// 502: a proxy route's upstream cannot be reached (refused,
+        /// reset, TLS); the call is recorded failed.
+        UpstreamUnreachable => "upstream_unreachable",
+        /// 504: a proxy route's upstream did not answer within the call's
+        /// class deadline; the call is recorded failed.
+        UpstreamTimeout => "upstream_timeout",
     }
 }
 
@@ -90,7 +96,9 @@ impl ErrorCode {
             Self::PayloadTooLarge => 413,
             Self::LaneFull | Self::LaneCooling | Self::BudgetExhausted => 429,
             Self::Internal => 500,
+            Self::UpstreamUnreachable => 502,
             Self::Unavailable => 503,
+            Self::UpstreamTimeout => 504,
         }
     }
 }

@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::limits::Limits;
 use crate::linger::{close_when_body_unread, Lingering};
+use crate::proxy::Routes;
 use crate::reload::Reload;
 use crate::tls::{Tls, TlsFiles};
 
@@ -95,6 +96,8 @@ pub struct ServerSettings {
     pub metrics: MetricsOptions,
     /// The ledger's classes, factor, reap interval and lanes.
     pub ledger: LedgerConfig,
+    /// The `/proxy/NAME` routes (`[proxy.NAME]`).
+    pub proxies: Arc<Routes>,
     /// What the file says that is valid but most likely not meant:
     /// `check-config` prints them, `serve` logs them at start-up.
     pub warnings: Vec<ConfigWarning>,
@@ -110,6 +113,7 @@ impl fmt::Debug for ServerSettings {
             .field("tls", &self.tls)
             .field("metrics", &self.metrics)
             .field("ledger", &self.ledger)
+            .field("proxies", &self.proxies)
             .field("warnings", &self.warnings)
             .finish()
     }
@@ -248,6 +252,11 @@ impl ServerSettings {
         if let Some(files) = &tls {
             Tls::load(files).map_err(|error| ServeError::Config { origin: None, error })?;
         }
+        let proxies =
+            Routes::from_tables(&file.proxy, &mut warnings).map_err(|error| ServeError::Config {
+                origin: overrides.config.clone(),
+                error,
+            })?;
         let metrics = MetricsOptions {
             aggregates: overrides
                 .metrics_aggregates
@@ -263,6 +272,7 @@ impl ServerSettings {
             tls,
             metrics,
             ledger: file.ledger,
+            proxies: Arc::new(proxies),
             warnings,
         })
     }
@@ -341,7 +351,8 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
     let state = AppState::new(ledger)
         .with_tokens(settings.tokens)
         .with_limits(settings.limits)
-        .with_metrics(settings.metrics);
+        .with_metrics(settings.metrics)
+        .with_proxies(settings.proxies);
     if let Some(tokens) = state.tokens() {
         let tokens = Arc::clone(tokens);
         reload.each(move || {

@@ -135,8 +135,10 @@ async fn the_router_has_no_route_the_document_lacks() {
         }
     }
     // And every route is registered through the one list that also makes
-    // the document: `app` adds none of its own.
+    // the document: `app` adds none of its own but the proxy's, which
+    // passes an upstream's API through (docs/api.md, "Proxy").
     let module = include_str!("../src/http/mod.rs");
+    let module = module.replacen(".route(proxy::PATH,", "", 1);
     for call in [
         ".route(",
         ".route_service(",

@@ -500,6 +500,9 @@ pub struct Settings {
     /// The `[server]` table as written: the HTTP server's limits, which
     /// `inflight-server` reads and checks (they are not the ledger's).
     pub server: Option<toml::Table>,
+    /// The `[proxy.NAME]` tables as written: the routes of the server's
+    /// proxy, which `inflight-server` reads and checks.
+    pub proxy: BTreeMap<String, toml::Table>,
     /// The ledger's own settings.
     pub ledger: LedgerConfig,
     /// What the file says that is valid but most likely not meant.
@@ -514,6 +517,7 @@ struct RawFile {
     token: Option<String>,
     tokens: Option<Vec<toml::Table>>,
     server: Option<toml::Table>,
+    proxy: Option<BTreeMap<String, toml::Table>>,
     labels: Option<RawLabelBounds>,
     reap: Option<RawReap>,
     retention: Option<RawRetention>,
@@ -919,6 +923,7 @@ impl Settings {
             tokens: raw.tokens.unwrap_or_default(),
             metrics_aggregates: raw.metrics.and_then(|metrics| metrics.aggregates),
             server: raw.server,
+            proxy: raw.proxy.unwrap_or_default(),
             ledger,
             warnings,
         })

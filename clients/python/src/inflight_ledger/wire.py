@@ -42,6 +42,9 @@ SERVER_ERROR_CODES: Tuple[str, ...] = (
     "idempotency_conflict",
     "internal",
     "unavailable",
+    # The proxy's (`/proxy/NAME/...`); the client does not call it.
+    "upstream_unreachable",
+    "upstream_timeout",
 )
 
 _BeginRequired = TypedDict("_BeginRequired", {"service": str, "provider": str})

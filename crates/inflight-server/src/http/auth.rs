@@ -387,7 +387,21 @@ impl Tokens {
     /// compared, in constant time, whatever matched first, so that the
     /// answer's timing does not tell which entry, if any, came close.
     pub(crate) fn identify(&self, headers: &HeaderMap) -> Identity {
-        let Some(presented) = bearer(headers) else {
+        self.identify_presented(bearer(headers))
+    }
+
+    /// Who the token in the header `name` (`X-Inflight-Token`, sent
+    /// bare) says the request is, as [`Tokens::identify`] does.
+    pub(crate) fn identify_by(&self, headers: &HeaderMap, name: &str) -> Identity {
+        let presented = headers
+            .get(name)
+            .map(|value| value.as_bytes().trim_ascii())
+            .filter(|token| !token.is_empty());
+        self.identify_presented(presented)
+    }
+
+    fn identify_presented(&self, presented: Option<&[u8]>) -> Identity {
+        let Some(presented) = presented else {
             return Identity::Missing;
         };
         let loaded = Arc::clone(&self.loaded.read().unwrap_or_else(|e| e.into_inner()));

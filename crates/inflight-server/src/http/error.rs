@@ -50,6 +50,18 @@ impl ApiError {
         Self::new(ErrorCode::Unauthorized, message)
     }
 
+    /// 401 `unauthorized` on a proxy route, whose token travels in
+    /// `X-Inflight-Token` (`Authorization` is the upstream's).
+    pub fn unauthorized_proxy(missing: bool) -> Self {
+        let message = if missing {
+            "this proxy route requires a token: send the header `X-Inflight-Token: <token>` \
+             (`Authorization` is forwarded to the upstream)"
+        } else {
+            "the X-Inflight-Token sent is not one of the server's tokens"
+        };
+        Self::new(ErrorCode::Unauthorized, message)
+    }
+
     /// 403 `forbidden`: a known token whose scope does not cover the
     /// request; the message names what it lacks.
     pub fn forbidden(message: impl Into<String>) -> Self {
@@ -102,6 +114,18 @@ impl ApiError {
     /// reached; answered with `Retry-After`.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Unavailable, message)
+    }
+
+    /// 502 `upstream_unreachable`: a proxy route's upstream cannot be
+    /// reached.
+    pub fn upstream_unreachable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::UpstreamUnreachable, message)
+    }
+
+    /// 504 `upstream_timeout`: a proxy route's upstream did not answer in
+    /// time.
+    pub fn upstream_timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::UpstreamTimeout, message)
     }
 
     /// 500 `internal`, with a generic message. Log the cause before

@@ -20,6 +20,7 @@ use inflight::Ledger;
 use tokio::sync::Semaphore;
 
 use crate::limits::Limits;
+use crate::proxy::{self, Routes};
 use auth::{Grant, Identity};
 
 pub mod auth;
@@ -49,6 +50,8 @@ pub struct AppState {
     metrics: MetricsOptions,
     /// The server's own time per request, for `/metrics`.
     times: Arc<timing::RequestTimes>,
+    /// The `/proxy/NAME` routes.
+    proxies: Arc<Routes>,
 }
 
 impl AppState {
@@ -62,7 +65,19 @@ impl AppState {
             requests: Arc::new(Semaphore::new(limits.max_requests())),
             metrics: MetricsOptions::default(),
             times: Arc::default(),
+            proxies: Arc::default(),
         }
+    }
+
+    /// Serves `routes` under `/proxy/NAME/`.
+    pub fn with_proxies(mut self, routes: impl Into<Arc<Routes>>) -> Self {
+        self.proxies = routes.into();
+        self
+    }
+
+    /// The `/proxy/NAME` routes.
+    pub fn proxies(&self) -> &Routes {
+        &self.proxies
     }
 
     /// What `/metrics` exposes beyond the standard series.
@@ -130,6 +145,7 @@ impl std::fmt::Debug for AppState {
             .field("tokens", &self.tokens)
             .field("limits", &self.limits)
             .field("metrics", &self.metrics)
+            .field("proxies", &self.proxies)
             .finish()
     }
 }
@@ -162,6 +178,9 @@ fn api_routes() -> OpenApiRouter<AppState> {
 pub fn app(state: AppState) -> Router {
     let (routes, _) = api_routes().split_for_parts();
     routes
+        // The proxy's routes pass the upstream's API through; they are not
+        // this API's, so not in its OpenAPI document (docs/api.md, "Proxy").
+        .route(proxy::PATH, axum::routing::any(proxy::forward))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -185,13 +204,21 @@ fn is_limited(path: &str) -> bool {
     path != "/healthz"
 }
 
+/// Whether `path` is `prefix` or under it.
+fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// Whether `path` is behind the token.
 fn needs_token(path: &str) -> bool {
-    let under = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    };
-    under("/v1") || under("/metrics")
+    under(path, "/v1") || under(path, "/metrics") || is_proxied(path)
+}
+
+/// Whether `path` is the proxy's, whose token comes in `X-Inflight-Token`:
+/// `Authorization` belongs to the upstream.
+fn is_proxied(path: &str) -> bool {
+    under(path, "/proxy")
 }
 
 /// Holds one of [`Limits::max_requests`] permits while a request is
@@ -215,14 +242,17 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let took = began.elapsed();
     let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let status = response.status().as_u16();
-    timing::log_if_slow(
-        state.ledger(),
-        (method, route),
-        status,
-        began,
-        took,
-        wait.unwrap_or_default(),
-    );
+    // A proxied call's time is mostly its upstream's, not this server's.
+    if route != proxy::PATH {
+        timing::log_if_slow(
+            state.ledger(),
+            (method, route),
+            status,
+            began,
+            took,
+            wait.unwrap_or_default(),
+        );
+    }
     state.times.observe(method, route, wait.is_some(), took);
     response
 }
@@ -241,7 +271,13 @@ async fn guarded(state: &AppState, mut request: Request, next: Next) -> Response
     };
     if let Some(tokens) = &state.tokens {
         if needs_token(path) {
-            match tokens.identify(request.headers()) {
+            let proxied = is_proxied(path);
+            let identity = if proxied {
+                tokens.identify_by(request.headers(), proxy::TOKEN_HEADER)
+            } else {
+                tokens.identify(request.headers())
+            };
+            match identity {
                 Identity::Known(grant) => {
                     if let Some(why) = grant.refuses_method(request.method()) {
                         log_refusal(&grant, &format!("{} {path}", request.method()), &why);
@@ -253,7 +289,13 @@ async fn guarded(state: &AppState, mut request: Request, next: Next) -> Response
                     tracing::info!(method = %request.method(), path,
                         token = if identity == Identity::Missing { "none" } else { "unknown" },
                         "refused a request without a known token");
-                    let mut response = ApiError::unauthorized(identity == Identity::Missing).into_response();
+                    let missing = identity == Identity::Missing;
+                    let refusal = if proxied {
+                        ApiError::unauthorized_proxy(missing)
+                    } else {
+                        ApiError::unauthorized(missing)
+                    };
+                    let mut response = refusal.into_response();
                     response.headers_mut().insert(
                         header::WWW_AUTHENTICATE,
                         header::HeaderValue::from_static("Bearer"),
@@ -303,7 +345,7 @@ impl axum::extract::FromRequestParts<AppState> for Grant {
 
 /// Refuses acting for `service` when the request's token is bound to
 /// other services, and logs it.
-fn check_service(grant: &Grant, service: &str, route: &str) -> Result<(), ApiError> {
+pub(crate) fn check_service(grant: &Grant, service: &str, route: &str) -> Result<(), ApiError> {
     match grant.refuses_service(service) {
         None => Ok(()),
         Some(why) => {
@@ -319,10 +361,17 @@ mod tests {
 
     #[test]
     fn the_token_guards_v1_and_metrics_only() {
-        for path in ["/v1", "/v1/", "/v1/snapshot", "/metrics", "/metrics/x"] {
+        for path in [
+            "/v1",
+            "/v1/",
+            "/v1/snapshot",
+            "/metrics",
+            "/metrics/x",
+            "/proxy/o/api/chat",
+        ] {
             assert!(needs_token(path), "{path}");
         }
-        for path in ["/healthz", "/", "/v10", "/metricsx", "/x/v1"] {
+        for path in ["/healthz", "/", "/v10", "/metricsx", "/x/v1", "/proxyx"] {
             assert!(!needs_token(path), "{path}");
         }
     }

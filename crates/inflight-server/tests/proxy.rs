@@ -1,0 +1,772 @@
+//! `/proxy/NAME/...` against a fake upstream in this process: what passes,
+//! what is recorded, and how every end of a call settles it.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::stream;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use inflight::{ActivityId, Ledger, Settings, SnapshotOptions, State as RecordState};
+use inflight_server::http::AppState;
+use inflight_server::proxy::Routes;
+
+/// What the fake upstream saw and did.
+#[derive(Default)]
+struct Seen {
+    /// Each request's path and headers, in order.
+    requests: Mutex<Vec<(String, HeaderMap)>>,
+    /// Calls being answered now, and the most at once.
+    now: AtomicUsize,
+    most: AtomicUsize,
+    /// Streams whose reader went away before they ended.
+    dropped: AtomicUsize,
+}
+
+struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Seen>,
+}
+
+async fn note(State(seen): State<Arc<Seen>>, request: Request, next: axum::middleware::Next) -> Response {
+    let path = request.uri().path().to_owned();
+    seen.requests
+        .lock()
+        .unwrap()
+        .push((path, request.headers().clone()));
+    next.run(request).await
+}
+
+fn json_answer(value: Value) -> Response {
+    ([("content-type", "application/json")], value.to_string()).into_response()
+}
+
+/// A streamed answer of `lines`, each sent as its own chunk.
+fn streamed(content_type: &'static str, lines: Vec<String>) -> Response {
+    let chunks = stream::iter(
+        lines
+            .into_iter()
+            .map(|line| Ok::<_, Infallible>(Bytes::from(line))),
+    );
+    ([("content-type", content_type)], Body::from_stream(chunks)).into_response()
+}
+
+async fn chat_completions(body: axum::Json<Value>) -> Response {
+    if body["stream"] == json!(true) {
+        let mut lines: Vec<String> = ["Hel", "lo"]
+            .iter()
+            .map(|text| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": "c1", "object": "chat.completion.chunk", "model": "gpt-4o-mini-2024-07-18",
+                        "choices": [{"index": 0, "delta": {"content": text}}], "usage": null})
+                )
+            })
+            .collect();
+        lines.push(format!(
+            "data: {}\n\n",
+            json!({"id": "c1", "object": "chat.completion.chunk", "model": "gpt-4o-mini-2024-07-18",
+                "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}})
+        ));
+        lines.push("data: [DONE]\n\n".to_owned());
+        return streamed("text/event-stream", lines);
+    }
+    json_answer(json!({
+        "id": "c1", "object": "chat.completion", "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    }))
+}
+
+async fn ollama_chat() -> Response {
+    let mut lines: Vec<String> = ["Hel", "lo"]
+        .iter()
+        .map(|text| {
+            format!(
+                "{}\n",
+                json!({"model": "llama3.2", "message": {"role": "assistant", "content": text}, "done": false})
+            )
+        })
+        .collect();
+    lines.push(format!(
+        "{}\n",
+        json!({"model": "llama3.2", "done": true, "done_reason": "stop", "prompt_eval_count": 26, "eval_count": 290})
+    ));
+    streamed("application/x-ndjson", lines)
+}
+
+async fn gemini(Path(call): Path<String>) -> Response {
+    assert!(call.ends_with(":generateContent"), "{call}");
+    json_answer(json!({
+        "candidates": [{"content": {"parts": [{"text": "Hello"}], "role": "model"}}],
+        "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 4, "thoughtsTokenCount": 2, "totalTokenCount": 15},
+        "modelVersion": "gemini-2.0-flash-001"
+    }))
+}
+
+/// Answers after `ms` milliseconds, counting the calls answered at once.
+async fn hold(State(seen): State<Arc<Seen>>) -> Response {
+    let now = seen.now.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    seen.now.fetch_sub(1, Ordering::SeqCst);
+    json_answer(json!({"model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}))
+}
+
+/// Counts a stream dropped before its end.
+struct Watched(Arc<Seen>);
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A chunk every 20 ms, never ending.
+async fn forever(State(seen): State<Arc<Seen>>) -> Response {
+    let chunks = stream::unfold(Watched(seen), |watched| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Some((Ok::<_, Infallible>(Bytes::from_static(b"data: {}\n\n")), watched))
+    });
+    ([("content-type", "text/event-stream")], Body::from_stream(chunks)).into_response()
+}
+
+/// Two chunks, then the upstream breaks off (after a pause, so that its
+/// head and chunks have left).
+async fn cut() -> Response {
+    let chunks = stream::unfold(0, |sent| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let next = match sent {
+            0 | 1 => Ok(Bytes::from_static(b"{\"model\":\"m\",\"done\":false}\n")),
+            2 => Err(std::io::Error::other("the upstream broke off")),
+            _ => return None,
+        };
+        Some((next, sent + 1))
+    });
+    (
+        [("content-type", "application/x-ndjson")],
+        Body::from_stream(chunks),
+    )
+        .into_response()
+}
+
+async fn upstream() -> Upstream {
+    let seen = Arc::new(Seen::default());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route(
+            "/v1/embeddings",
+            post(|| async {
+                json_answer(json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+                    "model": "text-embedding-3-small", "usage": {"prompt_tokens": 5, "total_tokens": 5}}))
+            }),
+        )
+        .route("/v1/models", get(|| async { json_answer(json!({"object": "list", "data": []})) }))
+        .route("/api/chat", post(ollama_chat))
+        .route("/v1beta/models/{call}", post(gemini))
+        .route(
+            "/refuse",
+            post(|| async { (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "7")], "slow down").into_response() }),
+        )
+        .route("/fail", post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response() }))
+        .route(
+            "/slow",
+            post(|| async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                "late"
+            }),
+        )
+        .route("/no-content", post(|| async { StatusCode::NO_CONTENT }))
+        .route("/hold", post(hold))
+        .route("/forever", post(forever))
+        .route("/cut", post(cut))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&seen), note))
+        .with_state(Arc::clone(&seen));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Upstream { addr, seen }
+}
+
+/// A proxy in front of `upstream`, configured by `extra` beside its routes.
+struct Proxy {
+    ledger: Ledger,
+    running: support::Running,
+    upstream: Upstream,
+}
+
+/// The configuration every test starts from: a capped lane, short
+/// deadlines, and three routes to the one upstream.
+const CONFIG: &str = r#"
+[classes.chat]
+deadline = "1s"
+[classes.embedding]
+deadline = "1s"
+[lanes."oa::openai"]
+cap = 2
+[lanes."solo::openai"]
+cap = 1
+"#;
+
+async fn proxy_with(extra: &str, token: Option<&str>) -> Proxy {
+    let upstream = upstream().await;
+    let url = format!("http://{}", upstream.addr);
+    let text = format!(
+        "{CONFIG}{extra}\n[proxy.oa]\nupstream = \"{url}\"\nprovider = \"openai\"\nmax_wait = \"5s\"\n\
+         [proxy.ollama]\nupstream = \"{url}\"\nprovider = \"ollama\"\nservice = \"kb\"\nmax_body_bytes = 4096\n\
+         [proxy.gemini]\nupstream = \"{url}/v1beta\"\nprovider = \"gemini\"\n\
+         [proxy.closed]\nupstream = \"http://127.0.0.1:9\"\nprovider = \"openai\"\n"
+    );
+    let settings = Settings::from_toml(&text).unwrap();
+    let routes = Routes::from_tables(&settings.proxy, &mut Vec::new()).unwrap();
+    let ledger = Ledger::builder(settings.ledger)
+        .store_url("memory:")
+        .build()
+        .unwrap();
+    let state = AppState::new(ledger.clone())
+        .with_token(token.map(str::to_owned))
+        .with_proxies(routes);
+    let running = support::start(|listener, stopped| {
+        inflight_server::serve_state(listener, state, async {
+            let _ = stopped.await;
+        })
+    })
+    .await;
+    Proxy {
+        ledger,
+        running,
+        upstream,
+    }
+}
+
+async fn proxy() -> Proxy {
+    proxy_with("", None).await
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+impl Proxy {
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> hyper::Request<Full<Bytes>> {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.running.addr))
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let body = if body.is_null() {
+            Bytes::new()
+        } else {
+            Bytes::from(body.to_string())
+        };
+        request.body(Full::new(body)).unwrap()
+    }
+
+    /// Sends a request and reads its answer whole.
+    async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Value) -> Reply {
+        let answer = client()
+            .request(self.request(method, path, headers, &body))
+            .await
+            .unwrap();
+        let (head, body) = answer.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: head.status.as_u16(),
+            headers: head.headers,
+            body,
+        }
+    }
+
+    async fn post(&self, path: &str, headers: &[(&str, &str)], body: Value) -> Reply {
+        self.send("POST", path, headers, body).await
+    }
+
+    async fn record(&self, reply: &Reply) -> Arc<inflight::ActivityRecord> {
+        self.ledger.get(reply.activity_id()).await.unwrap()
+    }
+
+    async fn snapshot(&self) -> inflight::Snapshot {
+        self.ledger.snapshot(SnapshotOptions::default()).await.unwrap()
+    }
+
+    /// Waits (in real time, at most 5 s) until `done` holds of a snapshot.
+    async fn until(&self, what: &str, done: impl Fn(&inflight::Snapshot) -> bool) {
+        for _ in 0..500 {
+            if done(&self.snapshot().await) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not within 5 s: {what}: {:#?}", self.snapshot().await);
+    }
+
+    fn last_request_headers(&self) -> HeaderMap {
+        self.upstream
+            .seen
+            .requests
+            .lock()
+            .unwrap()
+            .last()
+            .unwrap()
+            .1
+            .clone()
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON: {:?}", self.body))
+    }
+
+    fn activity_id(&self) -> ActivityId {
+        self.headers["x-inflight-activity-id"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    fn code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap().to_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model() {
+    let p = proxy().await;
+    let reply = p
+        .post(
+            "/proxy/oa/v1/chat/completions",
+            &[
+                ("authorization", "Bearer sk-upstream"),
+                ("x-inflight-stage", "answer"),
+            ],
+            json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["usage"]["total_tokens"], 18, "the body as it came");
+    assert_eq!(reply.headers["content-type"], "application/json");
+    let record = p.record(&reply).await;
+    assert_eq!(
+        record.state,
+        RecordState::Succeeded,
+        "settled before the answer's end reached the client"
+    );
+    assert_eq!(
+        (
+            record.labels.service.as_str(),
+            record.labels.provider.as_str(),
+            record.labels.class.as_str()
+        ),
+        ("oa", "openai", "chat")
+    );
+    assert_eq!(record.labels.operation_stage.as_str(), "answer");
+    assert_eq!(
+        &*record.labels.model, "gpt-4o-mini-2024-07-18",
+        "refined from the answer"
+    );
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(11), Some(7))
+    );
+    let seen = p.last_request_headers();
+    assert_eq!(
+        seen["authorization"], "Bearer sk-upstream",
+        "the upstream's own key passes"
+    );
+    assert_eq!(seen["host"], p.upstream.addr.to_string().as_str());
+    assert_eq!(seen["accept-encoding"], "identity");
+    assert!(
+        seen.keys().all(|name| !name.as_str().starts_with("x-inflight-")),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_chat_passes_chunk_by_chunk_and_reads_usage_from_its_last_chunk() {
+    let p = proxy().await;
+    let request = p.request(
+        "POST",
+        "/proxy/oa/v1/chat/completions",
+        &[],
+        &json!({"model": "gpt-4o-mini", "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let answer = client().request(request).await.unwrap();
+    assert_eq!(answer.headers()["content-type"], "text/event-stream");
+    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut body = answer.into_body();
+    let mut frames = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            frames.push(data);
+        }
+    }
+    assert!(frames.len() >= 4, "chunk by chunk: {frames:?}");
+    assert!(frames.concat().ends_with(b"data: [DONE]\n\n"));
+    let record = p.ledger.get(id).await.unwrap();
+    assert_eq!(record.state, RecordState::Succeeded);
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(12), Some(2))
+    );
+}
+
+#[tokio::test]
+async fn tokens_are_read_from_ollama_gemini_and_openai_embeddings() {
+    let p = proxy().await;
+    let reply = p
+        .post(
+            "/proxy/ollama/api/chat",
+            &[],
+            json!({"model": "llama3.2", "messages": []}),
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body.iter().filter(|byte| **byte == b'\n').count(), 3);
+    let record = p.record(&reply).await;
+    assert_eq!(
+        (record.labels.service.as_str(), record.labels.class.as_str()),
+        ("kb", "chat")
+    );
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(26), Some(290))
+    );
+    assert_eq!(&*record.labels.model, "llama3.2");
+
+    let reply = p
+        .post(
+            "/proxy/gemini/models/gemini-2.0-flash:generateContent",
+            &[],
+            json!({"contents": []}),
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let record = p.record(&reply).await;
+    assert_eq!(
+        (record.labels.provider.as_str(), record.labels.class.as_str()),
+        ("gemini", "chat")
+    );
+    assert_eq!(
+        &*record.labels.model, "gemini-2.0-flash-001",
+        "named by the path, refined by the answer"
+    );
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(9), Some(6))
+    );
+
+    let reply = p
+        .post(
+            "/proxy/oa/v1/embeddings",
+            &[],
+            json!({"model": "text-embedding-3-small", "input": "hi"}),
+        )
+        .await;
+    let record = p.record(&reply).await;
+    assert_eq!(record.labels.class.as_str(), "embedding");
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(5), None)
+    );
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_fails_the_call_and_cools_its_lane() {
+    let p = proxy().await;
+    let reply = p
+        .post("/proxy/oa/refuse", &[("x-inflight-class", "chat")], json!({}))
+        .await;
+    assert_eq!(
+        (reply.status, &reply.body[..]),
+        (429, &b"slow down"[..]),
+        "the upstream's answer, as it came"
+    );
+    let record = p.record(&reply).await;
+    assert_eq!(record.state, RecordState::Failed);
+    assert_eq!(record.failure_stage, Some(inflight::FailureStage::Provider));
+    // The lane now grants no slot until the cooldown ends.
+    let reply = p
+        .post(
+            "/proxy/oa/v1/chat/completions",
+            &[("x-inflight-max-wait", "0s")],
+            json!({"model": "gpt-4o-mini"}),
+        )
+        .await;
+    assert_eq!((reply.status, reply.code().as_str()), (429, "lane_cooling"));
+    let retry: u64 = reply.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((6..=7).contains(&retry), "{retry}");
+    assert_eq!(
+        p.upstream.seen.requests.lock().unwrap().len(),
+        1,
+        "the cooled call never reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn a_500_a_refused_connection_and_a_slow_upstream_are_provider_failures() {
+    let p = proxy().await;
+    let reply = p
+        .post("/proxy/oa/fail", &[("x-inflight-class", "chat")], json!({}))
+        .await;
+    assert_eq!((reply.status, &reply.body[..]), (500, &b"boom"[..]));
+    assert_eq!(p.record(&reply).await.state, RecordState::Failed);
+
+    let reply = p
+        .post("/proxy/closed/v1/chat/completions", &[], json!({"model": "x"}))
+        .await;
+    assert_eq!(
+        (reply.status, reply.code().as_str()),
+        (502, "upstream_unreachable")
+    );
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("\"closed\""));
+
+    let reply = p
+        .post("/proxy/oa/slow", &[("x-inflight-class", "chat")], json!({}))
+        .await;
+    assert_eq!((reply.status, reply.code().as_str()), (504, "upstream_timeout"));
+    let snap = p.snapshot().await;
+    assert_eq!(snap.total_failed, 3, "{:#?}", snap.aggregates);
+    assert_eq!(snap.total_in_flight, 0);
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_the_client_is_cancelled_and_its_upstream_dropped() {
+    let p = proxy().await;
+    let request = p.request(
+        "POST",
+        "/proxy/oa/forever",
+        &[("x-inflight-class", "chat")],
+        &json!({}),
+    );
+    let answer = client().request(request).await.unwrap();
+    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut body = answer.into_body();
+    for _ in 0..2 {
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(body);
+    p.until("the record cancelled", |snap| snap.total_cancelled == 1)
+        .await;
+    let record = p.ledger.get(id).await.unwrap();
+    assert_eq!(record.state, RecordState::Cancelled);
+    assert_eq!(record.cancel_reason.as_deref(), Some("client-disconnected"));
+    for _ in 0..500 {
+        if p.upstream.seen.dropped.load(Ordering::SeqCst) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the upstream's stream was not dropped");
+}
+
+#[tokio::test]
+async fn a_client_gone_while_waiting_in_line_is_cancelled() {
+    let p = proxy().await;
+    let solo = [("x-inflight-class", "chat"), ("x-inflight-service", "solo")];
+    let request = p.request("POST", "/proxy/oa/forever", &solo, &json!({}));
+    let holder = client().request(request).await.unwrap();
+    let request = p.request("POST", "/proxy/oa/hold", &solo, &json!({}));
+    let waiter = tokio::spawn(client().request(request));
+    p.until("the second call waits", |snap| {
+        snap.lane("solo::openai").is_some_and(|lane| lane.waiting == 1)
+    })
+    .await;
+    waiter.abort();
+    p.until("the waiter cancelled", |snap| snap.total_cancelled == 1)
+        .await;
+    let snap = p.snapshot().await;
+    let cancelled = snap
+        .recent_completions
+        .iter()
+        .find(|record| record.state == RecordState::Cancelled)
+        .unwrap();
+    assert_eq!(cancelled.cancel_reason.as_deref(), Some("client-disconnected"));
+    drop(holder);
+    p.until("the holder cancelled", |snap| {
+        snap.total_cancelled == 2 && snap.total_in_flight == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_the_upstream_fails_and_the_client_sees_it_cut() {
+    let p = proxy().await;
+    let request = p.request(
+        "POST",
+        "/proxy/ollama/cut",
+        &[("x-inflight-class", "chat")],
+        &json!({}),
+    );
+    let answer = client().request(request).await.unwrap();
+    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        answer.into_body().collect().await.is_err(),
+        "the client's answer is cut too"
+    );
+    p.until("the record failed", |snap| snap.total_failed == 1).await;
+    assert_eq!(p.ledger.get(id).await.unwrap().state, RecordState::Failed);
+}
+
+#[tokio::test]
+async fn a_cap_of_two_holds_under_twenty_concurrent_proxied_calls() {
+    let p = Arc::new(proxy().await);
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let p = Arc::clone(&p);
+            tokio::spawn(async move {
+                p.post("/proxy/oa/hold", &[("x-inflight-class", "chat")], json!({}))
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+    assert_eq!(
+        p.upstream.seen.most.load(Ordering::SeqCst),
+        2,
+        "never more than the cap at the upstream"
+    );
+    let snap = p.snapshot().await;
+    assert_eq!((snap.total_succeeded, snap.total_in_flight), (20, 0));
+}
+
+#[tokio::test]
+async fn what_is_not_a_call_passes_unrecorded_and_an_empty_answer_settles_at_once() {
+    let p = proxy().await;
+    let reply = p.send("GET", "/proxy/oa/v1/models", &[], Value::Null).await;
+    assert_eq!(reply.status, 200);
+    assert!(!reply.headers.contains_key("x-inflight-activity-id"));
+    assert_eq!(p.snapshot().await.total_succeeded, 0);
+
+    let reply = p
+        .post("/proxy/oa/no-content", &[("x-inflight-class", "chat")], json!({}))
+        .await;
+    assert_eq!(reply.status, 204);
+    assert_eq!(p.record(&reply).await.state, RecordState::Succeeded);
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_and_record_nothing() {
+    let p = proxy().await;
+    let chat = "/proxy/oa/v1/chat/completions";
+    for (path, headers, status, code) in [
+        ("/proxy/nope/v1/chat/completions", &[][..], 404, "not_found"),
+        ("/proxy/oa/v1/../admin", &[], 400, "invalid_request"),
+        (chat, &[("x-inflight-priority", "urgent")], 400, "invalid_request"),
+        (chat, &[("x-inflight-servce", "kb")], 400, "invalid_request"),
+        (chat, &[("x-inflight-max-wait", "1h")], 400, "invalid_request"),
+    ] {
+        let reply = p.post(path, headers, json!({"model": "m"})).await;
+        assert_eq!(
+            (reply.status, reply.code().as_str()),
+            (status, code),
+            "{path} {headers:?}"
+        );
+    }
+    let big = json!({"model": "m", "input": "x".repeat(5000)});
+    let reply = p.post("/proxy/ollama/api/embed", &[], big).await;
+    assert_eq!((reply.status, reply.code().as_str()), (413, "payload_too_large"));
+    assert!(
+        p.upstream.seen.requests.lock().unwrap().is_empty(),
+        "nothing reached the upstream"
+    );
+    let snap = p.snapshot().await;
+    assert_eq!(
+        snap.total_in_flight + snap.total_succeeded + snap.total_failed + snap.total_cancelled,
+        0
+    );
+
+    // An absolute request target never picks the host.
+    let mut stream = tokio::net::TcpStream::connect(p.running.addr).await.unwrap();
+    let request = support::request(
+        "POST",
+        "http://evil.example/proxy/oa/v1/chat/completions",
+        "",
+        b"{}",
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut stream, &request)
+        .await
+        .unwrap();
+    let answer = support::read_answer(&mut stream).await.unwrap();
+    assert_eq!(answer.status, 400);
+}
+
+#[tokio::test]
+async fn with_a_token_the_proxy_needs_it_in_its_own_header_and_strips_it() {
+    let p = proxy_with("", Some("s3cret")).await;
+    let chat = "/proxy/oa/v1/chat/completions";
+    let reply = p
+        .post(chat, &[("authorization", "Bearer s3cret")], json!({"model": "m"}))
+        .await;
+    assert_eq!(reply.status, 401, "Authorization is the upstream's");
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("X-Inflight-Token"));
+    let reply = p
+        .post(chat, &[("x-inflight-token", "wrong")], json!({"model": "m"}))
+        .await;
+    assert_eq!(reply.status, 401);
+    let reply = p
+        .post(
+            chat,
+            &[("x-inflight-token", "s3cret"), ("authorization", "Bearer sk-up")],
+            json!({"model": "m"}),
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let seen = p.last_request_headers();
+    assert!(!seen.contains_key("x-inflight-token"));
+    assert_eq!(seen["authorization"], "Bearer sk-up");
+}
