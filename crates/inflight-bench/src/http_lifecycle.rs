@@ -94,6 +94,21 @@ impl Client {
         })
     }
 
+    /// The `Host` header of its requests.
+    pub(crate) fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    /// Sends `request` once the connection is ready; the answer's head,
+    /// its body to be read.
+    pub(crate) async fn send(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>> {
+        self.send.ready().await?;
+        Ok(self.send.send_request(request).await?)
+    }
+
     /// POSTs `body` (JSON) to `path`; the answer and how long it took, in
     /// ms.
     async fn post_json(&mut self, path: &str, body: &'static str) -> Result<(Answer, f64)> {
@@ -135,8 +150,7 @@ impl Client {
         path: &str,
     ) -> Result<(hyper::StatusCode, Bytes)> {
         let exchange = async {
-            self.send.ready().await?;
-            let response = self.send.send_request(request).await?;
+            let response = self.send(request).await?;
             let status = response.status();
             let bytes = response.into_body().collect().await?.to_bytes();
             Ok::<_, anyhow::Error>((status, bytes))
@@ -160,18 +174,18 @@ impl Server {
     /// Serves `ledger` on a free loopback port, with no token and the
     /// default limits.
     pub(crate) async fn start(ledger: Ledger) -> Result<Self> {
+        Self::start_state(inflight_server::http::AppState::new(ledger)).await
+    }
+
+    /// Serves `state` (its ledger, limits, proxy routes) on a free
+    /// loopback port.
+    pub(crate) async fn start_state(state: inflight_server::http::AppState) -> Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(inflight_server::serve_on(
-            listener,
-            ledger,
-            None,
-            inflight_server::Limits::default(),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let task = tokio::spawn(inflight_server::serve_state(listener, state, async {
+            let _ = stopped.await;
+        }));
         Ok(Self { base, stop, task })
     }
 

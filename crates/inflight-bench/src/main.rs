@@ -24,6 +24,7 @@ mod http_lifecycle;
 mod memory_lifecycle;
 mod postgres;
 mod profile;
+mod proxy_overhead;
 mod ranked_admission;
 mod reap_scale;
 mod redis_slots;
@@ -46,6 +47,7 @@ use crate::http_lifecycle::http_lifecycle;
 use crate::memory_lifecycle::memory_lifecycle;
 use crate::postgres::{postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances};
 use crate::profile::{count_lifecycles, drive_http, profile_lifecycles};
+use crate::proxy_overhead::proxy_overhead;
 use crate::ranked_admission::ranked_admission;
 use crate::reap_scale::reap_scale;
 use crate::redis_slots::redis_slots;
@@ -64,6 +66,7 @@ const CASES: &[&str] = &[
     "admission_scale",
     "ranked_admission",
     "http_lifecycle",
+    "proxy_overhead",
     "snapshot_under_load",
     "redis_slots",
     "postgres_lifecycle",
@@ -81,7 +84,7 @@ struct Args {
     quick: bool,
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
     /// snapshot_scale, reap_scale, admission_scale, http_lifecycle (with
-    /// http_lifecycle_two_requests), snapshot_under_load (with
+    /// http_lifecycle_two_requests), proxy_overhead, snapshot_under_load (with
     /// snapshot_under_load_p99), redis_slots (on the Redis server
     /// INFLIGHT_BENCH_REDIS_URL names, by default redis://127.0.0.1:6379/),
     /// postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances
@@ -148,6 +151,9 @@ struct Plan {
     /// How long `http_lifecycle` runs after its warm-up (and
     /// `postgres_two_instances`).
     http_window: Duration,
+    /// Pairs of calls (direct, proxied) per store setting in
+    /// `proxy_overhead`.
+    proxy_pairs: usize,
     /// Settled history in `postgres_snapshot_scale`: small, large.
     postgres_snapshot_scales: (usize, usize),
     /// Pairs of windows (idle, loaded) in `snapshot_under_load`, and how
@@ -177,6 +183,7 @@ impl Plan {
                 admission_samples: 2_001,
                 admission_budget: Duration::from_secs(10),
                 http_window: Duration::from_secs(3),
+                proxy_pairs: 2_000,
                 postgres_snapshot_scales: (10_000, 100_000),
                 snapshot_load_pairs: 3,
                 snapshot_load_window: Duration::from_secs(1),
@@ -198,6 +205,7 @@ impl Plan {
                 admission_samples: 10_001,
                 admission_budget: Duration::from_secs(30),
                 http_window: Duration::from_secs(10),
+                proxy_pairs: 10_000,
                 postgres_snapshot_scales: (10_000, 1_000_000),
                 snapshot_load_pairs: 9,
                 snapshot_load_window: Duration::from_secs(2),
@@ -272,6 +280,7 @@ fn main() -> Result<()> {
         ("admission_scale", Box::new(|| admission_scale(&plan, &dir))),
         ("ranked_admission", Box::new(|| ranked_admission(&plan, &dir))),
         ("http_lifecycle", Box::new(|| http_lifecycle(&plan, &dir))),
+        ("proxy_overhead", Box::new(|| proxy_overhead(&plan, &dir))),
         (
             "snapshot_under_load",
             Box::new(|| snapshot_under_load(&plan, &dir)),
