@@ -444,6 +444,16 @@ async fn serve_listener(
         "listening on {scheme}://{local}",
         scheme = if tls.is_some() { "https" } else { "http" },
     );
+    for route in state.proxies().iter() {
+        tracing::info!(
+            route = route.name(),
+            upstream = %route.upstream(),
+            provider = route.provider(),
+            "proxying /proxy/{}/ to {}",
+            route.name(),
+            route.upstream()
+        );
+    }
     if tls.is_none() && state.has_token() && !local.ip().is_loopback() {
         tracing::warn!(
             addr = %local,

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use futures_util::stream;
+use futures_util::{stream, StreamExt as _};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -57,14 +57,24 @@ fn json_answer(value: Value) -> Response {
     ([("content-type", "application/json")], value.to_string()).into_response()
 }
 
-/// A streamed answer of `lines`, each sent as its own chunk.
+/// A streamed answer of `lines`, each sent as its own chunk; the body
+/// ends 200 ms after the last, as a slow upstream's might, so that a client
+/// that stops reading at the answer's own end marker has gone by then.
 fn streamed(content_type: &'static str, lines: Vec<String>) -> Response {
     let chunks = stream::iter(
         lines
             .into_iter()
             .map(|line| Ok::<_, Infallible>(Bytes::from(line))),
     );
-    ([("content-type", content_type)], Body::from_stream(chunks)).into_response()
+    let late_end = stream::once(async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(Bytes::new())
+    });
+    (
+        [("content-type", content_type)],
+        Body::from_stream(chunks.chain(late_end)),
+    )
+        .into_response()
 }
 
 async fn chat_completions(body: axum::Json<Value>) -> Response {
@@ -445,6 +455,61 @@ async fn a_streamed_chat_passes_chunk_by_chunk_and_reads_usage_from_its_last_chu
     assert_eq!(
         (record.usage.input_tokens, record.usage.output_tokens),
         (Some(12), Some(2))
+    );
+}
+
+/// Reads `path`'s streamed answer until a frame holds `end`, then hangs
+/// up, as the `openai` package does on `data: [DONE]`; the record's id.
+async fn read_until_then_hang_up(p: &Proxy, path: &str, body: Value, end: &[u8]) -> ActivityId {
+    let answer = client()
+        .request(p.request("POST", path, &[], &body))
+        .await
+        .unwrap();
+    let id = answer.headers()["x-inflight-activity-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut body = answer.into_body();
+    let mut seen = Vec::new();
+    while !seen.windows(end.len()).any(|window| window == end) {
+        let frame = body.frame().await.expect("more").unwrap();
+        seen.extend_from_slice(&frame.into_data().unwrap_or_default());
+    }
+    drop(body);
+    id
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_at_the_answers_own_end_has_its_call_succeed() {
+    let p = proxy().await;
+    let chat = json!({"model": "gpt-4o-mini", "stream": true, "stream_options": {"include_usage": true}});
+    let id = read_until_then_hang_up(&p, "/proxy/oa/v1/chat/completions", chat, b"data: [DONE]\n").await;
+    let record = p.ledger.get(id).await.unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::Succeeded,
+        "settled before [DONE] was handed on"
+    );
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(12), Some(2))
+    );
+    assert_eq!(&*record.labels.model, "gpt-4o-mini-2024-07-18");
+
+    let done = b"\"prompt_eval_count\":26}\n";
+    let id = read_until_then_hang_up(&p, "/proxy/ollama/api/chat", json!({"model": "llama3.2"}), done).await;
+    let record = p.ledger.get(id).await.unwrap();
+    assert_eq!(record.state, RecordState::Succeeded);
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(26), Some(290))
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let snap = p.snapshot().await;
+    assert_eq!(
+        (snap.total_succeeded, snap.total_cancelled, snap.total_in_flight),
+        (2, 0, 0)
     );
 }
 

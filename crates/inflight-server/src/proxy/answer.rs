@@ -7,7 +7,10 @@
 //! answer began. Every other end is a settle that lands *before* the
 //! answer's last frame is handed on: once a client holds the whole answer,
 //! the ledger already shows the call settled, and a server shutting down
-//! (which waits for its connections) loses no settle.
+//! (which waits for its connections) loses no settle. A streamed answer
+//! that says it is complete (OpenAI's `data: [DONE]`, Ollama's `"done":
+//! true`) is settled there, before that frame: a client may hang up on
+//! reading it, before the body's formal end.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -125,18 +128,22 @@ pub(super) struct Answer {
 enum Stage {
     /// Frames pass from the upstream to the client.
     Streaming(Box<Streaming>),
-    /// The upstream's answer ended; the settle runs, then `then` is handed
-    /// on: the last frame, the end (`None`), or the upstream's error.
+    /// The upstream's answer ended, or said it is complete; the settle
+    /// runs, then `then` is handed on: the last frame, the end (`None`), or
+    /// the upstream's error. What is left of a complete answer (`rest`)
+    /// then streams on.
     Settling {
         settle: Pin<Box<dyn Future<Output = ()> + Send>>,
         then: Option<Result<Frame<Bytes>, BoxError>>,
+        rest: Option<Box<Streaming>>,
     },
     Done,
 }
 
 struct Streaming {
     upstream: Incoming,
-    ending: Ending,
+    /// The call, until it is settled.
+    ending: Option<Ending>,
     reader: Reader,
     /// The class's deadline: past it the answer is cut.
     deadline: Pin<Box<Sleep>>,
@@ -148,22 +155,35 @@ impl Answer {
         Self {
             stage: Stage::Streaming(Box::new(Streaming {
                 upstream,
-                ending,
+                ending: Some(ending),
                 reader: Reader::new(framing),
                 deadline: Box::pin(tokio::time::sleep_until(deadline)),
             })),
         }
     }
 
-    /// Moves from streaming to settling, with what to hand on after.
-    fn settle(&mut self, cut: bool, then: Option<Result<Frame<Bytes>, BoxError>>) {
-        let Stage::Streaming(streaming) = std::mem::replace(&mut self.stage, Stage::Done) else {
+    /// Moves from streaming to settling the call (when it is not settled
+    /// yet), with what to hand on after; an answer that is not over
+    /// (`more`) streams on after that.
+    fn settle(&mut self, cut: bool, then: Option<Result<Frame<Bytes>, BoxError>>, more: bool) {
+        let Stage::Streaming(mut streaming) = std::mem::replace(&mut self.stage, Stage::Done) else {
             return;
         };
-        let Streaming { ending, reader, .. } = *streaming;
+        let Some(ending) = streaming.ending.take() else {
+            // Settled already (the answer said it was complete): what is
+            // left of it passes, nothing to settle.
+            self.stage = Stage::Settling {
+                settle: Box::pin(std::future::ready(())),
+                then,
+                rest: more.then_some(streaming),
+            };
+            return;
+        };
+        let settle = Box::pin(ending.settle(streaming.reader.read(), cut));
         self.stage = Stage::Settling {
-            settle: Box::pin(ending.settle(reader.read(), cut)),
+            settle,
             then,
+            rest: more.then_some(streaming),
         };
     }
 }
@@ -182,7 +202,7 @@ impl HttpBody for Answer {
                 Stage::Streaming(streaming) => {
                     if streaming.deadline.as_mut().poll(cx).is_ready() {
                         let cut: BoxError = "the upstream's answer ran past its class's deadline".into();
-                        this.settle(true, Some(Err(cut)));
+                        this.settle(true, Some(Err(cut)), false);
                         continue;
                     }
                     match ready!(Pin::new(&mut streaming.upstream).poll_frame(cx)) {
@@ -190,20 +210,26 @@ impl HttpBody for Answer {
                             if let Some(data) = frame.data_ref() {
                                 streaming.reader.feed(data);
                             }
-                            if !streaming.upstream.is_end_stream() {
+                            let last = streaming.upstream.is_end_stream();
+                            let complete = streaming.ending.is_some() && streaming.reader.finished();
+                            if !last && !complete {
                                 return Poll::Ready(Some(Ok(frame)));
                             }
-                            // Its last frame: the settle lands first.
-                            this.settle(false, Some(Ok(frame)));
+                            // The answer's last frame, or the one that says
+                            // it is complete: the settle lands first.
+                            this.settle(false, Some(Ok(frame)), !last);
                         }
-                        Some(Err(err)) => this.settle(true, Some(Err(err.into()))),
-                        None => this.settle(false, None),
+                        Some(Err(err)) => this.settle(true, Some(Err(err.into())), false),
+                        None => this.settle(false, None, false),
                     }
                 }
-                Stage::Settling { settle, then } => {
+                Stage::Settling { settle, then, rest } => {
                     ready!(settle.as_mut().poll(cx));
                     let then = then.take();
-                    this.stage = Stage::Done;
+                    this.stage = match rest.take() {
+                        Some(rest) => Stage::Streaming(rest),
+                        None => Stage::Done,
+                    };
                     return Poll::Ready(then);
                 }
                 Stage::Done => return Poll::Ready(None),

@@ -294,7 +294,19 @@ async fn fail(permit: Permit) {
 
 fn unreachable_upstream(route: &Route, err: &hyper_util::client::legacy::Error) -> ApiError {
     tracing::info!(route = route.name(), error = %err, "a proxy route's upstream is unreachable");
-    let cause = std::error::Error::source(err).map_or_else(|| err.to_string(), ToString::to_string);
+    // The client's own words ("client error (Connect)") say little; its
+    // causes say what failed ("dns error: failed to lookup address ...").
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    let cause = if causes.is_empty() {
+        err.to_string()
+    } else {
+        causes.join(": ")
+    };
     ApiError::upstream_unreachable(format!(
         "the upstream of proxy route {:?} cannot be reached: {cause}",
         route.name

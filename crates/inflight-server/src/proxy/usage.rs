@@ -61,7 +61,15 @@ pub(super) struct Reader {
     line: Line,
     parser: Parser,
     read: Read,
+    /// How much of the line's payload has spelled `[DONE]` so far (`None`
+    /// once it spelled something else).
+    marker: Option<usize>,
+    /// A line ended that said the answer is complete.
+    finished: bool,
 }
+
+/// OpenAI's last event-stream payload: the answer is complete.
+const DONE: &[u8] = b"[DONE]";
 
 impl Reader {
     pub(super) fn new(framing: Framing) -> Self {
@@ -70,7 +78,20 @@ impl Reader {
             line: Line::start(framing),
             parser: Parser::new(framing == Framing::Json),
             read: Read::default(),
+            // Only a line framing's payload can spell it.
+            marker: (framing != Framing::Json).then_some(0),
+            finished: false,
         }
+    }
+
+    /// Whether a streamed answer said it is complete, with the line that
+    /// said so ended: OpenAI's `data: [DONE]`, Ollama's `"done": true`, the
+    /// Responses API's `response.completed`. A client may hang up at that
+    /// point without reading the end of the body (the `openai` package
+    /// does), so the call is over there. Always `false` for a JSON body,
+    /// whose end is the body's.
+    pub(super) fn finished(&self) -> bool {
+        self.finished
     }
 
     /// Reads the next chunk of the body. Never fails, never panics, whatever the bytes.
@@ -78,8 +99,13 @@ impl Reader {
         let mut rest = chunk;
         while let Some((&b, tail)) = rest.split_first() {
             self.byte(b);
-            // Most of a big body is skipped: jump to the next byte that matters.
-            let skip = self.parser.skippable(tail);
+            // Most of a big body is skipped: jump to the next byte that
+            // matters (none while the payload may still spell `[DONE]`).
+            let skip = if self.marker.is_some() {
+                0
+            } else {
+                self.parser.skippable(tail)
+            };
             rest = tail.get(skip..).unwrap_or_default();
         }
     }
@@ -100,9 +126,15 @@ impl Reader {
             return self.parser.byte(b, &mut self.read);
         }
         if b == b'\n' || b == b'\r' {
+            let said_done = self.marker == Some(DONE.len()) || self.parser.said_done;
+            let complete = self.parser.state == State::Stopped || self.marker == Some(DONE.len());
+            if said_done && complete {
+                self.finished = true;
+            }
             // A line is a document of its own: whatever it left unfinished is dropped.
             self.line = Line::start(self.framing);
             self.parser.reset();
+            self.marker = Some(0);
             return;
         }
         match self.line {
@@ -110,12 +142,21 @@ impl Reader {
             Line::Gap => {
                 self.line = Line::Payload;
                 if b != b' ' {
-                    self.parser.byte(b, &mut self.read);
+                    self.payload(b);
                 }
             }
-            Line::Payload => self.parser.byte(b, &mut self.read),
+            Line::Payload => self.payload(b),
             Line::Ignored => {}
         }
+    }
+
+    /// A byte of a line's document.
+    fn payload(&mut self, b: u8) {
+        self.marker = self
+            .marker
+            .filter(|&matched| DONE.get(matched) == Some(&b))
+            .map(|matched| matched + 1);
+        self.parser.byte(b, &mut self.read);
     }
 }
 
@@ -175,6 +216,9 @@ enum Target {
     Output,
     /// `model` or `modelVersion`.
     Model,
+    /// Ollama's `done`, or the Responses API's event `type`: whether the
+    /// answer says it is complete.
+    Done,
 }
 
 /// What the last key read leads to.
@@ -282,6 +326,8 @@ struct Parser {
     target: Option<Target>,
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
+    /// The document said the answer is complete.
+    said_done: bool,
 }
 
 impl Parser {
@@ -295,6 +341,7 @@ impl Parser {
             target: None,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
+            said_done: false,
         }
     }
 
@@ -305,6 +352,7 @@ impl Parser {
         self.level = Level::Outside;
         self.array = false;
         self.key = Key::Other;
+        self.said_done = false;
     }
 
     fn stop(&mut self) {
@@ -419,7 +467,11 @@ impl Parser {
 
     fn end_value(&mut self, read: &mut Read) {
         if let Some(target) = self.target.take() {
-            apply(target, &self.value_buf, read);
+            if target == Target::Done {
+                self.said_done |= matches!(&self.value_buf[..], b"true" | b"\"response.completed\"");
+            } else {
+                apply(target, &self.value_buf, read);
+            }
         }
         self.value_buf.clear();
         self.state = State::Next;
@@ -458,6 +510,7 @@ fn classify(level: Level, key: &[u8]) -> Key {
         (Level::Doc, b"usageMetadata") => Key::Read(Target::Gemini),
         (Level::Doc, b"prompt_eval_count") => Key::Read(Target::Input),
         (Level::Doc, b"eval_count") => Key::Read(Target::Output),
+        (Level::Doc, b"done" | b"type") => Key::Read(Target::Done),
         _ => Key::Other,
     }
 }
@@ -499,6 +552,7 @@ fn apply(target: Target, raw: &[u8], read: &mut Read) {
                 read.model = Some(model);
             }
         }
+        Target::Done => {}
     }
 }
 
@@ -729,6 +783,66 @@ mod tests {
             let bytes = read_chunks(framing, body.chunks(1));
             assert_eq!(bytes, want, "{} byte by byte", sample.name);
         }
+    }
+
+    /// Whether `body` fed in chunks cut at `at` says the answer is complete.
+    fn finished_when_cut(framing: Framing, body: &[u8], at: usize) -> bool {
+        let mut reader = Reader::new(framing);
+        reader.feed(&body[..at]);
+        reader.feed(&body[at..]);
+        reader.finished()
+    }
+
+    #[test]
+    fn an_answer_is_finished_at_the_end_of_the_line_that_says_so() {
+        let done = |framing, body: &str| {
+            let whole = finished_when_cut(framing, body.as_bytes(), 0);
+            for at in 0..body.len() {
+                assert_eq!(
+                    finished_when_cut(framing, body.as_bytes(), at),
+                    whole,
+                    "{body:?} cut at {at}"
+                );
+            }
+            whole
+        };
+        assert!(done(Framing::EventStream, "data: {\"a\":1}\n\ndata: [DONE]\n"));
+        assert!(done(Framing::EventStream, "data:[DONE]\r\n"));
+        assert!(
+            !done(Framing::EventStream, "data: [DONE]"),
+            "not before its line ends"
+        );
+        assert!(!done(Framing::EventStream, "data: [DONE] x\n"));
+        assert!(!done(Framing::EventStream, "event: [DONE]\n"));
+        assert!(!done(Framing::EventStream, "data: {\"t\":\"[DONE]\"}\n"));
+        assert!(done(
+            Framing::EventStream,
+            "data: {\"type\":\"response.completed\",\"response\":{\"usage\":{}}}\n"
+        ));
+        assert!(!done(
+            Framing::EventStream,
+            "data: {\"type\":\"response.created\"}\n"
+        ));
+        assert!(done(
+            Framing::Ndjson,
+            "{\"done\":false}\n{\"done\":true,\"eval_count\":3}\n"
+        ));
+        assert!(
+            !done(Framing::Ndjson, "{\"done\":true,\"eval_count\":3}"),
+            "its line must end"
+        );
+        assert!(
+            !done(Framing::Ndjson, "{\"done\":true,\"eval_count\":\n"),
+            "a document cut short"
+        );
+        assert!(
+            !done(Framing::Ndjson, "{\"message\":{\"done\":true}}\n"),
+            "only at the top"
+        );
+        assert!(
+            !done(Framing::Json, "{\"done\":true}\n"),
+            "a JSON body ends with the body"
+        );
     }
 
     #[test]
