@@ -835,3 +835,113 @@ async fn with_a_token_the_proxy_needs_it_in_its_own_header_and_strips_it() {
     assert!(!seen.contains_key("x-inflight-token"));
     assert_eq!(seen["authorization"], "Bearer sk-up");
 }
+
+/// Serves `app` over TLS with a certificate `ca` issued, on a free port.
+async fn serve_tls(app: Router, ca: &support::certs::Ca, dir: &std::path::Path) -> SocketAddr {
+    let files = support::certs::files(dir);
+    ca.issue(&files);
+    let acceptor = {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&files.key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_https_upstream_is_verified_against_the_routes_ca_file_or_the_systems_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = support::certs::Ca::new("inflight test upstream CA");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let app = Router::new().route("/v1/chat/completions", post(chat_completions));
+    let addr = serve_tls(app, &ca, dir.path()).await;
+    let text = format!(
+        "[proxy.private]\nupstream = \"https://localhost:{port}/v1\"\nprovider = \"openai\"\nca_file = {ca_file:?}\n\
+         [proxy.public]\nupstream = \"https://localhost:{port}/v1\"\nprovider = \"openai\"\n",
+        port = addr.port()
+    );
+    let settings = Settings::from_toml(&text).unwrap();
+    let routes = Routes::from_tables(&settings.proxy, &mut Vec::new()).unwrap();
+    let ledger = Ledger::builder(settings.ledger)
+        .store_url("memory:")
+        .build()
+        .unwrap();
+    let state = AppState::new(ledger.clone()).with_proxies(routes);
+    let running = support::start(|listener, stopped| {
+        inflight_server::serve_state(listener, state, async {
+            let _ = stopped.await;
+        })
+    })
+    .await;
+    let post = |route: &str| {
+        hyper::Request::post(format!("http://{}/proxy/{route}/chat/completions", running.addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                json!({"model": "gpt-4o-mini"}).to_string(),
+            )))
+            .unwrap()
+    };
+    let answer = client().request(post("private")).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    answer.into_body().collect().await.unwrap();
+    let record = ledger.get(id).await.unwrap();
+    assert_eq!(
+        (record.state, record.usage.input_tokens),
+        (RecordState::Succeeded, Some(11))
+    );
+
+    // The system's roots do not know the test's CA: the call fails, named.
+    let answer = client().request(post("public")).await.unwrap();
+    assert_eq!(answer.status(), 502);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_unreachable");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("certificate") || message.contains("UnknownIssuer"),
+        "{message}"
+    );
+    assert_eq!(
+        ledger
+            .snapshot(SnapshotOptions::default())
+            .await
+            .unwrap()
+            .total_failed,
+        1
+    );
+}

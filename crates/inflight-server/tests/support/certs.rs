@@ -34,6 +34,11 @@ impl Ca {
         cert.der().clone()
     }
 
+    /// The CA's own certificate, in PEM.
+    pub fn pem(&self) -> String {
+        self.0.pem()
+    }
+
     /// A client that trusts this CA only.
     pub fn client(&self) -> TlsConnector {
         let mut roots = rustls::RootCertStore::empty();
