@@ -243,7 +243,18 @@ async fn proxy_with(extra: &str, token: Option<&str>) -> Proxy {
          [proxy.gemini]\nupstream = \"{url}/v1beta\"\nprovider = \"gemini\"\n\
          [proxy.closed]\nupstream = \"http://127.0.0.1:9\"\nprovider = \"openai\"\n"
     );
-    let settings = Settings::from_toml(&text).unwrap();
+    let (ledger, running) = serve(&text, token).await;
+    Proxy {
+        ledger,
+        running,
+        upstream,
+    }
+}
+
+/// A server on a memory ledger, configured by `text` (its lanes and proxy
+/// routes), requiring `token` if given.
+async fn serve(text: &str, token: Option<&str>) -> (Ledger, support::Running) {
+    let settings = Settings::from_toml(text).unwrap();
     let routes = Routes::from_tables(&settings.proxy, &mut Vec::new()).unwrap();
     let ledger = Ledger::builder(settings.ledger)
         .store_url("memory:")
@@ -258,11 +269,7 @@ async fn proxy_with(extra: &str, token: Option<&str>) -> Proxy {
         })
     })
     .await;
-    Proxy {
-        ledger,
-        running,
-        upstream,
-    }
+    (ledger, running)
 }
 
 async fn proxy() -> Proxy {
@@ -296,6 +303,20 @@ impl Proxy {
             Bytes::from(body.to_string())
         };
         request.body(Full::new(body)).unwrap()
+    }
+
+    /// POSTs `body` to `path` and reads the answer's head only.
+    async fn open(&self, path: &str, headers: &[(&str, &str)], body: Value) -> Open {
+        let answer = client()
+            .request(self.request("POST", path, headers, &body))
+            .await
+            .unwrap();
+        let (head, body) = answer.into_parts();
+        Open {
+            id: activity_id(&head.headers),
+            headers: head.headers,
+            body,
+        }
     }
 
     /// Sends a request and reads its answer whole.
@@ -349,6 +370,27 @@ impl Proxy {
     }
 }
 
+/// The tokens a record's settle reported: input, output.
+fn tokens(record: &inflight::ActivityRecord) -> (Option<i64>, Option<i64>) {
+    (record.usage.input_tokens, record.usage.output_tokens)
+}
+
+/// The id in an answer's `X-Inflight-Activity-Id`.
+fn activity_id(headers: &HeaderMap) -> ActivityId {
+    headers["x-inflight-activity-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// An answer whose body is still to be read.
+struct Open {
+    headers: HeaderMap,
+    id: ActivityId,
+    body: hyper::body::Incoming,
+}
+
 struct Reply {
     status: u16,
     headers: HeaderMap,
@@ -361,11 +403,7 @@ impl Reply {
     }
 
     fn activity_id(&self) -> ActivityId {
-        self.headers["x-inflight-activity-id"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap()
+        activity_id(&self.headers)
     }
 
     fn code(&self) -> String {
@@ -408,10 +446,7 @@ async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model(
         &*record.labels.model, "gpt-4o-mini-2024-07-18",
         "refined from the answer"
     );
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(11), Some(7))
-    );
+    assert_eq!(tokens(&record), (Some(11), Some(7)));
     let seen = p.last_request_headers();
     assert_eq!(
         seen["authorization"], "Bearer sk-upstream",
@@ -428,20 +463,13 @@ async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model(
 #[tokio::test]
 async fn a_streamed_chat_passes_chunk_by_chunk_and_reads_usage_from_its_last_chunk() {
     let p = proxy().await;
-    let request = p.request(
-        "POST",
-        "/proxy/oa/v1/chat/completions",
-        &[],
-        &json!({"model": "gpt-4o-mini", "stream": true, "stream_options": {"include_usage": true}}),
-    );
-    let answer = client().request(request).await.unwrap();
-    assert_eq!(answer.headers()["content-type"], "text/event-stream");
-    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut body = answer.into_body();
+    let chat = json!({"model": "gpt-4o-mini", "stream": true, "stream_options": {"include_usage": true}});
+    let Open {
+        headers,
+        id,
+        mut body,
+    } = p.open("/proxy/oa/v1/chat/completions", &[], chat).await;
+    assert_eq!(headers["content-type"], "text/event-stream");
     let mut frames = Vec::new();
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.unwrap().into_data() {
@@ -452,25 +480,13 @@ async fn a_streamed_chat_passes_chunk_by_chunk_and_reads_usage_from_its_last_chu
     assert!(frames.concat().ends_with(b"data: [DONE]\n\n"));
     let record = p.ledger.get(id).await.unwrap();
     assert_eq!(record.state, RecordState::Succeeded);
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(12), Some(2))
-    );
+    assert_eq!(tokens(&record), (Some(12), Some(2)));
 }
 
 /// Reads `path`'s streamed answer until a frame holds `end`, then hangs
 /// up, as the `openai` package does on `data: [DONE]`; the record's id.
 async fn read_until_then_hang_up(p: &Proxy, path: &str, body: Value, end: &[u8]) -> ActivityId {
-    let answer = client()
-        .request(p.request("POST", path, &[], &body))
-        .await
-        .unwrap();
-    let id = answer.headers()["x-inflight-activity-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut body = answer.into_body();
+    let Open { id, mut body, .. } = p.open(path, &[], body).await;
     let mut seen = Vec::new();
     while !seen.windows(end.len()).any(|window| window == end) {
         let frame = body.frame().await.expect("more").unwrap();
@@ -491,20 +507,14 @@ async fn a_client_that_hangs_up_at_the_answers_own_end_has_its_call_succeed() {
         RecordState::Succeeded,
         "settled before [DONE] was handed on"
     );
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(12), Some(2))
-    );
+    assert_eq!(tokens(&record), (Some(12), Some(2)));
     assert_eq!(&*record.labels.model, "gpt-4o-mini-2024-07-18");
 
     let done = b"\"prompt_eval_count\":26}\n";
     let id = read_until_then_hang_up(&p, "/proxy/ollama/api/chat", json!({"model": "llama3.2"}), done).await;
     let record = p.ledger.get(id).await.unwrap();
     assert_eq!(record.state, RecordState::Succeeded);
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(26), Some(290))
-    );
+    assert_eq!(tokens(&record), (Some(26), Some(290)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let snap = p.snapshot().await;
     assert_eq!(
@@ -530,10 +540,7 @@ async fn tokens_are_read_from_ollama_gemini_and_openai_embeddings() {
         (record.labels.service.as_str(), record.labels.class.as_str()),
         ("kb", "chat")
     );
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(26), Some(290))
-    );
+    assert_eq!(tokens(&record), (Some(26), Some(290)));
     assert_eq!(&*record.labels.model, "llama3.2");
 
     let reply = p
@@ -553,10 +560,7 @@ async fn tokens_are_read_from_ollama_gemini_and_openai_embeddings() {
         &*record.labels.model, "gemini-2.0-flash-001",
         "named by the path, refined by the answer"
     );
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(9), Some(6))
-    );
+    assert_eq!(tokens(&record), (Some(9), Some(6)));
 
     let reply = p
         .post(
@@ -567,10 +571,7 @@ async fn tokens_are_read_from_ollama_gemini_and_openai_embeddings() {
         .await;
     let record = p.record(&reply).await;
     assert_eq!(record.labels.class.as_str(), "embedding");
-    assert_eq!(
-        (record.usage.input_tokens, record.usage.output_tokens),
-        (Some(5), None)
-    );
+    assert_eq!(tokens(&record), (Some(5), None));
 }
 
 #[tokio::test]
@@ -638,19 +639,8 @@ async fn a_500_a_refused_connection_and_a_slow_upstream_are_provider_failures() 
 #[tokio::test]
 async fn a_stream_cut_by_the_client_is_cancelled_and_its_upstream_dropped() {
     let p = proxy().await;
-    let request = p.request(
-        "POST",
-        "/proxy/oa/forever",
-        &[("x-inflight-class", "chat")],
-        &json!({}),
-    );
-    let answer = client().request(request).await.unwrap();
-    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut body = answer.into_body();
+    let chat = [("x-inflight-class", "chat")];
+    let Open { id, mut body, .. } = p.open("/proxy/oa/forever", &chat, json!({})).await;
     for _ in 0..2 {
         body.frame().await.unwrap().unwrap();
     }
@@ -701,22 +691,9 @@ async fn a_client_gone_while_waiting_in_line_is_cancelled() {
 #[tokio::test]
 async fn a_stream_cut_by_the_upstream_fails_and_the_client_sees_it_cut() {
     let p = proxy().await;
-    let request = p.request(
-        "POST",
-        "/proxy/ollama/cut",
-        &[("x-inflight-class", "chat")],
-        &json!({}),
-    );
-    let answer = client().request(request).await.unwrap();
-    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        answer.into_body().collect().await.is_err(),
-        "the client's answer is cut too"
-    );
+    let chat = [("x-inflight-class", "chat")];
+    let Open { id, body, .. } = p.open("/proxy/ollama/cut", &chat, json!({})).await;
+    assert!(body.collect().await.is_err(), "the client's answer is cut too");
     p.until("the record failed", |snap| snap.total_failed == 1).await;
     assert_eq!(p.ledger.get(id).await.unwrap().state, RecordState::Failed);
 }
@@ -890,19 +867,7 @@ async fn an_https_upstream_is_verified_against_the_routes_ca_file_or_the_systems
          [proxy.public]\nupstream = \"https://localhost:{port}/v1\"\nprovider = \"openai\"\n",
         port = addr.port()
     );
-    let settings = Settings::from_toml(&text).unwrap();
-    let routes = Routes::from_tables(&settings.proxy, &mut Vec::new()).unwrap();
-    let ledger = Ledger::builder(settings.ledger)
-        .store_url("memory:")
-        .build()
-        .unwrap();
-    let state = AppState::new(ledger.clone()).with_proxies(routes);
-    let running = support::start(|listener, stopped| {
-        inflight_server::serve_state(listener, state, async {
-            let _ = stopped.await;
-        })
-    })
-    .await;
+    let (ledger, running) = serve(&text, None).await;
     let post = |route: &str| {
         hyper::Request::post(format!("http://{}/proxy/{route}/chat/completions", running.addr))
             .header("content-type", "application/json")
@@ -913,11 +878,7 @@ async fn an_https_upstream_is_verified_against_the_routes_ca_file_or_the_systems
     };
     let answer = client().request(post("private")).await.unwrap();
     assert_eq!(answer.status(), 200);
-    let id: ActivityId = answer.headers()["x-inflight-activity-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = activity_id(answer.headers());
     answer.into_body().collect().await.unwrap();
     let record = ledger.get(id).await.unwrap();
     assert_eq!(
