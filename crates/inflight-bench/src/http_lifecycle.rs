@@ -6,6 +6,8 @@
 //! serve `snapshot_under_load` and `redis_slots` too.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -276,6 +278,63 @@ pub(crate) async fn drive(
         lifecycles += n;
     }
     Ok((latencies, lifecycles, started.elapsed()))
+}
+
+/// Writer clients running two-request lifecycles over the HTTP API, each
+/// paced to a rate: the mixed load the loaded cases measure under.
+pub(crate) struct PacedLoad {
+    stop: Arc<AtomicBool>,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<Result<(Client, u64)>>>,
+}
+
+impl PacedLoad {
+    /// Starts `writers`, each asking for `rate` lifecycles a second.
+    pub(crate) fn start(writers: Vec<Client>, rate: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = Duration::from_secs(1) / rate;
+        let started = Instant::now();
+        let count = writers.len().max(1);
+        let mut tasks = Vec::new();
+        for (index, mut writer) in writers.into_iter().enumerate() {
+            // Each writer's ticks are offset from the others', so that the
+            // lifecycles arrive evenly rather than all at once.
+            let first = tokio::time::Instant::from_std(started) + period * index as u32 / count as u32;
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(async move {
+                let mut ticks = tokio::time::interval_at(first, period);
+                // A late lifecycle pushes the next tick back rather than
+                // bursting to catch up: the rate achieved is what is counted.
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let (mut latencies, mut lifecycles) = (Vec::with_capacity(2), 0_u64);
+                loop {
+                    ticks.tick().await;
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    http_lifecycle_once(&mut writer, Requests::Two, &mut latencies).await?;
+                    latencies.clear();
+                    lifecycles += 1;
+                }
+                Ok::<_, anyhow::Error>((writer, lifecycles))
+            }));
+        }
+        Self { stop, started, tasks }
+    }
+
+    /// Stops the writers: them, the lifecycles they did, and for how long
+    /// they ran.
+    pub(crate) async fn stop(self) -> Result<(Vec<Client>, u64, Duration)> {
+        self.stop.store(true, Ordering::Release);
+        let elapsed = self.started.elapsed();
+        let (mut writers, mut lifecycles) = (Vec::new(), 0);
+        for task in self.tasks {
+            let (writer, n) = task.await??;
+            writers.push(writer);
+            lifecycles += n;
+        }
+        Ok((writers, lifecycles, elapsed))
+    }
 }
 
 /// What one variant did over its windows.

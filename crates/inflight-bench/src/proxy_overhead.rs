@@ -23,7 +23,7 @@ use inflight_server::http::AppState;
 use inflight_server::proxy::Routes;
 use serde_json::json;
 
-use crate::http_lifecycle::{Client, Server};
+use crate::http_lifecycle::{clients, Client, PacedLoad, Server};
 use crate::report::{ms, percentile, round, Case, Target};
 use crate::sqlite_env::{multi_thread, TempDir};
 use crate::Plan;
@@ -79,12 +79,38 @@ async fn call(client: &mut Client, path: &str) -> Result<f64> {
     Ok(ms(started.elapsed()))
 }
 
+/// `count` pairs of calls after a tenth as many of warm-up, each side
+/// first in turn, so that a slow spell of the machine hits both.
+async fn pairs(direct: &mut Client, proxied: &mut Client, count: usize) -> Result<Run> {
+    let (mut straight, mut through) = (Vec::new(), Vec::new());
+    for i in 0..count / 10 + count {
+        let (a, b) = if i % 2 == 0 {
+            let a = call(direct, "/v1/chat/completions").await?;
+            (a, call(proxied, "/proxy/openai/chat/completions").await?)
+        } else {
+            let b = call(proxied, "/proxy/openai/chat/completions").await?;
+            (call(direct, "/v1/chat/completions").await?, b)
+        };
+        if i >= count / 10 {
+            straight.push(a);
+            through.push(b);
+        }
+    }
+    Ok(Run::of(straight, through))
+}
+
+/// The mixed load: writers each asking for this many two-request
+/// lifecycles a second over the HTTP API, 2,000 a second in all, as
+/// `snapshot_under_load` runs them.
+const LOAD_WRITERS: usize = 8;
+const LOAD_RATE: u32 = 250;
+
 pub(crate) fn proxy_overhead(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     let runtime = multi_thread()?;
     let tmp = TempDir::new(dir, "proxy")?;
     runtime.block_on(async {
         let upstream = upstream().await?;
-        let mut runs = Vec::new();
+        let (mut runs, mut load_rate) = (Vec::new(), 0.0);
         for synchronous in [Synchronous::Normal, Synchronous::Full] {
             let file = tmp.file(&format!("proxy-{synchronous}.db"));
             let text = format!(
@@ -101,22 +127,7 @@ pub(crate) fn proxy_overhead(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
             let server = Server::start_state(AppState::new(ledger.clone()).with_proxies(routes)).await?;
             let mut direct = Client::connect(&upstream).await?;
             let mut proxied = Client::connect(&server.base).await?;
-            let (mut straight, mut through) = (Vec::new(), Vec::new());
-            for i in 0..plan.proxy_pairs / 10 + plan.proxy_pairs {
-                // Warm-up first (a tenth), then pairs, each side first in
-                // turn, so that a slow spell of the machine hits both.
-                let (a, b) = if i % 2 == 0 {
-                    let a = call(&mut direct, "/v1/chat/completions").await?;
-                    (a, call(&mut proxied, "/proxy/openai/chat/completions").await?)
-                } else {
-                    let b = call(&mut proxied, "/proxy/openai/chat/completions").await?;
-                    (call(&mut direct, "/v1/chat/completions").await?, b)
-                };
-                if i >= plan.proxy_pairs / 10 {
-                    straight.push(a);
-                    through.push(b);
-                }
-            }
+            runs.push(pairs(&mut direct, &mut proxied, plan.proxy_pairs).await?);
             let snapshot = ledger.snapshot(Default::default()).await?;
             let calls = i64::try_from(plan.proxy_pairs + plan.proxy_pairs / 10)?;
             if snapshot.total_succeeded != calls || snapshot.total_in_flight != 0 {
@@ -126,11 +137,18 @@ pub(crate) fn proxy_overhead(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
                     snapshot.total_in_flight
                 );
             }
+            if synchronous == Synchronous::Normal {
+                // The same again while other clients run lifecycles over
+                // the HTTP API on the same server: the mixed load.
+                let load = PacedLoad::start(clients(&server.base, LOAD_WRITERS).await?, LOAD_RATE);
+                runs.push(pairs(&mut direct, &mut proxied, plan.proxy_pairs).await?);
+                let (_, lifecycles, elapsed) = load.stop().await?;
+                load_rate = lifecycles as f64 / elapsed.as_secs_f64();
+            }
             server.stop().await?;
-            runs.push(Run::of(straight, through));
         }
-        let [normal, full] = <[Run; 2]>::try_from(runs).map_err(|_| anyhow::anyhow!("two runs"))?;
-        Ok(vec![case(&normal, &full)])
+        let [normal, loaded, full] = <[Run; 3]>::try_from(runs).map_err(|_| anyhow::anyhow!("three runs"))?;
+        Ok(vec![case(&normal, (&loaded, load_rate), &full)])
     })
 }
 
@@ -162,7 +180,7 @@ impl Run {
     }
 }
 
-fn case(normal: &Run, full: &Run) -> Case {
+fn case(normal: &Run, (loaded, load_rate): (&Run, f64), full: &Run) -> Case {
     let (p50, ..) = normal.added(50.0);
     let met = p50 <= TARGET_P50_ADDED_MS;
     Case {
@@ -176,16 +194,21 @@ fn case(normal: &Run, full: &Run) -> Case {
             "p50 added by /proxy/openai/ (the call recorded, admitted on a lane capped at 64, settled with its \
              usage) to the same chat completion sent straight to the in-process upstream; {} pairs alternating, \
              one client. SQLite synchronous=normal: {}; the issue's aim (p50 added <= {TARGET_P50_ADDED_MS} ms) \
-             {}. synchronous=full: {}",
+             {}. The same while {LOAD_WRITERS} other clients run lifecycles over the HTTP API, paced to \
+             {load_rate:.0} a second in all: {}. \
+             synchronous=full: {}",
             normal.direct.len(),
             normal.describe(),
             if met { "met" } else { "not met" },
+            loaded.describe(),
             full.describe(),
         ),
         extra: serde_json::Map::from_iter([
             ("p50_added_ms".to_owned(), json!(round(p50))),
             ("p99_added_ms".to_owned(), json!(round(normal.added(99.0).0))),
             ("p50_direct_ms".to_owned(), json!(round(normal.added(50.0).2))),
+            ("loaded_p50_added_ms".to_owned(), json!(round(loaded.added(50.0).0))),
+            ("loaded_p99_added_ms".to_owned(), json!(round(loaded.added(99.0).0))),
             ("full_p50_added_ms".to_owned(), json!(round(full.added(50.0).0))),
             ("full_p99_added_ms".to_owned(), json!(round(full.added(99.0).0))),
             ("aim_met".to_owned(), json!(met)),

@@ -7,16 +7,13 @@
 //! alternate on the same server.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use inflight::store::Synchronous;
 use serde_json::json;
-use tokio::time::MissedTickBehavior;
 
-use crate::http_lifecycle::{clients, http_lifecycle_once, Client, Requests, Server};
+use crate::http_lifecycle::{clients, Client, PacedLoad, Server};
 use crate::report::{percentile, round, spread, Case, Target};
 use crate::sqlite_env::{long_lived, multi_thread, now_ms, populate_in_flight, sqlite_ledger_at, TempDir};
 use crate::Plan;
@@ -77,42 +74,10 @@ async fn loaded(
     sampler: &mut Client,
     window: Duration,
 ) -> Result<(Window, u64, Duration)> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let period = Duration::from_secs(1) / WRITER_RATE;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (index, mut writer) in writers.drain(..).enumerate() {
-        // Each writer's ticks are offset from the others', so that the
-        // lifecycles arrive evenly rather than eight at a time.
-        let first = tokio::time::Instant::from_std(started) + period * index as u32 / WRITERS as u32;
-        let stop = Arc::clone(&stop);
-        tasks.push(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval_at(first, period);
-            // A late lifecycle pushes the next tick back rather than
-            // bursting to catch up: the rate achieved is what is counted.
-            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            let (mut latencies, mut lifecycles) = (Vec::with_capacity(2), 0_u64);
-            loop {
-                ticks.tick().await;
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                http_lifecycle_once(&mut writer, Requests::Two, &mut latencies).await?;
-                latencies.clear();
-                lifecycles += 1;
-            }
-            Ok::<_, anyhow::Error>((writer, lifecycles))
-        }));
-    }
+    let load = PacedLoad::start(std::mem::take(writers), WRITER_RATE);
     let sampled = sample(sampler, window).await;
-    stop.store(true, Ordering::Release);
-    let elapsed = started.elapsed();
-    let mut lifecycles = 0;
-    for task in tasks {
-        let (writer, n) = task.await??;
-        writers.push(writer);
-        lifecycles += n;
-    }
+    let (back, lifecycles, elapsed) = load.stop().await?;
+    *writers = back;
     Ok((sampled?, lifecycles, elapsed))
 }
 
