@@ -2,12 +2,12 @@
 //! clients that only take a base URL.
 //!
 //! A request to `/proxy/NAME/PATH` is forwarded to the route's upstream
-//! (`[proxy.NAME]`, [`route`]) at `PATH`. When it is a call ([`call`]: a
+//! (`[proxy.NAME]`, [`Route`]) at `PATH`. When it is a call (`call.rs`: a
 //! POST whose path names a class, or any request with `X-Inflight-Class`),
 //! it is recorded first: begun on arrival, it waits in its lane's line
 //! (priorities, cooldowns, budgets) up to its max wait, and is started when
-//! forwarded. Its answer streams back through [`answer`], which reads its
-//! usage ([`usage`]) and settles it when it ends. Anything else (a model
+//! forwarded. Its answer streams back through `answer.rs`, which reads its
+//! usage (`usage.rs`) and settles it when it ends. Anything else (a model
 //! list, a health check) is forwarded unrecorded.
 //!
 //! Only configured upstreams are reachable: the client's `Host` and any
