@@ -251,8 +251,8 @@ async fn proxy_with(extra: &str, token: Option<&str>) -> Proxy {
     }
 }
 
-/// A server on a memory ledger, configured by `text` (its lanes and proxy
-/// routes), requiring `token` if given.
+/// A server on a memory ledger, configured by `text` (its lanes, proxy
+/// routes and `[[tokens]]`), requiring `token` too if given.
 async fn serve(text: &str, token: Option<&str>) -> (Ledger, support::Running) {
     let settings = Settings::from_toml(text).unwrap();
     let routes = Routes::from_tables(&settings.proxy, &mut Vec::new()).unwrap();
@@ -260,8 +260,9 @@ async fn serve(text: &str, token: Option<&str>) -> (Ledger, support::Running) {
         .store_url("memory:")
         .build()
         .unwrap();
+    let specs = inflight_server::http::auth::token_specs(token, &settings.tokens).unwrap();
     let state = AppState::new(ledger.clone())
-        .with_token(token.map(str::to_owned))
+        .with_tokens(inflight_server::http::Tokens::load(specs).unwrap())
         .with_proxies(routes);
     let running = support::start(|listener, stopped| {
         inflight_server::serve_state(listener, state, async {
@@ -905,4 +906,38 @@ async fn an_https_upstream_is_verified_against_the_routes_ca_file_or_the_systems
             .total_failed,
         1
     );
+}
+
+#[tokio::test]
+async fn a_scoped_token_records_only_what_its_scope_and_services_allow() {
+    let tokens = "[[tokens]]\ntoken = \"reader\"\nscope = \"read\"\n\
+                  [[tokens]]\ntoken = \"kb-writer\"\nscope = \"write\"\nservices = [\"kb\"]\n";
+    let p = proxy_with(tokens, None).await;
+    let chat = "/proxy/oa/v1/chat/completions";
+    let as_reader = [("x-inflight-token", "reader")];
+    let reply = p
+        .send("GET", "/proxy/oa/v1/models", &as_reader, Value::Null)
+        .await;
+    assert_eq!(reply.status, 200, "a read token passes a GET through");
+    let reply = p.post(chat, &as_reader, json!({"model": "m"})).await;
+    assert_eq!((reply.status, reply.code().as_str()), (403, "forbidden"));
+
+    let reply = p
+        .post(chat, &[("x-inflight-token", "kb-writer")], json!({"model": "m"}))
+        .await;
+    assert_eq!(
+        (reply.status, reply.code().as_str()),
+        (403, "forbidden"),
+        "the route's service is oa"
+    );
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("\"oa\""));
+    let as_kb = [("x-inflight-token", "kb-writer"), ("x-inflight-service", "kb")];
+    let reply = p.post(chat, &as_kb, json!({"model": "m"})).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(p.record(&reply).await.labels.service.as_str(), "kb");
+    let calls = p.upstream.seen.requests.lock().unwrap().len();
+    assert_eq!(calls, 2, "the refused calls never reached the upstream");
 }
