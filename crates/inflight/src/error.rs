@@ -159,39 +159,25 @@ impl LedgerError {
         self.0.lane.as_ref()
     }
 
-    /// A [`ErrorKind::LaneFull`] refusal on `lane` of the record at
-    /// `place` in its line.
-    pub(crate) fn lane_full(lane: LaneKey, place: Option<LineSpot>, message: impl Into<String>) -> Self {
-        let mut err = Self::new(ErrorKind::LaneFull, message);
+    /// A refusal of `kind` ([`ErrorKind::LaneFull`], [`ErrorKind::LaneCooling`]
+    /// or [`ErrorKind::BudgetExhausted`]) on `lane` of the record at `place`
+    /// in its line; `retry_after` is how long the cooldown has left, or
+    /// until the token window makes room, for the two that know it.
+    pub(crate) fn refused(
+        kind: ErrorKind,
+        lane: LaneKey,
+        place: Option<LineSpot>,
+        retry_after: Option<std::time::Duration>,
+        message: impl Into<String>,
+    ) -> Self {
+        debug_assert!(matches!(
+            kind,
+            ErrorKind::LaneFull | ErrorKind::LaneCooling | ErrorKind::BudgetExhausted
+        ));
+        let mut err = Self::new(kind, message);
         err.0.lane = Some(lane);
         err.0.place = place;
-        err
-    }
-
-    /// A [`ErrorKind::LaneCooling`] refusal on `lane`, whose cooldown has
-    /// `retry_after` left, of the record at `place` in its line.
-    pub(crate) fn lane_cooling(
-        lane: LaneKey,
-        place: Option<LineSpot>,
-        retry_after: std::time::Duration,
-        message: impl Into<String>,
-    ) -> Self {
-        let mut err = Self::lane_full(lane, place, message);
-        err.0.kind = ErrorKind::LaneCooling;
-        err.0.retry_after = Some(retry_after);
-        err
-    }
-
-    /// A [`ErrorKind::BudgetExhausted`] refusal on `lane`, whose window
-    /// makes room in `retry_after`, of the record at `place` in its line.
-    pub(crate) fn budget_exhausted(
-        lane: LaneKey,
-        place: Option<LineSpot>,
-        retry_after: std::time::Duration,
-        message: impl Into<String>,
-    ) -> Self {
-        let mut err = Self::lane_cooling(lane, place, retry_after, message);
-        err.0.kind = ErrorKind::BudgetExhausted;
+        err.0.retry_after = retry_after;
         err
     }
 

@@ -352,21 +352,18 @@ impl Ledger {
                     humantime::format_duration(wait)
                 );
                 // Answered with the limit that held it last.
-                Err(match (err.kind(), err.retry_after()) {
-                    (ErrorKind::LaneCooling, Some(left)) => LedgerError::lane_cooling(
-                        lane,
-                        place,
-                        left,
-                        format!("{message} (the lane is cooling down)"),
-                    ),
-                    (ErrorKind::BudgetExhausted, Some(left)) => LedgerError::budget_exhausted(
-                        lane,
-                        place,
-                        left,
-                        format!("{message} (its token budget has no room)"),
-                    ),
-                    _ => LedgerError::lane_full(lane, place, message),
-                })
+                let why = match err.kind() {
+                    ErrorKind::LaneCooling => " (the lane is cooling down)",
+                    ErrorKind::BudgetExhausted => " (its token budget has no room)",
+                    _ => "",
+                };
+                Err(LedgerError::refused(
+                    err.kind(),
+                    lane,
+                    place,
+                    err.retry_after(),
+                    format!("{message}{why}"),
+                ))
             }
             Err(err) => Err(err),
         }

@@ -606,7 +606,13 @@ fn admit(
                         .until
                         .map_or(WINDOW, |until| millis(until.millis_since(now)));
                     let message = keeps(budget_refusal(&lane, record, position.tokens_ahead, &exhausted));
-                    return Err(LedgerError::budget_exhausted(lane, place, left, message));
+                    return Err(LedgerError::refused(
+                        ErrorKind::BudgetExhausted,
+                        lane,
+                        place,
+                        Some(left),
+                        message,
+                    ));
                 }
             }
             return Ok((next != state).then_some((lane, next)));
@@ -620,10 +626,22 @@ fn admit(
             let message = keeps(format!(
                 "lane {lane} is cooling down after a provider's Retry-After until {until}"
             ));
-            return Err(LedgerError::lane_cooling(lane, place, left, message));
+            return Err(LedgerError::refused(
+                ErrorKind::LaneCooling,
+                lane,
+                place,
+                Some(left),
+                message,
+            ));
         }
     };
-    Err(LedgerError::lane_full(lane, place, keeps(refused)))
+    Err(LedgerError::refused(
+        ErrorKind::LaneFull,
+        lane,
+        place,
+        None,
+        keeps(refused),
+    ))
 }
 
 /// How long a refusal says to wait when no roll-off of the window makes
