@@ -14,8 +14,7 @@ use inflight::{
 
 /// A newcomer is admitted at once, then settles.
 async fn assert_a_slot_is_free(ledger: &Ledger) {
-    let permit = ledger.try_admit(embedding()).await.unwrap();
-    permit.settle(Outcome::Success).await.unwrap();
+    succeed_at_once(ledger, embedding()).await;
 }
 
 against_every_store!(

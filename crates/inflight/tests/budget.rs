@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, embedding, snapshot, Backend, Harness, LANE, MIN};
+use common::{config, embedding, snapshot, succeed_at_once, Backend, Harness, LANE, MIN};
 use inflight::{
     ActivityId, ActivitySpec, Admission, ErrorKind, Ledger, LedgerConfig, Outcome, Settlement, State, Usage,
 };
@@ -328,13 +328,7 @@ async fn a_provider_budget_is_shared_by_its_lanes(backend: Backend) {
     let other = ActivitySpec::new("knowledge-base", "openai")
         .class("embedding")
         .max_tokens(900);
-    h.ledger
-        .try_admit(other)
-        .await
-        .unwrap()
-        .settle(Outcome::Success)
-        .await
-        .unwrap();
+    succeed_at_once(&h.ledger, other).await;
     held.settle_with(spent(100)).await.unwrap();
     let lane_call = h
         .ledger

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, embedding, snapshot, Backend, Harness, Waiters, LANE};
+use common::{config, embedding, snapshot, succeed_at_once, Backend, Harness, Waiters, LANE};
 use inflight::{Admission, ErrorKind, FailureStage, LedgerConfig, Outcome, Settlement, State};
 
 const PROVIDER_REFUSED: Outcome = Outcome::Failure(FailureStage::Provider);
@@ -61,12 +61,8 @@ async fn a_retry_after_cools_the_lane_down_until_it_passes(backend: Backend) {
         ErrorKind::LaneCooling
     );
     h.clock.advance(Duration::from_millis(1));
-    let permit = h
-        .ledger
-        .try_admit(embedding())
-        .await
-        .expect("the cooldown is over");
-    permit.settle(Outcome::Success).await.unwrap();
+    // The cooldown is over.
+    succeed_at_once(&h.ledger, embedding()).await;
     let lane = snapshot(&h.ledger).await.lane(LANE).unwrap().clone();
     assert_eq!((lane.cooling_until, lane.cooldowns), (None, 1));
 }
@@ -173,13 +169,7 @@ async fn a_shared_cooldown_holds_for_every_lane_of_the_provider(backend: Backend
         ErrorKind::LaneCooling
     );
     let other = inflight::ActivitySpec::new("knowledge-base", "openai").class("embedding");
-    h.ledger
-        .try_admit(other)
-        .await
-        .unwrap()
-        .settle(Outcome::Success)
-        .await
-        .unwrap();
+    succeed_at_once(&h.ledger, other).await;
     let snap = snapshot(&h.ledger).await;
     assert!(snap.lane("chat::ollama").unwrap().cooling_until.is_some());
     assert!(snap

@@ -153,6 +153,13 @@ impl Waiters {
     }
 }
 
+/// Admits `spec` at once and settles it as a success: proof that its lane
+/// grants a slot now, leaving nothing held.
+pub async fn succeed_at_once(ledger: &Ledger, spec: ActivitySpec) {
+    let permit = ledger.try_admit(spec).await.expect("admitted at once");
+    permit.settle(inflight::Outcome::Success).await.unwrap();
+}
+
 pub async fn snapshot(ledger: &Ledger) -> inflight::Snapshot {
     ledger.snapshot(SnapshotOptions::default()).await.unwrap()
 }
