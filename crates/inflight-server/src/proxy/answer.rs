@@ -8,9 +8,9 @@
 //! answer's last frame is handed on: once a client holds the whole answer,
 //! the ledger already shows the call settled, and a server shutting down
 //! (which waits for its connections) loses no settle. A streamed answer
-//! that says it is complete (OpenAI's `data: [DONE]`, Ollama's `"done":
-//! true`) is settled there, before that frame: a client may hang up on
-//! reading it, before the body's formal end.
+//! that says it is complete (OpenAI's `data: [DONE]`, Anthropic's
+//! `message_stop`, Ollama's `"done": true`) is settled there, before that
+//! frame: a client may hang up on reading it, before the body's formal end.
 
 use std::future::Future;
 use std::pin::Pin;

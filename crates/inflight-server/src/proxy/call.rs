@@ -132,10 +132,12 @@ pub(super) fn class_of(method: &Method, path: &str) -> Option<&'static str> {
         };
     }
     const EMBEDDING: [&str; 3] = ["/embeddings", "/api/embed", "/api/embeddings"];
-    const CHAT: [&str; 5] = [
+    // Anthropic's `/v1/messages` whole: a thread's `.../messages` is not a call.
+    const CHAT: [&str; 6] = [
         "/chat/completions",
         "/completions",
         "/responses",
+        "/v1/messages",
         "/api/chat",
         "/api/generate",
     ];
@@ -177,6 +179,8 @@ mod tests {
             ("/v1/chat/completions", Some("chat")),
             ("/v1/completions", Some("chat")),
             ("/v1/responses", Some("chat")),
+            ("/v1/messages", Some("chat")),
+            ("/v1/threads/thread_1/messages", None),
             ("/api/chat", Some("chat")),
             ("/api/generate", Some("chat")),
             ("/v1beta/models/gemini-2.0-flash:generateContent", Some("chat")),

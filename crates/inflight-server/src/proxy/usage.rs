@@ -86,7 +86,7 @@ impl Reader {
 
     /// Whether a streamed answer said it is complete, with the line that
     /// said so ended: OpenAI's `data: [DONE]`, Ollama's `"done": true`, the
-    /// Responses API's `response.completed`. A client may hang up at that
+    /// Responses API's `response.completed`, Anthropic's `message_stop`. A client may hang up at that
     /// point without reading the end of the body (the `openai` package
     /// does), so the call is over there. Always `false` for a JSON body,
     /// whose end is the body's.
@@ -199,7 +199,9 @@ enum Level {
     Outside,
     /// In a document.
     Doc,
-    /// In a document's `response` object.
+    /// In a document's `response` object (OpenAI's Responses API) or
+    /// `message` object (Anthropic's `message_start`), which carry the
+    /// call's usage and model in a stream.
     Response,
 }
 
@@ -216,7 +218,8 @@ enum Target {
     Output,
     /// `model` or `modelVersion`.
     Model,
-    /// Ollama's `done`, or the Responses API's event `type`: whether the
+    /// Ollama's `done`, or the event `type` of the Responses API
+    /// (`response.completed`) or Anthropic's (`message_stop`): whether the
     /// answer says it is complete.
     Done,
 }
@@ -468,7 +471,10 @@ impl Parser {
     fn end_value(&mut self, read: &mut Read) {
         if let Some(target) = self.target.take() {
             if target == Target::Done {
-                self.said_done |= matches!(&self.value_buf[..], b"true" | b"\"response.completed\"");
+                self.said_done |= matches!(
+                    &self.value_buf[..],
+                    b"true" | b"\"response.completed\"" | b"\"message_stop\""
+                );
             } else {
                 apply(target, &self.value_buf, read);
             }
@@ -503,7 +509,7 @@ impl Parser {
 /// Tells what a key leads to, from the level it is at.
 fn classify(level: Level, key: &[u8]) -> Key {
     match (level, key) {
-        (Level::Doc, b"response") => Key::Response,
+        (Level::Doc, b"response" | b"message") => Key::Response,
         (Level::Doc | Level::Response, b"usage") => Key::Read(Target::Usage),
         (Level::Doc | Level::Response, b"model") => Key::Read(Target::Model),
         (Level::Doc, b"modelVersion") => Key::Read(Target::Model),
@@ -791,6 +797,39 @@ mod tests {
         reader.feed(&body[..at]);
         reader.feed(&body[at..]);
         reader.finished()
+    }
+
+    #[test]
+    fn anthropic_messages_read_input_from_message_start_and_output_from_the_last_delta() {
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",",
+            "\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5-20250929\",\"content\":[],",
+            "\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n",
+            "event: message_stop\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        );
+        let expected = read(Some(25), Some(15), Some("claude-sonnet-4-5-20250929"));
+        for at in 0..stream.len() {
+            let mut reader = Reader::new(Framing::EventStream);
+            reader.feed(&stream.as_bytes()[..at]);
+            assert!(
+                !reader.finished() || at >= stream.len() - 2,
+                "finished early, cut at {at}"
+            );
+            reader.feed(&stream.as_bytes()[at..]);
+            assert_eq!(reader.read(), expected, "cut at {at}");
+            assert!(reader.finished());
+        }
+        let whole = concat!(
+            "{\"id\":\"msg_1\",\"type\":\"message\",\"model\":\"claude-sonnet-4-5-20250929\",",
+            "\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}],\"usage\":{\"input_tokens\":25,\"output_tokens\":15}}"
+        );
+        assert_eq!(read_whole(Framing::Json, whole), expected);
     }
 
     #[test]
