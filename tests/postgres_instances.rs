@@ -6,7 +6,8 @@
 //! a settle on the other frees its slot, an owner's lease works across
 //! them, a ranked lane serves interactive and batch work in one order
 //! whichever server asks, a provider's Retry-After settled on one holds
-//! the other's waiters until it ends, and a server whose database goes
+//! the other's waiters until it ends, a lane's cap holds for calls proxied
+//! through both servers to one provider, and a server whose database goes
 //! away answers 503 `unavailable` within seconds and recovers by itself.
 //!
 //! The database is a fresh schema on the test server
@@ -181,6 +182,96 @@ async fn token_budgets_hold_across_two_servers_under_concurrent_starts() {
         1_500,
         "{snapshot}"
     );
+}
+
+/// A provider that answers every POST after 40 ms, counting how many it
+/// answers at once (now, most): its address and the counts.
+async fn slow_provider() -> (String, Arc<[std::sync::atomic::AtomicUsize; 2]>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts: Arc<[std::sync::atomic::AtomicUsize; 2]> = Arc::default();
+    let shared = Arc::clone(&counts);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let counts = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                // One request after another on the kept-alive connection.
+                loop {
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = value.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    stream.read_exact(&mut body).await.unwrap();
+                    let now = counts[0].fetch_add(1, SeqCst) + 1;
+                    counts[1].fetch_max(now, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    counts[0].fetch_sub(1, SeqCst);
+                    let answer = r#"{"model":"nomic-embed-text","embeddings":[[0.1]],"prompt_eval_count":3}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        answer.len()
+                    );
+                    let reply = format!("{head}{answer}");
+                    if stream.get_mut().write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), counts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lanes_cap_holds_for_calls_proxied_through_two_servers() {
+    let database = TestDatabase::new();
+    let (upstream, counts) = slow_provider().await;
+    let config = tempfile::NamedTempFile::new().unwrap();
+    let proxy =
+        format!("[proxy.ollama]\nupstream = \"{upstream}\"\nprovider = \"ollama\"\nservice = \"capped\"\n");
+    std::fs::write(config.path(), format!("{CONFIG}{proxy}")).unwrap();
+    let servers = two_servers(&database, &config).await;
+    let mut calls = JoinSet::new();
+    for i in 0..20 {
+        let servers = Arc::clone(&servers);
+        calls.spawn(async move {
+            let answer = servers[i % 2]
+                .request(reqwest::Method::POST, "/proxy/ollama/api/embed")
+                .json(&json!({"model": "nomic-embed-text", "input": "hello"}))
+                .send()
+                .await
+                .unwrap();
+            (answer.status().as_u16(), answer.text().await.unwrap())
+        });
+    }
+    while let Some(answer) = calls.join_next().await {
+        let (status, body) = answer.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("prompt_eval_count"), "{body}");
+    }
+    let most = counts[1].load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        most, 2,
+        "the provider never saw more than the lane's cap of 2, across both servers"
+    );
+    let (status, snapshot) = servers[0].get("/v1/snapshot").await;
+    assert_eq!(status, 200);
+    assert_eq!(snapshot["totalSucceeded"], 20, "{snapshot}");
+    assert_eq!(lane_counts(&servers[1], "capped::ollama").await, (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
