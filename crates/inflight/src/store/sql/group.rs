@@ -284,14 +284,35 @@ fn attempts(
             Err(Failed::Retry(err)) if retries < RETRIES => {
                 retries += 1;
                 tracing::debug!(error = %err, retries, "{store} group runs again");
+                std::thread::sleep(retry_pause(retries));
+            }
+            // Contention, not a broken store: the callers may try again.
+            Err(Failed::Retry(err)) => {
+                let err = LedgerError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the database kept refusing this group for lock contention ({err}) {} times; \
+                         retry shortly",
+                        RETRIES + 1
+                    ),
+                );
+                return failed_all(store, count, &err);
             }
             // Rolled back: no lock of this group is held while it waits.
             Err(Failed::Yield) => next.yielded = true,
-            Err(Failed::Command(err) | Failed::Retry(err) | Failed::Transaction(err)) => {
-                return failed_all(store, count, &err)
-            }
+            Err(Failed::Command(err) | Failed::Transaction(err)) => return failed_all(store, count, &err),
         }
     }
+}
+
+/// How long a group waits before its `retries`th run after a deadlock:
+/// up to `retries` × 500 µs, spread by the clock's nanoseconds, so that two
+/// groups that deadlocked do not meet again in the same order at once.
+fn retry_pause(retries: usize) -> Duration {
+    let spread = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos() % 500);
+    Duration::from_micros(u64::from(spread) * retries as u64)
 }
 
 fn failed_all(store: &str, count: usize, err: &LedgerError) -> Vec<Result<Reply, LedgerError>> {
@@ -504,7 +525,11 @@ mod tests {
             .collect();
         let (results, attempts) = run(1, true, deadlocks);
         assert_eq!(attempts.len(), RETRIES + 1);
-        assert_eq!(results[0].as_ref().unwrap_err().message(), "deadlock");
+        // Contention past the retries is the store being busy, not broken:
+        // a 503 the caller may retry, never a 500.
+        let err = results[0].as_ref().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert!(err.message().contains("(deadlock) 6 times"), "{err}");
         let (results, attempts) = run(
             1,
             true,
