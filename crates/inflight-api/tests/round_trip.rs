@@ -385,9 +385,11 @@ fn errors_round_trip_with_their_codes_and_statuses() {
             json!({"error": {"code": code.as_str(), "message": "what happened"}})
         );
         assert_eq!(code.to_string(), code.as_str());
-        assert!((400..=503).contains(&code.http_status()));
+        assert!((400..=504).contains(&code.http_status()));
     }
     assert_eq!(ErrorCode::LaneFull.http_status(), 429);
+    assert_eq!(ErrorCode::UpstreamUnreachable.http_status(), 502);
+    assert_eq!(ErrorCode::UpstreamTimeout.http_status(), 504);
     assert_eq!(ErrorCode::Unavailable.http_status(), 503);
     assert_eq!(ErrorCode::RequestTimeout.http_status(), 408);
 }
