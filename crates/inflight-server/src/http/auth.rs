@@ -19,6 +19,8 @@ use std::sync::{Arc, RwLock};
 
 use axum::http::{header, HeaderMap, Method};
 use inflight::config::ConfigError;
+
+use super::error::ApiError;
 use subtle::ConstantTimeEq;
 
 /// What a token opens.
@@ -422,6 +424,29 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     let (scheme, presented) = value.trim().split_once(' ')?;
     let presented = presented.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !presented.is_empty()).then_some(presented.as_bytes())
+}
+
+/// Logs a request refused for its token's scope, naming the token as the
+/// configuration does (`token`, `tokens[1]`), never by its value.
+pub(crate) fn log_refusal(grant: &Grant, route: &str, why: &str) {
+    tracing::info!(
+        token = grant.name(),
+        route,
+        reason = why,
+        "refused a request beyond its token's scope"
+    );
+}
+
+/// Refuses acting for `service` when the request's token is bound to
+/// other services, and logs it.
+pub(crate) fn check_service(grant: &Grant, service: &str, route: &str) -> Result<(), ApiError> {
+    match grant.refuses_service(service) {
+        None => Ok(()),
+        Some(why) => {
+            log_refusal(grant, route, &why);
+            Err(ApiError::forbidden(why))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
+use inflight::MAX_START_WAIT;
 use inflight_api::{MAX_IGNORED_FIELDS, MAX_IGNORED_FIELD_CHARS};
 use serde::de::{self, DeserializeOwned, IgnoredAny, Visitor};
 use serde::Deserialize;
@@ -313,6 +314,22 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryString<T>
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         parse_query(parts.uri.query().unwrap_or_default()).map(Self)
     }
+}
+
+/// `wait`: a duration of at most 30 s.
+pub(super) fn parse_wait(text: &str) -> Result<Duration, ApiError> {
+    let wait = humantime::parse_duration(text.trim()).map_err(|_| {
+        ApiError::invalid(format!(
+            "`wait` must be a duration such as \"5s\" or \"500ms\", got {text:?}"
+        ))
+    })?;
+    if wait > MAX_START_WAIT {
+        return Err(ApiError::invalid(format!(
+            "`wait` must be at most {}, got {text:?}",
+            humantime::format_duration(MAX_START_WAIT)
+        )));
+    }
+    Ok(wait)
 }
 
 #[cfg(test)]

@@ -9,16 +9,16 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
+use super::auth::check_service;
 use super::auth::Grant;
-use super::body::{NotingBody, OptionalBody, QueryString, RequiredBody};
+use super::body::{parse_wait, NotingBody, OptionalBody, QueryString, RequiredBody};
 use super::error::ApiError;
-use super::{check_service, AppState};
+use super::AppState;
 use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
 use inflight::domain::record::ActivityId;
 use inflight::domain::snapshot::{Since, SnapshotOptions};
 use inflight::error::LedgerError;
 use inflight::wire::{self as convert, ToApi};
-use inflight::MAX_START_WAIT;
 use inflight_api as api;
 
 type Answer<T> = Result<T, ApiError>;
@@ -282,22 +282,6 @@ pub(super) async fn start(
         None => state.ledger().start(id, started_at).await?,
     };
     Ok(RecordJson(record.to_api()))
-}
-
-/// `wait`: a duration of at most 30 s.
-pub(super) fn parse_wait(text: &str) -> Answer<Duration> {
-    let wait = humantime::parse_duration(text.trim()).map_err(|_| {
-        ApiError::invalid(format!(
-            "`wait` must be a duration such as \"5s\" or \"500ms\", got {text:?}"
-        ))
-    })?;
-    if wait > MAX_START_WAIT {
-        return Err(ApiError::invalid(format!(
-            "`wait` must be at most {}, got {text:?}",
-            humantime::format_duration(MAX_START_WAIT)
-        )));
-    }
-    Ok(wait)
 }
 
 /// The owner id in the path.

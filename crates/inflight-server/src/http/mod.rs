@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 
 use crate::limits::Limits;
 use crate::proxy::{self, Routes};
-use auth::{Grant, Identity};
+use auth::{log_refusal, Grant, Identity};
 
 pub mod auth;
 pub mod body;
@@ -135,6 +135,18 @@ impl AppState {
     /// What `/metrics` exposes beyond the standard series.
     pub fn metrics(&self) -> MetricsOptions {
         self.metrics
+    }
+}
+
+/// What the proxy's handler reads of the state.
+impl axum::extract::FromRef<AppState> for proxy::ProxyState {
+    fn from_ref(state: &AppState) -> Self {
+        proxy::ProxyState {
+            ledger: state.ledger.clone(),
+            routes: Arc::clone(&state.proxies),
+            body_timeout: state.limits.body_timeout(),
+            has_tokens: state.tokens.is_some(),
+        }
     }
 }
 
@@ -311,17 +323,6 @@ async fn guarded(state: &AppState, mut request: Request, next: Next) -> Response
     next.run(request).await
 }
 
-/// Logs a request refused for its token's scope, naming the token as the
-/// configuration does (`token`, `tokens[1]`), never by its value.
-fn log_refusal(grant: &Grant, route: &str, why: &str) {
-    tracing::info!(
-        token = grant.name(),
-        route,
-        reason = why,
-        "refused a request beyond its token's scope"
-    );
-}
-
 /// The handlers' view of the request's [`Grant`]: everything on a server
 /// without tokens. On one with tokens the guard always attaches it; were it
 /// missing, the request is refused rather than granted (fail closed).
@@ -340,18 +341,6 @@ impl axum::extract::FromRequestParts<AppState> for Grant {
             .get::<Grant>()
             .cloned()
             .ok_or_else(|| ApiError::forbidden("this route is not open to this request's token"))
-    }
-}
-
-/// Refuses acting for `service` when the request's token is bound to
-/// other services, and logs it.
-pub(crate) fn check_service(grant: &Grant, service: &str, route: &str) -> Result<(), ApiError> {
-    match grant.refuses_service(service) {
-        None => Ok(()),
-        Some(why) => {
-            log_refusal(grant, route, &why);
-            Err(ApiError::forbidden(why))
-        }
     }
 }
 

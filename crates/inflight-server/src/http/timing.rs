@@ -95,7 +95,7 @@ pub(crate) fn asked_to_wait(query: Option<&str>) -> Option<Duration> {
     query?
         .split('&')
         .find_map(|pair| pair.strip_prefix("wait="))
-        .and_then(|text| super::handlers::parse_wait(text).ok())
+        .and_then(|text| super::body::parse_wait(text).ok())
 }
 
 /// When a request began, and how much the store had run by then.

@@ -13,6 +13,7 @@
 //! Only configured upstreams are reachable: the client's `Host` and any
 //! absolute request target are never used to pick one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody as _};
@@ -25,8 +26,10 @@ use tokio::time::Instant;
 use inflight::domain::record::FailureStage;
 use inflight::{ActivitySpec, Outcome, Permit};
 
-use crate::http::auth::Grant;
-use crate::http::{check_service, ApiError, AppState};
+use inflight::Ledger;
+
+use crate::http::auth::{check_service, Grant};
+use crate::http::error::ApiError;
 
 mod answer;
 mod call;
@@ -46,15 +49,27 @@ pub const CLIENT_DISCONNECTED: &str = "client-disconnected";
 /// The router's path for every proxied request.
 pub(crate) const PATH: &str = "/proxy/{name}/{*path}";
 
+/// What the proxy reads of the server's state.
+#[derive(Clone)]
+pub(crate) struct ProxyState {
+    pub(crate) ledger: Ledger,
+    pub(crate) routes: Arc<Routes>,
+    /// How long a request's body may take to arrive.
+    pub(crate) body_timeout: Duration,
+    /// Whether the server requires a token: a request then carries the
+    /// [`Grant`] its token earned, or is refused (fail closed).
+    pub(crate) has_tokens: bool,
+}
+
 /// Forwards one request through its route.
-pub(crate) async fn forward(State(state): State<AppState>, request: Request) -> Response {
+pub(crate) async fn forward(State(state): State<ProxyState>, request: Request) -> Response {
     match forwarded(&state, request).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
     }
 }
 
-async fn forwarded(state: &AppState, request: Request) -> Result<Response, ApiError> {
+async fn forwarded(state: &ProxyState, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         return Err(ApiError::invalid(
@@ -62,9 +77,10 @@ async fn forwarded(state: &AppState, request: Request) -> Result<Response, ApiEr
         ));
     }
     let (name, path) = split(parts.uri.path())?;
-    let route = state.proxies().get(name).ok_or_else(|| {
-        ApiError::not_found(format!("no proxy route {name:?}; {}", state.proxies().names()))
-    })?;
+    let route = state
+        .routes
+        .get(name)
+        .ok_or_else(|| ApiError::not_found(format!("no proxy route {name:?}; {}", state.routes.names())))?;
     let asked = call::asked(&parts.headers)?;
     let upstream_path = format!("{}{path}", route.base_path);
     let class = asked
@@ -72,7 +88,7 @@ async fn forwarded(state: &AppState, request: Request) -> Result<Response, ApiEr
         .as_ref()
         .map(|class| class.as_str().to_owned())
         .or_else(|| call::class_of(&parts.method, &upstream_path).map(str::to_owned));
-    let body = read_body(body, route.max_body, state.limits().body_timeout()).await?;
+    let body = read_body(body, route.max_body, state.body_timeout).await?;
     let uri = Uri::builder()
         .scheme(route.scheme.clone())
         .authority(route.authority.clone())
@@ -100,11 +116,15 @@ async fn forwarded(state: &AppState, request: Request) -> Result<Response, ApiEr
         return Ok(respond(head, Body::new(incoming), None));
     };
 
-    let grant = parts
-        .extensions
-        .get::<Grant>()
-        .cloned()
-        .unwrap_or_else(Grant::everything);
+    let grant = match (parts.extensions.get::<Grant>(), state.has_tokens) {
+        (Some(grant), _) => grant.clone(),
+        (None, false) => Grant::everything(),
+        (None, true) => {
+            return Err(ApiError::forbidden(
+                "this route is not open to this request's token",
+            ))
+        }
+    };
     if let Some(why) = grant.refuses_method(&Method::POST) {
         return Err(ApiError::forbidden(why));
     }
@@ -130,7 +150,7 @@ async fn forwarded(state: &AppState, request: Request) -> Result<Response, ApiEr
     if let Some(priority) = asked.priority {
         spec = spec.priority(priority);
     }
-    let ledger = state.ledger();
+    let ledger = &state.ledger;
     let permit = ledger
         .admit_within(spec, asked.max_wait.unwrap_or(route.max_wait))
         .await?;
