@@ -420,6 +420,7 @@ async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model(
             "/proxy/oa/v1/chat/completions",
             &[
                 ("authorization", "Bearer sk-upstream"),
+                ("idempotency-key", "upstream-key-1"),
                 ("x-inflight-stage", "answer"),
             ],
             json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
@@ -452,6 +453,10 @@ async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model(
     assert_eq!(
         seen["authorization"], "Bearer sk-upstream",
         "the upstream's own key passes"
+    );
+    assert_eq!(
+        seen["idempotency-key"], "upstream-key-1",
+        "the upstream's, untouched"
     );
     assert_eq!(seen["host"], p.upstream.addr.to_string().as_str());
     assert_eq!(seen["accept-encoding"], "identity");
@@ -687,6 +692,40 @@ async fn a_client_gone_while_waiting_in_line_is_cancelled() {
         snap.total_cancelled == 2 && snap.total_in_flight == 0
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_call_past_its_max_wait_gets_our_429_and_its_record_is_cancelled() {
+    let p = proxy().await;
+    let solo = [("x-inflight-class", "chat"), ("x-inflight-service", "solo")];
+    let holder = p.open("/proxy/oa/forever", &solo, json!({})).await;
+    let waited = [
+        ("x-inflight-class", "chat"),
+        ("x-inflight-service", "solo"),
+        ("x-inflight-max-wait", "200ms"),
+    ];
+    let reply = p.post("/proxy/oa/hold", &waited, json!({})).await;
+    assert_eq!((reply.status, reply.code().as_str()), (429, "lane_full"));
+    assert_eq!(reply.headers["retry-after"], "1");
+    let message = reply.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("within 200ms") && message.contains("recorded cancelled"),
+        "{message}"
+    );
+    let snap = p.snapshot().await;
+    let cancelled: Vec<_> = snap
+        .recent_completions
+        .iter()
+        .filter(|record| record.state == RecordState::Cancelled)
+        .collect();
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(cancelled[0].cancel_reason.as_deref(), Some("wait ended"));
+    assert_eq!(
+        p.upstream.seen.requests.lock().unwrap().len(),
+        1,
+        "only the holder reached the upstream"
+    );
+    drop(holder);
 }
 
 #[tokio::test]
