@@ -34,26 +34,27 @@ against_every_store!(
     unknown_owner_is_invalid_and_a_lost_owner_conflicts,
     snapshot_shows_longest_wait_and_owners,
     owner_id_in_any_spelling_is_stored_in_one,
-    admit_within_waits_its_bound_and_a_drop_records_the_specs_reason,
+    admit_within_waits_its_bound_and_a_drop_records_its_reason,
 );
 
 /// `admit_within` admits at once when there is room, waits in line up to its
 /// bound otherwise (then the record is cancelled and the answer is a
 /// refusal), and every drop, while waiting or holding the permit, records
 /// the spec's reason.
-async fn admit_within_waits_its_bound_and_a_drop_records_the_specs_reason(backend: Backend) {
+async fn admit_within_waits_its_bound_and_a_drop_records_its_reason(backend: Backend) {
     let h = Harness::new(backend, capped(1));
-    let spec = || embedding().reason_if_dropped("client-disconnected");
+    let spec = embedding;
+    let gone = "client-disconnected";
     let holder = h
         .ledger
-        .admit_within(spec(), Duration::from_secs(1))
+        .admit_within(spec(), Duration::from_secs(1), gone)
         .await
         .unwrap();
     assert_eq!(holder.record().unwrap().state, State::Executing);
 
     let refused = h
         .ledger
-        .admit_within(spec(), Duration::from_millis(300))
+        .admit_within(spec(), Duration::from_millis(300), gone)
         .await
         .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::LaneFull);
@@ -61,7 +62,8 @@ async fn admit_within_waits_its_bound_and_a_drop_records_the_specs_reason(backen
 
     // A waiter in line whose future is dropped (a client gone).
     let ledger = h.ledger.clone();
-    let waiter = tokio::spawn(async move { ledger.admit_within(spec(), Duration::from_secs(20)).await });
+    let waiter =
+        tokio::spawn(async move { ledger.admit_within(spec(), Duration::from_secs(20), gone).await });
     while lane_counts(&h.ledger).await != (1, 1) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

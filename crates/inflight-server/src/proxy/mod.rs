@@ -138,9 +138,7 @@ async fn forwarded(state: &ProxyState, request: Request) -> Result<Response, Api
     let model = call::model_of_path(&upstream_path)
         .map(str::to_owned)
         .or_else(|| model_of_body(&body));
-    let mut spec = ActivitySpec::new(service, route.provider.as_str().to_owned())
-        .class(class.clone())
-        .reason_if_dropped(CLIENT_DISCONNECTED);
+    let mut spec = ActivitySpec::new(service, route.provider.as_str().to_owned()).class(class.clone());
     if let Some(stage) = asked.stage {
         spec = spec.operation_stage(stage.as_str().to_owned());
     }
@@ -152,7 +150,11 @@ async fn forwarded(state: &ProxyState, request: Request) -> Result<Response, Api
     }
     let ledger = &state.ledger;
     let permit = ledger
-        .admit_within(spec, asked.max_wait.unwrap_or(route.max_wait))
+        .admit_within(
+            spec,
+            asked.max_wait.unwrap_or(route.max_wait),
+            CLIENT_DISCONNECTED,
+        )
         .await?;
     // The upstream has the class's deadline to answer, to the last byte.
     let deadline_ms = ledger.config().policy().effective_deadline_ms(&class, None);

@@ -184,14 +184,23 @@ impl Ledger {
     /// As [`Ledger::begin_started`]: `LaneFull`, `LaneCooling` or
     /// `BudgetExhausted` when the lane has not admitted it within `wait`.
     ///
+    /// A record this leaves behind when it, or the permit, is dropped before
+    /// the call ends is recorded `cancelled` with `reason_if_dropped`
+    /// (`handle dropped` elsewhere), so that the evidence names the cause: a
+    /// server whose client went away says `client-disconnected`.
+    ///
     /// # Cancel safety
     /// As [`Ledger::begin_started`]: a future dropped before it returns
     /// leaves nothing holding a slot or a place in line, and the record it
-    /// submitted is recorded `cancelled` with the spec's
-    /// [`reason_if_dropped`](ActivitySpec::reason_if_dropped).
-    pub async fn admit_within(&self, spec: ActivitySpec, wait: Duration) -> Result<Permit, LedgerError> {
-        let dropped = spec.dropped_reason();
-        let record = self.begin_started(spec, wait).await?;
+    /// submitted is recorded `cancelled` with `reason_if_dropped`.
+    pub async fn admit_within(
+        &self,
+        spec: ActivitySpec,
+        wait: Duration,
+        reason_if_dropped: &'static str,
+    ) -> Result<Permit, LedgerError> {
+        let dropped = reason_if_dropped;
+        let record = self.begin_idempotent_as(spec, Some(wait), dropped).await?.record;
         Ok(Permit {
             handle: ActivityHandle {
                 ledger: self.clone(),
@@ -255,8 +264,20 @@ impl Ledger {
     /// [`Ledger::begin_record`].
     pub async fn begin_idempotent(
         &self,
+        spec: ActivitySpec,
+        start_now: Option<Duration>,
+    ) -> Result<Begun, LedgerError> {
+        self.begin_idempotent_as(spec, start_now, super::spec::HANDLE_DROPPED)
+            .await
+    }
+
+    /// [`Ledger::begin_idempotent`], a record it leaves behind when dropped
+    /// cancelled with the reason `dropped`.
+    async fn begin_idempotent_as(
+        &self,
         mut spec: ActivitySpec,
         start_now: Option<Duration>,
+        dropped: &'static str,
     ) -> Result<Begun, LedgerError> {
         let Some(wait) = start_now else {
             spec.seal(super::spec::BEGIN);
@@ -270,7 +291,6 @@ impl Ledger {
         // the start before it.
         let started = spec.enqueued_at_set().map_or(now, |enqueued| enqueued.max(now));
         spec.set_started_at(Some(started));
-        let dropped = spec.dropped_reason();
         let mut guard = super::BeginGuard {
             ledger: self,
             id: ActivityId::new(),

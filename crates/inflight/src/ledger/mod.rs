@@ -186,7 +186,7 @@ impl Ledger {
         spec.seal(spec::BEGIN);
         // The guard exists before the record is submitted, so a future
         // dropped mid-flight still cancels what it began.
-        let dropped = spec.dropped_reason();
+        let dropped = spec::HANDLE_DROPPED;
         let mut guard = BeginGuard {
             ledger: self,
             id: ActivityId::new(),

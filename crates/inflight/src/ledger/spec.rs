@@ -40,8 +40,6 @@ pub struct ActivitySpec {
     /// The fingerprint of the request as its caller made it (`seal`), kept
     /// while a begin adjusts the spec (`begin_started` sets the start).
     fingerprint: Option<i64>,
-    /// The cancel reason recorded when the call is dropped before it ends.
-    dropped: Option<&'static str>,
 }
 
 impl ActivitySpec {
@@ -101,20 +99,6 @@ impl ActivitySpec {
     pub fn started_at(mut self, at: Timestamp) -> Self {
         self.started_at = Some(at);
         self
-    }
-
-    /// The reason recorded when the call is dropped before it ends (its
-    /// begin's future, its handle or its permit): `handle dropped` unless
-    /// said. A server whose client went away says so
-    /// (`client-disconnected`), so that the evidence names the cause.
-    pub fn reason_if_dropped(mut self, reason: &'static str) -> Self {
-        self.dropped = Some(reason);
-        self
-    }
-
-    /// The cancel reason a drop records.
-    pub(super) fn dropped_reason(&self) -> &'static str {
-        self.dropped.unwrap_or(HANDLE_DROPPED)
     }
 
     /// Makes the begin idempotent: a repeat with the same key and the same
@@ -298,8 +282,8 @@ impl ActivitySpec {
     }
 }
 
-/// The cancel reason of a call dropped before it ended, unless its spec
-/// says another ([`ActivitySpec::reason_if_dropped`]).
+/// The cancel reason of a call dropped before it ended, unless its caller
+/// says another ([`Ledger::admit_within`](super::Ledger::admit_within)).
 pub(super) const HANDLE_DROPPED: &str = "handle dropped";
 
 /// How a plain begin (a handle, or a record by id) is fingerprinted.
