@@ -778,6 +778,22 @@ async fn what_is_not_a_call_passes_unrecorded_and_an_empty_answer_settles_at_onc
     assert_eq!(p.record(&reply).await.state, RecordState::Succeeded);
 }
 
+/// The upstream's timeout is its class's deadline, however far: a class of
+/// a hundred million years arms a timer past tokio's wheel, and still works.
+#[tokio::test]
+async fn a_class_with_the_farthest_deadline_still_forwards_and_settles() {
+    let p = proxy_with("[classes.forever]\ndeadline = \"100000000years\"\n", None).await;
+    let reply = p
+        .post(
+            "/proxy/oa/v1/chat/completions",
+            &[("x-inflight-class", "forever")],
+            json!({"model": "m"}),
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(p.record(&reply).await.state, RecordState::Succeeded);
+}
+
 #[tokio::test]
 async fn bad_requests_are_refused_and_record_nothing() {
     let p = proxy().await;
