@@ -318,15 +318,22 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryString<T>
 
 /// `wait`: a duration of at most 30 s.
 pub(super) fn parse_wait(text: &str) -> Result<Duration, ApiError> {
+    bounded_duration("`wait`", text, MAX_START_WAIT)
+}
+
+/// A duration such as `5s` of at most `most`, the one rule for every wait a
+/// request asks for (`?wait=`, the proxy's `X-Inflight-Max-Wait`); errors
+/// name `what`.
+pub(crate) fn bounded_duration(what: &str, text: &str, most: Duration) -> Result<Duration, ApiError> {
     let wait = humantime::parse_duration(text.trim()).map_err(|_| {
         ApiError::invalid(format!(
-            "`wait` must be a duration such as \"5s\" or \"500ms\", got {text:?}"
+            "{what} must be a duration such as \"5s\" or \"500ms\", got {text:?}"
         ))
     })?;
-    if wait > MAX_START_WAIT {
+    if wait > most {
         return Err(ApiError::invalid(format!(
-            "`wait` must be at most {}, got {text:?}",
-            humantime::format_duration(MAX_START_WAIT)
+            "{what} must be at most {}, got {text:?}",
+            humantime::format_duration(most)
         )));
     }
     Ok(wait)

@@ -9,7 +9,8 @@ use inflight::domain::labels::Label;
 use inflight::domain::record::Priority;
 
 use super::route::MAX_WAIT_LIMIT;
-use crate::http::ApiError;
+use crate::http::body::bounded_duration;
+use crate::http::error::ApiError;
 
 /// The token of a proxied request: `Authorization` is the upstream's.
 pub(crate) const TOKEN_HEADER: &str = "x-inflight-token";
@@ -55,7 +56,7 @@ pub(super) fn asked(headers: &HeaderMap) -> Result<Asked, ApiError> {
                     ))
                 })?);
             }
-            "max-wait" => asked.max_wait = Some(max_wait(&header, value)?),
+            "max-wait" => asked.max_wait = Some(bounded_duration(&header, value, MAX_WAIT_LIMIT)?),
             "token" => {}
             _ => {
                 let known: Vec<String> = ASKED.iter().map(|which| spelled(which)).collect();
@@ -99,21 +100,6 @@ fn single<'a>(headers: &'a HeaderMap, name: &str, header: &str) -> Result<&'a st
 
 fn label(header: &str, field: &'static str, value: &str) -> Result<Label, ApiError> {
     Label::new(field, value).map_err(|err| ApiError::invalid(format!("{header}: {value:?} {}", err.problem)))
-}
-
-fn max_wait(header: &str, value: &str) -> Result<Duration, ApiError> {
-    let wait = humantime::parse_duration(value).map_err(|_| {
-        ApiError::invalid(format!(
-            "{header}: {value:?} is not a duration; send e.g. 500ms, 5s or 2m"
-        ))
-    })?;
-    if wait > MAX_WAIT_LIMIT {
-        return Err(ApiError::invalid(format!(
-            "{header}: {value} is longer than the proxy's limit of {}",
-            humantime::format_duration(MAX_WAIT_LIMIT)
-        )));
-    }
-    Ok(wait)
 }
 
 /// The class a request's method and path name, as the providers' APIs
@@ -244,11 +230,11 @@ mod tests {
             ),
             (
                 &[("x-inflight-max-wait", "5")],
-                "X-Inflight-Max-Wait: \"5\" is not a duration",
+                "X-Inflight-Max-Wait must be a duration such as",
             ),
             (
                 &[("x-inflight-max-wait", "11m")],
-                "longer than the proxy's limit of 10m",
+                "X-Inflight-Max-Wait must be at most 10m",
             ),
             (
                 &[("x-inflight-sevice", "kb")],
