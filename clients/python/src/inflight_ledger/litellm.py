@@ -350,7 +350,7 @@ def _refusal(err: InflightError) -> Exception:
     return refused
 
 
-class InflightCallback(CustomLogger):  # type: ignore[misc]  # LiteLLM is not followed by mypy (see pyproject): CustomLogger is Any
+class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # LiteLLM is not followed by mypy (see pyproject): CustomLogger is Any
     """The LiteLLM proxy's callback: each request the proxy serves (chat
     completions, embeddings, ...) is a record in the ledger.
 
@@ -381,13 +381,12 @@ class InflightCallback(CustomLogger):  # type: ignore[misc]  # LiteLLM is not fo
         max_wait: Optional[float] = None,
         wait_step: float = 10.0,
     ) -> None:
-        super().__init__()
+        CustomLogger.__init__(self)
+        # The settings are the SDK wrappers' own.
+        _CallSettings.__init__(
+            self, service=service, priority=priority, provider=provider, max_wait=max_wait, wait_step=wait_step
+        )
         self.ledger = ledger if ledger is not None else AsyncLedger()
-        self.service = service
-        self.priority = priority
-        self.provider = provider
-        self.max_wait = max_wait
-        self.wait_step = wait_step
         #: The records begun and not yet settled, by id.
         self.open: Dict[str, AsyncActivity] = {}
 
