@@ -109,6 +109,7 @@ impl Route {
         name: &str,
         table: &toml::Table,
         warnings: &mut Vec<ConfigWarning>,
+        system_roots: &mut Option<rustls::ClientConfig>,
     ) -> Result<Self, ConfigError> {
         let key = |field: &str| format!("proxy.{name}.{field}");
         check_name(name)?;
@@ -159,7 +160,8 @@ impl Route {
                 format!("is set but the upstream {upstream:?} is not https://: it would not be used"),
             ));
         }
-        let client = client(&key("ca_file"), ca_file.as_deref())?;
+        let tls = tls_for(&key("ca_file"), &scheme, ca_file.as_deref(), system_roots)?;
+        let client = client(tls);
         Ok(Self {
             name: name.to_owned(),
             scheme,
@@ -257,10 +259,37 @@ fn read_upstream(key: &str, upstream: &str) -> Result<(Scheme, Authority, String
     Ok((scheme, authority, base_path))
 }
 
-/// A pool of connections for one route: `https://` verified against
-/// `ca_file` or the system's roots (loaded once, here).
-fn client(key: &str, ca_file: Option<&std::path::Path>) -> Result<UpstreamClient, ConfigError> {
-    let tls = inflight::store::client_tls(key, ca_file).map_err(|err| ConfigError::new(key, err))?;
+/// The TLS settings of an upstream of `scheme`: verified against
+/// `ca_file`, or the system's roots, read once for every route that uses
+/// them (`system_roots`); none read for a plain `http://` upstream, which
+/// never handshakes.
+fn tls_for(
+    key: &str,
+    scheme: &Scheme,
+    ca_file: Option<&std::path::Path>,
+    system_roots: &mut Option<rustls::ClientConfig>,
+) -> Result<rustls::ClientConfig, ConfigError> {
+    let read = |ca_file| inflight::store::client_tls(key, ca_file).map_err(|err| ConfigError::new(key, err));
+    if *scheme != Scheme::HTTPS {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        return rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map(|config| {
+                config
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth()
+            })
+            .map_err(|err| ConfigError::new(key, format!("TLS cannot be set up: {err}")));
+    }
+    match (ca_file, system_roots.as_ref()) {
+        (Some(file), _) => read(Some(file)),
+        (None, Some(system)) => Ok(system.clone()),
+        (None, None) => Ok(system_roots.insert(read(None)?).clone()),
+    }
+}
+
+/// A pool of connections for one route, with `tls` for `https://`.
+fn client(tls: rustls::ClientConfig) -> UpstreamClient {
     let mut http = HttpConnector::new();
     // `https://` URLs go through the TLS connector.
     http.enforce_http(false);
@@ -270,7 +299,7 @@ fn client(key: &str, ca_file: Option<&std::path::Path>) -> Result<UpstreamClient
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
+    Client::builder(TokioExecutor::new()).build(connector)
 }
 
 /// Every route of a `[proxy]` configuration, by name.
@@ -288,9 +317,13 @@ impl Routes {
         tables: &BTreeMap<String, toml::Table>,
         warnings: &mut Vec<ConfigWarning>,
     ) -> Result<Self, ConfigError> {
+        let mut system_roots = None;
         let routes = tables
             .iter()
-            .map(|(name, table)| Ok((name.clone(), Arc::new(Route::from_table(name, table, warnings)?))))
+            .map(|(name, table)| {
+                let route = Route::from_table(name, table, warnings, &mut system_roots)?;
+                Ok((name.clone(), Arc::new(route)))
+            })
             .collect::<Result<_, ConfigError>>()?;
         Ok(Self { routes })
     }
@@ -303,11 +336,6 @@ impl Routes {
     /// Every route, by name.
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
         self.routes.values().map(AsRef::as_ref)
-    }
-
-    /// Whether there is none.
-    pub fn is_empty(&self) -> bool {
-        self.routes.is_empty()
     }
 
     /// The names, for a message about a route that does not exist.
