@@ -2612,3 +2612,39 @@ proptest! {
         runtime.block_on(run(ops, restrictions()))?;
     }
 }
+
+/// The case `0b9969b6` (session 22's CI): two waiting records refined to
+/// one new model and reaped, then a refused begin of a new aggregate,
+/// which applies the rows written ahead on SQLite.
+#[test]
+fn refined_records_reaped_before_a_refused_begin_count_once() {
+    let begin = |lane, class, enqueued| {
+        Op::Begin(BeginOp {
+            lane,
+            class,
+            admission: 0,
+            priority: 0,
+            enqueued,
+            started: None,
+            deadline: None,
+            max_tokens: None,
+            owner: OwnerPick::Nobody,
+            id_key: 0,
+            duplicate: None,
+            key: None,
+        })
+    };
+    let ops = vec![
+        begin(1, 1, None),
+        begin(1, 1, None),
+        Op::Refine(Pick::InFlight(1), 2),
+        Op::Refine(Pick::InFlight(2), 2),
+        Op::Advance(15_001),
+        begin(0, 0, Some(300_001)),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run(ops, restrictions())).unwrap();
+}

@@ -68,6 +68,11 @@ impl<'t, 'c> SqliteTxn<'t, 'c> {
         // Older rows first: this command's changes are the later ones.
         tables::apply(self.st)?;
         for entry in std::mem::take(&mut self.ahead) {
+            // Stored now, no longer ahead. With no row in the table, the
+            // apply above clears nothing: a copy left here would be read
+            // in place of the table's, stale once changed directly (a
+            // record reaped again, counted twice: differential `0b9969b6`).
+            self.st.journal.take(entry.record.activity_id);
             store_record(self.st, &entry.record)?;
             self.st.records.stored(&entry.record);
             count_ahead(&mut self.counts, &entry);
