@@ -114,6 +114,28 @@ fn check_config_warns_of_bare_milliseconds_and_dropped_classes_and_still_passes(
     );
 }
 
+/// The address in the server's `listening on http://ADDR` line; the rest
+/// of its log is drained in the background, so that it never blocks on a
+/// full pipe.
+fn listening_address(stderr: std::process::ChildStderr) -> String {
+    use std::io::{BufRead, BufReader};
+    let (found, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut found = Some(found);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some((_, rest)) = line.split_once("listening on http://") {
+                let addr = rest.split_whitespace().next().unwrap_or_default().to_owned();
+                if let Some(found) = found.take() {
+                    let _ = found.send(addr);
+                }
+            }
+        }
+    });
+    address
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the server logs where it listens")
+}
+
 /// Sends one HTTP/1.1 request and returns the answer's status line.
 fn post(port: u16, path: &str, body: &str) -> String {
     use std::io::{Read, Write};
@@ -132,25 +154,19 @@ fn post(port: u16, path: &str, body: &str) -> String {
 #[test]
 fn check_config_against_a_server_names_a_misspelled_lane_and_an_unknown_class() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    // Port 0, and the address read from the server's own log: a port picked
+    // beforehand and freed could be taken by another test's server first.
     let mut server = Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .args(["serve", "--store", "memory:", "--listen", &listen])
+        .args(["serve", "--store", "memory:", "--listen", "127.0.0.1:0"])
         .current_dir(dir.path())
         .env_remove("INFLIGHT_CONFIG")
         .env_remove("INFLIGHT_TOKEN")
-        .stderr(std::process::Stdio::null())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("the server starts");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "the server did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let listen = listening_address(server.stderr.take().expect("piped stderr"));
+    let port: u16 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
     for _ in 0..2 {
         let status = post(
             port,
