@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
         deadline_ms: (deadline & 4 == 0).then_some(deadline),
         max_tokens: None,
         owner_id: None,
-        idempotency: None,
+        extras: None,
     };
     let now = Timestamp::from_millis(now);
     let Ok(applied) = transition::begin(new, now, policy) else {

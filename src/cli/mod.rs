@@ -599,6 +599,24 @@ pub fn describe_settings(settings: &ServerSettings) -> String {
             route.max_body()
         ));
     }
+    if let Some(otel) = &settings.otel {
+        let headers: Vec<&str> = otel.headers.keys().map(String::as_str).collect();
+        lines.push(format!(
+            "otel: spans and GenAI metrics to {} as service {}, timeout {}, queue {}, abandoned held {}{}",
+            otel.endpoint
+                .as_deref()
+                .unwrap_or("the OTEL_EXPORTER_OTLP_* endpoint, else http://localhost:4318"),
+            otel.service_name,
+            humantime::format_duration(otel.timeout),
+            otel.queue,
+            humantime::format_duration(otel.hold_abandoned),
+            if headers.is_empty() {
+                String::new()
+            } else {
+                format!(", headers {}", headers.join(", "))
+            }
+        ));
+    }
     lines.join("\n")
 }
 

@@ -66,6 +66,12 @@ pub fn inflight() -> Command {
     ] {
         command.env_remove(var);
     }
+    // Nor does it export to a collector the environment names.
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with("OTEL_") {
+            command.env_remove(var);
+        }
+    }
     command
 }
 
@@ -137,6 +143,11 @@ impl Server {
                 Err(_) => panic!("timed out waiting for {what}; its log: {seen:#?}"),
             }
         }
+    }
+
+    /// The next line of its log; `None` once it exited.
+    pub async fn next_log(&mut self) -> Option<Value> {
+        self.logs.recv().await
     }
 
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {

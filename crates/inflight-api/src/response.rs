@@ -118,6 +118,15 @@ pub struct ActivityRecord {
     /// left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    /// The W3C `traceparent` its begin carried (version `00`), whose span
+    /// is the parent of the record's exported span; left out of the JSON
+    /// when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+    )]
+    pub traceparent: Option<String>,
     /// On a begin's answer only: the top-level fields of the request this
     /// server does not know, and so ignored (a misspelled `clas`, or a
     /// field of a newer API); at most 16 names, each cut to 64 characters.

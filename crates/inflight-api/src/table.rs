@@ -431,6 +431,7 @@ mod tests {
             output_tokens: None,
             max_tokens: None,
             cancel_reason: None,
+            traceparent: None,
             ignored_fields: Vec::new(),
         }
     }

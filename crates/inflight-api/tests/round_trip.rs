@@ -63,6 +63,7 @@ fn record(state: State) -> ActivityRecord {
         output_tokens: None,
         max_tokens: Some(400),
         cancel_reason: None,
+        traceparent: None,
         ignored_fields: Vec::new(),
     }
 }
@@ -359,6 +360,12 @@ fn the_record_writes_every_documented_field_in_order() {
     assert!(serde_json::to_string(&cancelled)
         .unwrap()
         .ends_with(r#""lateSettle":false,"unstartedSuccess":false,"refined":true,"inputTokens":12,"outputTokens":null,"maxTokens":400,"cancelReason":"bye"}"#));
+    let mut traced = record(State::Executing);
+    traced.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned());
+    assert!(serde_json::to_string(&traced).unwrap().ends_with(
+        r#""maxTokens":400,"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#
+    ));
+    round_trip(&traced);
 }
 
 #[test]

@@ -28,16 +28,16 @@ use crate::Plan;
 pub(crate) const HTTP_CLIENTS: usize = 16;
 
 /// The target: lifecycles a second with 16 clients under `normal`.
-const TARGET_RATE: f64 = 10_000.0;
+pub(crate) const TARGET_RATE: f64 = 10_000.0;
 /// The target: p99 per request, in ms.
-const TARGET_P99_MS: f64 = 5.0;
+pub(crate) const TARGET_P99_MS: f64 = 5.0;
 
 /// The case of the two-request spelling, which carries the aim.
 const TWO_REQUESTS: &str = "http_lifecycle_two_requests";
 
 /// Windows of each variant, alternating (three, two, three, two, ...), so
 /// that drift in the machine's load hits both.
-const WINDOWS: usize = 3;
+pub(crate) const WINDOWS: usize = 3;
 
 /// How a lifecycle is spelled over HTTP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

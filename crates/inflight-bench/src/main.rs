@@ -22,6 +22,7 @@ mod admission_scale;
 mod group_baseline;
 mod http_lifecycle;
 mod memory_lifecycle;
+mod otel_overhead;
 mod postgres;
 mod profile;
 mod proxy_overhead;
@@ -45,6 +46,7 @@ use serde_json::json;
 use crate::admission_scale::admission_scale;
 use crate::http_lifecycle::http_lifecycle;
 use crate::memory_lifecycle::memory_lifecycle;
+use crate::otel_overhead::otel_overhead;
 use crate::postgres::{postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances};
 use crate::profile::{count_lifecycles, drive_http, profile_lifecycles};
 use crate::proxy_overhead::proxy_overhead;
@@ -67,6 +69,7 @@ const CASES: &[&str] = &[
     "ranked_admission",
     "http_lifecycle",
     "proxy_overhead",
+    "otel_overhead",
     "snapshot_under_load",
     "redis_slots",
     "postgres_lifecycle",
@@ -84,7 +87,7 @@ struct Args {
     quick: bool,
     /// Run only this case (repeatable): memory_lifecycle, sqlite_lifecycle,
     /// snapshot_scale, reap_scale, admission_scale, http_lifecycle (with
-    /// http_lifecycle_two_requests), proxy_overhead, snapshot_under_load (with
+    /// http_lifecycle_two_requests), proxy_overhead, otel_overhead, snapshot_under_load (with
     /// snapshot_under_load_p99), redis_slots (on the Redis server
     /// INFLIGHT_BENCH_REDIS_URL names, by default redis://127.0.0.1:6379/),
     /// postgres_lifecycle, postgres_snapshot_scale, postgres_two_instances
@@ -281,6 +284,7 @@ fn main() -> Result<()> {
         ("ranked_admission", Box::new(|| ranked_admission(&plan, &dir))),
         ("http_lifecycle", Box::new(|| http_lifecycle(&plan, &dir))),
         ("proxy_overhead", Box::new(|| proxy_overhead(&plan, &dir))),
+        ("otel_overhead", Box::new(|| otel_overhead(&plan, &dir))),
         (
             "snapshot_under_load",
             Box::new(|| snapshot_under_load(&plan, &dir)),

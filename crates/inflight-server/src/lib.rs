@@ -9,6 +9,7 @@
 pub mod http;
 pub mod limits;
 mod linger;
+pub mod otel;
 pub mod proxy;
 pub mod reload;
 mod server;

@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::limits::Limits;
 use crate::linger::{close_when_body_unread, Lingering};
+use crate::otel::OtelSettings;
 use crate::proxy::Routes;
 use crate::reload::Reload;
 use crate::tls::{Tls, TlsFiles};
@@ -98,6 +99,9 @@ pub struct ServerSettings {
     pub ledger: LedgerConfig,
     /// The `/proxy/NAME` routes (`[proxy.NAME]`).
     pub proxies: Arc<Routes>,
+    /// OpenTelemetry export (`[otel]` or the `OTEL_EXPORTER_OTLP_*`
+    /// variables), when on.
+    pub otel: Option<OtelSettings>,
     /// What the file says that is valid but most likely not meant:
     /// `check-config` prints them, `serve` logs them at start-up.
     pub warnings: Vec<ConfigWarning>,
@@ -114,6 +118,7 @@ impl fmt::Debug for ServerSettings {
             .field("metrics", &self.metrics)
             .field("ledger", &self.ledger)
             .field("proxies", &self.proxies)
+            .field("otel", &self.otel)
             .field("warnings", &self.warnings)
             .finish()
     }
@@ -257,6 +262,21 @@ impl ServerSettings {
                 origin: overrides.config.clone(),
                 error,
             })?;
+        let otel = OtelSettings::resolve(
+            file.otel.as_ref(),
+            &|name| std::env::var(name).ok(),
+            &mut warnings,
+        )
+        .map_err(|error| ServeError::Config {
+            origin: overrides.config.clone(),
+            error,
+        })?;
+        if otel.is_some() && !cfg!(feature = "otel") {
+            warnings.push(ConfigWarning::new(
+                "otel",
+                "this build has no OpenTelemetry export (inflight-server's `otel` feature): nothing is exported",
+            ));
+        }
         let metrics = MetricsOptions {
             aggregates: overrides
                 .metrics_aggregates
@@ -273,6 +293,7 @@ impl ServerSettings {
             metrics,
             ledger: file.ledger,
             proxies: Arc::new(proxies),
+            otel,
             warnings,
         })
     }
@@ -353,6 +374,8 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
         .with_limits(settings.limits)
         .with_metrics(settings.metrics)
         .with_proxies(settings.proxies);
+    #[cfg(feature = "otel")]
+    let (state, exporting) = export(settings.otel.as_ref(), state)?;
     if let Some(tokens) = state.tokens() {
         let tokens = Arc::clone(tokens);
         reload.each(move || {
@@ -360,8 +383,37 @@ pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
         });
     }
     serve_listener(listener, state, tls, shutdown_signal()).await?;
+    // After the store closed: every end it committed was shown.
+    #[cfg(feature = "otel")]
+    if let Some(exporting) = exporting {
+        exporting.shutdown().await;
+    }
     tracing::info!(addr = %local, "stopped");
     Ok(())
+}
+
+/// Starts exporting `state`'s ledger's ends as `otel` says, if it is set,
+/// and shows the export's counts on `/metrics`.
+#[cfg(feature = "otel")]
+fn export(
+    otel: Option<&OtelSettings>,
+    state: AppState,
+) -> Result<(AppState, Option<crate::otel::Exporting>), ServeError> {
+    let Some(otel) = otel else {
+        return Ok((state, None));
+    };
+    let stats = Arc::new(crate::otel::OtelStats::default());
+    let exporting = crate::otel::start(otel, state.ledger(), Arc::clone(&stats))
+        .map_err(|message| config_error("otel", message))?;
+    tracing::info!(
+        endpoint = otel
+            .endpoint
+            .as_deref()
+            .unwrap_or("from OTEL_EXPORTER_OTLP_* or http://localhost:4318"),
+        service_name = %otel.service_name,
+        "exporting ended records as OpenTelemetry spans and GenAI metrics"
+    );
+    Ok((state.with_otel(stats), Some(exporting)))
 }
 
 /// Serves `ledger` on `listener` within `limits` until `shutdown` resolves,

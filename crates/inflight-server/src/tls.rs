@@ -241,6 +241,22 @@ fn file_error(key: &str, path: &Path, problem: String) -> ConfigError {
     ConfigError::new(key, format!("{} {problem}", path.display()))
 }
 
+/// The connector of the server's own HTTP clients (the proxy's upstreams,
+/// the OpenTelemetry collector): HTTP/1, `https://` over `tls`.
+pub(crate) fn client_connector(
+    tls: rustls::ClientConfig,
+) -> hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    // `https://` URLs go through the TLS connector.
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -352,6 +352,49 @@ async fn unknown_fields_are_ignored() {
 }
 
 #[tokio::test]
+async fn a_begin_keeps_its_traceparent_and_a_malformed_one_is_refused_naming_it() {
+    let api = api();
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let begin = |traceparent: &'static str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri("/v1/activities")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("traceparent", traceparent)
+            .body(Body::from(r#"{"service":"kb","provider":"ollama"}"#))
+            .unwrap()
+    };
+    let begun = api.raw(begin(parent)).await;
+    assert_eq!(begun.status, StatusCode::CREATED, "{}", begun.body);
+    assert_eq!(begun.body["traceparent"], parent);
+    let id = begun.body["activityId"].as_str().unwrap();
+    let read = api.get(&format!("/v1/activities/{id}")).await;
+    assert_eq!(read.body["traceparent"], parent, "kept with the record");
+    let plain = api.begin(json!({"service": "kb", "provider": "ollama"})).await;
+    let read = api.get(&format!("/v1/activities/{plain}")).await;
+    assert!(read.body.get("traceparent").is_none(), "{}", read.body);
+
+    let before = api.snapshot().await["totalActivities"].clone();
+    assert_eq!(before, 2);
+    for bad in [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ] {
+        let refused = api.raw(begin(bad)).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(refused.body["error"]["code"], "invalid_request");
+        let message = refused.body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("traceparent: "), "{message}");
+    }
+    assert_eq!(
+        api.snapshot().await["totalActivities"],
+        before,
+        "a refused begin records nothing"
+    );
+}
+
+#[tokio::test]
 async fn a_begin_answers_the_fields_it_ignored() {
     let api = api();
     let misspelled = api

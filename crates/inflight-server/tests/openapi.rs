@@ -220,7 +220,7 @@ async fn answers_document_their_fields_as_the_wire_writes_them() {
     let document = openapi::document_json().unwrap();
     let record = &document["components"]["schemas"]["ActivityRecord"];
     // camelCase, every field written (unset ones as null) except
-    // cancelReason and ignoredFields, written only when set.
+    // cancelReason, traceparent and ignoredFields, written only when set.
     let required: Vec<&str> = record["required"]
         .as_array()
         .unwrap()
@@ -228,10 +228,12 @@ async fn answers_document_their_fields_as_the_wire_writes_them() {
         .map(|name| name.as_str().unwrap())
         .collect();
     assert!(required.contains(&"activityId") && required.contains(&"reapableAt"));
-    assert!(!required.contains(&"cancelReason") && !required.contains(&"ignoredFields"));
+    for optional in ["cancelReason", "traceparent", "ignoredFields"] {
+        assert!(!required.contains(&optional), "{optional}");
+    }
     assert_eq!(
         record["properties"].as_object().unwrap().len(),
-        required.len() + 2
+        required.len() + 3
     );
     assert_eq!(record["properties"]["ignoredFields"]["items"]["type"], "string");
     // Timestamps are RFC 3339 strings in answers; requests also take millis.

@@ -412,6 +412,9 @@ impl Reply {
     }
 }
 
+/// A caller's trace context.
+const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
 #[tokio::test]
 async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model() {
     let p = proxy().await;
@@ -422,6 +425,7 @@ async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model(
                 ("authorization", "Bearer sk-upstream"),
                 ("idempotency-key", "upstream-key-1"),
                 ("x-inflight-stage", "answer"),
+                ("traceparent", PARENT),
             ],
             json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
         )
@@ -449,7 +453,13 @@ async fn a_chat_call_passes_through_and_settles_with_its_usage_and_served_model(
         "refined from the answer"
     );
     assert_eq!(tokens(&record), (Some(11), Some(7)));
+    assert_eq!(
+        record.trace_parent.as_deref().map(ToString::to_string).as_deref(),
+        Some(PARENT),
+        "the caller's trace context is kept with the record"
+    );
     let seen = p.last_request_headers();
+    assert_eq!(seen["traceparent"], PARENT, "and passed on upstream");
     assert_eq!(
         seen["authorization"], "Bearer sk-upstream",
         "the upstream's own key passes"
@@ -792,6 +802,23 @@ async fn a_class_with_the_farthest_deadline_still_forwards_and_settles() {
         .await;
     assert_eq!(reply.status, 200);
     assert_eq!(p.record(&reply).await.state, RecordState::Succeeded);
+}
+
+#[tokio::test]
+async fn a_malformed_traceparent_is_passed_on_and_ignored_not_refused() {
+    let p = proxy().await;
+    let reply = p
+        .post(
+            "/proxy/oa/v1/chat/completions",
+            &[("traceparent", "00-not-a-trace-context")],
+            json!({"model": "gpt-4o-mini", "messages": []}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "a hop ignores what it cannot read (W3C)");
+    let record = p.record(&reply).await;
+    assert_eq!(record.state, RecordState::Succeeded);
+    assert_eq!(record.trace_parent, None);
+    assert_eq!(p.last_request_headers()["traceparent"], "00-not-a-trace-context");
 }
 
 #[tokio::test]

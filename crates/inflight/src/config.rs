@@ -503,6 +503,9 @@ pub struct Settings {
     /// The `[proxy.NAME]` tables as written: the routes of the server's
     /// proxy, which `inflight-server` reads and checks.
     pub proxy: BTreeMap<String, toml::Table>,
+    /// The `[otel]` table as written: the server's OpenTelemetry export,
+    /// which `inflight-server` reads and checks.
+    pub otel: Option<toml::Table>,
     /// The ledger's own settings.
     pub ledger: LedgerConfig,
     /// What the file says that is valid but most likely not meant.
@@ -518,6 +521,7 @@ struct RawFile {
     tokens: Option<Vec<toml::Table>>,
     server: Option<toml::Table>,
     proxy: Option<BTreeMap<String, toml::Table>>,
+    otel: Option<toml::Table>,
     labels: Option<RawLabelBounds>,
     reap: Option<RawReap>,
     retention: Option<RawRetention>,
@@ -706,6 +710,43 @@ pub fn parse_duration(
             ),
         )),
     }
+}
+
+/// Reads a string setting.
+///
+/// # Errors
+/// Names `key` when `value` is not a string.
+pub fn parse_string(key: &str, value: &toml::Value) -> Result<String, ConfigError> {
+    value
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| ConfigError::new(key, format!("must be a string, got {value}")))
+}
+
+/// Reads a whole number of `unit` within `range`.
+///
+/// # Errors
+/// Names `key` and the range when `value` is not such a number.
+pub fn parse_count(
+    key: &str,
+    value: &toml::Value,
+    range: std::ops::RangeInclusive<usize>,
+    unit: &str,
+) -> Result<usize, ConfigError> {
+    value
+        .as_integer()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            ConfigError::new(
+                key,
+                format!(
+                    "must be a whole number of {unit} from {} to {}, got {value}",
+                    range.start(),
+                    range.end()
+                ),
+            )
+        })
 }
 
 /// A key path as the file writes it: `lanes."kb::ollama".cap`,
@@ -924,6 +965,7 @@ impl Settings {
             metrics_aggregates: raw.metrics.and_then(|metrics| metrics.aggregates),
             server: raw.server,
             proxy: raw.proxy.unwrap_or_default(),
+            otel: raw.otel,
             ledger,
             warnings,
         })

@@ -6,6 +6,7 @@ use std::fmt;
 use crate::domain::labels::LabelError;
 use crate::domain::query::LineSpot;
 use crate::domain::record::LaneKey;
+use crate::domain::trace::TraceParentError;
 use crate::domain::transition::Refusal;
 
 /// Why a ledger operation failed.
@@ -229,6 +230,12 @@ impl std::error::Error for LedgerError {
 
 impl From<LabelError> for LedgerError {
     fn from(err: LabelError) -> Self {
+        Self::invalid(err.to_string())
+    }
+}
+
+impl From<TraceParentError> for LedgerError {
+    fn from(err: TraceParentError) -> Self {
         Self::invalid(err.to_string())
     }
 }

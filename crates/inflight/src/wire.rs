@@ -66,6 +66,7 @@ impl ToApi for inflight::ActivityRecord {
             output_tokens: self.usage.output_tokens,
             max_tokens: self.max_tokens,
             cancel_reason: self.cancel_reason.clone(),
+            traceparent: self.trace_parent.as_deref().map(ToString::to_string),
             ignored_fields: Vec::new(),
         }
     }

@@ -75,8 +75,8 @@ use std::time::Duration;
 
 use inflight::domain::idempotency::{Fingerprint, Idempotency};
 use inflight::domain::labels::{ActivityLabels, Label, RawLabels};
-use inflight::domain::transition::{NewActivity, Transition};
-use inflight::domain::{ClassBounds, ReapPolicy};
+use inflight::domain::transition::{BeginExtras, NewActivity, Transition};
+use inflight::domain::{ClassBounds, ReapPolicy, TraceParent};
 use inflight::store::{self, Command, Reply, Store};
 use inflight::{
     ActivityId, ActivityRecord, Admission, Disposition, ErrorKind, FailureStage, FakeClock, LedgerConfig,
@@ -617,6 +617,13 @@ struct Rec {
     refined: bool,
     usage: Usage,
     max_tokens: Option<i64>,
+    trace_parent: Option<String>,
+}
+
+/// The trace context record `r`'s begin carries: every other record has
+/// one, so that the stores keep it beside records without.
+fn trace_parent_of(r: usize) -> Option<String> {
+    (r % 2 == 0).then(|| format!("00-{:032x}-{:016x}-0{}", r + 1, r + 7, r % 4 / 2))
 }
 
 impl Rec {
@@ -1340,6 +1347,7 @@ impl Model {
             refined: false,
             usage: Usage::default(),
             max_tokens: spec.max_tokens.map(i64::from).or_else(|| class_tokens(class)),
+            trace_parent: trace_parent_of(r),
         };
         rec.reapable_at = bound_of(&rec);
         let budget = match lane_key(&rec).as_str() {
@@ -2142,15 +2150,23 @@ impl Subject {
                         deadline_ms: spec.deadline,
                         max_tokens: spec.max_tokens,
                         owner_id: self.owner_string(spec.owner),
-                        // Any stable function of the request will do.
-                        idempotency: spec.key.map(|key| {
-                            Box::new(Idempotency {
+                        extras: {
+                            // Any stable function of the request will do.
+                            let idempotency = spec.key.map(|key| Idempotency {
                                 key: key.to_owned(),
                                 fingerprint: Fingerprint::default()
                                     .field(Some(format!("{spec:?}").as_bytes()))
                                     .finish(),
+                            });
+                            let trace_parent =
+                                trace_parent_of(*r).map(|text| TraceParent::parse(&text).unwrap());
+                            (idempotency.is_some() || trace_parent.is_some()).then(|| {
+                                Box::new(BeginExtras {
+                                    idempotency,
+                                    trace_parent,
+                                })
                             })
-                        }),
+                        },
                     },
                 }
             }
@@ -2266,6 +2282,7 @@ impl Subject {
             refined: record.refined,
             usage: record.usage,
             max_tokens: record.max_tokens,
+            trace_parent: record.trace_parent.as_deref().map(ToString::to_string),
         }
     }
 

@@ -33,11 +33,12 @@ fn instances_starting_together_migrate_once() {
         .query_one("SELECT COUNT(*) FROM inflight_schema", &[])
         .unwrap()
         .get(0);
-    // Ten migrations: the schema, owner-lost reaps split by disposition,
-    // one index fewer on records in flight, counter rows per writer, the
-    // check that fails a group's writes when one missed, refinement,
-    // idempotency keys, successes without a start, lane states, and tokens.
-    assert_eq!(versions, 11, "each migration recorded once");
+    // The schema, owner-lost reaps split by disposition, one index fewer on
+    // records in flight, counter rows per writer, the check that fails a
+    // group's writes when one missed, refinement, idempotency keys,
+    // successes without a start, lane states, tokens, the lane index's
+    // rank and estimate, and the trace context.
+    assert_eq!(versions, 12, "each migration recorded once");
 }
 
 #[test]

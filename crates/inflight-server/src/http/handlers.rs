@@ -17,6 +17,7 @@ use super::AppState;
 use inflight::domain::owner::{self, OwnerId, DEFAULT_TTL_MS};
 use inflight::domain::record::ActivityId;
 use inflight::domain::snapshot::{Since, SnapshotOptions};
+use inflight::domain::trace::TraceParent;
 use inflight::error::LedgerError;
 use inflight::wire::{self as convert, ToApi};
 use inflight_api as api;
@@ -131,7 +132,10 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
             with the same key and the same request (fields, `start` and `wait`) answers 200 with the record the \
             first made, as it stands now, and records nothing; with `start=now&wait=` a repeat whose record still \
             waits waits for it. The same key with a different request is 409 `idempotency_conflict`. Keys are \
-            kept as long as their records.")),
+            kept as long as their records."),
+        ("traceparent" = Option<String>, Header, description = "A W3C trace context \
+            (`00-<trace id>-<span id>-<flags>`): kept with the record, whose span `[otel]` exports when it ends as \
+            a child of this span. Not part of an idempotent begin's request. A malformed one is 400.")),
     request_body = api::BeginRequest,
     responses(
         (status = 200, description = "A repeat of a begin with the same `Idempotency-Key`: the record the first \
@@ -164,9 +168,13 @@ pub(super) async fn begin(
     check_service(&grant, &request.service, "POST /v1/activities")?;
     let start_now = begin_starts_now(&query, &request)?;
     let key = idempotency_key(&headers)?;
+    let parent = trace_parent(&headers)?;
     let mut spec = convert::activity_spec(request);
     if let Some(key) = key {
         spec = spec.idempotency_key(key);
+    }
+    if let Some(parent) = parent {
+        spec = spec.trace_parent(parent);
     }
     let begun = state.ledger().begin_idempotent(spec, start_now).await?;
     let mut record = begun.record.to_api();
@@ -188,20 +196,36 @@ pub(super) async fn begin(
 /// with the same `Idempotency-Key` made.
 const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The header `name` (spelled `shown` in errors), if sent: at most once,
+/// and printable ASCII.
+fn single_header<'a>(headers: &'a HeaderMap, name: &str, shown: &str) -> Answer<Option<&'a str>> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::invalid(format!("{shown}: sent more than once")));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::invalid(format!("{shown}: must be printable ASCII")))?;
+    Ok(Some(text))
+}
+
 /// The begin's `Idempotency-Key`, if sent (the ledger checks its length and
 /// characters, naming the header).
 fn idempotency_key(headers: &HeaderMap) -> Answer<Option<String>> {
-    let mut keys = headers.get_all("idempotency-key").iter();
-    let Some(key) = keys.next() else {
-        return Ok(None);
-    };
-    if keys.next().is_some() {
-        return Err(ApiError::invalid("Idempotency-Key: sent more than once"));
+    Ok(single_header(headers, "idempotency-key", "Idempotency-Key")?.map(str::to_owned))
+}
+
+/// The begin's `traceparent`, if sent: checked, and named when malformed.
+/// The caller sent it to this API on purpose, so a bad one is refused
+/// rather than dropped as a propagating hop would (the proxy does that).
+fn trace_parent(headers: &HeaderMap) -> Answer<Option<TraceParent>> {
+    match single_header(headers, "traceparent", "traceparent")? {
+        None => Ok(None),
+        Some(text) => Ok(Some(TraceParent::parse(text).map_err(LedgerError::from)?)),
     }
-    let key = key
-        .to_str()
-        .map_err(|_| ApiError::invalid("Idempotency-Key: must be printable ASCII"))?;
-    Ok(Some(key.to_owned()))
 }
 
 /// Whether a begin asks to be started now (`start=now`), and then how long
@@ -492,7 +516,13 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Answer<impl IntoRe
     let stats = state.ledger().stats();
     Ok((
         [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
-        super::metrics::render(&snapshot, &stats, state.times.snapshot(), state.metrics),
+        super::metrics::render(
+            &snapshot,
+            &stats,
+            state.times.snapshot(),
+            state.metrics,
+            state.otel.as_deref(),
+        ),
     ))
 }
 

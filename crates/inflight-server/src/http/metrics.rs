@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::otel::OtelStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
@@ -175,8 +176,12 @@ pub(crate) fn render(
     stats: &StatsSnapshot,
     requests: Vec<(RouteKey, Histogram)>,
     options: MetricsOptions,
+    otel: Option<&OtelStats>,
 ) -> String {
     let mut registry = Registry::with_prefix("inflight");
+    if let Some(otel) = otel {
+        register_otel(&mut registry, otel);
+    }
     register_requests(&mut registry, requests);
     register_lanes(&mut registry, snapshot);
     register_counters(&mut registry, snapshot, stats);
@@ -524,6 +529,23 @@ fn register_owners(registry: &mut Registry, snapshot: &Snapshot) {
 }
 
 /// This process's own statistics (per instance).
+/// What `[otel]` export did, when it is on.
+fn register_otel(registry: &mut Registry, otel: &OtelStats) {
+    for (name, help, value) in [
+        ("otel_exported_spans", "Spans of ended records this instance sent to the OpenTelemetry collector", &otel.exported),
+        (
+            "otel_dropped",
+            "Ended records this instance did not export: its queue was full, or the collector did not take them",
+            &otel.dropped,
+        ),
+        ("otel_failed_exports", "Exports of spans the OpenTelemetry collector did not take", &otel.failed_exports),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value.load(std::sync::atomic::Ordering::Relaxed));
+        registry.register(name, help, counter);
+    }
+}
+
 fn register_stats(registry: &mut Registry, stats: &StatsSnapshot) {
     let runs = Counter::<u64>::default();
     runs.inc_by(stats.reaper_runs);

@@ -20,6 +20,7 @@ use inflight::Ledger;
 use tokio::sync::Semaphore;
 
 use crate::limits::Limits;
+use crate::otel::OtelStats;
 use crate::proxy::{self, Routes};
 use auth::{log_refusal, Grant, Identity};
 
@@ -52,6 +53,8 @@ pub struct AppState {
     times: Arc<timing::RequestTimes>,
     /// The `/proxy/NAME` routes.
     proxies: Arc<Routes>,
+    /// What `[otel]` export did, when it is on.
+    otel: Option<Arc<OtelStats>>,
 }
 
 impl AppState {
@@ -66,7 +69,14 @@ impl AppState {
             metrics: MetricsOptions::default(),
             times: Arc::default(),
             proxies: Arc::default(),
+            otel: None,
         }
+    }
+
+    /// Shows what `[otel]` export does (`stats`) on `/metrics`.
+    pub fn with_otel(mut self, stats: Arc<OtelStats>) -> Self {
+        self.otel = Some(stats);
+        self
     }
 
     /// Serves `routes` under `/proxy/NAME/`.

@@ -24,6 +24,7 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use tokio::time::Instant;
 
 use inflight::domain::record::FailureStage;
+use inflight::domain::trace::TraceParent;
 use inflight::{ActivitySpec, Outcome, Permit};
 
 use inflight::Ledger;
@@ -147,6 +148,17 @@ async fn forwarded(state: &ProxyState, request: Request) -> Result<Response, Api
     }
     if let Some(priority) = asked.priority {
         spec = spec.priority(priority);
+    }
+    // A hop on the call's path, the proxy propagates trace context as W3C
+    // asks: a malformed `traceparent` is ignored, never refused (it is
+    // still forwarded as sent).
+    if let Some(parent) = parts
+        .headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| TraceParent::parse(text).ok())
+    {
+        spec = spec.trace_parent(parent);
     }
     let ledger = &state.ledger;
     let permit = ledger

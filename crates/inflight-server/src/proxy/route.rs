@@ -10,12 +10,12 @@ use axum::body::Bytes;
 use axum::http::uri::{Authority, Scheme};
 use axum::http::Uri;
 use http_body_util::Full;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use inflight::config::{parse_duration, ConfigError, ConfigWarning};
+use inflight::config::{parse_count, parse_duration, parse_string, ConfigError, ConfigWarning};
 use inflight::domain::labels::Label;
 
 /// The longest a proxied call may wait in line, from its route's
@@ -122,12 +122,12 @@ impl Route {
         for (field, value) in table {
             let at = key(field);
             match field.as_str() {
-                "upstream" => upstream = Some(string(&at, value)?),
-                "provider" => provider = Some(label(&at, "provider", &string(&at, value)?)?),
-                "service" => service = Some(label(&at, "service", &string(&at, value)?)?),
+                "upstream" => upstream = Some(parse_string(&at, value)?),
+                "provider" => provider = Some(label(&at, "provider", &parse_string(&at, value)?)?),
+                "service" => service = Some(label(&at, "service", &parse_string(&at, value)?)?),
                 "max_wait" => max_wait = wait_bound(&at, parse_duration(&at, value, warnings)?)?,
-                "max_body_bytes" => max_body = body_limit(&at, value)?,
-                "ca_file" => ca_file = Some(PathBuf::from(string(&at, value)?)),
+                "max_body_bytes" => max_body = parse_count(&at, value, 1..=MAX_BODY_LIMIT, "bytes")?,
+                "ca_file" => ca_file = Some(PathBuf::from(parse_string(&at, value)?)),
                 _ => {
                     return Err(ConfigError::new(
                         at,
@@ -187,13 +187,6 @@ fn check_name(name: &str) -> Result<(), ConfigError> {
     })
 }
 
-fn string(key: &str, value: &toml::Value) -> Result<String, ConfigError> {
-    value
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| ConfigError::new(key, format!("must be a string, got {value}")))
-}
-
 fn label(key: &str, field: &'static str, value: &str) -> Result<Label, ConfigError> {
     Label::new(field, value).map_err(|err| ConfigError::new(key, format!("{value:?}: {}", err.problem)))
 }
@@ -211,19 +204,6 @@ fn wait_bound(key: &str, wait: Duration) -> Result<Duration, ConfigError> {
             ),
         ))
     }
-}
-
-fn body_limit(key: &str, value: &toml::Value) -> Result<usize, ConfigError> {
-    value
-        .as_integer()
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|n| (1..=MAX_BODY_LIMIT).contains(n))
-        .ok_or_else(|| {
-            ConfigError::new(
-                key,
-                format!("must be a whole number of bytes from 1 to {MAX_BODY_LIMIT}, got {value}"),
-            )
-        })
 }
 
 /// The scheme, host and base path of `upstream`: `http://` or `https://`
@@ -290,16 +270,7 @@ fn tls_for(
 
 /// A pool of connections for one route, with `tls` for `https://`.
 fn client(tls: rustls::ClientConfig) -> UpstreamClient {
-    let mut http = HttpConnector::new();
-    // `https://` URLs go through the TLS connector.
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    let connector = HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new()).build(connector)
+    Client::builder(TokioExecutor::new()).build(crate::tls::client_connector(tls))
 }
 
 /// Every route of a `[proxy]` configuration, by name.

@@ -70,6 +70,18 @@ pub enum Effect {
     },
 }
 
+impl Effect {
+    /// Whether it ends a record (settled, cancelled or reaped) or takes an
+    /// end back (a resurrection): what a store shows those watching its
+    /// records' ends.
+    pub fn marks_end(&self) -> bool {
+        matches!(
+            self,
+            Self::Settled { .. } | Self::Reaped { .. } | Self::Resurrected
+        )
+    }
+}
+
 /// What one transition did: at most a reap, a resurrection, a start and a
 /// second reap, so they fit inline and a transition allocates nothing.
 pub type Effects = SmallVec<[Effect; 4]>;

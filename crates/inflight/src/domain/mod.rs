@@ -19,6 +19,7 @@ pub mod record;
 pub mod refusal;
 pub mod snapshot;
 pub mod timestamp;
+pub mod trace;
 pub mod transition;
 pub mod usage;
 pub mod warnings;
@@ -35,4 +36,5 @@ pub use record::{
 };
 pub use snapshot::{Since, Snapshot, SnapshotOptions, Status as SnapshotStatus};
 pub use timestamp::Timestamp;
+pub use trace::TraceParent;
 pub use usage::Usage;

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::labels::{ActivityLabels, Label, LabelSet};
 use super::timestamp::Timestamp;
+use super::trace::TraceParent;
 use super::usage::Usage;
 use super::ParseError;
 
@@ -121,6 +122,19 @@ pub struct ActivityRecord {
     /// Executing, it reserves them in its lane's token window; ended
     /// without reported usage after running, it charges them.
     pub max_tokens: Option<i64>,
+    /// The caller's trace context, when its begin carried one: the span
+    /// exported when the record ends is a child of that span. Boxed: most
+    /// records have none.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "trace_text")]
+    pub trace_parent: Option<Box<TraceParent>>,
+}
+
+/// A trace context in its header form.
+fn trace_text<S: serde::Serializer>(parent: &Option<Box<TraceParent>>, out: S) -> Result<S::Ok, S::Error> {
+    match parent {
+        Some(parent) => out.collect_str(parent),
+        None => out.serialize_none(),
+    }
 }
 
 impl ActivityRecord {

@@ -17,6 +17,7 @@ use super::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
 use super::timestamp::Timestamp;
+use super::trace::TraceParent;
 use super::usage::Usage;
 
 // Defined in leaf modules, so that the counters and owners need not depend
@@ -59,9 +60,18 @@ pub struct NewActivity {
     /// ([`usage::estimate`](super::usage::estimate)): four bytes, so that
     /// a begin command stays small.
     pub max_tokens: Option<u32>,
-    /// Its idempotency key, if the caller sent one (boxed: most begins
-    /// have none, and every command carries the room).
-    pub idempotency: Option<Box<Idempotency>>,
+    /// What few begins carry (an idempotency key, a trace context), boxed:
+    /// every command carries the room.
+    pub extras: Option<Box<BeginExtras>>,
+}
+
+/// The parts of a begin that few callers send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BeginExtras {
+    /// Its idempotency key, if the caller sent one.
+    pub idempotency: Option<Idempotency>,
+    /// The caller's trace context, if its begin carried one.
+    pub trace_parent: Option<TraceParent>,
 }
 
 #[cfg(test)]
@@ -87,7 +97,7 @@ impl NewActivity {
             deadline_ms: None,
             owner_id: None,
             max_tokens: None,
-            idempotency: None,
+            extras: None,
         }
     }
 }
@@ -223,6 +233,7 @@ pub fn begin(new: NewActivity, now: Timestamp, policy: &ReapPolicy) -> Result<Ap
         refined: false,
         usage: Usage::default(),
         max_tokens,
+        trace_parent: new.extras.and_then(|extras| extras.trace_parent).map(Box::new),
     };
     record.derive_durations();
     record.reapable_at = policy.reapable_at(&record);

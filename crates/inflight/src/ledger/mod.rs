@@ -31,6 +31,7 @@ use self::line::Line;
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::counters::ReapedCounts;
+use crate::domain::effect::Effect;
 use crate::domain::labels::{Label, LabelInterner};
 use crate::domain::owner::OwnerId;
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
@@ -149,6 +150,19 @@ impl Ledger {
     /// clock unless told otherwise.
     pub fn builder(config: LedgerConfig) -> LedgerBuilder {
         LedgerBuilder::new(config)
+    }
+
+    /// Calls `watch` after each command this ledger commits, for each
+    /// record the command ended (settled, cancelled or reaped) or brought
+    /// back ([`Effect::Resurrected`]), with the record as the command left
+    /// it: an exporter's feed (the server's `[otel]` spans). Never for a
+    /// command undone. Commands of other processes sharing the store are
+    /// not shown; each is shown to its own process.
+    ///
+    /// `watch` runs on the store's writer, in commit order, so it must not
+    /// block: hand the record to a bounded queue and return.
+    pub fn watch_ends(&self, watch: impl Fn(&Arc<ActivityRecord>, &Effect) + Send + Sync + 'static) {
+        self.inner.store.watch_ends(Arc::new(watch));
     }
 
     /// The configuration it runs under.

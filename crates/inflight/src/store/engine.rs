@@ -79,7 +79,7 @@ pub(crate) trait Txn: Questions {
     /// ([`CallStats::land`](crate::stats::CallStats::land),
     /// [`Watchers::changed`](super::Watchers::changed)) once the command is
     /// committed, and never if the command is undone.
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>);
+    fn landed(&mut self, record: &Arc<ActivityRecord>, effect: &Effect, capacity: Option<Capacity>);
     /// Whether the aggregate of `labels`, `priority` and `admission` has
     /// totals stored, or counted by an earlier command
     /// of this transaction.
@@ -201,7 +201,7 @@ pub(crate) fn execute(
         Command::Begin { mut new } => {
             // A repeat answers what the first begin made, whatever has
             // happened to its owner or its lane since.
-            let idempotency = new.idempotency.take();
+            let idempotency = new.extras.as_mut().and_then(|extras| extras.idempotency.take());
             if let Some(key) = &idempotency {
                 if let Some(first) = txn.find_key(&key.key)? {
                     return replay(txn, config, key, first, now).map(Reply::Record);
@@ -914,7 +914,7 @@ fn add_totals(
     config: &LedgerConfig,
     now: Timestamp,
     charged: Option<(i64, i64)>,
-    record: &ActivityRecord,
+    record: &Arc<ActivityRecord>,
     effects: &[Effect],
 ) -> Result<(), LedgerError> {
     let charge = window::charge(record);

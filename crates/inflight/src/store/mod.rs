@@ -8,6 +8,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::domain::capacity::Capacity;
 use crate::domain::counters::ReapedCounts;
+use crate::domain::effect::Effect;
 use crate::domain::labels::Label;
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
@@ -53,21 +55,59 @@ pub use sqlite::SqliteStore;
 /// came free, or `None` when any lane's may have.
 pub type Wake = Arc<dyn Fn(Option<&LaneKey>) + Send + Sync>;
 
+/// What a store shows each end it committed ([`Store::watch_ends`]): the
+/// record as the command left it, and the effect, one that
+/// [`Effect::marks_end`] names.
+pub type EndWatch = Arc<dyn Fn(&Arc<ActivityRecord>, &Effect) + Send + Sync>;
+
 /// Those watching a store's capacity ([`Store::watch_capacity`]), and what
 /// they are told: one wake-up for each slot or place in line that a
 /// committed command freed ([`Capacity::Freed`]), whatever the store.
 /// A grant wakes no one here: the waiter admitted passes its wake-up on.
+/// And those watching its records' ends ([`Store::watch_ends`]).
 #[derive(Default)]
-pub(crate) struct Watchers(RwLock<Vec<Wake>>);
+pub(crate) struct Watchers {
+    wakes: RwLock<Vec<Wake>>,
+    ends: RwLock<Vec<EndWatch>>,
+    /// Whether `ends` has any: checked on every command, without a lock.
+    watching_ends: AtomicBool,
+}
 
 impl Watchers {
     pub(crate) fn add(&self, wake: Wake) {
-        self.0.write().unwrap_or_else(PoisonError::into_inner).push(wake);
+        self.wakes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(wake);
+    }
+
+    pub(crate) fn add_end_watch(&self, watch: EndWatch) {
+        self.ends
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(watch);
+        self.watching_ends.store(true, Ordering::Release);
+    }
+
+    /// Whether anyone watches ends: a store keeps them for
+    /// [`Watchers::ended`] only then.
+    pub(crate) fn watching_ends(&self) -> bool {
+        self.watching_ends.load(Ordering::Acquire)
+    }
+
+    /// A committed command did `effect` to `record`; shown to the watchers
+    /// of ends when the effect [marks an end](Effect::marks_end).
+    pub(crate) fn ended(&self, record: &Arc<ActivityRecord>, effect: &Effect) {
+        if effect.marks_end() && self.watching_ends() {
+            for watch in self.ends.read().unwrap_or_else(PoisonError::into_inner).iter() {
+                watch(record, effect);
+            }
+        }
     }
 
     /// Capacity may have come back on `lane`, or on any lane (`None`).
     pub(crate) fn wake(&self, lane: Option<&LaneKey>) {
-        for wake in self.0.read().unwrap_or_else(PoisonError::into_inner).iter() {
+        for wake in self.wakes.read().unwrap_or_else(PoisonError::into_inner).iter() {
             wake(lane);
         }
     }
@@ -294,6 +334,14 @@ pub trait Store: sealed::Sealed + Send + Sync + fmt::Debug + 'static {
     /// the database granted or freed one (its notifications), so that this
     /// process's waiters ask again at once rather than at their next poll.
     fn watch_capacity(&self, wake: Wake);
+
+    /// Asks the store to call `watch` after each command it commits, for
+    /// each record that command ended (settled, cancelled, reaped) or
+    /// brought back (a resurrection), with the record as it left it. Never
+    /// for a command undone. Called on the store's writer (or the caller's
+    /// task, for the memory store), in commit order: `watch` must not
+    /// block. Only this process's commands are shown.
+    fn watch_ends(&self, watch: EndWatch);
 
     /// The longest a start waiting in line goes without asking again when
     /// nothing woke it: the net for capacity freed where this process does

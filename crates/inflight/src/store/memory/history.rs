@@ -15,6 +15,7 @@ use crate::domain::record::{
     ActivityId, ActivityRecord, Admission, Disposition, FailureStage, Priority, ReapReason, State,
 };
 use crate::domain::timestamp::Timestamp;
+use crate::domain::trace::TraceParent;
 use crate::domain::usage::Usage;
 
 use super::append_map::AppendMap;
@@ -181,6 +182,7 @@ impl Packed {
             refined,
             usage,
             max_tokens,
+            trace_parent,
         } = record;
         let (queue_wait, execution) = record.implied_durations()?;
         if (*reapable_at, *queue_wait_ms, *execution_ms) != (None, queue_wait, execution) {
@@ -192,13 +194,15 @@ impl Packed {
             rare: (cancel_reason.is_some()
                 || declared_deadline_ms.is_some()
                 || !usage.is_empty()
-                || max_tokens.is_some())
+                || max_tokens.is_some()
+                || trace_parent.is_some())
             .then(|| {
                 Box::new(Rare {
                     cancel_reason: cancel_reason.clone(),
                     declared_deadline_ms: *declared_deadline_ms,
                     usage: *usage,
                     max_tokens: *max_tokens,
+                    trace_parent: trace_parent.as_deref().copied(),
                 })
             }),
             enqueued_at: *enqueued_at,
@@ -243,6 +247,11 @@ impl Packed {
             refined: self.marks & Self::REFINED != 0,
             usage: self.rare.as_ref().map(|rare| rare.usage).unwrap_or_default(),
             max_tokens: self.rare.as_ref().and_then(|rare| rare.max_tokens),
+            trace_parent: self
+                .rare
+                .as_ref()
+                .and_then(|rare| rare.trace_parent)
+                .map(Box::new),
         };
         // Packing checked that these exist.
         record.derive_durations();
@@ -250,14 +259,16 @@ impl Packed {
     }
 }
 
-/// The fields of a packed record that few records have. Usage is here
-/// too: boxed, it costs nothing to the calls that report none.
+/// The fields of a packed record that few records have. Usage and the
+/// trace context are here too: boxed, they cost nothing to the calls that
+/// report none.
 #[derive(Debug)]
 struct Rare {
     cancel_reason: Option<String>,
     declared_deadline_ms: Option<i64>,
     usage: Usage,
     max_tokens: Option<i64>,
+    trace_parent: Option<TraceParent>,
 }
 
 #[cfg(test)]
@@ -301,6 +312,9 @@ mod tests {
                 output_tokens: None,
             },
             max_tokens: Some(400),
+            trace_parent: Some(Box::new(
+                TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap(),
+            )),
         }
     }
 
@@ -316,6 +330,7 @@ mod tests {
             refined: false,
             usage: Usage::default(),
             max_tokens: None,
+            trace_parent: None,
             started_at: None,
             queue_wait_ms: None,
             execution_ms: None,

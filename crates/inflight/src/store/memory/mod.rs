@@ -27,7 +27,7 @@ use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
 
 use super::engine::{self, Questions, Txn};
-use super::{Command, Store, StoreFuture, Wake, Watchers};
+use super::{Command, EndWatch, Store, StoreFuture, Wake, Watchers};
 
 mod append_map;
 mod history;
@@ -72,20 +72,33 @@ impl Store for MemoryStore {
         // (`Txn::landed`), refusals included (they keep the reaps time
         // forced); the command's reap summary, if any, follows.
         state.calls.finish();
-        if state.changed.is_empty() {
+        if state.changed.is_empty() && state.ended.is_empty() {
             return StoreFuture::ready(result);
         }
         let changed = std::mem::take(&mut state.changed);
+        let ended = std::mem::take(&mut state.ended);
         drop(state);
-        // Woken outside the store's lock: a waiter asks again at once.
+        // Woken and shown outside the store's lock: a waiter asks again at
+        // once, and a watcher of ends may read the store.
         for (lane, change) in &changed {
             self.watchers.changed(lane, *change);
+        }
+        for (record, effect) in &ended {
+            self.watchers.ended(record, effect);
         }
         StoreFuture::ready(result)
     }
 
     fn watch_capacity(&self, wake: Wake) {
         self.watchers.add(wake);
+    }
+
+    fn watch_ends(&self, watch: EndWatch) {
+        self.watchers.add_end_watch(watch);
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keep_ends = true;
     }
 
     fn call_stats(&self) -> CallSnapshot {
@@ -125,6 +138,11 @@ struct MemoryState {
     calls: CallStats,
     /// What the running command did to capacity, for the watchers.
     changed: Vec<(LaneKey, Capacity)>,
+    /// Whether anyone watches ends ([`Store::watch_ends`]): only then are
+    /// they kept in `ended`, so that a store no one watches pays nothing.
+    keep_ends: bool,
+    /// The ends the running command made, for their watchers.
+    ended: Vec<(Arc<ActivityRecord>, Effect)>,
 }
 
 /// The records. Those in flight live in a small hash map that stays in
@@ -546,10 +564,13 @@ impl Txn for MemoryState {
         Ok(())
     }
 
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
+    fn landed(&mut self, record: &Arc<ActivityRecord>, effect: &Effect, capacity: Option<Capacity>) {
         self.calls.land(record.activity_id, &record.labels, effect);
         if let Some(change) = capacity {
             self.changed.push((record.lane(), change));
+        }
+        if self.keep_ends && effect.marks_end() {
+            self.ended.push((Arc::clone(record), *effect));
         }
     }
 }

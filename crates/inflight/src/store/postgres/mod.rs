@@ -77,7 +77,7 @@ use crate::store::sql::group::Published;
 use crate::store_url::{PostgresUrl, Tls};
 
 use super::sql::counts::PendingCounts;
-use super::{Command, GroupsRun, Reply, SlowWork, Store, StoreFuture, Wake};
+use super::{Command, EndWatch, GroupsRun, Reply, SlowWork, Store, StoreFuture, Wake};
 use session::Session;
 
 mod listen;
@@ -302,6 +302,10 @@ impl Store for PostgresStore {
 
     fn watch_capacity(&self, wake: Wake) {
         self.published.watchers.add(wake);
+    }
+
+    fn watch_ends(&self, watch: EndWatch) {
+        self.published.watchers.add_end_watch(watch);
     }
 
     fn recheck_within(&self) -> Duration {

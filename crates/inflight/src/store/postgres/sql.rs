@@ -34,6 +34,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0009_lane_states.sql"),
     include_str!("migrations/0010_usage.sql"),
     include_str!("migrations/0011_lane_index_covers_rank_and_estimate.sql"),
+    include_str!("migrations/0012_trace_parent.sql"),
 ];
 
 /// The SQLSTATE of `inflight_write_missed()` (a code, not a statement).
@@ -85,22 +86,22 @@ pub(super) const LOCK_RECORDS: &str = concat!(
 /// A group's deferred writes in one statement, one round trip: its
 /// records and its counters.
 ///
-/// Records: `$1`..`$27` are the columns of every written record, in
-/// `record_columns!` order, as arrays one element per record; `$28` says
+/// Records: `$1`..`$28` are the columns of every written record, in
+/// `record_columns!` order, as arrays one element per record; `$29` says
 /// which are new. The new ones are
 /// inserted (none when the id is taken); the others, whose rows the
 /// transaction holds locked, overwritten. Both go through the primary key
 /// (`ON CONFLICT`), never through a join the planner could turn into a
-/// scan (see [`LOCK_RECORDS`]). `$59` to `$62` are the rows expected:
+/// scan (see [`LOCK_RECORDS`]). `$60` to `$63` are the rows expected:
 /// overwritten, inserted, aggregates and minutes added to. When any count
 /// differs, or an overwrite found no row, the statement fails with
 /// [`WRITE_MISSED`], so that a `COMMIT` already sent behind it rolls back.
 ///
-/// Counters: `$29`..`$55` are the aggregates' keys and totals to add, as
+/// Counters: `$30`..`$56` are the aggregates' keys and totals to add, as
 /// arrays one element per aggregate (`aggregate_labels!` then
-/// `totals_columns!` order), `$56` and `$57` the minutes and their
+/// `totals_columns!` order), `$57` and `$58` the minutes and their
 /// completions; each key at most once per array, as `ON CONFLICT DO
-/// UPDATE` requires; `$58` the writer's shard of the counter rows. Either part may be empty arrays: a flush of records
+/// UPDATE` requires; `$59` the writer's shard of the counter rows. Either part may be empty arrays: a flush of records
 /// before a read sends no counters, a write of counters before a snapshot
 /// no records.
 pub(super) const WRITE_GROUP: &str = concat!(
@@ -108,7 +109,7 @@ pub(super) const WRITE_GROUP: &str = concat!(
      $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], \
      $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[], $18::bigint[], \
      $19::bigint[], $20::boolean[], $21::text[], $22::boolean[], $23::text[], $24::boolean[], \
-     $25::bigint[], $26::bigint[], $27::bigint[], $28::boolean[]) \
+     $25::bigint[], $26::bigint[], $27::bigint[], $28::text[], $29::boolean[]) \
      AS w(",
     record_columns!(),
     ", fresh)), \
@@ -139,11 +140,11 @@ pub(super) const WRITE_GROUP: &str = concat!(
      reaped_owner_lost, late_settles, resurrections, in_flight, queue_wait_count, queue_wait_sum_ms, \
      queue_wait_max_ms, execution_count, execution_sum_ms, execution_max_ms, last_seen_at, \
      reaped_owner_lost_abandoned, succeeded_unstarted, input_tokens_sum, output_tokens_sum, shard) \
-     SELECT *, $58::smallint FROM unnest($29::text[], $30::text[], $31::text[], $32::text[], $33::text[], $34::text[], \
-     $35::text[], $36::bigint[], $37::bigint[], $38::bigint[], $39::bigint[], \
-     $40::bigint[], $41::bigint[], $42::bigint[], $43::bigint[], $44::bigint[], $45::bigint[], \
-     $46::bigint[], $47::bigint[], $48::bigint[], $49::bigint[], $50::bigint[], $51::bigint[], \
-     $52::bigint[], $53::bigint[], $54::bigint[], $55::bigint[]) \
+     SELECT *, $59::smallint FROM unnest($30::text[], $31::text[], $32::text[], $33::text[], $34::text[], $35::text[], \
+     $36::text[], $37::bigint[], $38::bigint[], $39::bigint[], $40::bigint[], \
+     $41::bigint[], $42::bigint[], $43::bigint[], $44::bigint[], $45::bigint[], $46::bigint[], \
+     $47::bigint[], $48::bigint[], $49::bigint[], $50::bigint[], $51::bigint[], $52::bigint[], \
+     $53::bigint[], $54::bigint[], $55::bigint[], $56::bigint[]) \
      ON CONFLICT (service, operation_stage, class, provider, model, priority, admission, shard) \
      DO UPDATE SET succeeded = a.succeeded + excluded.succeeded, \
      failed = a.failed + excluded.failed, cancelled = a.cancelled + excluded.cancelled, \
@@ -165,12 +166,12 @@ pub(super) const WRITE_GROUP: &str = concat!(
      output_tokens_sum = a.output_tokens_sum + excluded.output_tokens_sum, \
      last_seen_at = GREATEST(a.last_seen_at, excluded.last_seen_at) RETURNING 1), \
      m AS (INSERT INTO completion_minutes AS m (minute, completions, shard) \
-     SELECT *, $58::smallint FROM unnest($56::bigint[], $57::bigint[]) \
+     SELECT *, $59::smallint FROM unnest($57::bigint[], $58::bigint[]) \
      ON CONFLICT (minute, shard) DO UPDATE SET completions = m.completions + excluded.completions RETURNING 1) \
-     SELECT CASE WHEN (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated) = $59 \
+     SELECT CASE WHEN (SELECT COUNT(*) FILTER (WHERE NOT new) FROM updated) = $60 \
      AND (SELECT COUNT(*) FILTER (WHERE new) FROM updated) = 0 \
-     AND (SELECT COUNT(*) FROM inserted) = $60 AND (SELECT COUNT(*) FROM g) = $61 \
-     AND (SELECT COUNT(*) FROM m) = $62 THEN 0 ELSE inflight_write_missed() END"
+     AND (SELECT COUNT(*) FROM inserted) = $61 AND (SELECT COUNT(*) FROM g) = $62 \
+     AND (SELECT COUNT(*) FROM m) = $63 THEN 0 ELSE inflight_write_missed() END"
 );
 
 /// Charges `$5` tokens to the lane `$2::$3` in the second `$1`, in this
@@ -208,7 +209,7 @@ pub(super) const SEED_RECORDS: &str = concat!(
     record_columns!(),
     ") SELECT id, 'bench-history', 'ollama', 'embedding', \
      'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, e, s, c, NULL, \
-     NULL, 300000, NULL, true, NULL, false, NULL, false, NULL, NULL, NULL \
+     NULL, 300000, NULL, true, NULL, false, NULL, false, NULL, NULL, NULL, NULL \
      FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(id, e, s, c)"
 );
 

@@ -324,14 +324,14 @@ pub(super) fn write_group(
     let statement = conn.prepare(sql::WRITE_GROUP).map_err(Unflushed::Failed)?;
     // Every overwrite must find its row (it holds its lock), every new
     // record its id free, and every counter its row: the statement checks
-    // it, and fails otherwise ($59 to $62).
+    // it, and fails otherwise ($60 to $63).
     let expected = [
         (ids.len() - new) as i64,
         new as i64,
         totals.len() as i64,
         minutes.len() as i64,
     ];
-    let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(62);
+    let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(63);
     params.extend(columns.iter().map(|column| column as &(dyn ToSql + Sync)));
     params.push(&fresh);
     params.extend(sums.iter().map(|column| column as &(dyn ToSql + Sync)));
@@ -616,7 +616,7 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
+    fn landed(&mut self, record: &Arc<ActivityRecord>, effect: &Effect, capacity: Option<Capacity>) {
         self.landed.extend(Landed::of(record, effect, capacity));
     }
 

@@ -428,7 +428,7 @@ mod tests {
     use crate::clock::FakeClock;
     use crate::domain::idempotency::Idempotency;
     use crate::domain::record::{ActivityId, ActivityRecord, State};
-    use crate::domain::transition::{NewActivity, Transition};
+    use crate::domain::transition::{BeginExtras, NewActivity, Transition};
     use postgres::types::ToSql;
     use std::thread;
     use std::time::{Duration, Instant};
@@ -924,7 +924,10 @@ mod tests {
         let key = Idempotency::new("raced".to_owned(), 7).unwrap();
         let theirs = ActivityId::new();
         let ours = NewActivity {
-            idempotency: Some(Box::new(key.clone())),
+            extras: Some(Box::new(BeginExtras {
+                idempotency: Some(key.clone()),
+                trace_parent: None,
+            })),
             ..NewActivity::fixture("chat")
         };
         // Another instance has begun with the key, not yet committed: this

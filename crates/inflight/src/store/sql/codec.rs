@@ -8,7 +8,7 @@ use crate::domain::labels::{ActivityLabels, Label, LabelSet};
 use crate::domain::owner::{Owner, OwnerId};
 use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
 use crate::domain::snapshot::LaneLoad;
-use crate::domain::{ParseError, Timestamp, Usage};
+use crate::domain::{ParseError, Timestamp, TraceParent, Usage};
 use crate::error::{ErrorKind, LedgerError};
 use inflight_api::{ByPriority, PriorityCounts};
 
@@ -192,6 +192,15 @@ pub(crate) fn record_with(row: &dyn Columns, last: &mut LastLabels) -> Result<Ac
             output_tokens: row.int(25)?,
         },
         max_tokens: row.int(26)?,
+        trace_parent: match row.text(27)? {
+            None => None,
+            Some(text) => Some(Box::new(TraceParent::parse(text).map_err(|error| {
+                LedgerError::new(
+                    ErrorKind::Storage,
+                    format!("cannot read a stored record: {error}"),
+                )
+            })?)),
+        },
     };
     // Not stored: implied by the instants.
     record.derive_durations();
@@ -229,6 +238,7 @@ pub(crate) fn record_values<'a>(record: &'a ActivityRecord, id: &'a str) -> [Val
         record.usage.input_tokens.into(),
         record.usage.output_tokens.into(),
         record.max_tokens.into(),
+        record.trace_parent.as_deref().map(TraceParent::as_str).into(),
     ]
 }
 

@@ -8,7 +8,7 @@ macro_rules! record_columns {
         "activity_id, service, provider, class, operation_stage, model, priority, \
      admission, state, disposition, reap_reason, owner_id, enqueued_at, started_at, completed_at, \
      reaped_at, declared_deadline_ms, deadline_ms, reapable_at, success, failure_stage, late_settle, \
-     cancel_reason, refined, input_tokens, output_tokens, max_tokens"
+     cancel_reason, refined, input_tokens, output_tokens, max_tokens, trace_parent"
     };
 }
 
@@ -60,7 +60,7 @@ pub(crate) use totals_columns;
 pub(crate) use {aggregate_labels, in_flight, lane_state_columns, owner_columns, record_columns};
 
 /// How many columns [`record_columns!`] lists.
-pub(crate) const RECORD_COLUMNS: usize = 27;
+pub(crate) const RECORD_COLUMNS: usize = 28;
 /// How many columns [`lane_state_columns!`] lists.
 pub(crate) const LANE_STATE_COLUMNS: usize = 5;
 /// How many columns [`owner_columns!`] lists.

@@ -12,14 +12,13 @@
 //! earlier group) is decided here too, once ([`run_group`]); each store
 //! says how it begins, runs a command and commits ([`GroupTxn`]).
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use crate::domain::capacity::Capacity;
-use crate::domain::labels::ActivityLabels;
-use crate::domain::record::{ActivityId, ActivityRecord, LaneKey};
+use crate::domain::record::{ActivityRecord, LaneKey};
 use crate::domain::transition::Effect;
 use crate::error::{ErrorKind, LedgerError};
 use crate::stats::{CallSnapshot, CallStats};
@@ -91,29 +90,27 @@ impl Batch {
 /// what it is about and the capacity it changed, kept until then.
 #[derive(Debug, Clone)]
 pub(crate) struct Landed {
-    id: ActivityId,
-    labels: ActivityLabels,
+    /// The record as the command left it: shared, not copied.
+    record: Arc<ActivityRecord>,
     effect: Effect,
     /// What it did to its lane's capacity ([`change`](crate::domain::capacity::change)).
     capacity: Option<Capacity>,
 }
 
 impl Landed {
-    /// `effect`, counted for `record`, if [`CallStats::land`] or the
-    /// watchers of capacity have anything to do with it.
-    pub(crate) fn of(record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) -> Option<Self> {
+    /// `effect`, counted for `record`, if [`CallStats::land`], the
+    /// watchers of capacity or those of ends have anything to do with it.
+    pub(crate) fn of(
+        record: &Arc<ActivityRecord>,
+        effect: &Effect,
+        capacity: Option<Capacity>,
+    ) -> Option<Self> {
         let observed = matches!(
             effect,
-            Effect::Reaped { .. }
-                | Effect::Started { .. }
-                | Effect::Settled {
-                    execution_ms: Some(_),
-                    ..
-                }
+            Effect::Reaped { .. } | Effect::Started { .. } | Effect::Settled { .. } | Effect::Resurrected
         );
         (observed || capacity.is_some()).then(|| Self {
-            id: record.activity_id,
-            labels: record.labels.clone(),
+            record: Arc::clone(record),
             effect: *effect,
             capacity,
         })
@@ -121,12 +118,13 @@ impl Landed {
 
     /// Hands it to `calls`.
     pub(crate) fn publish(&self, calls: &mut CallStats) {
-        calls.land(self.id, &self.labels, &self.effect);
+        calls.land(self.record.activity_id, &self.record.labels, &self.effect);
     }
 
     /// The lane whose capacity it changed, and how, if it did.
     pub(crate) fn capacity(&self) -> Option<(LaneKey, Capacity)> {
-        self.capacity.map(|change| (LaneKey::of(&self.labels), change))
+        self.capacity
+            .map(|change| (LaneKey::of(&self.record.labels), change))
     }
 }
 
@@ -153,6 +151,11 @@ impl Published {
         drop(calls);
         for (lane, change) in landed.iter().flatten().filter_map(Landed::capacity) {
             self.watchers.changed(&lane, change);
+        }
+        if self.watchers.watching_ends() {
+            for event in landed.iter().flatten() {
+                self.watchers.ended(&event.record, &event.effect);
+            }
         }
     }
 

@@ -91,7 +91,7 @@ statements! {
     /// as a conflict (an error would abort a transaction a group shares).
     INSERT_RECORD: Indexed =
         "INSERT INTO activities (", record_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
+         $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28) \
          ON CONFLICT (activity_id) DO NOTHING";
 
     /// Writes what a transition, a reap or a rebound can change

@@ -202,6 +202,9 @@ impl Handoff {
 
     /// Runs `command` as a group of one, holding `busy`; gives the command
     /// back when another connection holds the write lock.
+    // The command comes back by value to be queued for the writer: boxing
+    // it would allocate on every lone call, to move it once in a while.
+    #[allow(clippy::result_large_err)]
     fn run_inline(&self, command: Command) -> Result<Result<Reply, LedgerError>, Command> {
         // Clears `busy` however this ends, a panic included.
         let _busy = Release(self);

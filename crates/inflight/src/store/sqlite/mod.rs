@@ -28,7 +28,7 @@ use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
 use crate::stats::CallSnapshot;
 use crate::store::sql::group::Published;
-use crate::store::{GroupsRun, SlowWork, Wake};
+use crate::store::{EndWatch, GroupsRun, SlowWork, Wake};
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -157,6 +157,10 @@ impl Store for SqliteStore {
 
     fn watch_capacity(&self, wake: Wake) {
         self.published.watchers.add(wake);
+    }
+
+    fn watch_ends(&self, watch: EndWatch) {
+        self.published.watchers.add_end_watch(watch);
     }
 
     fn close(&self) -> StoreFuture {
@@ -361,6 +365,7 @@ mod tests {
              (service, provider, admission, state, enqueued_at, activity_id) \
              WHERE state IN ('waiting', 'executing'); \
              ALTER TABLE activities DROP COLUMN max_tokens; \
+             ALTER TABLE activities DROP COLUMN trace_parent; \
              ALTER TABLE aggregates DROP COLUMN input_tokens_sum; \
              ALTER TABLE aggregates DROP COLUMN output_tokens_sum; DROP TABLE token_seconds; \
              PRAGMA user_version = 3;",

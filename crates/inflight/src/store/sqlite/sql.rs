@@ -75,6 +75,10 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0013_lane_index_covers_rank_and_estimate.sql"),
         backfill: None,
     },
+    Migration {
+        sql: include_str!("migrations/0014_trace_parent.sql"),
+        backfill: None,
+    },
 ];
 
 pub(super) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
@@ -99,7 +103,7 @@ pub(super) const JOURNAL_APPEND: &str = concat!(
     totals_columns!(),
     ", completion_minute) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
      ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, \
-     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48)"
+     ?35, ?36, ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48, ?49)"
 );
 
 /// Every row written ahead, oldest first: columns as `JOURNAL_APPEND`
@@ -180,7 +184,7 @@ pub(super) const SEED_RECORD: &str = concat!(
     record_columns!(),
     ") VALUES (?1, 'bench-history', 'ollama', 'embedding', \
      'history', 'nomic-embed-text', 'batch', 'queued', 'succeeded', NULL, NULL, NULL, ?2, ?3, ?4, NULL, \
-     NULL, 300000, NULL, 1, NULL, 0, NULL, 0, NULL, NULL, NULL)"
+     NULL, 300000, NULL, 1, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL)"
 );
 
 #[cfg(test)]

@@ -309,7 +309,7 @@ impl Txn for SqliteTxn<'_, '_> {
         Ok(())
     }
 
-    fn landed(&mut self, record: &ActivityRecord, effect: &Effect, capacity: Option<Capacity>) {
+    fn landed(&mut self, record: &Arc<ActivityRecord>, effect: &Effect, capacity: Option<Capacity>) {
         self.landed.extend(Landed::of(record, effect, capacity));
     }
 

@@ -1,0 +1,5 @@
+-- Trace context (issue 33). A record keeps the W3C `traceparent` its begin
+-- carried, as version 00 text, so that the span exported when it ends is a
+-- child of the caller's span, whichever process ends it.
+ALTER TABLE activities ADD COLUMN trace_parent TEXT;
+ALTER TABLE journal ADD COLUMN trace_parent TEXT;
