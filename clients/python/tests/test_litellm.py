@@ -362,6 +362,76 @@ async def test_proxy_callback_with_a_refused_begin(llm_server):
         assert isinstance(cause, InflightError) and cause.code == "invalid_request"
 
 
+# -- trace context
+
+
+def a_traceparent() -> str:
+    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+
+
+def test_sync_wrappers_send_a_traceparent_given_or_the_current_spans(llm_server):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    began: List[Dict[str, Any]] = []
+    with Ledger(llm_server.url, lifecycle=Lifecycle(on_enqueued=began.append)) as ledger:
+        calls = LiteLLMCalls(ledger, service="llm-trace")
+        sent = a_traceparent()
+        calls.completion(model="gpt-4o-mini", messages=MESSAGES, mock_response="hi", traceparent=sent)
+        calls.embedding(model="text-embedding-3-small", input=["hello"], mock_response=[0.1], traceparent=sent)
+        with TracerProvider().get_tracer("test").start_as_current_span("caller") as span:
+            calls.completion(model="gpt-4o-mini", messages=MESSAGES, mock_response="hi")
+        calls.completion(model="gpt-4o-mini", messages=MESSAGES, mock_response="hi")
+        ctx = span.get_span_context()
+        current = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+        seen = [ledger.get_activity(r["activityId"]).get("traceparent") for r in began]
+        assert seen == [sent, sent, current, None]
+
+
+@pytest.mark.asyncio
+async def test_async_wrappers_send_a_traceparent_given(llm_server):
+    began: List[Dict[str, Any]] = []
+    async with AsyncLedger(llm_server.url, lifecycle=Lifecycle(on_enqueued=began.append)) as ledger:
+        calls = AsyncLiteLLMCalls(ledger, service="llm-trace")
+        sent = a_traceparent()
+        await calls.acompletion(model="gpt-4o-mini", messages=MESSAGES, mock_response="hi", traceparent=sent)
+        await calls.aembedding(model="text-embedding-3-small", input=["x"], mock_response=[0.1], traceparent=sent)
+        await calls.acompletion(model="gpt-4o-mini", messages=MESSAGES, mock_response="hi")
+        seen = [(await ledger.get_activity(r["activityId"])).get("traceparent") for r in began]
+        assert seen == [sent, sent, None]
+
+
+@pytest.mark.asyncio
+async def test_proxy_callback_sends_the_served_requests_traceparent_unless_a_span_is_current(llm_server):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    def served(traceparent: str) -> Dict[str, Any]:
+        data = proxy_request()
+        data["proxy_server_request"] = {"url": "http://proxy/v1/chat/completions", "method": "POST",
+                                        "headers": {"content-type": "application/json", "Traceparent": traceparent}}
+        return data
+
+    async def recorded(ledger: AsyncLedger, callback: InflightCallback, data: Dict[str, Any]) -> Any:
+        activity_id = data["metadata"][ACTIVITY_KEY]
+        await callback.open.pop(activity_id).cancel("done")
+        return (await ledger.get_activity(activity_id)).get("traceparent")
+
+    sent = a_traceparent()
+    async with AsyncLedger(llm_server.url) as ledger:
+        callback = InflightCallback(ledger, service="llm-trace")
+        assert await recorded(ledger, callback, await pre_call(callback, served(sent))) == sent
+        # A malformed header is ignored (W3C), not a refused request.
+        assert await recorded(ledger, callback, await pre_call(callback, served("00-bogus"))) is None
+        assert await recorded(ledger, callback, await pre_call(callback, proxy_request())) is None
+        # The proxy's own current span is the parent rather than the caller's.
+        with TracerProvider().get_tracer("test").start_as_current_span("proxy") as span:
+            data = await pre_call(callback, served(sent))
+        ctx = span.get_span_context()
+        assert await recorded(ledger, callback, data) == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    async with AsyncLedger(llm_server.url, propagate_trace=False) as quiet:
+        callback = InflightCallback(quiet, service="llm-trace")
+        assert await recorded(quiet, callback, await pre_call(callback, served(sent))) is None
+
+
 def test_the_proxy_config_finds_the_callbacks(tmp_path, monkeypatch):
     """``litellm_settings: callbacks:`` names an instance as the proxy
     loads it (``get_instance_fn``): the ready-made one, and one made in a

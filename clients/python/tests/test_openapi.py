@@ -69,7 +69,9 @@ def test_the_check_notices_an_older_servers_document_without_refinement(document
 def test_the_check_notices_an_older_servers_document_without_idempotent_begins(document):
     older = copy.deepcopy(document)
     begin = older["paths"]["/v1/activities"]["post"]
-    begin["parameters"] = [p for p in begin["parameters"] if p.get("in") != "header"]
+    begin["parameters"] = [
+        p for p in begin["parameters"] if not (p.get("in") == "header" and p["name"].lower() == "idempotency-key")
+    ]
     del begin["responses"]["200"]
     for schema in (older.get("components") or {}).get("schemas", {}).values():
         if isinstance(schema.get("enum"), list):
@@ -87,6 +89,19 @@ def test_the_check_notices_an_older_servers_document_without_idempotent_begins(d
         "POST /v1/activities/{id}/settle header parameters: the document has x-brand-new, the client does not"
         in "\n".join(compare_with_document(newer))
     )
+
+
+def test_the_check_notices_an_older_servers_document_without_trace_context(document):
+    older = copy.deepcopy(document)
+    begin = older["paths"]["/v1/activities"]["post"]
+    begin["parameters"] = [
+        p for p in begin["parameters"] if not (p.get("in") == "header" and p["name"].lower() == "traceparent")
+    ]
+    for schema in (older.get("components") or {}).get("schemas", {}).values():
+        (schema.get("properties") or {}).pop("traceparent", None)
+    problems = "\n".join(compare_with_document(older))
+    assert "POST /v1/activities header parameters: the client has traceparent, the document does not" in problems
+    assert "ActivityRecord fields: the client has traceparent, the document does not" in problems
 
 
 def test_the_check_notices_an_older_servers_document_without_cooldowns(document):

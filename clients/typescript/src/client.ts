@@ -34,8 +34,9 @@ import type {
   Usage,
 } from "./wire.js";
 import { retryAfterOfError, settleRetryAfterMs } from "./retry-after.js";
+import { loadOtel, traceparentFor } from "./trace.js";
 import { checkMaxTokens, checkUsage, extractedUsage, usageOf } from "./usage.js";
-import { IDEMPOTENCY_KEY_HEADER, ROUTES, SERVER_ERROR_CODES } from "./wire.js";
+import { IDEMPOTENCY_KEY_HEADER, ROUTES, SERVER_ERROR_CODES, TRACEPARENT_HEADER } from "./wire.js";
 
 /**
  * What a call is: the fields of a begin. `service` and `provider` name its
@@ -100,6 +101,30 @@ export interface ClientOptions {
    * connection pool that trusts it as `init.dispatcher` (an undici `Agent`).
    */
   fetch?: typeof fetch;
+  /**
+   * Whether a begin given no `traceparent` sends the active OpenTelemetry
+   * span's (when `@opentelemetry/api`, an optional peer dependency, is
+   * installed and a valid span is active where the begin is called).
+   * Default true; `false` sends only a `traceparent` given explicitly.
+   */
+  propagateTrace?: boolean;
+}
+
+/**
+ * The W3C trace context of a begin (`begin`, `admit`, `run`,
+ * `observeUnqueued`): the `traceparent` header it sends, which the record
+ * keeps; the span the server exports when the record ends is a child of
+ * that span.
+ */
+export interface TraceOptions {
+  /**
+   * A `traceparent` (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`,
+   * lower case) to send instead of the active OpenTelemetry span's. Only
+   * its being a string is checked here (else a `TypeError`); the server
+   * refuses a malformed one with `InvalidRequestError`, its message
+   * starting `traceparent: `, and nothing is recorded.
+   */
+  traceparent?: string;
 }
 
 /** What `onWarning` is told about, beside its message. */
@@ -111,7 +136,7 @@ export interface InflightWarning {
   record: ActivityRecord;
 }
 
-export interface RunOptions<T = unknown> extends Lifecycle {
+export interface RunOptions<T = unknown> extends Lifecycle, TraceOptions {
   /** Aborting it aborts the waiting and the call, and records the call `cancelled`. */
   signal?: AbortSignal;
   /** Like `signal`, after this long (waiting and executing together). */
@@ -169,6 +194,12 @@ export interface RequestOptions {
   signal?: AbortSignal | undefined;
   /** Extra time allowed for this request (a `?wait=`). */
   extraTimeoutMs?: number;
+  /**
+   * A begin's `traceparent` header, sent as given with each attempt. Only
+   * the begin route takes one. `request` never reads the active span: the
+   * methods that begin records do.
+   */
+  traceparent?: string;
   /**
    * A begin's `Idempotency-Key` (1 to 255 printable ASCII characters).
    * Default: a fresh random UUID (v4) for each call of `request("begin")`,
@@ -352,6 +383,8 @@ export class InflightClient {
   readonly lifecycle: Lifecycle | undefined;
   private readonly onLedgerError: (err: unknown, record: ActivityRecord) => void;
   private readonly onWarning: (message: string, warning: InflightWarning) => void;
+  /** Whether a begin given no `traceparent` sends the active OpenTelemetry span's. */
+  readonly propagateTrace: boolean;
   /** The sets of ignored fields already warned about (sorted, joined), so each is told once. */
   private readonly warnedIgnored = new Set<string>();
   /** This client's attribution context (`withContext`); another client's is its own. */
@@ -380,6 +413,9 @@ export class InflightClient {
           "InflightWarning",
         ));
     this.onWarning = options.onWarning ?? ((message) => console.warn(message));
+    this.propagateTrace = options.propagateTrace ?? true;
+    // Loaded once for the process, early, so that a begin reads the span where it is called.
+    if (this.propagateTrace) void loadOtel();
   }
 
   // ---- attribution -------------------------------------------------------
@@ -439,6 +475,12 @@ export class InflightClient {
     }
     // One key for every attempt of this request: a retry is the same begin.
     if (keyed) headers[IDEMPOTENCY_KEY_HEADER.toLowerCase()] = options.idempotencyKey ?? randomUUID();
+    if (options.traceparent !== undefined) {
+      if (!(ROUTES[route].headers as readonly string[]).includes(TRACEPARENT_HEADER)) {
+        throw new TypeError(`request: ${method} ${path} takes no ${TRACEPARENT_HEADER}`);
+      }
+      headers[TRACEPARENT_HEADER] = options.traceparent;
+    }
     const body = options.body === undefined ? undefined : JSON.stringify(options.body);
     const idempotent = keyed || IDEMPOTENT.has(route);
     const attempts = this.retries + 1;
@@ -523,10 +565,14 @@ export class InflightClient {
    * could never start), whether or not `startNow` is given. A repeat that finds its
    * record cancelled is the same `LaneFullError` once `waitMs` has passed;
    * before, the begin is made anew (a new key) for the wait that is left.
+   *
+   * The begin sends `traceparent` when given, else the active
+   * OpenTelemetry span's (unless the client's `propagateTrace` is false):
+   * the record keeps it, and its exported span is that span's child.
    */
   async begin(
     spec: ActivitySpec,
-    options: { signal?: AbortSignal; startNow?: boolean; waitMs?: number } = {},
+    options: { signal?: AbortSignal; startNow?: boolean; waitMs?: number } & TraceOptions = {},
   ): Promise<Activity> {
     if (options.waitMs !== undefined && !options.startNow) {
       throw new TypeError("begin: waitMs needs startNow (a begin without it does not start the record)");
@@ -546,7 +592,9 @@ export class InflightClient {
 
   /**
    * The begins of `begin`, `admit`, `run` and `observeUnqueued`. `request`
-   * gives each a fresh `Idempotency-Key` and retries it with that key. A
+   * gives each a fresh `Idempotency-Key` and retries it with that key, and
+   * the `traceparent` read here, before anything else, so that the active
+   * span is the caller's (every path reaches this synchronously). A
    * begin's answer whose record has ended can only be a repeat's (a first
    * begin answers a record in flight, or 429): the record it made ended
    * before its answer came, so no one holds it. Then `instead(record,
@@ -555,9 +603,15 @@ export class InflightClient {
    */
   private async beginActivity(
     spec: ActivitySpec,
-    options: { signal?: AbortSignal | undefined; startNow?: boolean | undefined; waitMs?: number | undefined },
+    options: {
+      signal?: AbortSignal | undefined;
+      startNow?: boolean | undefined;
+      waitMs?: number | undefined;
+      traceparent?: string | undefined;
+    },
     instead: (record: ActivityRecord, elapsedMs: number) => unknown,
   ): Promise<Activity> {
+    const tracing = traceparentFor(options.traceparent, this.propagateTrace, "begin");
     checkMaxTokens(spec.maxTokens, "begin");
     const filled = withContextFields(spec, this.attribution.getStore());
     // `service` may still be missing: the server refuses that, naming the field.
@@ -567,6 +621,7 @@ export class InflightClient {
       startedAt: toWireTime(spec.startedAt),
       ownerId: spec.ownerId ?? this.ownerId,
     };
+    const traceparent = tracing instanceof Promise ? await tracing : tracing;
     const began = Date.now();
     for (let anew = 0; ; anew++) {
       // A begin made anew waits only for what is left of `waitMs`.
@@ -578,6 +633,7 @@ export class InflightClient {
         query,
         signal: options.signal,
         extraTimeoutMs: left ?? 0,
+        ...(traceparent === undefined ? {} : { traceparent }),
       });
       this.warnIgnoredFields(record);
       if (!hasEnded(record)) return new Activity(this, record);
@@ -672,9 +728,12 @@ export class InflightClient {
 
   // ---- the lifecycle -----------------------------------------------------
 
-  /** Begins a record and waits in line until it is admitted (`executing`). */
-  async admit(spec: ActivitySpec, options: AdmitOptions & Lifecycle = {}): Promise<Activity> {
-    const activity = await this.beginActivity(spec, {}, InflightClient.lineInstead(options));
+  /**
+   * Begins a record and waits in line until it is admitted (`executing`).
+   * Its begin sends `traceparent` as `begin`'s does.
+   */
+  async admit(spec: ActivitySpec, options: AdmitOptions & Lifecycle & TraceOptions = {}): Promise<Activity> {
+    const activity = await this.beginActivity(spec, { traceparent: options.traceparent }, InflightClient.lineInstead(options));
     callHook([this.lifecycle, options], "onEnqueued", activity.record);
     try {
       await activity.admit(options);
@@ -696,6 +755,9 @@ export class InflightClient {
    * `options.timeoutMs` passes, the waiting or the call is aborted (the
    * signal given to `fn` aborts), the record is settled `cancelled`, and
    * `run` rejects with the abort's reason at once.
+   *
+   * The begin sends `options.traceparent` when given, else the active
+   * OpenTelemetry span's (unless the client's `propagateTrace` is false).
    *
    * Errors of the ledger before `fn` runs (a refused begin, `wait_timeout`,
    * the server unreachable) reject `run` and `fn` is not called. Once `fn`
@@ -720,7 +782,7 @@ export class InflightClient {
       const now = new Date();
       const activity = await this.beginActivity(
         direct ? { ...spec, enqueuedAt: spec.enqueuedAt ?? now, startedAt: spec.startedAt ?? now } : spec,
-        {},
+        { traceparent: options.traceparent },
         InflightClient.lineInstead({ signal, maxWaitMs: direct ? undefined : options.maxWaitMs }),
       );
       callHook(hooks, "onEnqueued", activity.record);

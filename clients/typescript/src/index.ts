@@ -16,6 +16,7 @@ export type {
   RequestOptions,
   RetryOptions,
   RunOptions,
+  TraceOptions,
 } from "./client.js";
 export {
   BudgetExhaustedError,

@@ -7,6 +7,7 @@ import { randomUUID } from "node:crypto";
 
 import type { InflightClient } from "./client.js";
 import { withContextFields } from "./context.js";
+import { traceparentFor } from "./trace.js";
 import { isInflightError, TLSError } from "./errors.js";
 import { settleRetryAfterMs } from "./retry-after.js";
 import type { ActivityRecord, Admission, BeginRequest, FailureStage, Priority, SettleRequest, TimestampInput } from "./wire.js";
@@ -30,6 +31,13 @@ export interface ProviderActivityEntry {
   startedAt?: TimestampInput | null;
   /** `neo-queued` (the caller's own limiter admits it) or `not-applicable` (no queue). */
   queueDisposition?: "neo-queued" | "not-applicable" | string;
+  /**
+   * The begin's W3C `traceparent`, instead of the OpenTelemetry span
+   * active where `beginProviderActivity` is called (which it sends unless
+   * the client's `propagateTrace` is false). A string, sent as given: a
+   * malformed one is refused by the server, and reported to `onError`.
+   */
+  traceparent?: string;
 }
 
 /** What `completeProviderActivity` takes. */
@@ -90,6 +98,11 @@ interface Tracked {
   readonly id: string;
   /** The begin's body, made once, so that every attempt is the same request. */
   readonly body: BeginRequest;
+  /**
+   * The begin's `traceparent`, read when `beginProviderActivity` was
+   * called (a promise only while `@opentelemetry/api` was still loading).
+   */
+  traceparent: string | undefined | Promise<string | undefined>;
   /** The server's id, once the begin answered. */
   activityId: string | undefined;
   /** The begin's failure that another attempt would not mend (a 4xx), if any. */
@@ -192,6 +205,7 @@ export class ProviderActivityRecorder {
       const tracked: Tracked = {
         id,
         body: this.beginBody(entry ?? {}),
+        traceparent: traceparentFor(entry?.traceparent, this.client.propagateTrace, "beginProviderActivity"),
         activityId: undefined,
         refused: undefined,
         tail: Promise.resolve(),
@@ -310,7 +324,13 @@ export class ProviderActivityRecorder {
     if (tracked.activityId !== undefined) return tracked.activityId;
     if (tracked.refused !== undefined) throw tracked.refused;
     try {
-      const record = await this.client.request<ActivityRecord>("begin", { body: tracked.body, idempotencyKey: tracked.id });
+      if (tracked.traceparent instanceof Promise) tracked.traceparent = await tracked.traceparent;
+      const traceparent = tracked.traceparent;
+      const record = await this.client.request<ActivityRecord>("begin", {
+        body: tracked.body,
+        idempotencyKey: tracked.id,
+        ...(traceparent === undefined ? {} : { traceparent }),
+      });
       tracked.activityId = record.activityId;
       this.recorded(record, { operation: "begin", id: tracked.id, activityId: record.activityId });
       return record.activityId;

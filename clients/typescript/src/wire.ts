@@ -184,6 +184,12 @@ export interface ActivityRecord {
   cancelReason?: string;
   /** On a begin's answer only: the request's top-level fields this server does not know, and ignored. */
   ignoredFields?: string[];
+  /**
+   * The W3C `traceparent` its begin carried (`TRACEPARENT_HEADER`), whose
+   * span is the parent of the span the server exports when the record ends.
+   * Absent when the begin carried none, and from servers older than it.
+   */
+  traceparent?: string;
 }
 
 /** A registered owner and its lease. */
@@ -357,7 +363,7 @@ const ACTIVITY_RECORD_FIELDS = fields<ActivityRecord>()([
   "state", "disposition", "reapReason", "ownerId", "enqueuedAt", "startedAt", "completedAt",
   "reapedAt", "deadlineMs", "reapableAt", "queueWaitMs", "executionMs", "success", "failureStage",
   "lateSettle", "unstartedSuccess", "refined", "inputTokens", "outputTokens", "maxTokens", "cancelReason",
-  "ignoredFields",
+  "ignoredFields", "traceparent",
 ]);
 const REAP_COUNTS_FIELDS = fields<ReapCounts>()(["abandoned", "unsettled"]);
 
@@ -416,9 +422,19 @@ export const FIELDS = {
  */
 export const IDEMPOTENCY_KEY_HEADER = "Idempotency-Key";
 
+/**
+ * The header of a begin's W3C trace context (Trace Context level 1,
+ * `00-<trace id>-<span id>-<flags>`): the record keeps it, and the span the
+ * server exports when the record ends is a child of that span. A malformed
+ * one is refused (`InvalidRequestError`, its message starting
+ * `traceparent: `). It is not part of an idempotent begin's request: a
+ * retry sent from another span is the same begin.
+ */
+export const TRACEPARENT_HEADER = "traceparent";
+
 /** Every route the client calls: method, path template, query parameters, header parameters. */
 export const ROUTES = {
-  begin: { method: "POST", path: "/v1/activities", query: ["start", "wait"], headers: [IDEMPOTENCY_KEY_HEADER] },
+  begin: { method: "POST", path: "/v1/activities", query: ["start", "wait"], headers: [IDEMPOTENCY_KEY_HEADER, TRACEPARENT_HEADER] },
   get: { method: "GET", path: "/v1/activities/{id}", query: [], headers: [] },
   start: { method: "POST", path: "/v1/activities/{id}/start", query: ["wait"], headers: [] },
   settle: { method: "POST", path: "/v1/activities/{id}/settle", query: [], headers: [] },

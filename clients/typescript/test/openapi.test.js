@@ -72,7 +72,7 @@ test("the check notices an older server's document: no Idempotency-Key, no 200 r
   if (missing) return skipLoudly(t);
   const older = structuredClone(doc);
   const begin = older.paths["/v1/activities"].post;
-  begin.parameters = begin.parameters.filter((p) => p.in !== "header");
+  begin.parameters = begin.parameters.filter((p) => !(p.in === "header" && p.name.toLowerCase() === "idempotency-key"));
   delete begin.responses["200"];
   for (const schema of Object.values(older.components?.schemas ?? {})) {
     if (Array.isArray(schema.enum)) schema.enum = schema.enum.filter((code) => code !== "idempotency_conflict");
@@ -88,6 +88,17 @@ test("the check notices an older server's document: no Idempotency-Key, no 200 r
     compareWithDocument(newer).join("\n"),
     /POST \/v1\/activities\/\{id\}\/settle header parameters: the document has x-brand-new, the client does not/,
   );
+});
+
+test("the check notices an older server's document: no traceparent header on a begin, none on records", (t) => {
+  if (missing) return skipLoudly(t);
+  const older = structuredClone(doc);
+  const begin = older.paths["/v1/activities"].post;
+  begin.parameters = begin.parameters.filter((p) => !(p.in === "header" && p.name.toLowerCase() === "traceparent"));
+  for (const schema of Object.values(older.components?.schemas ?? {})) delete schema.properties?.traceparent;
+  const problems = compareWithDocument(older).join("\n");
+  assert.match(problems, /POST \/v1\/activities header parameters: the client has traceparent, the document does not/);
+  assert.match(problems, /ActivityRecord fields: the client has traceparent, the document does not/);
 });
 
 test("the check notices an older server's document: no usage on settle, no tokens on records and aggregates", (t) => {

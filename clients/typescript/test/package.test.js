@@ -90,8 +90,14 @@ test("the declarations fit each: a .cts gets the CommonJS types, a .mts the ESM 
     export const model: Promise<string> = client.run({ service: "a", provider: "b" }, async (_signal, activity) =>
       (await activity.refine("llama3.1:8b")).model);
     export const refined = (record: ActivityRecord): boolean => record.refined ?? false;
+    const traced = new InflightClient({ propagateTrace: false });
+    const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    export const tracedRun: Promise<number> = traced.run({ service: "a", provider: "b" }, async () => 1, { traceparent });
+    export const tracedBegin = traced.begin({ service: "a", provider: "b" }, { startNow: true, traceparent });
+    export const parentOf = (record: ActivityRecord): string | undefined => record.traceparent;
     const recorder = new ProviderActivityRecorder(client, { onError: (err: unknown, event: RecorderEvent) => void [err, event.id] });
     export const id: string = recorder.beginProviderActivity({ service: "a", role: "chat", provider: "b", queueDisposition: "neo-queued" });
+    export const tracedId: string = recorder.beginProviderActivity({ service: "a", provider: "b", traceparent });
     recorder.completeProviderActivity(id, { completedAt: Date.now(), success: false, failureStage: "provider" });
     export const flushed: Promise<void> = recorder.flush();`;
   const imports =

@@ -45,6 +45,7 @@ from .wire import (
     SERVER_ERROR_CODES,
     TOKENS_MAX,
     TOKENS_MIN,
+    TRACEPARENT_HEADER,
     ActivityRecord,
     BeginRequest,
     FailureStage,
@@ -555,7 +556,9 @@ class Config:
         q = {k: v for k, v in (query or {}).items() if v is not None}
         return self.base_url + path + ("?" + urlencode(q) if q else "")
 
-    def headers(self, has_body: bool, idempotency_key: Optional[str] = None) -> Dict[str, str]:
+    def headers(
+        self, has_body: bool, idempotency_key: Optional[str] = None, traceparent: Optional[str] = None
+    ) -> Dict[str, str]:
         headers = {"accept": "application/json"}
         if has_body:
             headers["content-type"] = "application/json"
@@ -563,6 +566,8 @@ class Config:
             headers["authorization"] = f"Bearer {self.token}"
         if idempotency_key is not None:
             headers[IDEMPOTENCY_KEY_HEADER] = idempotency_key
+        if traceparent is not None:
+            headers[TRACEPARENT_HEADER] = traceparent
         return headers
 
     def delay(self, attempt: int, error: InflightError) -> float:
@@ -697,6 +702,19 @@ def key_for(route: str, given: Optional[str]) -> Optional[str]:
             raise ValueError(f"request: {r.method} {r.path} takes no {IDEMPOTENCY_KEY_HEADER}")
         return None
     return given if given is not None else str(uuid.uuid4())
+
+
+def traceparent_header(route: str, traceparent: Optional[str]) -> Optional[str]:
+    """The ``traceparent`` header a request on ``route`` carries: the one
+    given, sent as is with each attempt; only a begin takes one (giving one
+    elsewhere raises ``ValueError``). ``request`` never looks for the
+    current span: the methods that begin records do."""
+    if traceparent is None:
+        return None
+    r = ROUTES[route]
+    if TRACEPARENT_HEADER not in r.headers:
+        raise ValueError(f"request: {r.method} {r.path} takes no {TRACEPARENT_HEADER}")
+    return traceparent
 
 
 def has_ended(record: ActivityRecord) -> bool:

@@ -38,12 +38,14 @@ from ._common import (
     retry_after_of,
     retryable,
     settle_body,
+    traceparent_header,
     unavailable,
     usage_of,
     wait_param,
     wait_timeout,
     wire_time,
 )
+from ._trace import traceparent_for
 from .errors import InflightError
 from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, RefineRequest, Snapshot
 
@@ -80,9 +82,13 @@ class AsyncLedger(Attributed):
         lifecycle: Optional[Lifecycle] = None,
         on_ledger_error: Optional[LedgerErrorHook] = None,
         transport: Optional[httpx.AsyncBaseTransport] = None,
+        propagate_trace: bool = True,
     ) -> None:
-        """The same options as ``Ledger``'s (``ca_file``/``ca``: the CA to trust for ``https://``)."""
+        """The same options as ``Ledger``'s (``ca_file``/``ca``: the CA to
+        trust for ``https://``; ``propagate_trace``: whether a begin given no
+        ``traceparent`` sends the current OpenTelemetry span's)."""
         self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff, ca_file, ca)
+        self.propagate_trace = propagate_trace
         self.lifecycle = lifecycle
         self.on_ledger_error = on_ledger_error or default_ledger_error
         #: The owner whose id tags the records this client begins, if any.
@@ -109,17 +115,21 @@ class AsyncLedger(Attributed):
         body: Optional[Mapping[str, Any]] = None,
         extra_timeout: float = 0.0,
         idempotency_key: Optional[str] = None,
+        traceparent: Optional[str] = None,
     ) -> Any:
         """Sends one request; idempotent routes are retried with backoff when
         the server is unreachable or answers a 5xx. A begin is one: it carries
         an ``Idempotency-Key`` (``idempotency_key``, else a fresh random UUID
         made here), and each retry sends the same key, body and query (see
         ``Ledger.request``). An owner registration is retried only when the
-        server answered that it did not handle it (503, 408)."""
+        server answered that it did not handle it (503, 408). ``traceparent``:
+        a begin's header, sent as given with each attempt."""
         r = ROUTES[route]
         what = f"{r.method} {r.path}"
         url = self.config.url(route, id, query)
-        headers = self.config.headers(body is not None, key_for(route, idempotency_key))
+        headers = self.config.headers(
+            body is not None, key_for(route, idempotency_key), traceparent_header(route, traceparent)
+        )
         attempts = self.config.retries + 1
         attempt = 0
         while True:
@@ -143,6 +153,7 @@ class AsyncLedger(Attributed):
         *,
         start_now: bool = False,
         wait: Optional[float] = None,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> "AsyncActivity":
         """Begins a record. Inside ``with ledger.context(...)``, the
@@ -163,10 +174,16 @@ class AsyncLedger(Attributed):
         admits the record or the wait ends, through a cooldown or a used-up
         budget too; then the record is cancelled and the answer is the
         error of the limit that held it last (``LaneFullError`` when a repeat
-        finds it cancelled once ``wait`` has passed)."""
+        finds it cancelled once ``wait`` has passed).
+
+        The begin sends ``traceparent`` when given, else the current
+        OpenTelemetry span's (unless ``propagate_trace`` is false; see
+        ``Ledger.begin``)."""
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
-        return await self._begin(spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait))
+        return await self._begin(
+            spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait), traceparent=traceparent
+        )
 
     async def _begin(
         self,
@@ -176,8 +193,10 @@ class AsyncLedger(Attributed):
         start_now: bool,
         wait: Optional[float],
         instead: Instead,
+        traceparent: Optional[str] = None,
     ) -> "AsyncActivity":
         """The begins of ``begin`` and the blocks (see ``Ledger._begin``)."""
+        sent = traceparent_for(traceparent, self.propagate_trace, "begin")
         body = build_spec(spec, fields, self.owner_id, self._current_context())
         began = time.monotonic()
         anew = 0
@@ -185,7 +204,7 @@ class AsyncLedger(Attributed):
             # A begin made anew waits only for what is left of ``wait``.
             left = wait if wait is None or anew == 0 else max(0.0, wait - (time.monotonic() - began))
             query = {"start": "now", "wait": wait_param(left)} if start_now else None
-            record = await self.request("begin", query=query, body=body, extra_timeout=left or 0.0)
+            record = await self.request("begin", query=query, body=body, extra_timeout=left or 0.0, traceparent=sent)
             self._ignored_fields.note(record)
             if not has_ended(record):
                 return AsyncActivity(self, record)
@@ -227,6 +246,7 @@ class AsyncLedger(Attributed):
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
         lifecycle: Optional[Lifecycle] = None,
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> "AsyncActivityBlock":
         """A block that is one provider call (see the class's doc and
@@ -235,10 +255,11 @@ class AsyncLedger(Attributed):
         exception carrying a provider's 429 or 503 answer with ``Retry-After``
         settles the failure with it. ``usage_extractor``: what ``call.report_usage_of(answer)``
         reads the answer's token usage with (default ``usage_of``; ``None``
-        reads nothing)."""
+        reads nothing). ``traceparent``: the begin's W3C trace context,
+        instead of the OpenTelemetry span current where the block is entered."""
         return AsyncActivityBlock(
             self, build_spec(spec, fields, None), max_wait, wait_step, timeout, failure_stage, lifecycle,
-            usage_extractor,
+            usage_extractor, traceparent=traceparent,
         )
 
     def observe_unqueued(
@@ -248,12 +269,15 @@ class AsyncLedger(Attributed):
         timeout: Optional[float] = None,
         lifecycle: Optional[Lifecycle] = None,
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> "AsyncActivityBlock":
         """A block for a call with no queue (admission ``direct``)."""
         body = build_spec(spec, fields, None)
         body["admission"] = "direct"
-        return AsyncActivityBlock(self, body, None, 10.0, timeout, "provider", lifecycle, usage_extractor)
+        return AsyncActivityBlock(
+            self, body, None, 10.0, timeout, "provider", lifecycle, usage_extractor, traceparent=traceparent
+        )
 
     def tracked(
         self,
@@ -265,20 +289,23 @@ class AsyncLedger(Attributed):
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]] = "provider",
         lifecycle: Optional[Lifecycle] = None,
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> Callable[[F], F]:
         """A decorator of a coroutine function: each call is one provider
         call, awaited inside ``activity(spec, ..., **fields)`` with these
         options, and the token usage of what it returns, read with
         ``usage_extractor`` (default ``usage_of``; ``None`` reads nothing),
-        is sent with the success (see ``Ledger.tracked``)."""
+        is sent with the success (see ``Ledger.tracked``). Each call's begin
+        sends the OpenTelemetry span current when it is called;
+        ``traceparent`` gives every call that one parent instead."""
 
         def decorate(fn: F) -> F:
             @functools.wraps(fn)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
                 block = self.activity(
                     spec, max_wait=max_wait, wait_step=wait_step, timeout=timeout, failure_stage=failure_stage,
-                    lifecycle=lifecycle, usage_extractor=usage_extractor, **fields,
+                    lifecycle=lifecycle, usage_extractor=usage_extractor, traceparent=traceparent, **fields,
                 )
                 async with block as call:
                     result = await fn(*args, **kwargs)
@@ -417,9 +444,12 @@ class AsyncActivityBlock:
         failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]],
         lifecycle: Optional[Lifecycle],
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        *,
+        traceparent: Optional[str] = None,
     ) -> None:
         self.ledger = ledger
         self.spec = dict(spec)
+        self.traceparent = traceparent
         self.usage_extractor = usage_extractor
         self.max_wait = max_wait
         self.wait_step = wait_step
@@ -461,8 +491,12 @@ class AsyncActivityBlock:
         # so a cancellation that arrives meanwhile cancels the record after.
         # A record that ended before that answer came never reaches the
         # block: the begin is made anew (a new key) unless past max_wait.
+        # The task runs in a copy of this context: the begin sees the span current here.
         begin = asyncio.ensure_future(
-            self.ledger._begin(spec, {}, start_now=False, wait=None, instead=in_line(None if direct else self.max_wait))
+            self.ledger._begin(
+                spec, {}, start_now=False, wait=None, instead=in_line(None if direct else self.max_wait),
+                traceparent=self.traceparent,
+            )
         )
         try:
             activity = await asyncio.shield(begin)

@@ -26,6 +26,13 @@ wrapper's or callback's settings, or from the call's ``metadata``, which
 wins::
 
     metadata={"inflight_service": "assistant", "inflight_priority": "interactive", "inflight_class": "chat"}
+
+**Trace context.** Each begin sends the OpenTelemetry span current where the
+call is made (see the ledger's ``propagate_trace``); the SDK wrappers' calls
+take ``traceparent=`` instead (never passed on to LiteLLM). The proxy's
+callback, where no span is current, sends the ``traceparent`` header of the
+request it serves, when that is well formed (W3C: a malformed one is
+ignored), so the record's span joins the caller's trace.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ import openai
 from litellm.integrations.custom_logger import CustomLogger
 
 from ._common import Usage, _header, retry_after_ms, retry_after_of, usage_of
+from ._trace import current_traceparent, header_in, valid_traceparent
 from .aio import AsyncActivity, AsyncLedger, _cancel_when_begun
 from .errors import InflightError
 from .sync import Activity, Ledger
-from .wire import FailureStage
+from .wire import TRACEPARENT_HEADER, FailureStage
 
 __all__ = [
     "ACTIVITY_KEY",
@@ -56,6 +64,7 @@ __all__ = [
     "SERVICE_KEY",
     "begin_spec",
     "failure_stage_of",
+    "incoming_traceparent",
     "litellm_retry_after_ms",
 ]
 
@@ -244,16 +253,20 @@ class LiteLLMCalls(_CallSettings):
         super().__init__(service=service, priority=priority, provider=provider, max_wait=max_wait, wait_step=wait_step)
         self.ledger = ledger
 
-    def completion(self, model: str, **kwargs: Any) -> Any:
-        return self._call("completion", model, kwargs)
+    def completion(self, model: str, *, traceparent: Optional[str] = None, **kwargs: Any) -> Any:
+        """``litellm.completion(model, **kwargs)`` as one record; ``traceparent``:
+        its begin's, instead of the current OpenTelemetry span's."""
+        return self._call("completion", model, kwargs, traceparent)
 
-    def embedding(self, model: str, **kwargs: Any) -> Any:
-        return self._call("embedding", model, kwargs)
+    def embedding(self, model: str, *, traceparent: Optional[str] = None, **kwargs: Any) -> Any:
+        """``litellm.embedding(model, **kwargs)`` as one record (see ``completion``)."""
+        return self._call("embedding", model, kwargs, traceparent)
 
-    def _call(self, call_type: str, model: str, kwargs: Dict[str, Any]) -> Any:
+    def _call(self, call_type: str, model: str, kwargs: Dict[str, Any], traceparent: Optional[str]) -> Any:
         spec = self.spec(call_type, model, kwargs)
         fn = getattr(litellm, call_type)
-        with self.ledger.activity(spec, max_wait=self.max_wait, wait_step=self.wait_step) as call:
+        block = self.ledger.activity(spec, max_wait=self.max_wait, wait_step=self.wait_step, traceparent=traceparent)
+        with block as call:
             try:
                 response = fn(**kwargs)
             except Exception as exc:
@@ -297,16 +310,21 @@ class AsyncLiteLLMCalls(_CallSettings):
         self.ledger = ledger
         self.timeout = timeout
 
-    async def acompletion(self, model: str, **kwargs: Any) -> Any:
-        return await self._call("acompletion", model, kwargs)
+    async def acompletion(self, model: str, *, traceparent: Optional[str] = None, **kwargs: Any) -> Any:
+        """``litellm.acompletion(model, **kwargs)`` as one record; ``traceparent``:
+        its begin's, instead of the current OpenTelemetry span's."""
+        return await self._call("acompletion", model, kwargs, traceparent)
 
-    async def aembedding(self, model: str, **kwargs: Any) -> Any:
-        return await self._call("aembedding", model, kwargs)
+    async def aembedding(self, model: str, *, traceparent: Optional[str] = None, **kwargs: Any) -> Any:
+        """``litellm.aembedding(model, **kwargs)`` as one record (see ``acompletion``)."""
+        return await self._call("aembedding", model, kwargs, traceparent)
 
-    async def _call(self, call_type: str, model: str, kwargs: Dict[str, Any]) -> Any:
+    async def _call(self, call_type: str, model: str, kwargs: Dict[str, Any], traceparent: Optional[str]) -> Any:
         spec = self.spec(call_type, model, kwargs)
         fn = getattr(litellm, call_type)
-        block = self.ledger.activity(spec, max_wait=self.max_wait, wait_step=self.wait_step, timeout=self.timeout)
+        block = self.ledger.activity(
+            spec, max_wait=self.max_wait, wait_step=self.wait_step, timeout=self.timeout, traceparent=traceparent
+        )
         async with block as call:
             try:
                 response = await fn(**kwargs)
@@ -327,6 +345,15 @@ class AsyncLiteLLMCalls(_CallSettings):
             await asyncio.shield(call.fail(failure_stage_of(exc), retry_after_ms=litellm_retry_after_ms(exc)))
         except InflightError as err:
             self.ledger.on_ledger_error(err, call.record)
+
+
+def incoming_traceparent(data: Mapping[str, Any]) -> Optional[str]:
+    """The ``traceparent`` header of the request the proxy serves (LiteLLM
+    keeps its headers in ``data["proxy_server_request"]["headers"]``), when
+    it is a well-formed version-00 one; ``None`` otherwise."""
+    request = data.get("proxy_server_request")
+    headers = request.get("headers") if isinstance(request, Mapping) else None
+    return valid_traceparent(header_in(headers, TRACEPARENT_HEADER))
 
 
 def _is_client_gone(exc: BaseException) -> bool:
@@ -369,7 +396,12 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
     ``INFLIGHT_URL``, ``INFLIGHT_TOKEN``, ``INFLIGHT_CA_FILE``); ``service``,
     ``priority``, ``provider``, ``max_wait``, ``wait_step``: as
     ``AsyncLiteLLMCalls``'s, the request's ``metadata`` overriding service,
-    priority and class."""
+    priority and class.
+
+    The begin sends the OpenTelemetry span current in the hook; where there
+    is none, the served request's own ``traceparent`` header (when well
+    formed: ``incoming_traceparent``). The ledger's ``propagate_trace=False``
+    sends neither."""
 
     def __init__(
         self,
@@ -423,8 +455,12 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
         provider = self._provider_for(data)
         spec = begin_spec(call_type, data, service=self.service, priority=self.priority, provider=provider or "unknown")
         # The model is the name the client asked for (a model group, maybe); the answer's refines it.
+        # The proxy's own span, if one is current, is the parent; else the caller's, from its header.
+        traceparent = None
+        if self.ledger.propagate_trace and current_traceparent() is None:
+            traceparent = incoming_traceparent(data)
         # The begin is shielded: a cancellation meanwhile cancels the record once its id is known.
-        begin = asyncio.ensure_future(self.ledger.begin(spec))
+        begin = asyncio.ensure_future(self.ledger.begin(spec, traceparent=traceparent))
         try:
             call = await asyncio.shield(begin)
         except asyncio.CancelledError:

@@ -38,6 +38,7 @@ from ._common import (
     retry_after_of,
     retryable,
     settle_body,
+    traceparent_header,
     unavailable,
     usage_of,
     wait_cancelled,
@@ -45,6 +46,7 @@ from ._common import (
     wait_timeout,
     wire_time,
 )
+from ._trace import traceparent_for
 from .errors import InflightError, WaitCancelledError
 from .wire import ROUTES, ActivityRecord, FailureStage, Owner, ReapCounts, RefineRequest, Snapshot
 
@@ -78,6 +80,7 @@ class Ledger(Attributed):
         lifecycle: Optional[Lifecycle] = None,
         on_ledger_error: Optional[LedgerErrorHook] = None,
         transport: Optional[httpx.BaseTransport] = None,
+        propagate_trace: bool = True,
     ) -> None:
         """``base_url`` defaults to ``INFLIGHT_URL``, else ``http://127.0.0.1:7878``;
         ``token`` to ``INFLIGHT_TOKEN``. ``ca_file``: a PEM file of the
@@ -85,8 +88,12 @@ class Ledger(Attributed):
         the default roots (default ``INFLIGHT_CA_FILE``); ``ca``: the same as
         PEM text. ``timeout`` is per request (plus its ``?wait=``); ``retries``
         apply to idempotent requests only (a begin is one: it carries an
-        ``Idempotency-Key``)."""
+        ``Idempotency-Key``). ``propagate_trace``: whether a begin given no
+        ``traceparent`` sends the current OpenTelemetry span's (when
+        ``opentelemetry-api`` is installed and a valid span is current);
+        ``False`` sends only one given explicitly."""
         self.config = Config.make(base_url, token, timeout, retries, backoff, max_backoff, ca_file, ca)
+        self.propagate_trace = propagate_trace
         self.lifecycle = lifecycle
         self.on_ledger_error = on_ledger_error or default_ledger_error
         #: The owner whose id tags the records this client begins, if any.
@@ -115,6 +122,7 @@ class Ledger(Attributed):
         body: Optional[Mapping[str, Any]] = None,
         extra_timeout: float = 0.0,
         idempotency_key: Optional[str] = None,
+        traceparent: Optional[str] = None,
     ) -> Any:
         """Sends one request; idempotent routes are retried with backoff when
         the server is unreachable or answers a 5xx. A begin is one: it carries
@@ -122,11 +130,14 @@ class Ledger(Attributed):
         made here), and each retry sends the same key, body and query, so a
         begin whose answer was lost is answered with the record it made (200)
         rather than making a second one. An owner registration is retried
-        only when the server answered that it did not handle it (503, 408)."""
+        only when the server answered that it did not handle it (503, 408).
+        ``traceparent``: a begin's header, sent as given with each attempt."""
         r = ROUTES[route]
         what = f"{r.method} {r.path}"
         url = self.config.url(route, id, query)
-        headers = self.config.headers(body is not None, key_for(route, idempotency_key))
+        headers = self.config.headers(
+            body is not None, key_for(route, idempotency_key), traceparent_header(route, traceparent)
+        )
         attempts = self.config.retries + 1
         attempt = 0
         while True:
@@ -152,6 +163,7 @@ class Ledger(Attributed):
         *,
         start_now: bool = False,
         wait: Optional[float] = None,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> "Activity":
         """Begins a record (``waiting``, or ``executing`` with ``started_at``).
@@ -180,10 +192,19 @@ class Ledger(Attributed):
         (it could never start), with or without ``start_now``. A repeat that
         finds its record cancelled is the same ``LaneFullError`` once ``wait``
         has passed; before, the begin is made anew (a new key) for the wait
-        that is left."""
+        that is left.
+
+        The begin sends ``traceparent`` (a W3C trace context) when given,
+        else the current OpenTelemetry span's (unless ``propagate_trace`` is
+        false): the record keeps it, and the span the server exports when it
+        ends is that span's child. Only its being a string is checked here
+        (else ``TypeError``); the server refuses a malformed one
+        (``InvalidRequestError``, its message starting ``traceparent: ``)."""
         if wait is not None and not start_now:
             raise ValueError("begin: wait needs start_now (a begin without it does not start the record)")
-        return self._begin(spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait))
+        return self._begin(
+            spec, fields, start_now=start_now, wait=wait, instead=no_wait_left(wait), traceparent=traceparent
+        )
 
     def _begin(
         self,
@@ -193,10 +214,13 @@ class Ledger(Attributed):
         start_now: bool,
         wait: Optional[float],
         instead: Instead,
+        traceparent: Optional[str] = None,
     ) -> "Activity":
         """The begins of ``begin`` and the blocks. ``request`` gives each a
-        fresh ``Idempotency-Key`` and retries it with that key; a repeat's
-        answer whose record has ended is handled by ``begin_anew``."""
+        fresh ``Idempotency-Key`` and retries it with that key, and the
+        ``traceparent`` found here (given, else the current span's); a
+        repeat's answer whose record has ended is handled by ``begin_anew``."""
+        sent = traceparent_for(traceparent, self.propagate_trace, "begin")
         body = build_spec(spec, fields, self.owner_id, self._current_context())
         began = time.monotonic()
         anew = 0
@@ -204,7 +228,7 @@ class Ledger(Attributed):
             # A begin made anew waits only for what is left of ``wait``.
             left = wait if wait is None or anew == 0 else max(0.0, wait - (time.monotonic() - began))
             query = {"start": "now", "wait": wait_param(left)} if start_now else None
-            record = self.request("begin", query=query, body=body, extra_timeout=left or 0.0)
+            record = self.request("begin", query=query, body=body, extra_timeout=left or 0.0, traceparent=sent)
             self._ignored_fields.note(record)
             if not has_ended(record):
                 return Activity(self, record)
@@ -248,6 +272,7 @@ class Ledger(Attributed):
         lifecycle: Optional[Lifecycle] = None,
         cancel: Optional[threading.Event] = None,
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> "ActivityBlock":
         """A block that is one provider call (see the class's doc).
@@ -269,10 +294,12 @@ class Ledger(Attributed):
         (the block itself watches the event for its own work).
         ``usage_extractor``: what ``call.report_usage_of(answer)`` reads the
         answer's token usage with (default ``usage_of``; ``None`` reads
-        nothing)."""
+        nothing). ``traceparent``: the begin's W3C trace context, instead of
+        the OpenTelemetry span current where the block is entered (see
+        ``begin``)."""
         return ActivityBlock(
             self, build_spec(spec, fields, None), max_wait, wait_step, failure_stage, lifecycle, cancel,
-            usage_extractor,
+            usage_extractor, traceparent=traceparent,
         )
 
     def observe_unqueued(
@@ -281,13 +308,16 @@ class Ledger(Attributed):
         *,
         lifecycle: Optional[Lifecycle] = None,
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> "ActivityBlock":
         """A block for a call with no queue (admission ``direct``: observed,
         never counted in a lane nor refused), settled like ``activity``."""
         body = build_spec(spec, fields, None)
         body["admission"] = "direct"
-        return ActivityBlock(self, body, None, 10.0, "provider", lifecycle, None, usage_extractor)
+        return ActivityBlock(
+            self, body, None, 10.0, "provider", lifecycle, None, usage_extractor, traceparent=traceparent
+        )
 
     def tracked(
         self,
@@ -299,6 +329,7 @@ class Ledger(Attributed):
         lifecycle: Optional[Lifecycle] = None,
         cancel: Optional[threading.Event] = None,
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        traceparent: Optional[str] = None,
         **fields: Any,
     ) -> Callable[[F], F]:
         """A decorator: each call of the function is one provider call, run
@@ -310,6 +341,9 @@ class Ledger(Attributed):
             @ledger.tracked(service="assistant", provider="openai", class_="chat")
             def answer(messages):
                 return client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+
+        Each call's begin sends the OpenTelemetry span current when it is
+        called; ``traceparent`` gives every call that one parent instead.
         """
 
         def decorate(fn: F) -> F:
@@ -317,7 +351,8 @@ class Ledger(Attributed):
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 block = self.activity(
                     spec, max_wait=max_wait, wait_step=wait_step, failure_stage=failure_stage,
-                    lifecycle=lifecycle, cancel=cancel, usage_extractor=usage_extractor, **fields,
+                    lifecycle=lifecycle, cancel=cancel, usage_extractor=usage_extractor,
+                    traceparent=traceparent, **fields,
                 )
                 with block as call:
                     result = fn(*args, **kwargs)
@@ -559,9 +594,12 @@ class ActivityBlock:
         lifecycle: Optional[Lifecycle],
         cancel: Optional[threading.Event],
         usage_extractor: Optional[UsageExtractor] = usage_of,
+        *,
+        traceparent: Optional[str] = None,
     ) -> None:
         self.ledger = ledger
         self.cancel = cancel
+        self.traceparent = traceparent
         self.usage_extractor = usage_extractor
         self.spec = dict(spec)
         self.max_wait = max_wait
@@ -586,7 +624,7 @@ class ActivityBlock:
         # set or max_wait has passed.
         activity = self.ledger._begin(
             spec, {}, start_now=False, wait=None,
-            instead=in_line(None if direct else self.max_wait, self.cancel),
+            instead=in_line(None if direct else self.max_wait, self.cancel), traceparent=self.traceparent,
         )
         activity.usage_extractor = self.usage_extractor
         self.activity = activity

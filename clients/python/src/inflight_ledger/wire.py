@@ -180,6 +180,10 @@ class ActivityRecord(_ActivityRecordBase, total=False):
     #: older than estimates (read it with ``.get``).
     maxTokens: Optional[int]
     ignoredFields: List[str]  # on a begin's answer only: the request's fields the server ignored
+    #: The W3C ``traceparent`` its begin carried (``TRACEPARENT_HEADER``),
+    #: whose span is the parent of the span the server exports when the record
+    #: ends. Absent when the begin carried none, and from servers older than it.
+    traceparent: str
 
 
 class InFlightRecord(ActivityRecord):
@@ -387,6 +391,14 @@ def field_names(t: type) -> Set[str]:
 #: after a lost answer or a 5xx.
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 
+#: The header of a begin's W3C trace context (Trace Context level 1,
+#: ``00-<trace id>-<span id>-<flags>``): the record keeps it, and the span the
+#: server exports when the record ends is a child of that span. A malformed
+#: one is refused (``InvalidRequestError``, its message starting
+#: ``traceparent: ``). It is not part of an idempotent begin's request: a
+#: retry sent from another span is the same begin.
+TRACEPARENT_HEADER = "traceparent"
+
 
 class Route:
     __slots__ = ("method", "path", "query", "idempotent", "headers")
@@ -412,7 +424,7 @@ class Route:
 #: with the record the first made). An owner registration is not: a lost
 #: answer may have registered it, and a second would be a second owner.
 ROUTES: Dict[str, Route] = {
-    "begin": Route("POST", "/v1/activities", ("start", "wait"), headers=(IDEMPOTENCY_KEY_HEADER,)),
+    "begin": Route("POST", "/v1/activities", ("start", "wait"), headers=(IDEMPOTENCY_KEY_HEADER, TRACEPARENT_HEADER)),
     "get": Route("GET", "/v1/activities/{id}"),
     "start": Route("POST", "/v1/activities/{id}/start", ("wait",)),
     "settle": Route("POST", "/v1/activities/{id}/settle"),
