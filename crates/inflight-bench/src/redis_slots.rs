@@ -6,6 +6,13 @@
 //! unless the set holds `cap` already; its release is one `ZREM`. The same
 //! 16 clients on each side, each one lifecycle at a time, each its own
 //! connection; windows of the two sides alternate.
+//!
+//! Two more sides are reported beside the ratio, in the same rotation: the
+//! same server on the memory store, which keeps no more than Redis does;
+//! and the HTTP floor, axum answering the same two requests with constant
+//! bodies and keeping nothing. No HTTP service on this machine does more
+//! lifecycles than the floor, so its ratio to Redis bounds what any HTTP
+//! ledger could reach.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,12 +21,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use inflight::store::Synchronous;
+use inflight::{Ledger, LedgerConfig};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, AsyncConnectionConfig, Script};
 use serde_json::json;
 
 use crate::http_lifecycle::{clients, drive, Requests, Server, HTTP_CLIENTS};
-use crate::report::{Case, Pairs, Target};
+use crate::report::{median, round, Case, Pairs, Target};
 use crate::sqlite_env::{multi_thread, now_ms, sqlite_ledger_at, TempDir};
 use crate::Plan;
 
@@ -122,6 +130,49 @@ async fn baseline_rate(
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// The HTTP floor's server: the begin's and the settle's paths, each
+/// answered with a constant body once the request's body is read.
+struct Floor {
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Floor {
+    async fn start() -> Result<Self> {
+        use axum::routing::post;
+        const BEGUN: &str = r#"{"activityId":"01900000-0000-7000-8000-000000000000","state":"executing"}"#;
+        const SETTLED: &str = r#"{"state":"succeeded"}"#;
+        let json = |body: &'static str| ([(axum::http::header::CONTENT_TYPE, "application/json")], body);
+        let app = axum::Router::new()
+            .route(
+                "/v1/activities",
+                post(move |_: axum::body::Bytes| async move { json(BEGUN) }),
+            )
+            .route(
+                "/v1/activities/{id}/settle",
+                post(move |_: axum::body::Bytes| async move { json(SETTLED) }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(Self { base, stop, task })
+    }
+
+    async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.task.await??;
+        Ok(())
+    }
+}
+
 pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     let url = std::env::var(URL_VARIABLE).unwrap_or_else(|_| DEFAULT_URL.to_owned());
     let runtime = multi_thread()?;
@@ -135,28 +186,50 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
     )
     .into();
     let script = Arc::new(Script::new(ACQUIRE));
-    let pairs = runtime.block_on(async {
+    let memory = Ledger::builder(LedgerConfig::default())
+        .store_url("memory:")
+        .build()?;
+    let (pairs, references) = runtime.block_on(async {
         let mut connections = connections(&url, HTTP_CLIENTS + 1).await?;
         // One more, for the clean-up: the clients' may be lost with a
         // failed task.
         let mut admin = connections.pop().expect("a connection");
         let measured = async {
             let server = Server::start(ledger).await?;
-            let mut clients = clients(&server.base, HTTP_CLIENTS).await?;
-            // Warm-up: the script's load, the server's caches.
+            let mut ours = clients(&server.base, HTTP_CLIENTS).await?;
+            // Reported beside the ratio, in the same rotation: the same
+            // server on the memory store, and the HTTP floor.
+            let memory_server = Server::start(memory).await?;
+            let floor = Floor::start().await?;
+            let mut references = [
+                (clients(&memory_server.base, HTTP_CLIENTS).await?, Vec::new()),
+                (clients(&floor.base, HTTP_CLIENTS).await?, Vec::new()),
+            ];
+            // Warm-up: the script's load, the servers' caches.
             let warm = plan.redis_window / 2;
             baseline_rate(&mut connections, &script, &key, warm).await?;
-            drive(&mut clients, Requests::Two, warm, None).await?;
+            for clients in std::iter::once(&mut ours).chain(references.iter_mut().map(|(c, _)| c)) {
+                drive(clients, Requests::Two, warm, None).await?;
+            }
+            let rate = |(_, lifecycles, elapsed): (Vec<f64>, u64, Duration)| {
+                lifecycles as f64 / elapsed.as_secs_f64()
+            };
             let mut pairs = Pairs::default();
             for _ in 0..plan.redis_pairs {
                 let b = baseline_rate(&mut connections, &script, &key, plan.redis_window).await?;
-                let (_, lifecycles, elapsed) =
-                    drive(&mut clients, Requests::Two, plan.redis_window, None).await?;
-                let o = lifecycles as f64 / elapsed.as_secs_f64();
+                let o = rate(drive(&mut ours, Requests::Two, plan.redis_window, None).await?);
                 pairs.push(b, o);
+                for (clients, rates) in &mut references {
+                    let r = rate(drive(clients, Requests::Two, plan.redis_window, None).await?);
+                    rates.push((b, o, r));
+                }
             }
+            let [(memory_clients, memory_rates), (floor_clients, floor_rates)] = references;
+            drop((ours, memory_clients, floor_clients));
             server.stop().await?;
-            Ok::<_, anyhow::Error>(pairs)
+            memory_server.stop().await?;
+            floor.stop().await?;
+            Ok::<_, anyhow::Error>((pairs, [memory_rates, floor_rates]))
         }
         .await;
         // The key goes whether or not the measurement went through.
@@ -165,6 +238,21 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
         deleted.with_context(|| format!("delete {key} on {url}"))?;
         Ok::<_, anyhow::Error>(measured)
     })?;
+    // Each reference beside each pair: its rate, its ratio to Redis, and
+    // ours to it.
+    let [memory, floor] = references.map(|rates| {
+        let rate = median(rates.iter().map(|&(_, _, r)| r).collect());
+        let of_redis = median(rates.iter().map(|&(b, _, r)| r / b).collect());
+        let ours_of = median(rates.iter().map(|&(_, o, r)| o / r).collect());
+        (rate, of_redis, ours_of)
+    });
+    let (memory_rate, memory_ratio, _) = memory;
+    let (floor_rate, floor_ratio, ours_of_floor) = floor;
+    eprintln!(
+        "  redis_slots: the same server on the memory store median {memory_rate:.0}/s, {memory_ratio:.2}x Redis; \
+         the HTTP floor (axum, constant answers) median {floor_rate:.0}/s, {floor_ratio:.2}x Redis; ours \
+         {ours_of_floor:.2}x the floor"
+    );
     Ok(vec![pairs.case(
         "redis_slots".to_owned(),
         "lifecycles/s",
@@ -175,11 +263,19 @@ pub(crate) fn redis_slots(plan: &Plan, dir: &Path) -> Result<Vec<Case>> {
              sharing the machine with the server and Redis; ours: the HTTP server, SQLite synchronous=normal, \
              begin with ?start=now&wait=5s then settle; baseline: Redis at {url}, EVALSHA of a script pruning \
              expired members (ZREMRANGEBYSCORE), then ZCARD < cap and ZADD with the deadline as score, then \
-             ZREM (cap {CAP}, never reached; the slot lives in memory, nothing is recorded)"
+             ZREM (cap {CAP}, never reached; the slot lives in memory, nothing is recorded); beside it, the same \
+             server on the memory store {memory_rate:.0}/s ({memory_ratio:.2}x Redis) and the HTTP floor (axum \
+             answering both requests with constant bodies) {floor_rate:.0}/s ({floor_ratio:.2}x Redis; ours \
+             {ours_of_floor:.2}x it)"
         ),
         serde_json::Map::from_iter([
             ("clients".to_owned(), json!(HTTP_CLIENTS)),
             ("synchronous".to_owned(), json!("normal")),
+            ("memory_store".to_owned(), json!(round(memory_rate))),
+            ("memory_store_ratio".to_owned(), json!(round(memory_ratio))),
+            ("http_floor".to_owned(), json!(round(floor_rate))),
+            ("http_floor_ratio".to_owned(), json!(round(floor_ratio))),
+            ("ours_of_http_floor".to_owned(), json!(round(ours_of_floor))),
         ]),
     )])
 }
