@@ -449,6 +449,8 @@ async fn a_collector_that_is_not_there_costs_calls_nothing_and_is_logged_once() 
     let mut server = Server::start(Launch {
         args: config_file(&dir, &settings),
         store: Some("memory:".to_owned()),
+        // Metrics exported every 300 ms fail as often as the spans.
+        env: vec![("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())],
         ..Launch::default()
     })
     .await;
@@ -464,14 +466,29 @@ async fn a_collector_that_is_not_there_costs_calls_nothing_and_is_logged_once() 
         }
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
-    let warned = server
-        .wait_for_log("the export's warning", |line| {
-            line["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("OpenTelemetry: cannot export spans"))
-        })
-        .await;
-    assert_eq!(warned["level"], "WARN");
+    // One warning for the spans and one for the metrics, in either order.
+    let mut warnings = std::collections::BTreeMap::new();
+    while warnings.len() < 2 {
+        let warned = server
+            .wait_for_log("the export's warnings", |line| {
+                line["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("OpenTelemetry: cannot export"))
+            })
+            .await;
+        let message = warned["fields"]["message"].as_str().unwrap().to_owned();
+        assert_eq!(warned["level"], "WARN", "{warned}");
+        assert!(warnings.insert(message, warned).is_none(), "logged twice");
+    }
+    assert!(
+        warnings
+            .keys()
+            .any(|m| m.starts_with("OpenTelemetry: cannot export spans"))
+            && warnings
+                .keys()
+                .any(|m| m.starts_with("OpenTelemetry: cannot export metrics")),
+        "{warnings:?}"
+    );
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let scrape = server
@@ -482,7 +499,13 @@ async fn a_collector_that_is_not_there_costs_calls_nothing_and_is_logged_once() 
             .text()
             .await
             .unwrap();
-        if scrape.contains("inflight_otel_dropped_total 15") {
+        let failed_metric_exports = scrape
+            .lines()
+            .find_map(|line| line.strip_prefix("inflight_otel_failed_metric_exports_total "))
+            .and_then(|count| count.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no failed metric exports counted: {scrape}"));
+        // Three seconds of exports every 300 ms: several failed.
+        if scrape.contains("inflight_otel_dropped_total 15") && failed_metric_exports >= 3 {
             assert!(
                 scrape.contains("inflight_otel_exported_spans_total 0"),
                 "{scrape}"
@@ -499,7 +522,7 @@ async fn a_collector_that_is_not_there_costs_calls_nothing_and_is_logged_once() 
     while let Ok(Some(line)) = tokio::time::timeout(PATIENCE, server_log(&mut server)).await {
         if line["fields"]["message"]
             .as_str()
-            .is_some_and(|m| m.starts_with("OpenTelemetry: cannot export spans"))
+            .is_some_and(|m| m.starts_with("OpenTelemetry: cannot export"))
         {
             more += 1;
         }

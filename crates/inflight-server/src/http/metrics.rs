@@ -528,7 +528,6 @@ fn register_owners(registry: &mut Registry, snapshot: &Snapshot) {
     );
 }
 
-/// This process's own statistics (per instance).
 /// What `[otel]` export did, when it is on.
 fn register_otel(registry: &mut Registry, otel: &OtelStats) {
     for (name, help, value) in [
@@ -539,6 +538,11 @@ fn register_otel(registry: &mut Registry, otel: &OtelStats) {
             &otel.dropped,
         ),
         ("otel_failed_exports", "Exports of spans the OpenTelemetry collector did not take", &otel.failed_exports),
+        (
+            "otel_failed_metric_exports",
+            "Exports of GenAI metrics the OpenTelemetry collector did not take",
+            &otel.failed_metric_exports,
+        ),
     ] {
         let counter = Counter::<u64>::default();
         counter.inc_by(value.load(std::sync::atomic::Ordering::Relaxed));
@@ -546,6 +550,7 @@ fn register_otel(registry: &mut Registry, otel: &OtelStats) {
     }
 }
 
+/// This process's own statistics (per instance).
 fn register_stats(registry: &mut Registry, stats: &StatsSnapshot) {
     let runs = Counter::<u64>::default();
     runs.inc_by(stats.reaper_runs);

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use inflight::domain::effect::Effect;
@@ -90,6 +90,23 @@ impl Exporting {
     }
 }
 
+/// When a failing collector was last logged: at most once a
+/// [`WARN_EVERY`], for spans and for metrics alike.
+#[derive(Debug, Default)]
+struct Warned(Option<Instant>);
+
+impl Warned {
+    /// Whether to log now; if so, remembers it.
+    fn due(&mut self) -> bool {
+        let now = Instant::now();
+        let due = self.0.is_none_or(|at| now.duration_since(at) >= WARN_EVERY);
+        if due {
+            self.0 = Some(now);
+        }
+        due
+    }
+}
+
 /// The collector's HTTP client, run on the server's runtime: the metrics'
 /// periodic reader exports from a thread of its own, where hyper (which
 /// needs tokio) could not run.
@@ -97,16 +114,41 @@ impl Exporting {
 struct OnRuntime {
     handle: tokio::runtime::Handle,
     client: HyperClient<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>>,
+    /// The metrics' client only: counts and logs the exports the collector
+    /// did not take, which the SDK's reader would drop unheard. The spans'
+    /// are counted where they are sent ([`Run::send`]).
+    metric_failures: Option<Arc<(Arc<OtelStats>, Mutex<Warned>)>>,
 }
 
 #[async_trait::async_trait]
 impl HttpClient for OnRuntime {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let client = self.client.clone();
-        self.handle
+        let sent = self
+            .handle
             .spawn(async move { client.send_bytes(request).await })
             .await
-            .map_err(|err| HttpError::from(format!("the export task failed: {err}")))?
+            .map_err(|err| HttpError::from(format!("the export task failed: {err}")))
+            .and_then(|sent| sent);
+        if let Some(failures) = &self.metric_failures {
+            let failed = match &sent {
+                Ok(response) if response.status().is_success() => None,
+                Ok(response) => Some(format!("the collector answered {}", response.status())),
+                Err(err) => Some(err.to_string()),
+            };
+            if let Some(error) = failed {
+                let (stats, warned) = &**failures;
+                stats.failed_metric_exports.fetch_add(1, Ordering::Relaxed);
+                if warned.lock().unwrap_or_else(PoisonError::into_inner).due() {
+                    tracing::warn!(
+                        %error,
+                        failed_total = stats.failed_metric_exports.load(Ordering::Relaxed),
+                        "OpenTelemetry: cannot export metrics; dropping them (logged at most once a minute)"
+                    );
+                }
+            }
+        }
+        sent
     }
 }
 
@@ -121,6 +163,7 @@ pub fn start(settings: &OtelSettings, ledger: &Ledger, stats: Arc<OtelStats>) ->
     let client = OnRuntime {
         handle: tokio::runtime::Handle::current(),
         client: HyperClient::new(crate::tls::client_connector(tls), settings.timeout, None),
+        metric_failures: None,
     };
     let headers: HashMap<String, String> = settings.headers.clone().into_iter().collect();
     let resource = Resource::builder()
@@ -144,7 +187,10 @@ pub fn start(settings: &OtelSettings, ledger: &Ledger, stats: Arc<OtelStats>) ->
     let mut metrics = opentelemetry_otlp::MetricExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
-        .with_http_client(client)
+        .with_http_client(OnRuntime {
+            metric_failures: Some(Arc::new((Arc::clone(&stats), Mutex::default()))),
+            ..client
+        })
         .with_headers(headers)
         .with_timeout(settings.timeout);
     if let Some(url) = settings.signal_url("/v1/metrics") {
@@ -197,7 +243,7 @@ struct Run {
     hold: Duration,
     /// At most this many held, and as many taken back.
     room: usize,
-    last_warned: Option<Instant>,
+    warned: Warned,
 }
 
 impl Run {
@@ -239,7 +285,7 @@ impl Run {
             taken_back: HashMap::new(),
             hold: settings.hold_abandoned,
             room: settings.queue,
-            last_warned: None,
+            warned: Warned::default(),
         }
     }
 
@@ -382,12 +428,7 @@ impl Run {
                 Err(err) => {
                     self.stats.dropped.fetch_add(count, Ordering::Relaxed);
                     self.stats.failed_exports.fetch_add(1, Ordering::Relaxed);
-                    let now = Instant::now();
-                    if self
-                        .last_warned
-                        .is_none_or(|at| now.duration_since(at) >= WARN_EVERY)
-                    {
-                        self.last_warned = Some(now);
+                    if self.warned.due() {
                         tracing::warn!(
                             error = %err,
                             dropped_total = self.stats.dropped.load(Ordering::Relaxed),

@@ -25,6 +25,9 @@ pub struct OtelStats {
     pub exported: AtomicU64,
     /// Ends dropped: the queue was full, or their export failed.
     pub dropped: AtomicU64,
-    /// Exports the collector did not take.
+    /// Exports of spans the collector did not take.
     pub failed_exports: AtomicU64,
+    /// Exports of metrics the collector did not take (cumulative by
+    /// default: the next export carries what this one lost).
+    pub failed_metric_exports: AtomicU64,
 }
