@@ -65,19 +65,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::error::LedgerError;
-use crate::stats::CallSnapshot;
 use crate::store::sql::group::Published;
 use crate::store_url::{PostgresUrl, Tls};
 
 use super::sql::counts::PendingCounts;
-use super::{Command, EndWatch, GroupsRun, Reply, SlowWork, Store, StoreFuture, Wake};
+use super::{Command, Reply, Store, StoreFuture};
 use session::Session;
 
 mod listen;
@@ -238,17 +237,7 @@ impl Drop for PostgresStore {
 }
 
 impl Store for PostgresStore {
-    fn call_stats(&self) -> CallSnapshot {
-        self.published.call_stats()
-    }
-
-    fn slow_work(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
-        self.published.slow.between(from, to)
-    }
-
-    fn groups_run(&self) -> GroupsRun {
-        self.published.slow.groups_run()
-    }
+    crate::store::sql::group::answered_from_published!();
 
     fn execute(&self, command: Command) -> StoreFuture {
         let (reply, answer) = oneshot::channel();
@@ -298,14 +287,6 @@ impl Store for PostgresStore {
             }
             Ok(Reply::Closed)
         })
-    }
-
-    fn watch_capacity(&self, wake: Wake) {
-        self.published.watchers.add(wake);
-    }
-
-    fn watch_ends(&self, watch: EndWatch) {
-        self.published.watchers.add_end_watch(watch);
     }
 
     fn recheck_within(&self) -> Duration {

@@ -128,6 +128,34 @@ impl Landed {
     }
 }
 
+/// The [`Store`](crate::store::Store) methods a SQL store answers from its
+/// `published` field ([`Published`]), written once for both: invoked inside
+/// each store's `impl Store`.
+macro_rules! answered_from_published {
+    () => {
+        fn call_stats(&self) -> crate::stats::CallSnapshot {
+            self.published.call_stats()
+        }
+
+        fn slow_work(&self, from: std::time::Instant, to: std::time::Instant) -> Vec<crate::store::SlowWork> {
+            self.published.slow.between(from, to)
+        }
+
+        fn groups_run(&self) -> crate::store::GroupsRun {
+            self.published.slow.groups_run()
+        }
+
+        fn watch_capacity(&self, wake: crate::store::Wake) {
+            self.published.watchers.add(wake);
+        }
+
+        fn watch_ends(&self, watch: crate::store::EndWatch) {
+            self.published.watchers.add_end_watch(watch);
+        }
+    };
+}
+pub(crate) use answered_from_published;
+
 /// Where a SQL store publishes what its committed commands did: to this
 /// process's call histograms and reap log, and to the watchers of its
 /// capacity; and its slow work (a group, a checkpoint).

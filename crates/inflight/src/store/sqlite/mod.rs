@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::params;
 use tokio::sync::oneshot;
@@ -26,9 +26,7 @@ use crate::domain::query;
 use crate::domain::record::ActivityId;
 use crate::domain::timestamp::Timestamp;
 use crate::error::LedgerError;
-use crate::stats::CallSnapshot;
 use crate::store::sql::group::Published;
-use crate::store::{EndWatch, GroupsRun, SlowWork, Wake};
 
 use super::{Command, Reply, Store, StoreFuture};
 
@@ -139,28 +137,10 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    crate::store::sql::group::answered_from_published!();
+
     fn execute(&self, command: Command) -> StoreFuture {
         self.handoff.submit(command)
-    }
-
-    fn call_stats(&self) -> CallSnapshot {
-        self.published.call_stats()
-    }
-
-    fn slow_work(&self, from: Instant, to: Instant) -> Vec<SlowWork> {
-        self.published.slow.between(from, to)
-    }
-
-    fn groups_run(&self) -> GroupsRun {
-        self.published.slow.groups_run()
-    }
-
-    fn watch_capacity(&self, wake: Wake) {
-        self.published.watchers.add(wake);
-    }
-
-    fn watch_ends(&self, watch: EndWatch) {
-        self.published.watchers.add_end_watch(watch);
     }
 
     fn close(&self) -> StoreFuture {
