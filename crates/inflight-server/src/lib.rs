@@ -13,6 +13,7 @@ pub mod otel;
 pub mod proxy;
 pub mod reload;
 mod server;
+mod settings;
 pub mod tls;
 
 pub use reload::Reload;

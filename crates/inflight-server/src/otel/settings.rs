@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::settings::duration_within;
 use inflight::config::{parse_count, parse_duration, parse_string, ConfigError, ConfigWarning};
 
 /// The export's settings.
@@ -114,12 +115,13 @@ impl OtelSettings {
                 }
                 "headers" => settings.headers = headers(&key, value)?,
                 "timeout" => {
-                    settings.timeout = bounded(&key, parse_duration(&key, value, warnings)?, MAX_TIMEOUT)?;
+                    settings.timeout =
+                        duration_within(&key, parse_duration(&key, value, warnings)?, false, MAX_TIMEOUT)?;
                 }
                 "queue" => settings.queue = parse_count(&key, value, 1..=MAX_QUEUE, "records")?,
                 "hold_abandoned" => {
                     settings.hold_abandoned =
-                        bounded(&key, parse_duration(&key, value, warnings)?, MAX_HOLD)?;
+                        duration_within(&key, parse_duration(&key, value, warnings)?, false, MAX_HOLD)?;
                 }
                 _ => {
                     return Err(ConfigError::new(
@@ -144,29 +146,7 @@ impl OtelSettings {
 
 /// An `http://` or `https://` URL with a host, and no query or fragment.
 fn endpoint(key: &str, text: &str) -> Result<String, ConfigError> {
-    let bad = |why: &str| {
-        ConfigError::new(
-            key,
-            format!("{text:?} {why}; write e.g. \"http://127.0.0.1:4318\""),
-        )
-    };
-    let uri: axum::http::Uri = text.parse().map_err(|_| bad("is not a URL"))?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        _ => return Err(bad("is not an http:// or https:// URL")),
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(bad("has no host"));
-    }
-    if uri.query().is_some() || text.contains('#') {
-        return Err(bad("has a query or a fragment"));
-    }
-    if uri
-        .authority()
-        .is_some_and(|authority| authority.as_str().contains('@'))
-    {
-        return Err(bad("carries credentials (put them in otel.headers)"));
-    }
+    crate::settings::http_url(key, text, "http://127.0.0.1:4318", "put them in otel.headers")?;
     Ok(text.to_owned())
 }
 
@@ -193,20 +173,6 @@ fn headers(key: &str, value: &toml::Value) -> Result<BTreeMap<String, String>, C
             Ok((name.clone(), text))
         })
         .collect()
-}
-
-fn bounded(key: &str, duration: Duration, most: Duration) -> Result<Duration, ConfigError> {
-    if duration.is_zero() || duration > most {
-        return Err(ConfigError::new(
-            key,
-            format!(
-                "must be more than 0 and at most {}, got {}",
-                humantime::format_duration(most),
-                humantime::format_duration(duration)
-            ),
-        ));
-    }
-    Ok(duration)
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::uri::{Authority, Scheme};
-use axum::http::Uri;
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -125,7 +124,14 @@ impl Route {
                 "upstream" => upstream = Some(parse_string(&at, value)?),
                 "provider" => provider = Some(label(&at, "provider", &parse_string(&at, value)?)?),
                 "service" => service = Some(label(&at, "service", &parse_string(&at, value)?)?),
-                "max_wait" => max_wait = wait_bound(&at, parse_duration(&at, value, warnings)?)?,
+                "max_wait" => {
+                    max_wait = crate::settings::duration_within(
+                        &at,
+                        parse_duration(&at, value, warnings)?,
+                        true,
+                        MAX_WAIT_LIMIT,
+                    )?;
+                }
                 "max_body_bytes" => max_body = parse_count(&at, value, 1..=MAX_BODY_LIMIT, "bytes")?,
                 "ca_file" => ca_file = Some(PathBuf::from(parse_string(&at, value)?)),
                 _ => {
@@ -191,50 +197,19 @@ fn label(key: &str, field: &'static str, value: &str) -> Result<Label, ConfigErr
     Label::new(field, value).map_err(|err| ConfigError::new(key, format!("{value:?}: {}", err.problem)))
 }
 
-fn wait_bound(key: &str, wait: Duration) -> Result<Duration, ConfigError> {
-    if wait <= MAX_WAIT_LIMIT {
-        Ok(wait)
-    } else {
-        Err(ConfigError::new(
-            key,
-            format!(
-                "must be at most {}, got {}",
-                humantime::format_duration(MAX_WAIT_LIMIT),
-                humantime::format_duration(wait)
-            ),
-        ))
-    }
-}
-
 /// The scheme, host and base path of `upstream`: `http://` or `https://`
 /// with a host, and nothing a forwarded request could not keep (a query, a
 /// fragment, credentials).
 fn read_upstream(key: &str, upstream: &str) -> Result<(Scheme, Authority, String), ConfigError> {
-    let refuse = |why: &str| {
-        ConfigError::new(
-            key,
-            format!(
-                "{upstream:?} {why}; write e.g. \"http://127.0.0.1:11434\" or \"https://api.openai.com\""
-            ),
-        )
+    let uri = crate::settings::http_url(
+        key,
+        upstream,
+        "http://127.0.0.1:11434\" or \"https://api.openai.com",
+        "the client's own headers reach the upstream",
+    )?;
+    let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+        unreachable!("http_url checked both");
     };
-    let uri: Uri = upstream.parse().map_err(|_| refuse("is not a URL"))?;
-    let scheme = match uri.scheme() {
-        Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
-        _ => return Err(refuse("is not an http:// or https:// URL")),
-    };
-    let authority = uri.authority().cloned().ok_or_else(|| refuse("names no host"))?;
-    if authority.as_str().contains('@') {
-        return Err(refuse(
-            "carries credentials: the client's own headers reach the upstream",
-        ));
-    }
-    if authority.host().is_empty() {
-        return Err(refuse("names no host"));
-    }
-    if uri.query().is_some() || upstream.contains('#') {
-        return Err(refuse("has a query or a fragment"));
-    }
     let base_path = uri.path().trim_end_matches('/').to_owned();
     Ok((scheme, authority, base_path))
 }
