@@ -134,6 +134,9 @@ struct State {
     /// The writer thread is waiting on `work` (for work, or for more
     /// commands to join its group).
     idle: bool,
+    /// How many queued commands would complete the group the writer thread
+    /// gathers; 0 when it gathers none.
+    wanted: usize,
     /// How many commands the last group held.
     last_group: usize,
     /// A close was asked for: no command is taken after it.
@@ -236,7 +239,7 @@ impl Handoff {
     /// Wakes the writer thread if it sleeps while commands wait: for work,
     /// or for more commands to join the group it is gathering.
     fn wake_writer(&self, state: &State) {
-        if state.idle && !state.queue.is_empty() {
+        if state.idle && state.queue.len() >= state.wanted.max(1) {
             self.work.notify_one();
         }
     }
@@ -256,7 +259,10 @@ impl Handoff {
         }
         state.closing = true;
         state.queue.push_back(Job::Close(done));
-        self.wake_writer(&state);
+        // A gathering writer stops waiting for callers: none may come.
+        if state.idle {
+            self.work.notify_one();
+        }
     }
 
     /// The writer thread: runs what callers queue, in groups, until a close.
@@ -278,14 +284,19 @@ impl Handoff {
                 let Group { batch, closing } = &mut group;
                 batch.wait_for_callers(last, |batch, left| {
                     let mut state = held.take().expect("the state is held between waits");
-                    if state.queue.is_empty() {
+                    let wanted = last - batch.len();
+                    if state.queue.len() < wanted {
+                        // Woken once the group is complete, not by each
+                        // caller: it starts no earlier.
                         state.idle = true;
+                        state.wanted = wanted;
                         state = self
                             .work
                             .wait_timeout(state, left)
                             .unwrap_or_else(PoisonError::into_inner)
                             .0;
                         state.idle = false;
+                        state.wanted = 0;
                     }
                     take(batch, closing, &mut state.queue);
                     held = Some(state);
