@@ -63,6 +63,28 @@ impl Batch {
         }
     }
 
+    /// Runs the commands and then `last` with `run`, answering each caller;
+    /// returns `last`'s result.
+    pub(crate) fn run_then(
+        mut self,
+        last: Command,
+        run: impl FnOnce(Vec<Command>) -> Vec<Result<Reply, LedgerError>>,
+    ) -> Result<Reply, LedgerError> {
+        self.commands.push(last);
+        let mut results = run(self.commands);
+        let own = results.pop().expect("one result per command");
+        for (reply, result) in self.replies.into_iter().zip(results) {
+            // A caller that went away still had its command committed.
+            let _ = reply.send(result);
+        }
+        own
+    }
+
+    /// The commands and their callers, in order.
+    pub(crate) fn into_parts(self) -> (Vec<Command>, Vec<oneshot::Sender<Result<Reply, LedgerError>>>) {
+        (self.commands, self.replies)
+    }
+
     /// Waits for the callers the last commit answered, when the last group
     /// (`last`) was larger than this one: they resubmit within
     /// microseconds, while a commit costs a round trip or a sync, so one

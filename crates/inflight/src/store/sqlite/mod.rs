@@ -745,6 +745,70 @@ mod tests {
         assert_eq!(after.await.unwrap_err().kind(), ErrorKind::Closed);
     }
 
+    /// A handoff with no writer thread, so that what a test queues stays
+    /// queued until a caller takes it.
+    fn handoff_alone(path: &Path) -> Handoff {
+        let mut conn = connect(path, Synchronous::Normal).unwrap();
+        migrate(&mut conn).unwrap();
+        let published = Arc::new(Published::default());
+        let checkpointer = Checkpointer::start(path, Synchronous::Normal, Arc::clone(&published)).unwrap();
+        let config = Arc::new(LedgerConfig::default());
+        Handoff::new(
+            Core::new(conn, checkpointer),
+            true,
+            config,
+            Arc::new(FakeClock::at(T0)),
+            published,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_caller_runs_the_small_commands_queued_before_its_own_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let handoff = handoff_alone(&dir.path().join("queued.db"));
+        let id = ActivityId::new();
+        let begun = handoff.queue_quietly(begin(id));
+        let started = handoff.queue_quietly(start(id));
+        let got = handoff.submit(Command::Get { id });
+        assert!(ran_inline(&got), "{got:?}");
+        // Answered by the caller's group, which ran them before its own:
+        // no writer thread would.
+        for queued in [begun, started] {
+            let answer = tokio::time::timeout(Duration::from_secs(5), queued).await;
+            answer.expect("answered by the caller").unwrap();
+        }
+        match got.await.unwrap() {
+            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Executing),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caller_queues_behind_a_command_about_any_number_of_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let handoff = handoff_alone(&dir.path().join("queued.db"));
+        let reap = handoff.queue_quietly(Command::Reap);
+        let got = handoff.submit(Command::Get {
+            id: ActivityId::new(),
+        });
+        assert!(!ran_inline(&got), "{got:?}");
+        drop(reap);
+    }
+
+    #[tokio::test]
+    async fn a_caller_leaves_a_group_larger_than_its_share_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let handoff = handoff_alone(&dir.path().join("queued.db"));
+        let queued: Vec<_> = (0..handoff::INLINE_MAX)
+            .map(|_| handoff.queue_quietly(begin(ActivityId::new())))
+            .collect();
+        let got = handoff.submit(Command::Get {
+            id: ActivityId::new(),
+        });
+        assert!(!ran_inline(&got), "{got:?}");
+        drop(queued);
+    }
+
     #[tokio::test]
     async fn commands_about_any_number_of_records_go_to_the_writer_thread() {
         let dir = tempfile::tempdir().unwrap();
