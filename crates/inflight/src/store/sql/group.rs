@@ -65,6 +65,7 @@ impl Batch {
 
     /// Runs the commands and then `last` with `run`, answering each caller;
     /// returns `last`'s result.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn run_then(
         mut self,
         last: Command,
@@ -81,6 +82,7 @@ impl Batch {
     }
 
     /// The commands and their callers, in order.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn into_parts(self) -> (Vec<Command>, Vec<oneshot::Sender<Result<Reply, LedgerError>>>) {
         (self.commands, self.replies)
     }
