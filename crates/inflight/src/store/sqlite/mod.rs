@@ -809,6 +809,49 @@ mod tests {
         drop(queued);
     }
 
+    #[test]
+    fn callers_on_two_threads_and_the_writer_answer_every_command_once() {
+        // Callers on two workers queue while one of them runs a group, so
+        // groups pass between callers and the writer thread.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(store_at(&dir.path().join("callers.db")));
+        let (callers, each) = (16, 100);
+        runtime.block_on(async {
+            let tasks: Vec<_> = (0..callers)
+                .map(|_| {
+                    let store = Arc::clone(&store);
+                    tokio::spawn(async move {
+                        for _ in 0..each {
+                            let id = ActivityId::new();
+                            for command in [begin(id), start(id), settle(id)] {
+                                store.execute(command).await.unwrap();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                // A command whose answer was lost would hang its caller.
+                tokio::time::timeout(Duration::from_secs(60), task)
+                    .await
+                    .expect("every command answered")
+                    .unwrap();
+            }
+            let result = store.execute(snapshot()).await;
+            let snapshot = snapshot_of(&result);
+            let lifecycles = callers * each;
+            assert_eq!(snapshot.total_activities, lifecycles);
+            assert_eq!(snapshot.total_succeeded, lifecycles);
+            assert_eq!(snapshot.total_in_flight, 0);
+            store.close().await.unwrap();
+        });
+    }
+
     #[tokio::test]
     async fn commands_about_any_number_of_records_go_to_the_writer_thread() {
         let dir = tempfile::tempdir().unwrap();
