@@ -194,42 +194,23 @@ impl Handoff {
         if state.closing {
             return StoreFuture::ready(Err(LedgerError::closed()));
         }
-        let mut command = command;
         if self.inline && !state.busy && state.last_group <= INLINE_MAX && is_small(&command) {
             if let Some(queued) = take_small(&mut state.queue, INLINE_MAX - 1) {
                 state.busy = true;
                 drop(state);
-                match self.run_here(queued, command) {
-                    Ok(result) => return StoreFuture::ready(result),
-                    // Another process holds the write lock: the writer
-                    // thread waits for it instead of this caller.
-                    Err((queued, given_back)) => {
-                        state = self.state();
-                        give_back(&mut state.queue, queued);
-                        command = given_back;
-                    }
-                }
+                return self.run_here(queued, command);
             }
         }
         let (reply, answer) = oneshot::channel();
         state.queue.push_back(Job::Run(command, reply));
         self.wake_writer(&state);
         drop(state);
-        StoreFuture::pending(async move { answer.await.map_err(|_| LedgerError::closed())? })
+        answered(answer)
     }
 
     /// Runs `queued` and then `command` as one group on this thread, then
-    /// what queued meanwhile for up to [`INLINE_FOR`], holding `busy`; gives
-    /// `queued` and `command` back when another connection holds the write
-    /// lock.
-    // The command comes back by value to be queued for the writer: boxing
-    // it would allocate on every lone call, to move it once in a while.
-    #[allow(clippy::result_large_err)]
-    fn run_here(
-        &self,
-        queued: Batch,
-        command: Command,
-    ) -> Result<Result<Reply, LedgerError>, (Batch, Command)> {
+    /// what queued meanwhile for up to [`INLINE_FOR`], holding `busy`.
+    fn run_here(&self, queued: Batch, command: Command) -> StoreFuture {
         // Clears `busy` however this ends, a panic included, and hands what
         // is left queued to the writer thread.
         let mut busy = Release {
@@ -239,12 +220,19 @@ impl Handoff {
         let started = Instant::now();
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(core) = core.as_mut() else {
-            return Ok(Err(LedgerError::closed()));
+            return StoreFuture::ready(Err(LedgerError::closed()));
         };
-        match begin_without_waiting(core.statements()) {
-            Ok(true) => {}
-            Ok(false) => return Err((queued, command)),
-            Err(err) => return Ok(Err(err)),
+        if !matches!(begin_without_waiting(core.statements()), Ok(true)) {
+            // Another process holds the write lock (or BEGIN failed): the
+            // writer thread waits for it, or meets the error, in this
+            // caller's stead. Queued again before `busy` is cleared, ahead
+            // of what queued since, so that nothing submitted later runs
+            // first.
+            let (reply, answer) = oneshot::channel();
+            let mut state = self.state();
+            state.queue.push_front(Job::Run(command, reply));
+            give_back(&mut state.queue, queued);
+            return answered(answer);
         }
         let own = queued.run_then(command, |commands| self.run_group(core, commands, Begun::Yes));
         // Those answered resubmit within microseconds: running their next
@@ -255,7 +243,6 @@ impl Handoff {
                 break;
             };
             if !matches!(begin_without_waiting(core.statements()), Ok(true)) {
-                // The writer thread waits for the lock, or meets the error.
                 give_back(&mut self.state().queue, batch);
                 break;
             }
@@ -265,7 +252,7 @@ impl Handoff {
         if let Some(checkpointer) = &core.checkpointer {
             checkpointer.nudge();
         }
-        Ok(own)
+        StoreFuture::ready(own)
     }
 
     /// Queues `command` without waking the writer thread, as a command
@@ -274,7 +261,7 @@ impl Handoff {
     pub(super) fn queue_quietly(&self, command: Command) -> StoreFuture {
         let (reply, answer) = oneshot::channel();
         self.state().queue.push_back(Job::Run(command, reply));
-        StoreFuture::pending(async move { answer.await.map_err(|_| LedgerError::closed())? })
+        answered(answer)
     }
 
     /// Runs `commands` as one group on `core`'s connection.
@@ -520,4 +507,10 @@ fn give_back(queue: &mut VecDeque<Job>, batch: Batch) {
     for (command, reply) in commands.into_iter().zip(replies).rev() {
         queue.push_front(Job::Run(command, reply));
     }
+}
+
+/// The future of a queued command's answer; a store that closed before
+/// answering it says so.
+fn answered(answer: oneshot::Receiver<Result<Reply, LedgerError>>) -> StoreFuture {
+    StoreFuture::pending(async move { answer.await.map_err(|_| LedgerError::closed())? })
 }

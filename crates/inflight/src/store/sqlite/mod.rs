@@ -784,6 +784,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn commands_given_back_for_another_process_keep_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("queued.db");
+        let handoff = handoff_alone(&path);
+        let other = connect(&path, Synchronous::Normal).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let id = ActivityId::new();
+        let begun = handoff.queue_quietly(begin(id));
+        // The write lock is held: the caller queues both again, in order.
+        let started = handoff.submit(start(id));
+        assert!(!ran_inline(&started), "{started:?}");
+        other.execute_batch("COMMIT").unwrap();
+        let got = handoff.submit(Command::Get { id });
+        assert!(ran_inline(&got), "{got:?}");
+        for queued in [begun, started] {
+            let answer = tokio::time::timeout(Duration::from_secs(5), queued).await;
+            answer.expect("answered by the caller").unwrap();
+        }
+        match got.await.unwrap() {
+            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Executing),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn a_caller_queues_behind_a_command_about_any_number_of_records() {
         let dir = tempfile::tempdir().unwrap();
         let handoff = handoff_alone(&dir.path().join("queued.db"));
