@@ -762,6 +762,19 @@ mod tests {
         )
     }
 
+    /// Checks that the queued begin and start were answered, by the caller
+    /// of `got` since no writer thread runs, and ran before its `Get`.
+    async fn begun_then_started(begun: StoreFuture, started: StoreFuture, got: StoreFuture) {
+        for queued in [begun, started] {
+            let answer = tokio::time::timeout(Duration::from_secs(5), queued).await;
+            answer.expect("answered by the caller").unwrap();
+        }
+        match got.await.unwrap() {
+            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Executing),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_caller_runs_the_small_commands_queued_before_its_own_in_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -773,14 +786,7 @@ mod tests {
         assert!(ran_inline(&got), "{got:?}");
         // Answered by the caller's group, which ran them before its own:
         // no writer thread would.
-        for queued in [begun, started] {
-            let answer = tokio::time::timeout(Duration::from_secs(5), queued).await;
-            answer.expect("answered by the caller").unwrap();
-        }
-        match got.await.unwrap() {
-            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Executing),
-            other => panic!("{other:?}"),
-        }
+        begun_then_started(begun, started, got).await;
     }
 
     #[tokio::test]
@@ -798,14 +804,7 @@ mod tests {
         other.execute_batch("COMMIT").unwrap();
         let got = handoff.submit(Command::Get { id });
         assert!(ran_inline(&got), "{got:?}");
-        for queued in [begun, started] {
-            let answer = tokio::time::timeout(Duration::from_secs(5), queued).await;
-            answer.expect("answered by the caller").unwrap();
-        }
-        match got.await.unwrap() {
-            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Executing),
-            other => panic!("{other:?}"),
-        }
+        begun_then_started(begun, started, got).await;
     }
 
     #[tokio::test]
