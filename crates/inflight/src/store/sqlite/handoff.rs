@@ -13,8 +13,9 @@
 //! owner's lease. It then runs what queued meanwhile, while that stays small,
 //! for up to [`INLINE_FOR`], and leaves the rest to the writer thread. Those
 //! it answers resubmit within microseconds, so under a few concurrent callers
-//! most groups run without waking any thread (`normal_8` 19,000 to 26,000
-//! lifecycles a second). A reap pass, a snapshot, a prune or an owner's
+//! many groups run without a hand-off to the writer thread and back
+//! (`normal_8` from about 19,000 to about 26,000 lifecycles a second). A reap
+//! pass, a snapshot, a prune or an owner's
 //! release can touch any number of records, and always goes to the writer
 //! thread: a mass expiry must not hold an async worker. So do groups larger
 //! than [`INLINE_MAX`]: once one ran, the writer thread keeps gathering them
