@@ -57,10 +57,7 @@ impl Batch {
 
     /// Runs the commands with `run` and answers each caller.
     pub(crate) fn run(self, run: impl FnOnce(Vec<Command>) -> Vec<Result<Reply, LedgerError>>) {
-        for (reply, result) in self.replies.into_iter().zip(run(self.commands)) {
-            // A caller that went away still had its command committed.
-            let _ = reply.send(result);
-        }
+        answer(self.replies, run(self.commands));
     }
 
     /// Runs the commands and then `last` with `run`, answering each caller;
@@ -74,10 +71,7 @@ impl Batch {
         self.commands.push(last);
         let mut results = run(self.commands);
         let own = results.pop().expect("one result per command");
-        for (reply, result) in self.replies.into_iter().zip(results) {
-            // A caller that went away still had its command committed.
-            let _ = reply.send(result);
-        }
+        answer(self.replies, results);
         own
     }
 
@@ -107,6 +101,17 @@ impl Batch {
                 return;
             }
         }
+    }
+}
+
+/// Answers each caller with its command's result.
+fn answer(
+    replies: Vec<oneshot::Sender<Result<Reply, LedgerError>>>,
+    results: Vec<Result<Reply, LedgerError>>,
+) {
+    for (reply, result) in replies.into_iter().zip(results) {
+        // A caller that went away still had its command committed.
+        let _ = reply.send(result);
     }
 }
 
