@@ -216,9 +216,8 @@ impl Handoff {
         // is left queued to the writer thread.
         let mut busy = Release {
             handoff: self,
-            largest: queued.len() + 1,
+            largest: 1,
         };
-        let started = Instant::now();
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(core) = core.as_mut() else {
             return StoreFuture::ready(Err(LedgerError::closed()));
@@ -235,20 +234,26 @@ impl Handoff {
             give_back(&mut state.queue, queued);
             return answered(answer);
         }
+        busy.largest = queued.len() + 1;
         let own = queued.run_then(command, |commands| self.run_group(core, commands, Begun::Yes));
         // Those answered resubmit within microseconds: running their next
-        // commands here spares the writer thread's wake-up and theirs.
-        while started.elapsed() < INLINE_FOR {
-            let Some(batch) = take_small(&mut self.state().queue, INLINE_MAX).filter(|batch| batch.len() > 0)
-            else {
-                break;
-            };
+        // commands here spares the writer thread's wake-up and theirs. The
+        // clock is read only once there are some: a lone caller pays one
+        // look at the queue.
+        let mut until = None;
+        while let Some(batch) =
+            take_small(&mut self.state().queue, INLINE_MAX).filter(|batch| batch.len() > 0)
+        {
+            let until = *until.get_or_insert_with(|| Instant::now() + INLINE_FOR);
             if !matches!(begin_without_waiting(core.statements()), Ok(true)) {
                 give_back(&mut self.state().queue, batch);
                 break;
             }
             busy.largest = busy.largest.max(batch.len());
             batch.run(|commands| self.run_group(core, commands, Begun::Yes));
+            if Instant::now() >= until {
+                break;
+            }
         }
         if let Some(checkpointer) = &core.checkpointer {
             checkpointer.nudge();
@@ -438,7 +443,7 @@ fn is_small(command: &Command) -> bool {
 /// last group, and hands what queued meanwhile to the writer thread.
 struct Release<'a> {
     handoff: &'a Handoff,
-    /// The largest group run.
+    /// The largest group run: 1 when none ran, as after a lone caller's.
     largest: usize,
 }
 
