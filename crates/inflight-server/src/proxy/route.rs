@@ -17,6 +17,8 @@ use hyper_util::rt::TokioExecutor;
 use inflight::config::{parse_count, parse_duration, parse_string, ConfigError, ConfigWarning};
 use inflight::domain::labels::Label;
 
+use crate::settings::HttpUrl;
+
 /// The longest a proxied call may wait in line, from its route's
 /// `max_wait` or its `X-Inflight-Max-Wait`: a client holds its connection
 /// that long.
@@ -159,7 +161,11 @@ impl Route {
             Some(service) => service,
             None => label(&key("name"), "service", name)?,
         };
-        let (scheme, authority, base_path) = read_upstream(&key("upstream"), &upstream)?;
+        let HttpUrl {
+            scheme,
+            authority,
+            base_path,
+        } = read_upstream(&key("upstream"), &upstream)?;
         if ca_file.is_some() && scheme != Scheme::HTTPS {
             return Err(ConfigError::new(
                 key("ca_file"),
@@ -200,18 +206,13 @@ fn label(key: &str, field: &'static str, value: &str) -> Result<Label, ConfigErr
 /// The scheme, host and base path of `upstream`: `http://` or `https://`
 /// with a host, and nothing a forwarded request could not keep (a query, a
 /// fragment, credentials).
-fn read_upstream(key: &str, upstream: &str) -> Result<(Scheme, Authority, String), ConfigError> {
-    let uri = crate::settings::http_url(
+fn read_upstream(key: &str, upstream: &str) -> Result<HttpUrl, ConfigError> {
+    crate::settings::http_url(
         key,
         upstream,
         "http://127.0.0.1:11434\" or \"https://api.openai.com",
         "the client's own headers reach the upstream",
-    )?;
-    let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
-        unreachable!("http_url checked both");
-    };
-    let base_path = uri.path().trim_end_matches('/').to_owned();
-    Ok((scheme, authority, base_path))
+    )
 }
 
 /// The TLS settings of an upstream of `scheme`: verified against
