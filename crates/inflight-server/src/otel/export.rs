@@ -117,7 +117,15 @@ struct OnRuntime {
     /// The metrics' client only: counts and logs the exports the collector
     /// did not take, which the SDK's reader would drop unheard. The spans'
     /// are counted where they are sent ([`Run::send`]).
-    metric_failures: Option<Arc<(Arc<OtelStats>, Mutex<Warned>)>>,
+    metric_failures: Option<Arc<MetricFailures>>,
+}
+
+/// Where a metrics client counts the exports that failed, and when it last
+/// warned of one.
+#[derive(Debug)]
+struct MetricFailures {
+    stats: Arc<OtelStats>,
+    warned: Mutex<Warned>,
 }
 
 #[async_trait::async_trait]
@@ -137,7 +145,7 @@ impl HttpClient for OnRuntime {
                 Err(err) => Some(err.to_string()),
             };
             if let Some(error) = failed {
-                let (stats, warned) = &**failures;
+                let MetricFailures { stats, warned } = &**failures;
                 stats.failed_metric_exports.fetch_add(1, Ordering::Relaxed);
                 if warned.lock().unwrap_or_else(PoisonError::into_inner).due() {
                     tracing::warn!(
@@ -188,7 +196,10 @@ pub fn start(settings: &OtelSettings, ledger: &Ledger, stats: Arc<OtelStats>) ->
         .with_http()
         .with_protocol(Protocol::HttpBinary)
         .with_http_client(OnRuntime {
-            metric_failures: Some(Arc::new((Arc::clone(&stats), Mutex::default()))),
+            metric_failures: Some(Arc::new(MetricFailures {
+                stats: Arc::clone(&stats),
+                warned: Mutex::default(),
+            })),
             ..client
         })
         .with_headers(headers)
