@@ -638,15 +638,18 @@ async fn a_500_a_refused_connection_and_a_slow_upstream_are_provider_failures() 
         (reply.status, reply.code().as_str()),
         (502, "upstream_unreachable")
     );
-    assert!(reply.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("\"closed\""));
+    let message = reply.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("\"closed\""), "{message}");
+    // The proxy's own answer names the record it made, as an upstream's does.
+    let record = p.record(&reply).await;
+    assert_eq!(record.state, RecordState::Failed);
+    assert!(message.contains(&record.activity_id.to_string()), "{message}");
 
     let reply = p
         .post("/proxy/oa/slow", &[("x-inflight-class", "chat")], json!({}))
         .await;
     assert_eq!((reply.status, reply.code().as_str()), (504, "upstream_timeout"));
+    assert_eq!(p.record(&reply).await.state, RecordState::Failed);
     let snap = p.snapshot().await;
     assert_eq!(snap.total_failed, 3, "{:#?}", snap.aggregates);
     assert_eq!(snap.total_in_flight, 0);

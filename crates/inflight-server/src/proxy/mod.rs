@@ -112,7 +112,7 @@ async fn forwarded(state: &ProxyState, request: Request) -> Result<Response, Api
             .client
             .request(upstream)
             .await
-            .map_err(|err| unreachable_upstream(route, &err))?;
+            .map_err(|err| unreachable_upstream(route, &err, None))?;
         let (head, incoming) = answer.into_parts();
         return Ok(respond(head, Body::new(incoming), None));
     };
@@ -174,18 +174,23 @@ async fn forwarded(state: &ProxyState, request: Request) -> Result<Response, Api
     let id = permit.id();
     let answer = match tokio::time::timeout_at(deadline, route.client.request(upstream)).await {
         Ok(Ok(answer)) => answer,
+        // Recorded failed: the answer names the record, as an upstream's does.
         Ok(Err(err)) => {
             fail(permit).await;
-            return Err(unreachable_upstream(route, &err));
+            return Ok(naming(
+                unreachable_upstream(route, &err, Some(id)).into_response(),
+                id,
+            ));
         }
         Err(_) => {
             fail(permit).await;
-            return Err(ApiError::upstream_timeout(format!(
+            let error = ApiError::upstream_timeout(format!(
                 "the upstream of proxy route {:?} did not answer within class {class:?}'s deadline of {}; \
                  activity {id} is recorded failed",
                 route.name,
                 humantime::format_duration(Duration::from_millis(u64::try_from(deadline_ms).unwrap_or(0)))
-            )));
+            ));
+            return Ok(naming(error.into_response(), id));
         }
     };
     let (head, incoming) = answer.into_parts();
@@ -312,7 +317,16 @@ fn respond(head: hyper::http::response::Parts, body: Body, id: Option<inflight::
             .headers_mut()
             .insert(header::CONTENT_LENGTH, length.clone());
     }
-    if let Some(id) = id.and_then(|id| HeaderValue::try_from(id.to_string()).ok()) {
+    match id {
+        Some(id) => naming(response, id),
+        None => response,
+    }
+}
+
+/// `response`, with the id of the record the call made
+/// (`X-Inflight-Activity-Id`).
+fn naming(mut response: Response, id: inflight::ActivityId) -> Response {
+    if let Ok(id) = HeaderValue::try_from(id.to_string()) {
         response.headers_mut().insert(ACTIVITY_ID, id);
     }
     response
@@ -326,7 +340,13 @@ async fn fail(permit: Permit) {
     }
 }
 
-fn unreachable_upstream(route: &Route, err: &hyper_util::client::legacy::Error) -> ApiError {
+/// The answer to a call whose upstream could not be reached; `recorded`,
+/// the record it made, if it was one.
+fn unreachable_upstream(
+    route: &Route,
+    err: &hyper_util::client::legacy::Error,
+    recorded: Option<inflight::ActivityId>,
+) -> ApiError {
     tracing::info!(route = route.name(), error = %err, "a proxy route's upstream is unreachable");
     // The client's own words ("client error (Connect)") say little; its
     // causes say what failed ("dns error: failed to lookup address ...").
@@ -341,8 +361,11 @@ fn unreachable_upstream(route: &Route, err: &hyper_util::client::legacy::Error) 
     } else {
         causes.join(": ")
     };
+    let recorded = recorded
+        .map(|id| format!("; activity {id} is recorded failed"))
+        .unwrap_or_default();
     ApiError::upstream_unreachable(format!(
-        "the upstream of proxy route {:?} cannot be reached: {cause}",
+        "the upstream of proxy route {:?} cannot be reached: {cause}{recorded}",
         route.name
     ))
 }
