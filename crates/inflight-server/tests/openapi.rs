@@ -267,6 +267,29 @@ async fn answers_document_their_fields_as_the_wire_writes_them() {
     assert!(metrics.get("application/openmetrics-text").is_some(), "{metrics}");
 }
 
+#[test]
+fn an_answer_that_makes_an_id_links_every_operation_that_takes_it() {
+    let document = openapi::document_json().unwrap();
+    let paths = document["paths"].as_object().unwrap();
+    for collection in ["/v1/activities", "/v1/owners"] {
+        let links = document["paths"][collection]["post"]["responses"]["201"]["links"]
+            .as_object()
+            .unwrap_or_else(|| panic!("POST {collection} links nothing"));
+        let linked: std::collections::BTreeSet<&str> = links
+            .values()
+            .map(|link| link["operationId"].as_str().unwrap())
+            .collect();
+        let taking: std::collections::BTreeSet<&str> = paths
+            .iter()
+            .filter(|(path, _)| path.starts_with(&format!("{collection}/{{id}}")))
+            .flat_map(|(_, operations)| operations.as_object().unwrap().values())
+            .filter_map(|operation| operation["operationId"].as_str())
+            .collect();
+        assert!(!taking.is_empty(), "{collection}");
+        assert_eq!(linked, taking, "POST {collection}'s 201");
+    }
+}
+
 #[tokio::test]
 async fn every_parameterless_read_answers_a_documented_status_and_media_type() {
     let document = openapi::document_json().unwrap();

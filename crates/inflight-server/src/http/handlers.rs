@@ -148,6 +148,7 @@ fn activity_id(path: Result<Path<String>, PathRejection>) -> Answer<ActivityId> 
                 ("startActivity" = (operation_id = "startActivity", parameters(("id" = "$response.body#/activityId")))),
                 ("settleActivity" = (operation_id = "settleActivity", parameters(("id" = "$response.body#/activityId")))),
                 ("cancelActivity" = (operation_id = "cancelActivity", parameters(("id" = "$response.body#/activityId")))),
+                ("refineActivity" = (operation_id = "refineActivity", parameters(("id" = "$response.body#/activityId")))),
             )),
         (status = 400, description = "A missing or invalid field, label, timestamp or `ownerId`; a bad `start` or \
             `wait`, `wait` without `start=now`, or `startedAt` with `start=now`", body = api::ErrorBody),
