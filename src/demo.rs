@@ -201,6 +201,10 @@ fn history() -> Vec<(Timestamp, Event)> {
 ///
 /// # Errors
 /// Whatever the ledger returns.
+///
+/// # Cancel safety
+/// Not cancel safe: dropped part way, `ledger` holds part of the history
+/// and `clock` stands at the last event fed.
 pub async fn replay_into(ledger: &Ledger, clock: &FakeClock) -> Result<Replayed, LedgerError> {
     let mut replayed = Replayed::default();
     let mut ids: BTreeMap<usize, ActivityId> = BTreeMap::new();
@@ -256,6 +260,9 @@ pub struct IncidentReplay {
 ///
 /// # Errors
 /// Whatever the ledger returns (nothing, on the in-memory store).
+///
+/// # Cancel safety
+/// Cancel safe: the two ledgers are its own, and go with it.
 pub async fn replay_incident() -> Result<IncidentReplay, LedgerError> {
     let defaults = LedgerConfig::default();
     // The replaced system: records never expire (a factor no clock reaches).

@@ -67,6 +67,10 @@ impl Client {
     ///
     /// # Errors
     /// The server cannot be reached, refuses, or answers no snapshot.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in effect: a snapshot reaps first, on the server,
+    /// whether or not its answer is awaited; nothing else changes.
     pub async fn snapshot(&self, query: &SnapshotQuery) -> Result<Snapshot, CliError> {
         let request = self.http.get(format!("{}/v1/snapshot", self.base)).query(query);
         let text = self.send(request).await?;
@@ -77,6 +81,10 @@ impl Client {
     ///
     /// # Errors
     /// The server cannot be reached, refuses, or answers no reap counts.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a request already sent is carried out by the
+    /// server whether or not its answer is awaited.
     pub async fn reap(&self) -> Result<ReapCounts, CliError> {
         let request = self.http.post(format!("{}/v1/reap", self.base));
         let text = self.send(request).await?;
@@ -87,6 +95,10 @@ impl Client {
     ///
     /// # Errors
     /// The server cannot be reached, refuses, or answers no record.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in effect: a read reaps the record first, on the
+    /// server, if it is past its bound, whether or not the answer is awaited.
     pub async fn activity(&self, id: &str) -> Result<ActivityRecord, CliError> {
         let request = self.http.get(format!("{}/v1/activities/{id}", self.base));
         let text = self.send(request).await?;
@@ -97,6 +109,10 @@ impl Client {
     ///
     /// # Errors
     /// The server cannot be reached, refuses, or answers no record.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a request already sent is carried out by the
+    /// server whether or not its answer is awaited.
     pub async fn cancel(&self, id: &str, reason: Option<String>) -> Result<ActivityRecord, CliError> {
         let request = self
             .http
@@ -110,6 +126,10 @@ impl Client {
     ///
     /// # Errors
     /// The server cannot be reached, refuses, or answers no owner.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a request already sent is carried out by the
+    /// server whether or not its answer is awaited.
     pub async fn release_owner(&self, id: &str) -> Result<Owner, CliError> {
         let request = self.http.delete(format!("{}/v1/owners/{id}", self.base));
         let text = self.send(request).await?;
@@ -123,6 +143,9 @@ impl Client {
     ///
     /// # Errors
     /// The server cannot be reached, or no id or several end with `text`.
+    ///
+    /// # Cancel safety
+    /// As [`Client::snapshot`], which it may call: the server reaps first.
     pub async fn resolve(&self, text: &str, kind: Kind) -> Result<String, CliError> {
         if ids::is_full_id(text.trim()) {
             return Ok(text.trim().to_ascii_lowercase());

@@ -89,6 +89,11 @@ pub fn frame(read: Result<&Snapshot, &CliError>, interval: Duration, output: Out
 ///
 /// # Errors
 /// Standard output cannot be written for another reason.
+///
+/// # Cancel safety
+/// Cancel safe: each snapshot is written whole, without an await, so a
+/// drop leaves standard output at the end of one; the read under way (which
+/// reaps on the server first, as every snapshot does) is abandoned.
 pub async fn watch(
     client: &Client,
     query: &SnapshotQuery,

@@ -123,6 +123,10 @@ impl Reload {
 impl Reloads {
     /// Waits for the next reload: `true` when one came, `false` once every
     /// [`Reload`] is dropped (there will be none).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a reload triggered while no call waits is kept, and the
+    /// next call returns at once (`tokio::sync::watch::Receiver::changed`).
     pub async fn next(&mut self) -> bool {
         self.receiver.changed().await.is_ok()
     }

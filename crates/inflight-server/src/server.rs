@@ -345,6 +345,13 @@ pub fn open_ledger(settings: &ServerSettings) -> Result<Ledger, ServeError> {
 ///
 /// # Errors
 /// See [`ServeError`].
+///
+/// # Cancel safety
+/// Not cancel safe: dropping the future stops accepting connections but
+/// skips the orderly end that SIGTERM or SIGINT gives. Requests under way
+/// are not waited for, and the store is not closed: what it was given
+/// still lands, and the SQLite store applies what it wrote ahead when it
+/// is next opened.
 pub async fn serve(settings: ServerSettings) -> Result<(), ServeError> {
     // From here on a SIGHUP re-reads files instead of ending the process.
     let reload = Reload::new();
@@ -425,6 +432,13 @@ fn export(
 ///
 /// # Errors
 /// [`ServeError::Serve`] when the listener fails.
+///
+/// # Cancel safety
+/// Not cancel safe: dropping the future stops accepting connections but
+/// skips the orderly end, which only `shutdown` resolving gives. Requests
+/// under way are not waited for, and the store is not closed: what it was
+/// given still lands, and the SQLite store applies what it wrote ahead
+/// when it is next opened.
 pub async fn serve_on(
     listener: TcpListener,
     ledger: Ledger,
@@ -441,6 +455,13 @@ pub async fn serve_on(
 ///
 /// # Errors
 /// [`ServeError::Serve`] when the listener fails.
+///
+/// # Cancel safety
+/// Not cancel safe: dropping the future stops accepting connections but
+/// skips the orderly end, which only `shutdown` resolving gives. Requests
+/// under way are not waited for, and the store is not closed: what it was
+/// given still lands, and the SQLite store applies what it wrote ahead
+/// when it is next opened.
 pub async fn serve_state(
     listener: TcpListener,
     state: AppState,
@@ -456,6 +477,13 @@ pub async fn serve_state(
 ///
 /// # Errors
 /// [`ServeError::Serve`] when the listener fails.
+///
+/// # Cancel safety
+/// Not cancel safe: dropping the future stops accepting connections but
+/// skips the orderly end, which only `shutdown` resolving gives. Requests
+/// under way are not waited for, and the store is not closed: what it was
+/// given still lands, and the SQLite store applies what it wrote ahead
+/// when it is next opened.
 pub async fn serve_tls(
     listener: TcpListener,
     state: AppState,
@@ -661,6 +689,12 @@ async fn send_and_close(mut stream: impl AsyncWrite + Unpin, bytes: &[u8]) -> st
 }
 
 /// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+///
+/// # Cancel safety
+/// Cancel safe: dropping it loses nothing. A signal is seen only by a
+/// future already polled when it arrives (tokio's `ctrl_c` and `signal`):
+/// one sent while none is polled is lost, and, once one was, no longer
+/// ends the process by itself.
 pub async fn shutdown_signal() {
     let interrupt = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
