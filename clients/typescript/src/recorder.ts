@@ -78,12 +78,31 @@ export interface RecorderOptions {
   onError?(err: unknown, event: RecorderEvent): void;
   /** Called with the record each request answered (for logs and tests). Errors thrown here are ignored. */
   onRecorded?(record: ActivityRecord, event: RecorderEvent): void;
+  /**
+   * How long, in ms, an activity never completed stays in this recorder
+   * once the server has reaped it (its `reapedAt`) or may (its
+   * `reapableAt`), as the record last answered says: a complete that comes
+   * by then is still sent, and the server absorbs it as the late settle it
+   * is. After that it is forgotten, so that completes the caller lost do
+   * not grow this process's memory without bound; the server keeps the
+   * evidence (the record, reaped). A later call for its id is `unknown-id`.
+   * An activity whose begin never got an answer is forgotten a day after
+   * it was begun. Default 10 minutes; 0 forgets at the first chance.
+   */
+  forgetAfterMs?: number;
 }
+
+/** `RecorderOptions.forgetAfterMs`'s default. */
+const FORGET_AFTER_MS = 10 * 60_000;
+/** How long an activity whose begin never got an answer is kept. */
+const UNANSWERED_FOR_MS = 24 * 60 * 60_000;
+/** How often, at most, the activities are looked over for those to forget. */
+const SWEEP_EVERY_MS = 10_000;
 
 /** A call the recorder could not send (it never reached the server). */
 export class RecorderError extends Error {
   override name = "RecorderError";
-  /** `unknown-id`: not an id of this recorder's, or its activity was completed; `not-begun`: its begin failed. */
+  /** `unknown-id`: not an id of this recorder's, or its activity was completed or forgotten (`forgetAfterMs`); `not-begun`: its begin failed. */
   readonly reason: "unknown-id" | "not-begun";
 
   constructor(reason: "unknown-id" | "not-begun", message: string, options?: { cause?: unknown }) {
@@ -109,6 +128,8 @@ interface Tracked {
   refused: unknown;
   /** The last request queued for this activity: the next one goes out after it. */
   tail: Promise<void>;
+  /** When the recorder forgets it, if it is not completed by then (ms since the epoch). */
+  forgetAt: number;
 }
 
 /** The errors after which the same begin, sent again, may yet be answered: no answer, a 5xx, a 408. */
@@ -171,6 +192,9 @@ export class ProviderActivityRecorder {
   private readonly activities = new Map<string, Tracked>();
   /** Every request queued and not yet settled, for `flush`. */
   private readonly pending = new Set<Promise<void>>();
+  private readonly forgetAfterMs: number;
+  /** When the activities are next looked over (ms since the epoch). */
+  private nextSweep = 0;
 
   constructor(client: InflightClient, options: RecorderOptions = {}) {
     this.client = client;
@@ -182,6 +206,11 @@ export class ProviderActivityRecorder {
           "InflightWarning",
         ));
     this.onRecorded = options.onRecorded;
+    const forgetAfterMs = options.forgetAfterMs ?? FORGET_AFTER_MS;
+    if (typeof forgetAfterMs !== "number" || !Number.isFinite(forgetAfterMs) || forgetAfterMs < 0) {
+      throw new TypeError(`forgetAfterMs must be a number of milliseconds, 0 or more; got ${String(forgetAfterMs)}`);
+    }
+    this.forgetAfterMs = forgetAfterMs;
     // Callable detached (`const { beginProviderActivity } = recorder`), as plain functions are.
     this.beginProviderActivity = this.beginProviderActivity.bind(this);
     this.startProviderActivity = this.startProviderActivity.bind(this);
@@ -202,6 +231,7 @@ export class ProviderActivityRecorder {
   beginProviderActivity(entry: ProviderActivityEntry = {}): string {
     const id = randomUUID();
     try {
+      this.sweep();
       const tracked: Tracked = {
         id,
         body: this.beginBody(entry ?? {}),
@@ -209,6 +239,7 @@ export class ProviderActivityRecorder {
         activityId: undefined,
         refused: undefined,
         tail: Promise.resolve(),
+        forgetAt: Date.now() + UNANSWERED_FOR_MS,
       };
       this.activities.set(id, tracked);
       this.enqueue(tracked, async () => {
@@ -332,6 +363,7 @@ export class ProviderActivityRecorder {
         ...(traceparent === undefined ? {} : { traceparent }),
       });
       tracked.activityId = record.activityId;
+      tracked.forgetAt = this.forgetAt(record);
       this.recorded(record, { operation: "begin", id: tracked.id, activityId: record.activityId });
       return record.activityId;
     } catch (err) {
@@ -353,7 +385,7 @@ export class ProviderActivityRecorder {
         this.report(
           new RecorderError(
             "unknown-id",
-            `inflight recorder: ${operation} of ${known}, which this recorder did not begin or has completed; nothing was sent`,
+            `inflight recorder: ${operation} of ${known}, which this recorder did not begin, has completed or has forgotten (forgetAfterMs); nothing was sent`,
           ),
           { operation, id: String(id), activityId: undefined },
         );
@@ -376,13 +408,31 @@ export class ProviderActivityRecorder {
         }
         const event: RecorderEvent = { operation, id, activityId };
         try {
-          this.recorded(await send(activityId), event);
+          const record = await send(activityId);
+          tracked.forgetAt = this.forgetAt(record);
+          this.recorded(record, event);
         } catch (err) {
           this.report(err, event);
         }
       });
     } catch (err) {
       this.report(err, { operation, id: String(id), activityId: undefined });
+    }
+  }
+
+  /** When an activity whose record last answered `record` is forgotten. */
+  private forgetAt(record: ActivityRecord): number {
+    const bound = Date.parse(record.reapedAt ?? record.reapableAt ?? "");
+    return (Number.isFinite(bound) ? bound : Date.now()) + this.forgetAfterMs;
+  }
+
+  /** Forgets the activities past their time (`RecorderOptions.forgetAfterMs`), at most every 10 s. */
+  private sweep(): void {
+    const now = Date.now();
+    if (now < this.nextSweep) return;
+    this.nextSweep = now + Math.min(this.forgetAfterMs, SWEEP_EVERY_MS);
+    for (const [id, tracked] of this.activities) {
+      if (tracked.forgetAt <= now) this.activities.delete(id);
     }
   }
 

@@ -5,7 +5,7 @@
 // here from the four-call interface the way such code calls it: every call
 // made synchronously from the lifecycle's callbacks, its result never awaited.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { after, before, describe, mock, test } from "node:test";
 
 import { ConflictError, InflightClient, InvalidRequestError, LaneFullError, ProviderActivityRecorder, RecorderError } from "../dist/index.js";
 import { laneCounts, sleep, startServer } from "./server.js";
@@ -374,6 +374,75 @@ describe("the recorder, against a scripted fetch", () => {
     assert.ok(errors[0][0] instanceof RecorderError);
     assert.equal(errors[0][0].reason, "unknown-id");
     assert.deepEqual(errors[0][1], { operation: "start", id: "nope", activityId: undefined });
+  });
+
+  test("an activity the server reaped is forgotten forgetAfterMs later, so lost completes do not pile up", async () => {
+    // The scripted server answers each begin with the record reaped
+    // `reapedAgo` (by the recorder's id) ms ago.
+    const reapedAgo = new Map();
+    const reaped = (r, answer) =>
+      r.path === "/v1/activities"
+        ? json(201, {
+            activityId: `srv-${r.key}`,
+            state: "reaped",
+            reapedAt: new Date(Date.now() - (reapedAgo.get(r.key) ?? 0)).toISOString(),
+            reapableAt: null,
+          })
+        : answer(r);
+    const { client, seen } = scripted({ answer: reaped });
+    const { recorder, errors } = recorderOf(client);
+    // The wall clock only (the client's timers run), so that the next look
+    // over, at most every 10 s, comes without waiting for it.
+    let lost;
+    let late;
+    mock.timers.enable({ apis: ["Date"], now: Date.now() });
+    try {
+      lost = recorder.beginProviderActivity({ service: "kb", provider: "ollama" });
+      reapedAgo.set(lost, 11 * 60_000); // past the default 10 minutes
+      late = recorder.beginProviderActivity({ service: "kb", provider: "ollama" });
+      reapedAgo.set(late, 9 * 60_000);
+      await recorder.flush();
+      mock.timers.tick(5_000);
+      recorder.beginProviderActivity({ service: "kb", provider: "ollama" });
+      assert.equal(recorder.inFlight, 3, "not looked over again within 10 s");
+      mock.timers.tick(6_000);
+      recorder.beginProviderActivity({ service: "kb", provider: "ollama" });
+      assert.equal(recorder.inFlight, 3, "the first is forgotten, the second kept (9 min + 11 s)");
+    } finally {
+      mock.timers.reset();
+    }
+    recorder.completeProviderActivity(late, { success: true }); // sent: the server absorbs a late settle
+    recorder.completeProviderActivity(lost, { success: true }); // not sent
+    await recorder.flush();
+    assert.deepEqual(routes(seen).filter((r) => r.endsWith("/settle")), ["POST /v1/activities/{id}/settle"]);
+    assert.equal(errors.length, 1);
+    assert.equal(errors[0].err.reason, "unknown-id");
+    assert.equal(errors[0].id, lost);
+    assert.match(errors[0].err.message, /forgotten/);
+
+    // With 0, at the next begin once the bound has passed: here the record's
+    // reapableAt, as a start answered it.
+    const executing = (r, answer) =>
+      json(r.path === "/v1/activities" ? 201 : 200, {
+        activityId: r.path === "/v1/activities" ? `srv-${r.key}` : r.path.split("/")[3],
+        state: "executing",
+        reapedAt: null,
+        reapableAt: new Date(Date.now() + (r.path.endsWith("/start") ? -1 : 60_000)).toISOString(),
+      });
+    const eager = recorderOf(scripted({ answer: executing }).client, { forgetAfterMs: 0 }).recorder;
+    const started = eager.beginProviderActivity({ service: "kb", provider: "ollama" });
+    await eager.flush();
+    eager.beginProviderActivity({ service: "kb", provider: "ollama" });
+    assert.equal(eager.inFlight, 2, "begun: reapable in a minute");
+    eager.startProviderActivity(started);
+    await eager.flush();
+    await sleep(2);
+    eager.beginProviderActivity({ service: "kb", provider: "ollama" });
+    assert.equal(eager.inFlight, 2, "started: reapable already, so forgotten");
+
+    for (const bad of [-1, Number.NaN, Infinity, "600000"]) {
+      assert.throws(() => new ProviderActivityRecorder(client, { forgetAfterMs: bad }), /forgetAfterMs must be a number of milliseconds/);
+    }
   });
 
   test("the methods work detached, as plain functions", async () => {
