@@ -241,9 +241,14 @@ impl Handoff {
         // clock is read only once there are some: a lone caller pays one
         // look at the queue.
         let mut until = None;
-        while let Some(batch) =
-            take_small(&mut self.state().queue, INLINE_MAX).filter(|batch| batch.len() > 0)
-        {
+        loop {
+            // Taken in a statement of its own: a guard made in a `while let`
+            // condition would hold the state's lock through the group (every
+            // submitter would block on it) and deadlock the give-back below.
+            let taken = take_small(&mut self.state().queue, INLINE_MAX);
+            let Some(batch) = taken.filter(|batch| batch.len() > 0) else {
+                break;
+            };
             let until = *until.get_or_insert_with(|| Instant::now() + INLINE_FOR);
             if !matches!(begin_without_waiting(core.statements()), Ok(true)) {
                 give_back(&mut self.state().queue, batch);
@@ -403,13 +408,19 @@ impl Handoff {
     }
 }
 
-/// Closes the store if the writer thread ends by a panic: callers queued
-/// and to come are told it closed rather than left waiting.
+/// Closes the store if the writer thread ends by a panic: what the group
+/// wrote is undone and the connection closed, so that no other process
+/// waits on a write lock no one will release; callers queued and to come
+/// are told it closed rather than left waiting.
 struct Stopped<'a>(&'a Handoff);
 
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            let core = self.0.core.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(mut core) = core {
+                rollback(core.statements());
+            }
             let mut state = self.0.state();
             state.closing = true;
             state.closed = true;

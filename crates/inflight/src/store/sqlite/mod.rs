@@ -748,9 +748,13 @@ mod tests {
     /// A handoff with no writer thread, so that what a test queues stays
     /// queued until a caller takes it.
     fn handoff_alone(path: &Path) -> Handoff {
+        handoff_publishing(path, Arc::new(Published::default()))
+    }
+
+    /// [`handoff_alone`], showing what lands to `published`.
+    fn handoff_publishing(path: &Path, published: Arc<Published>) -> Handoff {
         let mut conn = connect(path, Synchronous::Normal).unwrap();
         migrate(&mut conn).unwrap();
-        let published = Arc::new(Published::default());
         let checkpointer = Checkpointer::start(path, Synchronous::Normal, Arc::clone(&published)).unwrap();
         let config = Arc::new(LedgerConfig::default());
         Handoff::new(
@@ -805,6 +809,104 @@ mod tests {
         let got = handoff.submit(Command::Get { id });
         assert!(ran_inline(&got), "{got:?}");
         begun_then_started(begun, started, got).await;
+    }
+
+    #[test]
+    fn a_caller_gives_back_a_later_group_when_another_process_took_the_lock_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("queued.db");
+        let published = Arc::new(Published::default());
+        let handoff = Arc::new(handoff_publishing(&path, Arc::clone(&published)));
+        let id = ActivityId::new();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(handoff.submit(begin(id))).unwrap();
+        runtime.block_on(handoff.submit(start(id))).unwrap();
+        // Once the settle has committed and its end is shown, before its
+        // caller looks at the queue again: another command queues, and
+        // another process takes the write lock.
+        let other = Arc::new(std::sync::Mutex::new(
+            connect(&path, Synchronous::Normal).unwrap(),
+        ));
+        let queued = Arc::new(std::sync::Mutex::new(None));
+        let (weak, lock, slot) = (Arc::downgrade(&handoff), Arc::clone(&other), Arc::clone(&queued));
+        published.watchers.add_end_watch(Arc::new(move |_, _| {
+            if let Some(handoff) = weak.upgrade() {
+                lock.lock().unwrap().execute_batch("BEGIN IMMEDIATE").unwrap();
+                *slot.lock().unwrap() = Some(handoff.queue_quietly(Command::Get { id }));
+            }
+        }));
+        // The caller gives the later group back and answers its own: on a
+        // thread of its own, so that a caller that never returns fails the
+        // test instead of hanging it.
+        let (answered, answer) = std::sync::mpsc::channel();
+        let caller = Arc::clone(&handoff);
+        std::thread::spawn(move || {
+            let settled = caller.submit(settle(id));
+            answered.send(ran_inline(&settled)).unwrap();
+        });
+        let inline = answer.recv_timeout(Duration::from_secs(10));
+        assert_eq!(inline, Ok(true), "the settle's caller never returned");
+        other.lock().unwrap().execute_batch("COMMIT").unwrap();
+        let queued = queued.lock().unwrap().take().expect("the end was shown");
+        // Queued again, in order: the next caller runs it before its own.
+        let got = handoff.submit(Command::Get { id });
+        assert!(ran_inline(&got), "{got:?}");
+        for answer in [queued, got] {
+            match runtime.block_on(answer).unwrap() {
+                Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Succeeded),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// A clock that panics once it is told to.
+    #[derive(Debug, Default)]
+    struct FailingClock(std::sync::atomic::AtomicBool);
+
+    impl Clock for FailingClock {
+        fn now(&self) -> Timestamp {
+            assert!(
+                !self.0.load(std::sync::atomic::Ordering::SeqCst),
+                "the clock fails"
+            );
+            T0
+        }
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_panics_mid_group_releases_the_write_lock_and_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("panics.db");
+        let clock = Arc::new(FailingClock::default());
+        let config = Arc::new(LedgerConfig::default());
+        // Under `full` every command goes to the writer thread.
+        let store = SqliteStore::open_with(
+            &path,
+            Synchronous::Full,
+            config,
+            Arc::clone(&clock) as Arc<dyn Clock>,
+        )
+        .unwrap();
+        let id = ActivityId::new();
+        store.execute(begin(id)).await.unwrap();
+        // The clock is read once the group holds the write lock: the panic
+        // comes mid-transaction.
+        clock.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        let failed = store.execute(start(id)).await.unwrap_err();
+        assert_eq!(failed.kind(), ErrorKind::Closed, "{failed}");
+        let err = store.execute(Command::Get { id }).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+        // Another process takes the write lock at once, and finds the
+        // record as it was before the failed group.
+        let other = connect(&path, Synchronous::Normal).unwrap();
+        other.busy_timeout(Duration::ZERO).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE; ROLLBACK").unwrap();
+        drop(other);
+        let reopened = store_at(&path);
+        match reopened.execute(Command::Get { id }).await.unwrap() {
+            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Waiting),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -41,7 +41,11 @@ pub(super) fn begin_without_waiting(conn: &mut Statements<'_>) -> Result<bool, L
     };
     set(conn, Duration::ZERO)?;
     let begun = control(conn, sql::BEGIN_IMMEDIATE);
-    set(conn, super::BUSY_TIMEOUT)?;
+    if let Err(err) = set(conn, super::BUSY_TIMEOUT) {
+        // Reported as not begun: nothing may be left open.
+        rollback(conn);
+        return Err(err);
+    }
     match begun {
         Ok(()) => Ok(true),
         Err(rusqlite::Error::SqliteFailure(failure, _))
