@@ -305,6 +305,35 @@ async def test_proxy_callback_begins_holds_and_settles(llm_server):
 
 
 @pytest.mark.asyncio
+async def test_proxy_callback_forgets_a_record_no_hook_settled_once_the_server_reaped_it(llm_server, monkeypatch):
+    import inflight_ledger.litellm as module
+
+    now = module._wall_clock()
+    async with AsyncLedger(llm_server.url) as ledger:
+        callback = InflightCallback(ledger, service="llm-forget")
+        lost = (await pre_call(callback, proxy_request()))["metadata"][ACTIVITY_KEY]
+        reapable = datetime.fromisoformat(callback.open[lost].record["reapableAt"].replace("Z", "+00:00")).timestamp()
+        # Looked over again only after 10 s: before its bound, it is kept.
+        monkeypatch.setattr(module, "_wall_clock", lambda: now + 11)
+        kept = (await pre_call(callback, proxy_request()))["metadata"][ACTIVITY_KEY]
+        assert set(callback.open) == {lost, kept}
+        # Ten minutes past its bound (the server reaps it at its next read)
+        # and a little more, no hook having settled it: forgotten at the
+        # next request, with the one begun just after it.
+        monkeypatch.setattr(module, "_wall_clock", lambda: reapable + 600 + 30)
+        newest = (await pre_call(callback, proxy_request()))["metadata"][ACTIVITY_KEY]
+        assert set(callback.open) == {newest}
+        # A hook that comes now settles nothing; the server reaps the record.
+        response = await litellm.acompletion(model="gpt-4o-mini", messages=MESSAGES, mock_response="hi")
+        await callback.async_post_call_success_hook(
+            data={"metadata": {ACTIVITY_KEY: lost}}, user_api_key_dict=UserAPIKeyAuth(), response=response)
+        assert (await ledger.get_activity(lost))["state"] == "executing"
+        for bad in (-1, float("nan"), float("inf"), "600", True):
+            with pytest.raises(ValueError, match="forget_after must be a number of seconds"):
+                InflightCallback(ledger, forget_after=bad)
+
+
+@pytest.mark.asyncio
 async def test_proxy_callback_refuses_past_max_wait_and_cancels(llm_server):
     async with AsyncLedger(llm_server.url) as ledger:
         callback = InflightCallback(ledger, service="llm-proxy-wait", max_wait=0.3)

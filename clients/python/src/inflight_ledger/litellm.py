@@ -38,7 +38,10 @@ ignored), so the record's span joins the caller's trace.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import warnings
+from datetime import datetime
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Tuple
 
 import httpx
@@ -74,6 +77,13 @@ PRIORITY_KEY = "inflight_priority"
 CLASS_KEY = "inflight_class"
 #: Where the proxy callback notes the record's id in the request's metadata.
 ACTIVITY_KEY = "inflight_activity_id"
+
+#: ``InflightCallback``'s ``forget_after`` by default, in seconds.
+FORGET_AFTER = 600.0
+#: How often, at most, the callback looks its open records over.
+_SWEEP_EVERY = 10.0
+#: The wall clock the callback forgets records by (a test moves it).
+_wall_clock = time.time
 
 #: The class of each LiteLLM call type (the SDK's function names, the proxy's route types).
 CALL_CLASSES: Mapping[str, str] = {
@@ -398,6 +408,15 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
     ``AsyncLiteLLMCalls``'s, the request's ``metadata`` overriding service,
     priority and class.
 
+    ``forget_after``: how long, in seconds, a record no hook settled stays
+    in ``open`` once the server has reaped it, or may (its ``reapedAt``,
+    else its ``reapableAt``, as the server last answered): a hook that
+    comes by then still settles it, as the late settle it is. After that it
+    is forgotten, so that requests whose hooks never ran do not grow the
+    proxy's memory without bound; the server keeps the evidence, the record
+    reaped. Default 10 minutes; looked over at a request, at most every
+    10 s.
+
     The begin sends the OpenTelemetry span current in the hook; where there
     is none, the served request's own ``traceparent`` header (when well
     formed: ``incoming_traceparent``). The ledger's ``propagate_trace=False``
@@ -412,7 +431,12 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
         provider: Optional[str] = None,
         max_wait: Optional[float] = None,
         wait_step: float = 10.0,
+        forget_after: float = FORGET_AFTER,
     ) -> None:
+        if isinstance(forget_after, bool) or not isinstance(forget_after, (int, float)) or not (
+            math.isfinite(forget_after) and forget_after >= 0
+        ):
+            raise ValueError(f"forget_after must be a number of seconds, 0 or more; got {forget_after!r}")
         CustomLogger.__init__(self)
         # The settings are the SDK wrappers' own.
         _CallSettings.__init__(
@@ -421,6 +445,18 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
         self.ledger = ledger if ledger is not None else AsyncLedger()
         #: The records begun and not yet settled, by id.
         self.open: Dict[str, AsyncActivity] = {}
+        self.forget_after = float(forget_after)
+        self._next_sweep = 0.0
+
+    def _forget_past_their_time(self) -> None:
+        """Forgets the open records the server reaped ``forget_after`` ago."""
+        now = _wall_clock()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + min(self.forget_after, _SWEEP_EVERY)
+        for activity_id, call in list(self.open.items()):
+            if _reaped_by(call.record, now) + self.forget_after <= now:
+                del self.open[activity_id]
 
     def _provider_for(self, data: Mapping[str, Any]) -> Optional[str]:
         """The provider to record: the setting, else LiteLLM's provider of
@@ -452,6 +488,7 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: Dict[str, Any], call_type: str
     ) -> Optional[Dict[str, Any]]:
+        self._forget_past_their_time()
         provider = self._provider_for(data)
         spec = begin_spec(call_type, data, service=self.service, priority=self.priority, provider=provider or "unknown")
         # The model is the name the client asked for (a model group, maybe); the answer's refines it.
@@ -540,6 +577,20 @@ class InflightCallback(CustomLogger, _CallSettings):  # type: ignore[misc]  # Li
         except InflightError as err:
             self.ledger.on_ledger_error(err, call.record)
         return None
+
+
+def _reaped_by(record: Mapping[str, Any], now: float) -> float:
+    """When the server reaped ``record`` (``reapedAt``), else when it may
+    (``reapableAt``), in seconds since the epoch; ``now`` when it says
+    neither."""
+    at = record.get("reapedAt") or record.get("reapableAt")
+    if isinstance(at, str):
+        try:
+            # Python 3.9's fromisoformat reads no ``Z``.
+            return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    return now
 
 
 _proxy_callback: Optional[InflightCallback] = None
