@@ -24,6 +24,7 @@ against_every_store!(
     settle_retry_is_harmless_and_a_different_outcome_conflicts,
     starting_an_abandoned_record_resurrects_it_and_unsettled_is_terminal,
     dropped_handle_records_cancelled,
+    a_refused_settle_cancels_rather_than_leaks,
     cancel_is_settled_not_leaked,
     bad_labels_are_refused_and_change_nothing,
     bad_timestamps_are_refused_and_change_nothing,
@@ -327,6 +328,38 @@ async fn dropped_handle_records_cancelled(backend: Backend) {
     assert_eq!(snap.lane("knowledge-base::ollama").unwrap().executing, 0);
     assert_eq!(snap.total_reaped, 0, "an observed abort is not a leak");
     assert_eq!(snap.aggregates[0].cancelled, 1);
+}
+
+async fn a_refused_settle_cancels_rather_than_leaks(backend: Backend) {
+    let h = Harness::new(backend, config());
+    let mut call = h.ledger.begin(embedding()).await.unwrap();
+    call.start().await.unwrap();
+    let id = call.id();
+    // A Retry-After is a failure's: with a success the settle is refused.
+    let refused = call
+        .settle_with(Settlement::new(Outcome::Success).retry_after(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{refused}");
+    let record = h.ledger.get(id).await.unwrap();
+    assert_eq!(record.state, State::Cancelled, "the call ended all the same");
+    assert_eq!(record.cancel_reason.as_deref(), Some("settle refused"));
+    let snap = snapshot(&h.ledger).await;
+    assert_eq!(
+        snap.lane("knowledge-base::ollama").unwrap().executing,
+        0,
+        "no slot held"
+    );
+
+    // Refused for another reason (it ended otherwise), nothing more is done.
+    let mut call = h.ledger.begin(embedding()).await.unwrap();
+    call.start().await.unwrap();
+    let id = call.id();
+    h.ledger.cancel(id, Some("elsewhere".into())).await.unwrap();
+    let conflict = call.settle(Outcome::Success).await.unwrap_err();
+    assert_eq!(conflict.kind(), ErrorKind::Conflict, "{conflict}");
+    let record = h.ledger.get(id).await.unwrap();
+    assert_eq!(record.cancel_reason.as_deref(), Some("elsewhere"));
 }
 
 async fn cancel_is_settled_not_leaked(backend: Backend) {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::domain::record::{ActivityId, ActivityRecord};
-use crate::error::LedgerError;
+use crate::error::{ErrorKind, LedgerError};
 
 use crate::domain::transition::Transition;
 
@@ -91,15 +91,31 @@ impl ActivityHandle {
     /// Settles it as `settlement` says (a refusing provider's
     /// [`Settlement::retry_after`], say), consuming the handle.
     ///
+    /// A settlement the ledger refuses as given (`InvalidInput`: usage out
+    /// of range, a `retry_after` with a success, a time out of range) still
+    /// ends the call: the record is cancelled, with the reason
+    /// `"settle refused"`, rather than left holding its slot until its
+    /// bound, and the refusal is returned.
+    ///
     /// # Errors
     /// As [`Ledger::settle`].
     ///
     /// # Cancel safety
-    /// As [`ActivityHandle::settle`].
+    /// As [`ActivityHandle::settle`]; a future dropped after the settle was
+    /// submitted but before it was refused leaves the record in flight.
     pub async fn settle_with(mut self, settlement: Settlement) -> Result<Arc<ActivityRecord>, LedgerError> {
         self.armed = false;
         self.record = None;
-        self.ledger.transition(self.id, settlement.into()).await
+        let settled = self.ledger.transition(self.id, settlement.into()).await;
+        if settled
+            .as_ref()
+            .is_err_and(|err| err.kind() == ErrorKind::InvalidInput)
+        {
+            // Cancelled as the handle goes, submitted before this returns.
+            self.armed = true;
+            self.dropped = SETTLE_REFUSED;
+        }
+        settled
     }
 
     /// Cancels it, consuming the handle.
@@ -115,6 +131,9 @@ impl ActivityHandle {
         self.ledger.cancel(self.id, reason).await
     }
 }
+
+/// The cancel reason of a call whose settle the ledger refused as given.
+const SETTLE_REFUSED: &str = "settle refused";
 
 impl Drop for ActivityHandle {
     fn drop(&mut self) {
