@@ -203,6 +203,12 @@ async fn upstream() -> Upstream {
             }),
         )
         .route("/no-content", post(|| async { StatusCode::NO_CONTENT }))
+        .route(
+            "/huge-usage",
+            post(|| async {
+                json_answer(json!({"model": "m", "usage": {"prompt_tokens": 2_000_000_000_i64, "completion_tokens": 3}}))
+            }),
+        )
         .route("/hold", post(hold))
         .route("/forever", post(forever))
         .route("/cut", post(cut))
@@ -789,6 +795,24 @@ async fn what_is_not_a_call_passes_unrecorded_and_an_empty_answer_settles_at_onc
         .await;
     assert_eq!(reply.status, 204);
     assert_eq!(p.record(&reply).await.state, RecordState::Succeeded);
+}
+
+/// A token count out of the ledger's range is left out, and the call is
+/// still settled as it ended: a settle refused for it would leave the
+/// record holding its slot until its bound.
+#[tokio::test]
+async fn an_answers_token_count_out_of_range_is_left_out_and_the_call_settled() {
+    let p = proxy().await;
+    let reply = p
+        .post("/proxy/oa/huge-usage", &[("x-inflight-class", "chat")], json!({}))
+        .await;
+    assert_eq!(reply.status, 200);
+    let record = p.record(&reply).await;
+    assert_eq!(record.state, RecordState::Succeeded);
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (None, Some(3))
+    );
 }
 
 /// The upstream's timeout is its class's deadline, however far: a class of

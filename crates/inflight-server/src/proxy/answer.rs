@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use inflight::domain::admission::MAX_RETRY_AFTER_MS;
 use inflight::domain::record::FailureStage;
-use inflight::domain::usage::Usage;
+use inflight::domain::usage::{Usage, MAX_TOKENS};
 use inflight::{Outcome, Permit, Settlement};
 
 use super::usage::{Framing, Reader};
@@ -76,9 +76,19 @@ impl Ending {
                 tracing::warn!(error = %err, id = %permit.id(), "cannot refine a proxied call's model");
             }
         }
+        // A count the ledger cannot keep (an upstream's nonsense) is left
+        // out, so that the call is still settled as it ended.
+        let id = permit.id();
+        let kept = |field: &str, tokens: Option<i64>| match tokens {
+            Some(tokens) if !(0..=MAX_TOKENS).contains(&tokens) => {
+                tracing::warn!(%id, field, tokens, "a proxied answer's token count is out of range; not recorded");
+                None
+            }
+            tokens => tokens,
+        };
         let usage = Usage {
-            input_tokens: read.input_tokens,
-            output_tokens: read.output_tokens,
+            input_tokens: kept("input_tokens", read.input_tokens),
+            output_tokens: kept("output_tokens", read.output_tokens),
         };
         let failed = cut || status.is_client_error() || status.is_server_error();
         let mut settlement = Settlement::new(if failed {
@@ -90,7 +100,6 @@ impl Ending {
         if let (false, Some(wait)) = (cut, retry_after) {
             settlement = settlement.retry_after(wait);
         }
-        let id = permit.id();
         if let Err(err) = permit.settle_with(settlement).await {
             tracing::warn!(error = %err, %id, "cannot settle a proxied call");
         }
