@@ -67,7 +67,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
@@ -150,6 +150,9 @@ pub struct PostgresStore {
     settings: Arc<PostgresUrl>,
     jobs: RwLock<Option<mpsc::Sender<Job>>>,
     writers: Mutex<Vec<thread::JoinHandle<()>>>,
+    /// `true` once the writers have ended: what every close waits for, the
+    /// first (which takes the writers to join) and any made meanwhile.
+    closed: Arc<watch::Sender<bool>>,
     stop: Arc<AtomicBool>,
     /// The call histograms and the capacity watchers, which the writers
     /// publish to after each commit and the listener wakes.
@@ -214,6 +217,7 @@ impl PostgresStore {
             settings,
             jobs: RwLock::new(Some(jobs)),
             writers: Mutex::new(writers),
+            closed: Arc::new(watch::Sender::new(false)),
             stop,
             published,
         })
@@ -272,19 +276,25 @@ impl Store for PostgresStore {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        let (done, closed) = oneshot::channel();
-        let joined = thread::Builder::new()
-            .name("inflight-pg-close".into())
-            .spawn(move || {
-                for writer in writers {
-                    let _ = writer.join();
-                }
-                let _ = done.send(());
-            });
-        StoreFuture::pending(async move {
-            if joined.is_ok() {
-                let _ = closed.await;
+        let mut closed = self.closed.subscribe();
+        if !writers.is_empty() {
+            let done = Arc::clone(&self.closed);
+            let joined = thread::Builder::new()
+                .name("inflight-pg-close".into())
+                .spawn(move || {
+                    for writer in writers {
+                        let _ = writer.join();
+                    }
+                    done.send_replace(true);
+                });
+            if joined.is_err() {
+                self.closed.send_replace(true);
             }
+        }
+        StoreFuture::pending(async move {
+            // The sender lives in the store and its joining thread: never
+            // dropped before it says `true`.
+            let _ = closed.wait_for(|closed| *closed).await;
             Ok(Reply::Closed)
         })
     }

@@ -643,6 +643,40 @@ mod tests {
     }
 
     #[test]
+    fn a_second_close_waits_for_the_commands_queued_before_it_like_the_first() {
+        // A group's commit is held: its writer cannot end. A close made
+        // while the first still waits must wait too, not answer at once
+        // because the first took the writers to join.
+        use crate::store::Store;
+        let database = TestDatabase::new();
+        let (store, runtime) = store_of_writers(&database, 2);
+        let mut holder = hold_commits(&database);
+        let new = NewActivity::fixture("chat");
+        let begun = store.execute(begin(&new));
+        await_count(&mut holder, HELD_COMMITS, &[], 1);
+        let first = store.close();
+        let mut second = Box::pin(store.close());
+        let early = runtime
+            .block_on(async { tokio::time::timeout(Duration::from_millis(300), second.as_mut()).await });
+        assert!(
+            early.is_err(),
+            "the second close answered before the held commit: {early:?}"
+        );
+        holder.batch_execute(RELEASE_COMMIT_LOCK).unwrap();
+        runtime.block_on(async {
+            assert!(matches!(second.await, Ok(Reply::Closed)));
+            assert!(matches!(first.await, Ok(Reply::Closed)));
+            assert_eq!(
+                record(&begun.await).state,
+                State::Waiting,
+                "landed before either close answered"
+            );
+            // And once closed, a close answers at once.
+            assert!(matches!(store.close().await, Ok(Reply::Closed)));
+        });
+    }
+
+    #[test]
     fn a_later_group_holding_a_record_an_earlier_group_runs_again_for_yields_it() {
         // Two writers share the turn. The first group starts `record` and
         // begins an id that another connection is inserting, uncommitted:
