@@ -187,6 +187,13 @@ pub fn check_url(url: &str) -> Result<(), LedgerError> {
 /// it fails as `unavailable`.
 #[cfg(feature = "postgres")]
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long data sent to PostgreSQL may go unacknowledged before the
+/// connection is dropped (`TCP_USER_TIMEOUT`), when the URL names none: a
+/// server that vanished mid-request (a host gone, a network cut) fails the
+/// group as `unavailable` then, where TCP alone would retry for about a
+/// quarter of an hour while every writer waits for the turn it holds.
+#[cfg(feature = "postgres")]
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Writer connections when the URL names none: two, so that a group's
 /// writes and commit run beside the next group's on another backend.
 #[cfg(feature = "postgres")]
@@ -375,8 +382,12 @@ impl PostgresUrl {
         if config.get_application_name().is_none() {
             config.application_name("inflight");
         }
-        // A peer that vanished without closing is noticed within seconds.
+        // A peer that vanished without closing is noticed within seconds
+        // when idle, and within TCP_USER_TIMEOUT mid-request.
         config.keepalives(true).keepalives_idle(Duration::from_secs(5));
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
         let channel = match &schema {
             Some(schema) => format!("inflight_capacity_{schema}"),
             None => "inflight_capacity".to_owned(),
@@ -410,6 +421,9 @@ mod tests {
         assert_eq!(settings.schema.as_deref(), Some("a1"));
         assert_eq!(settings.config.get_application_name(), Some("x"));
         assert_eq!(settings.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        assert_eq!(settings.config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        let own = PostgresUrl::parse("postgres://u@h/db?tcp_user_timeout=5").unwrap();
+        assert_eq!(own.config.get_tcp_user_timeout(), Some(&Duration::from_secs(5)));
     }
 
     #[test]
