@@ -145,7 +145,14 @@ fn spawn_renewals(inner: Weak<Inner>, id: OwnerId, ttl: Duration) -> JoinHandle<
             ticks.tick().await;
             let Some(inner) = inner.upgrade() else { return };
             let ledger = Ledger { inner };
-            match ledger.renew_owner(&id).await {
+            // Submitted at once, it lands however long the answer takes; a
+            // store that does not answer by the next renewal is said, not
+            // waited on in silence while the lease runs out.
+            let Ok(renewed) = tokio::time::timeout(ttl / 3, ledger.renew_owner(&id)).await else {
+                tracing::warn!(owner = %id, ttl = ?ttl, "lease renewal unanswered after a third of the lease; renewing again");
+                continue;
+            };
+            match renewed {
                 Ok(_) => {}
                 Err(err) if err.kind() == ErrorKind::Conflict || err.kind() == ErrorKind::NotFound => {
                     tracing::error!(owner = %id, error = %err, "owner lease lost; its records were reaped");

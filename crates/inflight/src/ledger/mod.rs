@@ -356,12 +356,16 @@ impl Ledger {
         if self.inner.config.lanes().contains_key(&lane) {
             return;
         }
-        let mut warned = self
-            .inner
-            .undeclared_lanes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if warned.len() < MAX_UNDECLARED_WARNINGS && warned.insert(lane.clone()) {
+        let first = {
+            let mut warned = self
+                .inner
+                .undeclared_lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            warned.len() < MAX_UNDECLARED_WARNINGS && warned.insert(lane.clone())
+        };
+        // Logged with the lock released: a subscriber may call the ledger.
+        if first {
             let capped: Vec<String> = self
                 .inner
                 .config
