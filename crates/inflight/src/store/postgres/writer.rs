@@ -597,6 +597,32 @@ mod tests {
         client
     }
 
+    /// A store of two writers whose first group, a begin, waits at its
+    /// commit for a lock `holder` holds.
+    struct HeldBegin {
+        store: PostgresStore,
+        runtime: tokio::runtime::Runtime,
+        holder: postgres::Client,
+        new: NewActivity,
+        begun: crate::store::StoreFuture,
+    }
+
+    fn held_begin(database: &TestDatabase) -> HeldBegin {
+        use crate::store::Store;
+        let (store, runtime) = store_of_writers(database, 2);
+        let mut holder = hold_commits(database);
+        let new = NewActivity::fixture("chat");
+        let begun = store.execute(begin(&new));
+        await_count(&mut holder, HELD_COMMITS, &[], 1);
+        HeldBegin {
+            store,
+            runtime,
+            holder,
+            new,
+            begun,
+        }
+    }
+
     /// Waits until `count` (a query of one count) says at least `least`.
     fn await_count(client: &mut postgres::Client, count: &str, params: &[&(dyn ToSql + Sync)], least: i64) {
         let give_up = Instant::now() + Duration::from_secs(30);
@@ -622,11 +648,13 @@ mod tests {
         // that commit, and see the record rather than answer "not found".
         use crate::store::Store;
         let database = TestDatabase::new();
-        let (store, runtime) = store_of_writers(&database, 2);
-        let mut holder = hold_commits(&database);
-        let new = NewActivity::fixture("chat");
-        let begun = store.execute(begin(&new));
-        await_count(&mut holder, HELD_COMMITS, &[], 1);
+        let HeldBegin {
+            store,
+            runtime,
+            mut holder,
+            new,
+            begun,
+        } = held_begin(&database);
         let mut got = Box::pin(store.execute(Command::Get { id: new.activity_id }));
         // Held past EARLIER_WAIT: the read's group, waiting for this one,
         // yields and runs again once it has committed; it never answers
@@ -649,11 +677,13 @@ mod tests {
         // because the first took the writers to join.
         use crate::store::Store;
         let database = TestDatabase::new();
-        let (store, runtime) = store_of_writers(&database, 2);
-        let mut holder = hold_commits(&database);
-        let new = NewActivity::fixture("chat");
-        let begun = store.execute(begin(&new));
-        await_count(&mut holder, HELD_COMMITS, &[], 1);
+        let HeldBegin {
+            store,
+            runtime,
+            mut holder,
+            begun,
+            ..
+        } = held_begin(&database);
         let first = store.close();
         let mut second = Box::pin(store.close());
         let early = runtime
