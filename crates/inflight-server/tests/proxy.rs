@@ -797,6 +797,55 @@ async fn what_is_not_a_call_passes_unrecorded_and_an_empty_answer_settles_at_onc
     assert_eq!(p.record(&reply).await.state, RecordState::Succeeded);
 }
 
+/// An answer that ends with trailers is settled as it ended: hyper drops
+/// the body once it has written them, without polling it to its end.
+#[tokio::test]
+async fn an_answer_ending_with_trailers_is_settled_not_cancelled() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // An upstream that ends its chunked answers with trailers, asked for
+    // or not (hyper sends them only to a client that asks).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                while !request.windows(4).any(|end| end == b"\r\n\r\n") {
+                    let Ok(read @ 1..) = stream.read(&mut buffer).await else {
+                        return;
+                    };
+                    request.extend_from_slice(&buffer[..read]);
+                }
+                let body = br#"{"model":"m","usage":{"prompt_tokens":4,"completion_tokens":2}}"#;
+                let mut answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                answer.extend_from_slice(body);
+                answer.extend_from_slice(b"\r\n0\r\nx-checksum: abc\r\n\r\n");
+                let _ = stream.write_all(&answer).await;
+            });
+        }
+    });
+    let p = proxy_with(
+        &format!("[proxy.trailing]\nupstream = \"http://{addr}\"\nprovider = \"openai\"\n"),
+        None,
+    )
+    .await;
+    let reply = p
+        .post("/proxy/trailing/v1/chat/completions", &[], json!({"model": "m"}))
+        .await;
+    assert_eq!(reply.status, 200);
+    let record = p.record(&reply).await;
+    assert_eq!(record.state, RecordState::Succeeded, "{:?}", record.cancel_reason);
+    assert_eq!(
+        (record.usage.input_tokens, record.usage.output_tokens),
+        (Some(4), Some(2))
+    );
+}
+
 /// A token count out of the ledger's range is left out, and the call is
 /// still settled as it ended: a settle refused for it would leave the
 /// record holding its slot until its bound.

@@ -219,7 +219,9 @@ impl HttpBody for Answer {
                             if let Some(data) = frame.data_ref() {
                                 streaming.reader.feed(data);
                             }
-                            let last = streaming.upstream.is_end_stream();
+                            // Trailers end a body: hyper writes them, then
+                            // drops the body without polling it again.
+                            let last = streaming.upstream.is_end_stream() || frame.is_trailers();
                             let complete = streaming.ending.is_some() && streaming.reader.finished();
                             if !last && !complete {
                                 return Poll::Ready(Some(Ok(frame)));
