@@ -817,7 +817,7 @@ export class InflightClient {
           await this.endQuietly(activity, () => activity.cancel(reasonOf(signal.reason)), hooks);
           throw signal.reason;
         }
-        const stage = typeof options.failureStage === "function" ? options.failureStage(err) : options.failureStage;
+        const stage = failureStageOf(err, options.failureStage);
         const retryAfterMs = retryAfterOf(err, options.retryAfterMs);
         await this.endQuietly(activity, () => activity.fail(stage ?? "provider", { retryAfterMs }), hooks);
         throw err;
@@ -873,6 +873,23 @@ export class InflightClient {
 /** Whether the record has ended (settled, cancelled or reaped). */
 function hasEnded(record: ActivityRecord): boolean {
   return record.state !== "waiting" && record.state !== "executing";
+}
+
+/**
+ * The stage to settle a failure of `run` with: `stage(err)` when it is a
+ * function; `unknown` when that throws (the failure is still settled, and
+ * the call's own error is the one thrown).
+ */
+function failureStageOf(
+  err: unknown,
+  stage: FailureStage | ((err: unknown) => FailureStage) | undefined,
+): FailureStage | undefined {
+  if (typeof stage !== "function") return stage;
+  try {
+    return stage(err);
+  } catch {
+    return "unknown";
+  }
 }
 
 /**
@@ -1152,6 +1169,8 @@ export class OwnerLease {
 
   private schedule(ms: number) {
     if (this.stopped) return;
+    // One timer at a time: a renewNow() by hand replaces it, never adds one.
+    if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => void this.renewNow(), ms);
     this.timer.unref();
   }
@@ -1163,6 +1182,8 @@ export class OwnerLease {
       this.owner = await this.client.renewOwner(this.id);
       this.schedule(this.owner.ttlMs / 3);
     } catch (err) {
+      // Stopped meanwhile (a release answered first): not lost, and not renewed.
+      if (this.stopped) return;
       if (isInflightError(err, "conflict") || isInflightError(err, "not_found")) {
         this.markLost(err);
       } else {
@@ -1198,7 +1219,13 @@ export class OwnerLease {
   release(): Promise<Owner> {
     this.releasing ??= (async () => {
       this.stop();
-      this.owner = await this.client.releaseOwner(this.id);
+      try {
+        this.owner = await this.client.releaseOwner(this.id);
+      } catch (err) {
+        // Not released: a later call tries again.
+        this.releasing = undefined;
+        throw err;
+      }
       return this.owner;
     })();
     return this.releasing;

@@ -117,6 +117,26 @@ describe("run", () => {
     await assertLaneEmpty("fail::ollama");
   });
 
+  test("a failureStage function that throws: the call's own error is thrown, and the record failed `unknown`", async () => {
+    let id;
+    const boom = new Error("no response here");
+    await assert.rejects(
+      client.run(
+        { service: "fail", provider: "ollama" },
+        async (_signal, activity) => {
+          id = activity.id;
+          throw boom;
+        },
+        { failureStage: (err) => (err.response.status >= 500 ? "provider" : "queue") },
+      ),
+      (err) => err === boom,
+    );
+    const record = await client.getActivity(id);
+    assert.equal(record.state, "failed", "not left in flight");
+    assert.equal(record.failureStage, "unknown");
+    await assertLaneEmpty("fail::ollama");
+  });
+
   test("an abort while waiting in line cancels the record and leaves nothing in flight", async () => {
     const lane = "wait::capped";
     const holder = await holdSlot(lane);
@@ -463,6 +483,44 @@ describe("owner leases", () => {
     assert.equal((await a.refresh()).state, "cancelled");
     assert.equal(owners.ownerId, undefined, "records are no longer tagged");
     await lease.release(); // twice is harmless
+  });
+
+  test("renewNow by hand keeps one renewal loop; a renewal answered after the release is not a loss", async () => {
+    let renewals = 0;
+    let slowRenewals = false;
+    const counting = async (url, init) => {
+      if (String(url).endsWith("/renew")) {
+        renewals++;
+        // Held until the release has been answered.
+        if (slowRenewals) await sleep(200);
+      }
+      return fetch(url, init);
+    };
+    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: counting });
+    const lost = [];
+    const lease = await owners.joinAsOwner("ts-renew-now", 600, { onLost: (err) => lost.push(err) });
+    for (let i = 0; i < 4; i++) await lease.renewNow();
+    renewals = 0;
+    await sleep(700); // every 200 ms: about 3, not 15
+    assert.ok(renewals <= 5, `${renewals} renewals in 700 ms`);
+    slowRenewals = true;
+    const renewing = lease.renewNow();
+    await sleep(20);
+    await lease.release();
+    await renewing; // the server refuses it: the owner is released
+    assert.equal(lease.lost, false);
+    assert.deepEqual(lost, []);
+  });
+
+  test("a release that failed is tried again by the next call", async () => {
+    let refusing = true;
+    const flaky = (url, init) =>
+      refusing && init?.method === "DELETE" ? Promise.reject(new TypeError("fetch failed")) : fetch(url, init);
+    const owners = new InflightClient({ baseUrl: server.url, token: TOKEN, fetch: flaky, retry: { retries: 1, baseDelayMs: 1 } });
+    const lease = await owners.joinAsOwner("ts-release-again", 5_000);
+    await assert.rejects(lease.release(), (err) => err.code === "unavailable");
+    refusing = false;
+    assert.equal((await lease.release()).state, "released");
   });
 
   test("a lease cut off longer than its TTL is lost, and reported once", async () => {
