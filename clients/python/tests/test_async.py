@@ -76,6 +76,16 @@ async def test_failure_settles_failed(server):
         assert record["failureStage"] == "queue"
 
 
+async def test_a_failure_stage_that_raises_still_settles(server):
+    async with AsyncLedger(server.url, token=TOKEN) as ledger:
+        with pytest.raises(RuntimeError, match="boom"):
+            async with ledger.activity(service="afail", provider="p",
+                                       failure_stage=lambda e: e.response.status_code) as call:
+                raise RuntimeError("boom")
+        record = await ledger.get_activity(call.id)
+        assert (record["state"], record["failureStage"]) == ("failed", "unknown")
+
+
 async def test_task_cancelled_while_waiting_cancels_and_leaves_nothing_in_flight(server):
     lane = "await::capped"
     async with AsyncLedger(server.url, token=TOKEN) as ledger:

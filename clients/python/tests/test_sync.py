@@ -86,6 +86,16 @@ def test_failure_settles_failed_and_the_exception_propagates(ledger):
     assert counts(ledger, "fail::ollama") == EMPTY
 
 
+def test_a_failure_stage_that_raises_still_settles_and_the_blocks_exception_propagates(ledger):
+    with pytest.raises(ValueError, match="no response here"):
+        with ledger.activity(service="fail", provider="ollama",
+                             failure_stage=lambda e: e.response.status_code) as call:
+            raise ValueError("no response here")
+    record = ledger.get_activity(call.id)
+    assert (record["state"], record["failureStage"]) == ("failed", "unknown")
+    assert counts(ledger, "fail::ollama") == EMPTY
+
+
 def test_keyboard_interrupt_while_waiting_cancels_and_leaves_nothing_in_flight(ledger):
     lane = "wait::capped"
     holder = hold_slot(ledger, lane)
@@ -441,6 +451,58 @@ def test_sigterm_releases_the_lease_then_terminates(server, tmp_path):
         assert ledger.get_activity(ids["activity"])["state"] == "cancelled"
         owners = {o["ownerId"]: o for o in ledger.snapshot()["owners"]}
         assert owners[ids["owner"]]["state"] == "released"
+
+
+def test_a_lease_stops_renewing_once_its_client_is_closed_and_a_late_refusal_is_no_loss(server):
+    class Counting(httpx.HTTPTransport):
+        renewals = 0
+        slow = False
+
+        def handle_request(self, request):
+            if request.url.path.endswith("/renew"):
+                Counting.renewals += 1
+                if self.slow:
+                    time.sleep(0.2)  # answered after the release below
+            return super().handle_request(request)
+
+    transport = Counting()
+    lost = []
+    ledger = Ledger(server.url, token=TOKEN, transport=transport)
+    lease = ledger.join_as_owner("py-renew-closed", ttl=0.15, on_lost=lost.append)
+    time.sleep(0.2)
+    transport.slow = True
+    time.sleep(0.07)  # a renewal under way
+    lease.release()
+    time.sleep(0.3)
+    assert (lease.lost, lost) == (False, []), "released, not lost"
+
+    other = Ledger(server.url, token=TOKEN, transport=Counting())
+    kept = other.join_as_owner("py-renew-closed-2", ttl=0.15)
+    other.close()
+    time.sleep(0.2)
+    Counting.renewals = 0
+    time.sleep(0.3)
+    assert Counting.renewals == 0, "no renewal tried on a closed client"
+    assert not kept._thread.is_alive()
+    ledger.close()
+
+
+def test_a_lease_that_cannot_set_its_signal_handler_leaves_nothing_renewing(server):
+    with Ledger(server.url, token=TOKEN) as ledger:
+        caught = []
+        renewing = {t for t in threading.enumerate() if t.name.startswith("inflight-lease-")}
+
+        def off_the_main_thread():
+            try:
+                ledger.join_as_owner("py-no-signals", ttl=0.15, release_on_signals=True)
+            except ValueError as err:
+                caught.append(err)
+
+        worker = threading.Thread(target=off_the_main_thread)
+        worker.start()
+        worker.join()
+        assert len(caught) == 1
+        assert {t for t in threading.enumerate() if t.name.startswith("inflight-lease-")} <= renewing
 
 
 class Partition(httpx.HTTPTransport):

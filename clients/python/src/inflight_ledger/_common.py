@@ -882,6 +882,20 @@ def retry_after_ms(response: Any) -> Optional[int]:
     return max(RETRY_AFTER_MS_MIN, min(RETRY_AFTER_MS_MAX, math.ceil(ms)))
 
 
+def failure_stage_for(
+    exc: BaseException, failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]]
+) -> FailureStage:
+    """The stage a block that raised ``exc`` fails with: ``failure_stage(exc)``
+    when it is a function, ``"unknown"`` when that raises (the record is
+    still settled, and the block's own exception is the one that goes on)."""
+    if not callable(failure_stage):
+        return failure_stage
+    try:
+        return failure_stage(exc)
+    except Exception:  # noqa: BLE001 - a stage that cannot be read is unknown
+        return "unknown"
+
+
 def retry_after_of(exc: Optional[BaseException]) -> Optional[int]:
     """The provider's ``Retry-After`` (milliseconds, see ``retry_after_ms``)
     an exception carries, for the failure settle of a block it ended. Shapes

@@ -27,6 +27,7 @@ from ._common import (
     call_hook,
     cancel_reason,
     default_ledger_error,
+    failure_stage_for,
     has_ended,
     in_line,
     is_abort,
@@ -96,6 +97,11 @@ class AsyncLedger(Attributed):
         self._ignored_fields = IgnoredFieldsLog()
         self._init_attribution()
         self._http = httpx.AsyncClient(transport=transport, verify=self.config.verify)
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``aclose`` was called: no request goes out after."""
+        return self._http.is_closed
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -539,7 +545,7 @@ class AsyncActivityBlock:
         if is_abort(err) or err is not exc:
             await self._end(lambda: activity.cancel(cancel_reason(err)))
         else:
-            stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
+            stage = failure_stage_for(exc, self.failure_stage)
             retry_after = retry_after_of(exc)
             await self._end(lambda: activity.fail(stage, retry_after_ms=retry_after))
         if err is not exc:
@@ -595,15 +601,20 @@ class AsyncOwnerLease:
         self.on_lost = on_lost
         self.lost_error: Optional[InflightError] = None
         self._released: Optional["asyncio.Future[Owner]"] = None
-        self._task = asyncio.ensure_future(self._renew_loop())
         self._signals: List[int] = []
         loop = asyncio.get_running_loop()
         signals: Iterable[int] = (
             (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())
         )
-        for sig in signals:
-            loop.add_signal_handler(sig, self._on_signal, sig)
-            self._signals.append(sig)
+        try:
+            for sig in signals:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                self._signals.append(sig)
+        except BaseException:
+            # Not on the main thread, or Windows: nothing is left renewing or set.
+            self._remove_signals()
+            raise
+        self._task = asyncio.ensure_future(self._renew_loop())
 
     @property
     def lost(self) -> bool:
@@ -622,6 +633,8 @@ class AsyncOwnerLease:
                     return
                 interval = max(0.1, self.owner["ttlMs"] / 10000)
             except Exception:  # noqa: BLE001 - the task must outlive any surprise
+                if self.ledger.closed:
+                    return  # its client is closed: no renewal can go out
                 interval = max(0.1, self.owner["ttlMs"] / 10000)
 
     def _mark_lost(self, err: InflightError) -> None:

@@ -27,6 +27,7 @@ from ._common import (
     call_hook,
     cancel_reason,
     default_ledger_error,
+    failure_stage_for,
     has_ended,
     in_line,
     is_abort,
@@ -104,6 +105,11 @@ class Ledger(Attributed):
 
     def close(self) -> None:
         self._http.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called: no request goes out after."""
+        return self._http.is_closed
 
     def __enter__(self) -> "Ledger":
         return self
@@ -654,7 +660,7 @@ class ActivityBlock:
         elif self.cancel is not None and self.cancel.is_set():
             self._end(lambda: activity.cancel("cancelled"))  # the caller aborted the work
         else:
-            stage = self.failure_stage(exc) if callable(self.failure_stage) else self.failure_stage
+            stage = failure_stage_for(exc, self.failure_stage)
             retry_after = retry_after_of(exc)
             self._end(lambda: activity.fail(stage, retry_after_ms=retry_after))
 
@@ -683,16 +689,22 @@ class OwnerLease:
         self.on_lost = on_lost
         self.lost_error: Optional[InflightError] = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        # Reentrant: a signal may arrive, on the main thread, inside release().
+        self._lock = threading.RLock()
         self._released: Optional[Owner] = None
         self._previous: List[Tuple[int, Any]] = []
-        self._thread = threading.Thread(target=self._renew_loop, name=f"inflight-lease-{self.id}", daemon=True)
-        self._thread.start()
         signals: Iterable[int] = (
             (signal.SIGTERM,) if release_on_signals is True else (release_on_signals or ())
         )
-        for sig in signals:
-            self._previous.append((sig, signal.signal(sig, self._on_signal)))
+        try:
+            for sig in signals:
+                self._previous.append((sig, signal.signal(sig, self._on_signal)))
+        except BaseException:
+            # Not on the main thread, say: nothing is left renewing or set.
+            self._restore_signals()
+            raise
+        self._thread = threading.Thread(target=self._renew_loop, name=f"inflight-lease-{self.id}", daemon=True)
+        self._thread.start()
 
     @property
     def lost(self) -> bool:
@@ -705,11 +717,15 @@ class OwnerLease:
                 self.owner = self.ledger.renew_owner(self.id)
                 interval = self.owner["ttlMs"] / 3000
             except InflightError as err:
+                if self._stop.is_set():
+                    return  # released meanwhile: refused since, and not lost
                 if err.code in ("conflict", "not_found"):
                     self._mark_lost(err)
                     return
                 interval = max(0.1, self.owner["ttlMs"] / 10000)  # unreachable: try again soon
             except Exception:  # noqa: BLE001 - the thread must outlive any surprise
+                if self.ledger.closed:
+                    return  # its client is closed: no renewal can go out
                 interval = max(0.1, self.owner["ttlMs"] / 10000)
 
     def _mark_lost(self, err: InflightError) -> None:
@@ -724,6 +740,7 @@ class OwnerLease:
     def stop(self) -> None:
         """Stops renewing without telling the server (as a crash would)."""
         self._stop.set()
+        self._restore_signals()
         if self.ledger.owner_id == self.id:
             self.ledger.owner_id = None
 
