@@ -86,6 +86,24 @@ async def test_a_failure_stage_that_raises_still_settles(server):
         assert (record["state"], record["failureStage"]) == ("failed", "unknown")
 
 
+async def test_a_release_that_failed_is_tried_again(server):
+    class Flaky(httpx.AsyncHTTPTransport):
+        refusing = True
+
+        async def handle_async_request(self, request):
+            if self.refusing and request.method == "DELETE":
+                raise httpx.ConnectError("refused", request=request)
+            return await super().handle_async_request(request)
+
+    transport = Flaky()
+    async with AsyncLedger(server.url, token=TOKEN, transport=transport, retries=1, backoff=0.001) as ledger:
+        lease = await ledger.join_as_owner("py-async-release-again", ttl=5)
+        with pytest.raises(UnavailableError):
+            await lease.release()
+        transport.refusing = False
+        assert (await lease.release())["state"] == "released"
+
+
 async def test_task_cancelled_while_waiting_cancels_and_leaves_nothing_in_flight(server):
     lane = "await::capped"
     async with AsyncLedger(server.url, token=TOKEN) as ledger:

@@ -674,7 +674,11 @@ class AsyncOwnerLease:
     async def release(self) -> Owner:
         """A clean shutdown: stops renewing and releases the owner; its
         in-flight records are cancelled. Twice is harmless."""
-        if self._released is None:
+        failed = self._released is not None and self._released.done() and (
+            self._released.cancelled() or self._released.exception() is not None
+        )
+        if self._released is None or failed:
+            # A release that failed is tried again.
             self.stop()
             self._released = asyncio.ensure_future(self.ledger.release_owner(self.id))
         return await asyncio.shield(self._released)
