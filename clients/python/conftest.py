@@ -24,7 +24,7 @@ TOKEN = "py-client-test-token"
 CAPPED = [f"{name}::capped" for name in (
     "wait", "exec", "timeout", "owner", "full", "maxwait", "kbint",
     "await", "aexec", "atimeout", "aowner", "amaxwait", "now", "anow", "cancel", "hcancel",
-    "idem-wait", "idem-full",
+    "idem-wait", "idem-full", "apool",
     # test_cooldown.py: a cooldown outlives its test, so each has its own lane.
     "cool", "cool-step", "cool-max", "cool-raise", "cool-openai", "cool-refused",
     "acool", "acool-step", "acool-raise", "acool-openai",

@@ -86,6 +86,23 @@ async def test_a_failure_stage_that_raises_still_settles(server):
         assert (record["state"], record["failureStage"]) == ("failed", "unknown")
 
 
+async def test_a_settle_never_queues_behind_calls_waiting_in_line(server):
+    lane = "apool::capped"
+    async with AsyncLedger(server.url, token=TOKEN) as ledger:
+        holder = await hold_slot(ledger, lane)
+        waiters = [await ledger.begin(service="apool", provider="capped") for _ in range(110)]
+        waiting = [asyncio.ensure_future(w.admit(max_wait=30, wait_step=10)) for w in waiters]
+        await asyncio.sleep(1.0)  # each holds a ?wait= request open
+        started = time.monotonic()
+        await holder.succeed()
+        assert time.monotonic() - started < 3, "the settle waited for a connection"
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        for waiter in waiters:
+            await waiter.cancel("done")
+
+
 async def test_a_release_that_failed_is_tried_again(server):
     class Flaky(httpx.AsyncHTTPTransport):
         refusing = True

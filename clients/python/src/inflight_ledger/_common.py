@@ -882,6 +882,13 @@ def retry_after_ms(response: Any) -> Optional[int]:
     return max(RETRY_AFTER_MS_MIN, min(RETRY_AFTER_MS_MAX, math.ceil(ms)))
 
 
+#: The clients' connections: as many as there are requests at once, since a
+#: call waiting in line holds one open for up to its ``wait_step``; under
+#: httpx's default cap of 100, a settle (the one that frees the slot the
+#: waiters want) would queue behind them.
+CONNECTIONS = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+
+
 def failure_stage_for(
     exc: BaseException, failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]]
 ) -> FailureStage:

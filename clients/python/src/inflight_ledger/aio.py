@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, 
 import httpx
 
 from ._common import (
+    CONNECTIONS,
     WAIT_CODES,
     Attributed,
     Config,
@@ -96,7 +97,7 @@ class AsyncLedger(Attributed):
         self.owner_id: Optional[str] = None
         self._ignored_fields = IgnoredFieldsLog()
         self._init_attribution()
-        self._http = httpx.AsyncClient(transport=transport, verify=self.config.verify)
+        self._http = httpx.AsyncClient(transport=transport, verify=self.config.verify, limits=CONNECTIONS)
 
     @property
     def closed(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Type
 import httpx
 
 from ._common import (
+    CONNECTIONS,
     WAIT_CODES,
     Attributed,
     Config,
@@ -101,7 +102,7 @@ class Ledger(Attributed):
         self.owner_id: Optional[str] = None
         self._ignored_fields = IgnoredFieldsLog()
         self._init_attribution()
-        self._http = httpx.Client(transport=transport, verify=self.config.verify)
+        self._http = httpx.Client(transport=transport, verify=self.config.verify, limits=CONNECTIONS)
 
     def close(self) -> None:
         self._http.close()
