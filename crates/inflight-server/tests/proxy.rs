@@ -176,6 +176,26 @@ async fn cut() -> Response {
         .into_response()
 }
 
+/// A 429 with `Retry-After` whose body breaks off.
+async fn refuse_cut() -> Response {
+    let chunks = stream::unfold(0, |sent| async move {
+        // Apart, so that the head and the first bytes go out first.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let next = match sent {
+            0 => Ok(Bytes::from_static(b"slow")),
+            1 => Err(std::io::Error::other("the upstream broke off")),
+            _ => return None,
+        };
+        Some((next, sent + 1))
+    });
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [("retry-after", "7")],
+        Body::from_stream(chunks),
+    )
+        .into_response()
+}
+
 async fn upstream() -> Upstream {
     let seen = Arc::new(Seen::default());
     let app = Router::new()
@@ -195,6 +215,7 @@ async fn upstream() -> Upstream {
             post(|| async { (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "7")], "slow down").into_response() }),
         )
         .route("/fail", post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response() }))
+        .route("/refuse-cut", post(refuse_cut))
         .route(
             "/slow",
             post(|| async {
@@ -626,6 +647,25 @@ async fn a_429_with_retry_after_fails_the_call_and_cools_its_lane() {
         1,
         "the cooled call never reached the upstream"
     );
+}
+
+#[tokio::test]
+async fn a_429_whose_body_breaks_off_still_cools_its_lane() {
+    let p = proxy().await;
+    let Open { id, body, .. } = p
+        .open("/proxy/oa/refuse-cut", &[("x-inflight-class", "chat")], json!({}))
+        .await;
+    assert!(body.collect().await.is_err(), "the answer is cut");
+    p.until("the call settled", |snap| snap.total_failed == 1).await;
+    assert_eq!(p.ledger.get(id).await.unwrap().state, RecordState::Failed);
+    let reply = p
+        .post(
+            "/proxy/oa/v1/chat/completions",
+            &[("x-inflight-max-wait", "0s")],
+            json!({"model": "gpt-4o-mini"}),
+        )
+        .await;
+    assert_eq!((reply.status, reply.code().as_str()), (429, "lane_cooling"));
 }
 
 #[tokio::test]

@@ -97,7 +97,8 @@ impl Ending {
             Outcome::Success
         })
         .usage(usage);
-        if let (false, Some(wait)) = (cut, retry_after) {
+        // A refusal's wait holds however its body ended.
+        if let Some(wait) = retry_after {
             settlement = settlement.retry_after(wait);
         }
         if let Err(err) = permit.settle_with(settlement).await {
@@ -116,13 +117,19 @@ pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
             .and_then(|value| value.to_str().ok())
             .map(str::trim)
     };
-    let wait = if let Some(ms) = text("retry-after-ms").and_then(|ms| ms.parse::<f64>().ok()) {
-        Duration::try_from_secs_f64(ms / 1000.0).ok()?
-    } else {
-        let value = text(header::RETRY_AFTER.as_str())?;
-        match value.parse::<f64>() {
-            Ok(secs) => Duration::try_from_secs_f64(secs).ok()?,
-            Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(now).ok()?,
+    // An unusable `retry-after-ms` (negative, not a number) leaves the
+    // standard header to say it.
+    let in_ms = text("retry-after-ms")
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok());
+    let wait = match in_ms {
+        Some(wait) => wait,
+        None => {
+            let value = text(header::RETRY_AFTER.as_str())?;
+            match value.parse::<f64>() {
+                Ok(secs) => Duration::try_from_secs_f64(secs).ok()?,
+                Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(now).ok()?,
+            }
         }
     };
     let most = Duration::from_millis(u64::try_from(MAX_RETRY_AFTER_MS).unwrap_or(u64::MAX));
@@ -293,6 +300,11 @@ mod tests {
         assert_eq!(read(&[("retry-after", "86400")]), Some(Duration::from_secs(3600)));
         for nothing in ["0", "-1", "soon", "NaN", "inf"] {
             assert_eq!(read(&[("retry-after", nothing)]), None, "{nothing}");
+            assert_eq!(
+                read(&[("retry-after-ms", nothing), ("retry-after", "9")]),
+                Some(Duration::from_secs(9)).filter(|_| nothing != "0"),
+                "retry-after-ms {nothing}"
+            );
         }
         assert_eq!(read(&[]), None);
     }

@@ -273,21 +273,20 @@ fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     let mut kept = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
         let name_str = name.as_str();
-        let hop = matches!(
-            name_str,
-            "connection"
-                | "keep-alive"
-                | "proxy-connection"
-                | "proxy-authenticate"
-                | "proxy-authorization"
-                | "te"
-                | "trailer"
-                | "transfer-encoding"
-                | "upgrade"
-                | "host"
-                | "content-length"
-                | "expect"
-        );
+        // `Proxy-*` are this hop's (its authorization, its status).
+        let hop = name_str.starts_with("proxy-")
+            || matches!(
+                name_str,
+                "connection"
+                    | "keep-alive"
+                    | "te"
+                    | "trailer"
+                    | "transfer-encoding"
+                    | "upgrade"
+                    | "host"
+                    | "content-length"
+                    | "expect"
+            );
         if !hop && !call::is_own(name_str) && !named.iter().any(|named| named == name_str) {
             kept.append(name.clone(), value.clone());
         }
@@ -404,6 +403,8 @@ mod tests {
             ("connection", "keep-alive, x-custom-hop"),
             ("x-custom-hop", "1"),
             ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic cHJveHk6cHc="),
+            ("proxy-status", "cache; hit"),
             ("transfer-encoding", "chunked"),
             ("host", "evil.example"),
             ("content-length", "12"),
