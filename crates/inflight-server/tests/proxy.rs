@@ -347,6 +347,20 @@ impl Proxy {
         }
     }
 
+    /// A chat call on the `oa` lane, which waits for nothing: refused while
+    /// the lane cools down.
+    async fn a_call_refused_cooling(&self) -> Reply {
+        let reply = self
+            .post(
+                "/proxy/oa/v1/chat/completions",
+                &[("x-inflight-max-wait", "0s")],
+                json!({"model": "gpt-4o-mini"}),
+            )
+            .await;
+        assert_eq!((reply.status, reply.code().as_str()), (429, "lane_cooling"));
+        reply
+    }
+
     /// Sends a request and reads its answer whole.
     async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Value) -> Reply {
         let answer = client()
@@ -632,14 +646,7 @@ async fn a_429_with_retry_after_fails_the_call_and_cools_its_lane() {
     assert_eq!(record.state, RecordState::Failed);
     assert_eq!(record.failure_stage, Some(inflight::FailureStage::Provider));
     // The lane now grants no slot until the cooldown ends.
-    let reply = p
-        .post(
-            "/proxy/oa/v1/chat/completions",
-            &[("x-inflight-max-wait", "0s")],
-            json!({"model": "gpt-4o-mini"}),
-        )
-        .await;
-    assert_eq!((reply.status, reply.code().as_str()), (429, "lane_cooling"));
+    let reply = p.a_call_refused_cooling().await;
     let retry: u64 = reply.headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((6..=7).contains(&retry), "{retry}");
     assert_eq!(
@@ -658,14 +665,7 @@ async fn a_429_whose_body_breaks_off_still_cools_its_lane() {
     assert!(body.collect().await.is_err(), "the answer is cut");
     p.until("the call settled", |snap| snap.total_failed == 1).await;
     assert_eq!(p.ledger.get(id).await.unwrap().state, RecordState::Failed);
-    let reply = p
-        .post(
-            "/proxy/oa/v1/chat/completions",
-            &[("x-inflight-max-wait", "0s")],
-            json!({"model": "gpt-4o-mini"}),
-        )
-        .await;
-    assert_eq!((reply.status, reply.code().as_str()), (429, "lane_cooling"));
+    p.a_call_refused_cooling().await;
 }
 
 #[tokio::test]
