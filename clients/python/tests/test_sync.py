@@ -96,6 +96,19 @@ def test_a_failure_stage_that_raises_still_settles_and_the_blocks_exception_prop
     assert counts(ledger, "fail::ollama") == EMPTY
 
 
+def test_a_wait_step_of_zero_is_refused_before_anything_is_recorded(ledger):
+    before = ledger.snapshot()["totalActivities"]
+    for bad in (0, -1, float("nan"), "10", True):
+        with pytest.raises(ValueError, match="wait_step must be a number of seconds above 0"):
+            with ledger.activity(service="kb", provider="ollama", wait_step=bad):
+                pytest.fail("never entered")
+    call = ledger.begin(service="kb", provider="ollama")
+    with pytest.raises(ValueError, match="wait_step"):
+        call.admit(wait_step=0)
+    call.cancel("done")
+    assert ledger.snapshot()["totalActivities"] == before + 1
+
+
 def test_keyboard_interrupt_while_waiting_cancels_and_leaves_nothing_in_flight(ledger):
     lane = "wait::capped"
     holder = hold_slot(ledger, lane)

@@ -733,6 +733,7 @@ export class InflightClient {
    * Its begin sends `traceparent` as `begin`'s does.
    */
   async admit(spec: ActivitySpec, options: AdmitOptions & Lifecycle & TraceOptions = {}): Promise<Activity> {
+    waitStepOf(options); // refused before anything is recorded
     const activity = await this.beginActivity(spec, { traceparent: options.traceparent }, InflightClient.lineInstead(options));
     callHook([this.lifecycle, options], "onEnqueued", activity.record);
     try {
@@ -876,6 +877,19 @@ function hasEnded(record: ActivityRecord): boolean {
 }
 
 /**
+ * How long each `?wait=` of `admit` holds: `waitStepMs` (10 s when not
+ * given, at most 30 s). A step of 0 or less, or not a number, would ask
+ * again and again without waiting: a `TypeError` naming it.
+ */
+function waitStepOf(options: AdmitOptions): number {
+  const step = options.waitStepMs ?? 10_000;
+  if (typeof step !== "number" || !(step > 0)) {
+    throw new TypeError(`waitStepMs must be a number of milliseconds above 0; got ${String(step)}`);
+  }
+  return Math.min(MAX_WAIT_STEP_MS, step);
+}
+
+/**
  * The stage to settle a failure of `run` with: `stage(err)` when it is a
  * function; `unknown` when that throws (the failure is still settled, and
  * the call's own error is the one thrown).
@@ -999,7 +1013,7 @@ export class Activity {
    * `Retry-After` (which its `WaitTimeoutError` carries).
    */
   async admit(options: AdmitOptions = {}): Promise<ActivityRecord> {
-    const step = Math.min(MAX_WAIT_STEP_MS, options.waitStepMs ?? 10_000);
+    const step = waitStepOf(options);
     const deadline = options.maxWaitMs === undefined ? Infinity : Date.now() + options.maxWaitMs;
     for (;;) {
       const left = deadline - Date.now();

@@ -137,6 +137,14 @@ describe("run", () => {
     await assertLaneEmpty("fail::ollama");
   });
 
+  test("a waitStepMs of 0 or less is a TypeError before anything is recorded", async () => {
+    const before = (await client.snapshot()).totalActivities;
+    for (const bad of [0, -5, Number.NaN, "10"]) {
+      await assert.rejects(client.admit({ service: "kb", provider: "ollama" }, { waitStepMs: bad }), /waitStepMs must be a number of milliseconds above 0/);
+    }
+    assert.equal((await client.snapshot()).totalActivities, before);
+  });
+
   test("an abort while waiting in line cancels the record and leaves nothing in flight", async () => {
     const lane = "wait::capped";
     const holder = await holdSlot(lane);

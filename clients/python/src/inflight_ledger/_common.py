@@ -889,6 +889,14 @@ def retry_after_ms(response: Any) -> Optional[int]:
 CONNECTIONS = httpx.Limits(max_connections=None, max_keepalive_connections=20)
 
 
+def checked_wait_step(wait_step: float) -> float:
+    """``wait_step``, a number of seconds above 0; a step of 0 would ask
+    again and again without waiting: ``ValueError`` naming it."""
+    if isinstance(wait_step, bool) or not isinstance(wait_step, (int, float)) or not wait_step > 0:
+        raise ValueError(f"wait_step must be a number of seconds above 0; got {wait_step!r}")
+    return float(wait_step)
+
+
 def failure_stage_for(
     exc: BaseException, failure_stage: Union[FailureStage, Callable[[BaseException], FailureStage]]
 ) -> FailureStage:

@@ -27,6 +27,7 @@ from ._common import (
     build_spec,
     call_hook,
     cancel_reason,
+    checked_wait_step,
     default_ledger_error,
     failure_stage_for,
     has_ended,
@@ -379,6 +380,7 @@ class AsyncActivity(UsageReport):
         alike (see ``Activity.admit``: after ``lane_cooling`` with a
         ``Retry-After``, the next request waits until then, never past
         ``max_wait``; after ``budget_exhausted``, at once)."""
+        wait_step = checked_wait_step(wait_step)
         deadline = None if max_wait is None else time.monotonic() + max_wait
         while True:
             left = wait_step if deadline is None else min(wait_step, max(0.0, deadline - time.monotonic()))
@@ -459,7 +461,7 @@ class AsyncActivityBlock:
         self.traceparent = traceparent
         self.usage_extractor = usage_extractor
         self.max_wait = max_wait
-        self.wait_step = wait_step
+        self.wait_step = checked_wait_step(wait_step)
         self.timeout = timeout
         self.failure_stage = failure_stage
         self.hooks: Tuple[Optional[Lifecycle], ...] = (ledger.lifecycle, lifecycle)

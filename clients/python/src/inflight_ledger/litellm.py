@@ -49,7 +49,7 @@ import litellm
 import openai
 from litellm.integrations.custom_logger import CustomLogger
 
-from ._common import Usage, _header, retry_after_ms, retry_after_of, usage_of
+from ._common import Usage, _header, checked_wait_step, retry_after_ms, retry_after_of, usage_of
 from ._trace import current_traceparent, header_in, valid_traceparent
 from .aio import AsyncActivity, AsyncLedger, _cancel_when_begun
 from .errors import InflightError
@@ -232,7 +232,7 @@ class _CallSettings:
         self.priority = priority
         self.provider = provider
         self.max_wait = max_wait
-        self.wait_step = wait_step
+        self.wait_step = checked_wait_step(wait_step)
 
     def spec(self, call_type: str, model: str, kwargs: Dict[str, Any]) -> Any:
         """The begin of a call of `call_type` with LiteLLM's `kwargs`."""

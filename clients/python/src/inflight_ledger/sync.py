@@ -27,6 +27,7 @@ from ._common import (
     build_spec,
     call_hook,
     cancel_reason,
+    checked_wait_step,
     default_ledger_error,
     failure_stage_for,
     has_ended,
@@ -445,6 +446,7 @@ class Activity(UsageReport):
         ``cancel``: when another thread sets it, the record is cancelled and
         ``WaitCancelledError`` raised, at once (not at the end of a
         ``?wait=``: cancelling the record ends the request the server holds)."""
+        wait_step = checked_wait_step(wait_step)
         if cancel is None:
             return self._admit(max_wait, wait_step, None)
         if cancel.is_set():
@@ -610,7 +612,7 @@ class ActivityBlock:
         self.usage_extractor = usage_extractor
         self.spec = dict(spec)
         self.max_wait = max_wait
-        self.wait_step = wait_step
+        self.wait_step = checked_wait_step(wait_step)
         self.failure_stage = failure_stage
         self.hooks: Tuple[Optional[Lifecycle], ...] = (ledger.lifecycle, lifecycle)
         self.activity: Optional[Activity] = None
