@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use inflight::domain::admission::MAX_RETRY_AFTER_MS;
 use inflight::domain::record::FailureStage;
-use inflight::domain::usage::{Usage, MAX_TOKENS};
+use inflight::domain::usage::{self, Usage};
 use inflight::{Outcome, Permit, Settlement};
 
 use super::usage::{Framing, Reader};
@@ -80,7 +80,7 @@ impl Ending {
         // out, so that the call is still settled as it ended.
         let id = permit.id();
         let kept = |field: &str, tokens: Option<i64>| match tokens {
-            Some(tokens) if !(0..=MAX_TOKENS).contains(&tokens) => {
+            Some(tokens) if !usage::is_token_count(tokens) => {
                 tracing::warn!(%id, field, tokens, "a proxied answer's token count is out of range; not recorded");
                 None
             }

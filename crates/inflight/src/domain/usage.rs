@@ -9,6 +9,12 @@ use super::refusal::Refusal;
 /// call, and small enough that a lifetime of sums stays far from overflow.
 pub const MAX_TOKENS: i64 = 1_000_000_000;
 
+/// Whether `count` is one a settle may report: a whole number from 0 to
+/// [`MAX_TOKENS`].
+pub fn is_token_count(count: i64) -> bool {
+    (0..=MAX_TOKENS).contains(&count)
+}
+
 /// The tokens a call spent, each `None` when its settle did not say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -34,7 +40,7 @@ impl Usage {
             ("inputTokens", self.input_tokens),
             ("outputTokens", self.output_tokens),
         ] {
-            if let Some(count) = count.filter(|count| !(0..=MAX_TOKENS).contains(count)) {
+            if let Some(count) = count.filter(|count| !is_token_count(*count)) {
                 return Err(Refusal::Invalid(format!(
                     "usage.{field} must be a whole number from 0 to {MAX_TOKENS}, got {count}"
                 )));
@@ -69,7 +75,7 @@ pub fn estimate(declared: Option<i64>) -> Result<Option<u32>, Refusal> {
         return Ok(None);
     };
     match u32::try_from(tokens) {
-        Ok(small) if tokens <= MAX_TOKENS => Ok(Some(small)),
+        Ok(small) if is_token_count(tokens) => Ok(Some(small)),
         _ => Err(Refusal::Invalid(format!(
             "maxTokens must be a whole number from 0 to {MAX_TOKENS}, got {tokens}"
         ))),
