@@ -773,10 +773,10 @@ mod tests {
             let answer = tokio::time::timeout(Duration::from_secs(5), queued).await;
             answer.expect("answered by the caller").unwrap();
         }
-        match got.await.unwrap() {
-            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Executing),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            record_of(&got.await).state,
+            crate::domain::record::State::Executing
+        );
     }
 
     #[tokio::test]
@@ -852,10 +852,10 @@ mod tests {
         let got = handoff.submit(Command::Get { id });
         assert!(ran_inline(&got), "{got:?}");
         for answer in [queued, got] {
-            match runtime.block_on(answer).unwrap() {
-                Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Succeeded),
-                other => panic!("{other:?}"),
-            }
+            assert_eq!(
+                record_of(&runtime.block_on(answer)).state,
+                crate::domain::record::State::Succeeded
+            );
         }
     }
 
@@ -903,10 +903,10 @@ mod tests {
         other.execute_batch("BEGIN IMMEDIATE; ROLLBACK").unwrap();
         drop(other);
         let reopened = store_at(&path);
-        match reopened.execute(Command::Get { id }).await.unwrap() {
-            Reply::Record(record) => assert_eq!(record.state, crate::domain::record::State::Waiting),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            record_of(&reopened.execute(Command::Get { id }).await).state,
+            crate::domain::record::State::Waiting
+        );
     }
 
     #[tokio::test]
