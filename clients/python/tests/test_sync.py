@@ -469,24 +469,27 @@ def test_sigterm_releases_the_lease_then_terminates(server, tmp_path):
 def test_a_lease_stops_renewing_once_its_client_is_closed_and_a_late_refusal_is_no_loss(server):
     class Counting(httpx.HTTPTransport):
         renewals = 0
-        slow = False
+        held: "threading.Event | None" = None
+        under_way = threading.Event()
 
         def handle_request(self, request):
             if request.url.path.endswith("/renew"):
                 Counting.renewals += 1
-                if self.slow:
-                    time.sleep(0.2)  # answered after the release below
+                if self.held is not None:
+                    self.under_way.set()
+                    self.held.wait(5)  # answered after the release below
             return super().handle_request(request)
 
     transport = Counting()
     lost = []
     ledger = Ledger(server.url, token=TOKEN, transport=transport)
     lease = ledger.join_as_owner("py-renew-closed", ttl=0.15, on_lost=lost.append)
-    time.sleep(0.2)
-    transport.slow = True
-    time.sleep(0.07)  # a renewal under way
+    transport.held = threading.Event()
+    assert transport.under_way.wait(5), "a renewal under way"
     lease.release()
-    time.sleep(0.3)
+    transport.held.set()
+    lease._thread.join(5)
+    assert not lease._thread.is_alive()
     assert (lease.lost, lost) == (False, []), "released, not lost"
 
     other = Ledger(server.url, token=TOKEN, transport=Counting())

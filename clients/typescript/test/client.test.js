@@ -495,12 +495,16 @@ describe("owner leases", () => {
 
   test("renewNow by hand keeps one renewal loop; a renewal answered after the release is not a loss", async () => {
     let renewals = 0;
-    let slowRenewals = false;
+    // Once set: a renewal is held until `released` resolves.
+    let held;
+    let released;
     const counting = async (url, init) => {
       if (String(url).endsWith("/renew")) {
         renewals++;
-        // Held until the release has been answered.
-        if (slowRenewals) await sleep(200);
+        if (held) {
+          held();
+          await released;
+        }
       }
       return fetch(url, init);
     };
@@ -511,10 +515,13 @@ describe("owner leases", () => {
     renewals = 0;
     await sleep(700); // every 200 ms: about 3, not 15
     assert.ok(renewals <= 5, `${renewals} renewals in 700 ms`);
-    slowRenewals = true;
+    let release;
+    released = new Promise((resolve) => (release = resolve));
+    const underWay = new Promise((resolve) => (held = resolve));
     const renewing = lease.renewNow();
-    await sleep(20);
+    await underWay;
     await lease.release();
+    release();
     await renewing; // the server refuses it: the owner is released
     assert.equal(lease.lost, false);
     assert.deepEqual(lost, []);
